@@ -1,0 +1,26 @@
+# All set-up a fresh machine needs: Python + pip only.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: test test-slow demo lint install clean
+install: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/install.sh
+	bash scripts/install.sh $(VENV)
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -m "slow or not slow"
+
+demo: $(STAMP)
+	$(VENV)/bin/groupwise train examples/addition.yaml
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,121 @@
+"""Plain data that flows through groupwise: prompts, completions, groups, sampling settings.
+
+The unit of work is the *prompt group*: one prompt, G completions, their rewards. A group id is
+assigned at dispatch and travels with every row made from the group (DESIGN invariant 2).
+Nothing here holds behaviour beyond tiny derived properties.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One dataset item. ``uid`` is stable across runs (``"<task>/<split>/<index>"``).
+
+    Exactly one of ``text`` (a plain completion prompt) or ``messages`` (chat turns, rendered
+    with the tokenizer's chat template) is set. ``answer`` is what the reward function checks.
+    """
+
+    uid: str
+    answer: str
+    text: str | None = None
+    messages: tuple[dict[str, str], ...] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How completions are sampled. ``top_k == 0`` and ``top_p == 1.0`` disable those filters;
+    ``temperature == 0`` means greedy."""
+
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """Ask for ``num_samples`` completions of one tokenized prompt.
+
+    ``seed`` fixes the randomness of this request independently of the batch it is scheduled in;
+    callers derive it from (run seed, prompt uid, attempt) with :func:`groupwise.seeding.request_seed`.
+    """
+
+    prompt_token_ids: tuple[int, ...]
+    num_samples: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion.
+
+    ``token_ids`` run through the first EOS (included when the finish reason is ``stop`` because of
+    EOS) and nothing after it, so the completion mask is positional: every listed token is real.
+    ``logprobs[i]`` is the log-probability of ``token_ids[i]`` recorded at sampling time, under the
+    sampling temperature. ``weight_version`` is the generator's weight version that produced it.
+    """
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+    finish_reason: FinishReason
+    weight_version: int
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(
+                f"Completion has {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs; "
+                "every token needs the logprob recorded when it was sampled"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class Group:
+    """One prompt with its G scored completions.
+
+    ``raw_rewards`` come straight from the reward function and are what the zero-variance filter
+    sees; ``rewards`` are after scaling and overlong shaping and are what advantages use. The two
+    lists are never overwritten by anything else (an advantage lives in its own column).
+    ``start_version``/``end_version`` are the generator's weight versions at dispatch and finish.
+    ``target_step`` is the step an ``in_order`` sampler stamped on the slot (else None).
+    """
+
+    group_id: int
+    prompt: Prompt
+    prompt_token_ids: tuple[int, ...]
+    completions: list[Completion]
+    raw_rewards: list[float]
+    rewards: list[float]
+    start_version: int = 0
+    end_version: int = 0
+    epoch: int = 0
+    attempt: int = 0
+    target_step: int | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.completions)
+        if len(self.raw_rewards) != n or len(self.rewards) != n:
+            raise ValueError(
+                f"group {self.group_id}: {n} completions but {len(self.raw_rewards)} raw rewards and "
+                f"{len(self.rewards)} rewards; each completion needs exactly one of each"
+            )
+
+    @property
+    def size(self) -> int:
+        return len(self.completions)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.completions)
