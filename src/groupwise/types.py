@@ -119,3 +119,70 @@ class Group:
     @property
     def num_completion_tokens(self) -> int:
         return sum(c.num_tokens for c in self.completions)
+
+
+def group_to_dict(group: Group) -> dict[str, Any]:
+    """A JSON-serialisable copy of a group (for checkpoints of buffered or carried groups)."""
+    return {
+        "group_id": group.group_id,
+        "prompt": {
+            "uid": group.prompt.uid,
+            "answer": group.prompt.answer,
+            "text": group.prompt.text,
+            "messages": [dict(m) for m in group.prompt.messages] if group.prompt.messages is not None else None,
+            "metadata": dict(group.prompt.metadata),
+        },
+        "prompt_token_ids": list(group.prompt_token_ids),
+        "completions": [
+            {
+                "token_ids": list(c.token_ids),
+                "logprobs": list(c.logprobs),
+                "text": c.text,
+                "finish_reason": c.finish_reason,
+                "weight_version": c.weight_version,
+            }
+            for c in group.completions
+        ],
+        "raw_rewards": list(group.raw_rewards),
+        "rewards": list(group.rewards),
+        "start_version": group.start_version,
+        "end_version": group.end_version,
+        "epoch": group.epoch,
+        "attempt": group.attempt,
+        "target_step": group.target_step,
+    }
+
+
+def group_from_dict(data: dict[str, Any]) -> Group:
+    """Inverse of :func:`group_to_dict`."""
+    p = data["prompt"]
+    prompt = Prompt(
+        uid=p["uid"],
+        answer=p["answer"],
+        text=p["text"],
+        messages=tuple(dict(m) for m in p["messages"]) if p["messages"] is not None else None,
+        metadata=dict(p["metadata"]),
+    )
+    completions = [
+        Completion(
+            token_ids=tuple(c["token_ids"]),
+            logprobs=tuple(c["logprobs"]),
+            text=c["text"],
+            finish_reason=c["finish_reason"],
+            weight_version=c["weight_version"],
+        )
+        for c in data["completions"]
+    ]
+    return Group(
+        group_id=data["group_id"],
+        prompt=prompt,
+        prompt_token_ids=tuple(data["prompt_token_ids"]),
+        completions=completions,
+        raw_rewards=list(data["raw_rewards"]),
+        rewards=list(data["rewards"]),
+        start_version=data["start_version"],
+        end_version=data["end_version"],
+        epoch=data["epoch"],
+        attempt=data["attempt"],
+        target_step=data["target_step"],
+    )

@@ -1,0 +1,101 @@
+"""Group-relative baselines and advantages (GRPO), computed per whole group.
+
+Normalisation treats a trivial std by EXACT equality of the rewards it is taken over, never by a float
+threshold: a float std of identical rewards can come out as a tiny residue (e.g. ~4.6e-4 in fp32) and
+dividing by it blows the advantage up to ~−2000 (upstream-semantics §2.7.3).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+from groupwise.algo.rewards import check_finite_rewards
+
+BaselineKind = Literal["mean", "leave_one_out"]
+
+
+def _all_equal(values: Sequence[float]) -> bool:
+    return all(v == values[0] for v in values)
+
+
+def _mean(values: Sequence[float]) -> float:
+    """Mean that is exactly the common value when all values are equal (so ``r − mean`` is exactly 0)."""
+    return values[0] if _all_equal(values) else math.fsum(values) / len(values)
+
+
+def group_std(rewards: Sequence[float]) -> float:
+    """Population std of one group: ``sqrt(Σ (r_i − mean)² / G)``; exactly 0 when all rewards are equal."""
+    mean = _mean(rewards)
+    return math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards))
+
+
+def group_baselines(rewards: Sequence[float], kind: BaselineKind) -> list[float]:
+    """One baseline per row of one group.
+
+    ``mean``: ``b_i = mean(r)``. ``leave_one_out``: ``b_i = mean(r_j for j ≠ i)``, the mean of the other
+    G − 1 rows (for G = 2, the other row); needs G ≥ 2.
+    """
+    if len(rewards) == 0:
+        raise ValueError("group_baselines: a group needs at least one reward")
+    check_finite_rewards(rewards, "group_baselines")
+    if kind == "mean":
+        return [_mean(rewards)] * len(rewards)
+    if kind == "leave_one_out":
+        if len(rewards) < 2:
+            raise ValueError(
+                f"leave_one_out baseline needs at least 2 rows per group, got {len(rewards)}; use "
+                "num_generations >= 2 or baseline 'mean'"
+            )
+        return [_mean([r for j, r in enumerate(rewards) if j != i]) for i in range(len(rewards))]
+    raise ValueError(f"unknown baseline kind {kind!r}; use 'mean' or 'leave_one_out'")
+
+
+def group_advantages(
+    rewards: Sequence[float], baseline: BaselineKind, normalize: bool, eps: float = 1e-6
+) -> list[float]:
+    """Advantages of one group: ``A_i = r_i − b_i``, optionally divided by ``std(r) + eps``.
+
+    The std is the population std of the whole group (for both baselines). Whether to divide is decided by
+    exact equality of the rewards that row's baseline was taken over: ``mean`` — the whole group (all equal
+    ⇒ every ``A_i`` is exactly 0); ``leave_one_out`` — row i's peers (peers all equal ⇒ ``A_i = r_i − b_i``
+    undivided, e.g. the lone correct answer of ``[1, 0, 0, 0]`` gets ``+1``). So with G = 2 and
+    leave-one-out, advantages are never divided (a single peer is trivially constant).
+    With population std, ``|A_i| ≤ sqrt(G − 1)`` for the mean baseline whatever the rewards.
+    """
+    baselines = group_baselines(rewards, baseline)
+    diffs = [r - b for r, b in zip(rewards, baselines, strict=True)]
+    if _all_equal(rewards):
+        return [0.0] * len(rewards)
+    if not normalize:
+        return diffs
+    scale = group_std(rewards) + eps
+    if baseline == "mean":
+        return [d / scale for d in diffs]
+    advantages = []
+    for i, d in enumerate(diffs):
+        peers = [r for j, r in enumerate(rewards) if j != i]
+        advantages.append(d if _all_equal(peers) else d / scale)
+    return advantages
+
+
+def flat_group_advantages(
+    groups_rewards: Sequence[Sequence[float]], baseline: BaselineKind, normalize: bool, eps: float = 1e-6
+) -> list[float]:
+    """``group_advantages`` of each group, concatenated in group order (one value per row)."""
+    return [a for rewards in groups_rewards for a in group_advantages(rewards, baseline, normalize, eps)]
+
+
+def clip_advantages(values: Sequence[float], low: float | None = None, high: float | None = None) -> list[float]:
+    """``min(max(A, low), high)`` per value; a bound that is None is not applied."""
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"clip_advantages needs low <= high, got low={low}, high={high}")
+    clipped = []
+    for v in values:
+        if low is not None:
+            v = max(v, low)
+        if high is not None:
+            v = min(v, high)
+        clipped.append(v)
+    return clipped

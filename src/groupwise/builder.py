@@ -1,0 +1,92 @@
+"""Build a :class:`~groupwise.session.Session` from a validated config."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from groupwise.data.loader import PromptLoader
+from groupwise.data.registry import build_task
+from groupwise.data.rewards import load_reward_fn
+from groupwise.generation.engine import Engine
+from groupwise.learner import Learner, LearnerSettings
+from groupwise.logging.metrics import MetricsWriter
+from groupwise.model.loading import eos_token_ids, load_policy
+from groupwise.rollout import RewardPipeline, RolloutWorker
+from groupwise.rundir import RunDir
+from groupwise.session import Session
+from groupwise.types import SamplingParams
+
+
+def sampling_from_config(cfg: Any) -> SamplingParams:
+    gen = cfg.generation
+    return SamplingParams(
+        max_new_tokens=gen.max_new_tokens,
+        temperature=gen.temperature,
+        top_p=gen.top_p,
+        top_k=gen.top_k,
+        stop=tuple(gen.stop),
+    )
+
+
+def load_policy_from_config(cfg: Any) -> Any:
+    m = cfg.model
+    return load_policy(
+        m.source, m.path, m.gguf_file, m.tiny.model_dump(), device=m.device, dtype=m.dtype, seed=cfg.run.seed
+    )
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    clone = copy.deepcopy(model)
+    clone.eval()
+    for p in clone.parameters():
+        p.requires_grad_(False)
+    return clone
+
+
+def build_session(cfg: Any, *, resume: bool = False, resume_from: Path | None = None) -> Session:
+    """Wire policy, engine, learner, data and run directory; restore a checkpoint when resuming."""
+    torch.manual_seed(cfg.run.seed)
+    run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resume or resume_from is not None)
+    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
+    policy = load_policy_from_config(cfg)
+    # Sync mode alternates generation and training, so the engine can sample from the learner's own model.
+    # Async mode generates while training: the engine needs its own copy, refreshed at weight sync.
+    engine_model = policy.model if cfg.mode == "sync" else frozen_copy(policy.model)
+    engine = Engine(engine_model, policy.tokenizer, eos_token_ids(policy.tokenizer, policy.model))
+    reference = frozen_copy(policy.model) if cfg.model.reference == "initial" else None
+    learner = Learner(policy.model, LearnerSettings.from_config(cfg), reference=reference)
+    task = build_task(cfg.data.task, cfg.data, cfg.run.seed)
+    reward_fn = load_reward_fn(cfg.reward.function, task.default_reward)
+    rollouts = RolloutWorker(
+        generator=engine,
+        tokenizer=policy.tokenizer,
+        reward_fn=reward_fn,
+        sampling=sampling_from_config(cfg),
+        group_size=cfg.grpo.num_generations_per_prompt,
+        run_seed=cfg.run.seed,
+        rewards=RewardPipeline.from_config(cfg.grpo),
+        reward_kwargs=dict(cfg.reward.kwargs),
+        system_prompt=cfg.data.system_prompt,
+    )
+    loader = PromptLoader(task.train_prompts(), seed=cfg.run.seed, shuffle=cfg.data.shuffle, max_epochs=cfg.run.max_epochs)
+    session = Session(
+        cfg=cfg,
+        run_dir=run_dir,
+        policy=policy,
+        engine=engine,
+        learner=learner,
+        rollouts=rollouts,
+        loader=loader,
+        task=task,
+        reward_fn=reward_fn,
+        events=writer,
+    )
+    if resume or resume_from is not None:
+        session.restore(resume_from)
+    else:
+        writer.event(f"run started: {run_dir.path}")
+    return session

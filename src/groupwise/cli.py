@@ -1,0 +1,101 @@
+"""The ``groupwise`` command line.
+
+Each command lives in its own pair of functions: ``add_<command>_parser(subparsers)`` declares its arguments
+and sets ``handler`` to a ``run_<command>(args) -> int`` function; :data:`COMMAND_PARSERS` lists the
+``add_*`` functions. To add a command, write the pair and append the ``add_*`` function to the list.
+Heavy imports (torch, transformers) belong inside the ``run_*`` functions so ``groupwise --help`` and
+``groupwise config`` stay fast and work without them.
+
+Exit codes: 0 success, 2 bad usage or an invalid config (every problem printed, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from groupwise.config import ConfigError, load_config
+
+EXIT_OK = 0
+EXIT_CONFIG_ERROR = 2
+
+Subparsers = argparse._SubParsersAction  # what add_subparsers() returns; argparse has no public name for it
+Handler = Callable[[argparse.Namespace], int]
+
+
+def add_config_file_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``FILE [KEY=VALUE ...]`` arguments every config-reading command takes."""
+    parser.add_argument("file", metavar="FILE", help="YAML config file")
+    parser.add_argument(
+        "overrides", metavar="KEY=VALUE", nargs="*",
+        help="dotted overrides parsed as YAML values, e.g. grpo.num_prompts_per_step=8 loss.epsilon_high=0.28",
+    )
+
+
+# --- groupwise config -------------------------------------------------------------------------------------------
+
+
+def add_config_parser(subparsers: Subparsers) -> None:
+    """``groupwise config show|check FILE [KEY=VALUE ...]``."""
+    parser = subparsers.add_parser("config", help="show or check a config file",
+                                   description="Show the resolved config or check it for errors.")
+    actions = parser.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    show = actions.add_parser("show", help="print the resolved config (every key, defaults included) as YAML")
+    add_config_file_arguments(show)
+    show.set_defaults(handler=run_config_show)
+    check = actions.add_parser("check", help="exit 0 when the config is valid, else 2 with every error")
+    add_config_file_arguments(check)
+    check.set_defaults(handler=run_config_check)
+
+
+def run_config_show(args: argparse.Namespace) -> int:
+    """Print the resolved config; a ``ConfigError`` propagates to :func:`main` (exit 2)."""
+    config = load_config(args.file, args.overrides)
+    sys.stdout.write(config.to_yaml())
+    return EXIT_OK
+
+
+def run_config_check(args: argparse.Namespace) -> int:
+    """Print ``ok: FILE`` when the config is valid; a ``ConfigError`` propagates to :func:`main` (exit 2)."""
+    load_config(args.file, args.overrides)
+    print(f"ok: {args.file}")
+    return EXIT_OK
+
+
+# --- entry point ------------------------------------------------------------------------------------------------
+
+COMMAND_PARSERS: list[Callable[[Subparsers], None]] = [add_config_parser]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one subcommand per entry of :data:`COMMAND_PARSERS`."""
+    parser = argparse.ArgumentParser(
+        prog="groupwise",
+        description="Train causal language models with GRPO and DAPO dynamic sampling (sync or async).",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add_parser in COMMAND_PARSERS:
+        add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command and return its exit code (the ``groupwise`` console script)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2); return the code instead
+        if exc.code is None:
+            return EXIT_OK
+        return exc.code if isinstance(exc.code, int) else EXIT_CONFIG_ERROR
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The run configuration: one typed schema (pydantic v2, unknown keys forbidden), loaded from YAML with dotted
+command-line overrides, with every cross-field rule checked at load and all violations reported together.
+
+Must not import torch (the CLI and the simulator load configs without it).
+"""
+
+from groupwise.config.algorithm import (
+    DynamicSamplingSection,
+    GrpoSection,
+    LossSection,
+    OptimizerSection,
+    OverlongSection,
+    RewardScalingSection,
+)
+from groupwise.config.async_schema import (
+    AsyncSection,
+    CustomSampler,
+    InOrderSampler,
+    ReadyFirstSampler,
+    RolloutFailureSection,
+    SamplerConfig,
+    WeightFifoSampler,
+    WindowedSampler,
+    required_buffer_capacity,
+)
+from groupwise.config.issues import ConfigError, ConfigIssue
+from groupwise.config.load import config_from_dict, load_config, parse_yaml
+from groupwise.config.runtime_schema import RaySection, RuntimeSection, SimSection
+from groupwise.config.schema import RunConfig
+from groupwise.config.sections import (
+    AdditionSection,
+    CheckpointSection,
+    CountdownSection,
+    DataSection,
+    EvalSection,
+    GenerationSection,
+    JsonlSection,
+    LoggingSection,
+    ModelSection,
+    RewardSection,
+    RunSection,
+    TinyModelSection,
+)
+
+__all__ = [
+    "AdditionSection",
+    "AsyncSection",
+    "CheckpointSection",
+    "ConfigError",
+    "ConfigIssue",
+    "CountdownSection",
+    "CustomSampler",
+    "DataSection",
+    "DynamicSamplingSection",
+    "EvalSection",
+    "GenerationSection",
+    "GrpoSection",
+    "InOrderSampler",
+    "JsonlSection",
+    "LoggingSection",
+    "LossSection",
+    "ModelSection",
+    "OptimizerSection",
+    "OverlongSection",
+    "RaySection",
+    "ReadyFirstSampler",
+    "RewardScalingSection",
+    "RewardSection",
+    "RolloutFailureSection",
+    "RunConfig",
+    "RunSection",
+    "RuntimeSection",
+    "SamplerConfig",
+    "SimSection",
+    "TinyModelSection",
+    "WeightFifoSampler",
+    "WindowedSampler",
+    "config_from_dict",
+    "load_config",
+    "parse_yaml",
+    "required_buffer_capacity",
+]

@@ -1,0 +1,147 @@
+"""The algorithm sections: GRPO (groups, advantages, reward shaping, dynamic sampling), the loss, the optimizer.
+
+Only single-field ranges live here; rules that relate two fields are in :mod:`groupwise.config.rules`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from groupwise.config.base import Section
+
+AdamBeta = Annotated[float, Field(ge=0, lt=1)]
+
+
+class RewardScalingSection(Section):
+    """Linear map of raw rewards from ``[source_min, source_max]`` to ``[target_min, target_max]`` (clamped)
+    before advantages. The zero-variance filter always sees the raw reward."""
+
+    enabled: bool = False
+    """Apply the map. When off, the other keys must keep their defaults."""
+    source_min: float = 0.0
+    """Raw reward mapped to ``target_min`` (< ``source_max``)."""
+    source_max: float = 1.0
+    """Raw reward mapped to ``target_max`` (> ``source_min``)."""
+    target_min: float = 0.0
+    """Lowest scaled reward (< ``target_max``)."""
+    target_max: float = 1.0
+    """Highest scaled reward (> ``target_min``)."""
+
+
+class OverlongSection(Section):
+    """DAPO overlong shaping: a completion of L tokens, longer than ``expected = max_response_length −
+    overlong_buffer_length``, gets ``overlong_buffer_penalty × (L − expected) / overlong_buffer_length``
+    subtracted from its reward (the full penalty at ``max_response_length``)."""
+
+    enabled: bool = False
+    """Apply the length penalty. When on, the three settings below are required."""
+    max_response_length: int | None = Field(None, ge=1)
+    """Length in tokens at which the full penalty applies (≥ 1)."""
+    overlong_buffer_length: int | None = Field(None, ge=1)
+    """Tokens before ``max_response_length`` where the penalty ramps up (≥ 1, < ``max_response_length``)."""
+    overlong_buffer_penalty: float | None = Field(None, ge=0)
+    """Largest penalty, in reward units (≥ 0)."""
+
+
+class DynamicSamplingSection(Section):
+    """DAPO dynamic sampling: drop prompt groups whose G raw rewards are all equal (no learning signal) and
+    generate more until the step has P groups."""
+
+    enabled: bool = True
+    """Filter zero-variance groups. Needs ``grpo.num_generations_per_prompt ≥ 2``."""
+    batch_multiplier: float = Field(1.0, ge=1)
+    """Sync: prompts per generation round = ``ceil(P × batch_multiplier)`` (≥ 1; exactly 1 when DS is off)."""
+    max_gen_rounds: int = Field(4, ge=1)
+    """Sync: generation rounds per step at most (≥ 1); then ``on_exhausted`` applies."""
+    on_exhausted: Literal["raise", "train_short"] = "train_short"
+    """Sync: when ``max_gen_rounds`` rounds kept fewer than P groups, ``raise`` stops the run with the zero-variance
+    rate seen; ``train_short`` trains on the groups kept (at least ``min_step_batch_fraction`` of P)."""
+    min_step_batch_fraction: float = Field(0.25, gt=0, le=1)
+    """Sync, ``train_short``: a short step needs at least ``ceil(P × fraction)`` groups, else the run stops
+    (0 < f ≤ 1)."""
+    surplus: Literal["discard", "carry"] = "discard"
+    """Sync: kept groups beyond P in the last round are ``discard``-ed (counted) or ``carry``-ed into the next step
+    (one version off-policy, corrected by importance sampling)."""
+    zero_variance_tol: float = Field(0.0, ge=0)
+    """A group is zero-variance when ``max − min`` of its raw rewards is ≤ this (≥ 0; 0 = exactly equal)."""
+
+
+class GrpoSection(Section):
+    """Group sampling and advantages."""
+
+    num_prompts_per_step: int = Field(16, ge=1)
+    """P: prompt groups per optimizer step (≥ 1)."""
+    num_generations_per_prompt: int = Field(8, ge=1)
+    """G: completions per prompt (≥ 1; ≥ 2 with dynamic sampling)."""
+    baseline: Literal["mean", "leave_one_out"] = "mean"
+    """Per-group baseline: the group ``mean``, or the mean of the other G − 1 rewards (``leave_one_out``)."""
+    normalize_advantages: bool = True
+    """Divide advantages by the group's reward standard deviation."""
+    advantage_clip_low: float | None = None
+    """Clamp advantages below at this value; ``null`` = no lower clamp (< ``advantage_clip_high``)."""
+    advantage_clip_high: float | None = None
+    """Clamp advantages above at this value; ``null`` = no upper clamp (> ``advantage_clip_low``)."""
+    reward_scaling: RewardScalingSection = Field(default_factory=RewardScalingSection)
+    """Linear reward scaling before advantages."""
+    overlong_shaping: OverlongSection = Field(default_factory=OverlongSection)
+    """DAPO overlong length penalty."""
+    dynamic_sampling: DynamicSamplingSection = Field(default_factory=DynamicSamplingSection)
+    """DAPO dynamic sampling (zero-variance group filter)."""
+
+
+class LossSection(Section):
+    """The clipped policy-gradient loss."""
+
+    epsilon_low: float = Field(0.2, ge=0)
+    """Lower clip: the ratio is clipped at ``1 − epsilon_low`` (≥ 0)."""
+    epsilon_high: float = Field(0.28, ge=0)
+    """Upper clip ("clip-higher"): the ratio is clipped at ``1 + epsilon_high`` (≥ 0)."""
+    dual_clip_c: float | None = Field(None, gt=1)
+    """Dual-clip bound for negative advantages (> 1); ``null`` = off."""
+    normalization: Literal["token_level", "sequence_level"] = "token_level"
+    """``token_level`` = mean over every completion token of the step (DAPO); ``sequence_level`` = mean per
+    completion, then over completions."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the k3 KL penalty to the reference policy (≥ 0; > 0 needs ``model.reference: initial``)."""
+    kl_input_clamp: float = Field(20.0, gt=0)
+    """Clamp on the log-ratio fed to the KL estimator (> 0)."""
+    kl_output_clamp: float = Field(10.0, gt=0)
+    """Clamp on each token's KL value (> 0)."""
+    importance_sampling: bool = True
+    """Correct for the gap between the sampling-time and the training-time policy with per-token importance
+    weights (required by any off-policy data: async windows, ``surplus: carry``)."""
+    is_truncation: Literal["none", "tis", "icepop"] = "tis"
+    """How importance weights are bounded: ``tis`` clamps them to ``[is_ratio_min, is_ratio_max]``; ``icepop``
+    zeroes tokens outside that range; ``none`` leaves them (needs ``importance_sampling`` unless ``none``)."""
+    is_ratio_min: float = Field(0.0, ge=0)
+    """Lower importance-weight bound (≥ 0, ≤ ``is_ratio_max``)."""
+    is_ratio_max: float = Field(2.0, gt=0)
+    """Upper importance-weight bound (> 0, ≥ ``is_ratio_min``)."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Weight of the entropy bonus (≥ 0; a small value such as 0.01 delays entropy collapse)."""
+
+
+class OptimizerSection(Section):
+    """AdamW and the learning-rate schedule."""
+
+    lr: float = Field(1e-4, gt=0)
+    """Peak learning rate (> 0)."""
+    betas: tuple[AdamBeta, AdamBeta] = Field((0.9, 0.999), strict=False)
+    """AdamW (beta1, beta2), each in [0, 1)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """Decoupled weight decay (≥ 0)."""
+    eps: float = Field(1e-8, gt=0)
+    """AdamW epsilon (> 0)."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up from 0 to ``lr`` over this many optimizer steps (≥ 0, < ``run.max_steps``)."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning rate after warm-up: ``constant``, or ``linear``/``cosine`` decay to ``lr × min_lr_ratio`` at
+    ``run.max_steps``."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Final learning rate as a fraction of ``lr`` for decaying schedules (0 ≤ r ≤ 1)."""
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm to this (> 0); ``null`` = no clipping."""
+    micro_batch_rows: int = Field(64, ge=1)
+    """Rows (completions) per forward/backward micro-batch (≥ 1); gradients accumulate into one step."""

@@ -1,0 +1,192 @@
+"""The ``async`` section: which staleness sampler the single controller uses, buffer capacity, rollout failure
+handling. Valid only with ``mode: async`` (in sync mode every key must keep its default).
+
+The sampler is a union discriminated on ``name``; each sampler accepts only its own knobs, so a knob of
+another sampler (``max_lookahead_versions`` under ``ready_first``) is an error naming the owner.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from groupwise.config.base import Section, invalid
+
+
+class InOrderSampler(Section):
+    """Trains step s only on groups dispatched for step s (stamped); admits at most ``max_lookahead_versions``
+    steps ahead of the trainer. With lookahead 0 it is on-policy and matches the sync loop."""
+
+    name: Literal["in_order"] = "in_order"
+    """Sampler name."""
+    max_lookahead_versions: int = Field(1, ge=0)
+    """Dispatch batches admitted beyond the trainer's current step (≥ 0; 0 = on-policy)."""
+
+    gated: ClassVar[bool] = True
+
+    @property
+    def window(self) -> int | None:
+        """Versions a trained group may lag its step (the lookahead)."""
+        return self.max_lookahead_versions
+
+
+class ReadyFirstSampler(Section):
+    """Trains on whichever groups finished first, in dispatch order, mixing versions; admission is gated to
+    ``max_staleness_versions`` versions ahead, selection is not (slow stragglers can be older)."""
+
+    name: Literal["ready_first"] = "ready_first"
+    """Sampler name."""
+    max_staleness_versions: int = Field(1, ge=0)
+    """Admission window in weight versions (≥ 0)."""
+
+    gated: ClassVar[bool] = True
+
+    @property
+    def window(self) -> int | None:
+        """Versions a trained group may lag the trainer (the staleness knob)."""
+        return self.max_staleness_versions
+
+
+class WindowedSampler(Section):
+    """Ungated dispatch; trains only groups whose start version is within ``max_staleness_versions`` of the
+    trainer, evicts older ready groups and aborts older in-flight ones."""
+
+    name: Literal["windowed"] = "windowed"
+    """Sampler name."""
+    max_staleness_versions: int = Field(1, ge=0)
+    """Selection window in weight versions (≥ 0)."""
+    sample_freshest_first: bool = False
+    """Select the freshest eligible groups first instead of dispatch order."""
+
+    gated: ClassVar[bool] = False  # dispatch is bounded only by max_buffered_rollouts
+
+    @property
+    def window(self) -> int | None:
+        """Versions a trained group may lag the trainer (the staleness knob)."""
+        return self.max_staleness_versions
+
+
+class WeightFifoSampler(Section):
+    """Builds each step from groups of a single start version, oldest version first. Cannot be combined with
+    dynamic sampling."""
+
+    name: Literal["weight_fifo"] = "weight_fifo"
+    """Sampler name."""
+    max_staleness_versions: int = Field(1, ge=0)
+    """Admission and selection window in weight versions (≥ 0)."""
+
+    gated: ClassVar[bool] = True
+
+    @property
+    def window(self) -> int | None:
+        """Versions a trained group may lag the trainer (the staleness knob)."""
+        return self.max_staleness_versions
+
+
+class CustomSampler(Section):
+    """A user sampler class, constructed as ``Class(buffer, **kwargs)``; its capacity need is checked at
+    runtime."""
+
+    name: Literal["custom"] = "custom"
+    """Sampler name."""
+    target: str
+    """Importable class as ``package.module:ClassName`` (required)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments passed to the class after the buffer."""
+
+    gated: ClassVar[bool] = False  # unknown until the class is built; checked at runtime
+
+    @property
+    def window(self) -> int | None:
+        """Unknown until the class is built."""
+        return None
+
+    @field_validator("target")
+    @classmethod
+    def _target_is_module_colon_class(cls, target: str) -> str:
+        module, sep, attr = target.partition(":")
+        if not (sep and module.strip() and attr.strip() and ":" not in attr):
+            raise invalid(
+                "async.sampler.target must be 'module:ClassName'",
+                "give an importable class, e.g. 'my_project.samplers:MySampler'",
+            )
+        return target
+
+
+SamplerConfig = Annotated[
+    InOrderSampler | ReadyFirstSampler | WindowedSampler | WeightFifoSampler | CustomSampler,
+    Field(discriminator="name"),
+]
+SAMPLER_CLASSES: dict[str, type[Section]] = {
+    "in_order": InOrderSampler,
+    "ready_first": ReadyFirstSampler,
+    "windowed": WindowedSampler,
+    "weight_fifo": WeightFifoSampler,
+    "custom": CustomSampler,
+}
+DEFAULT_SAMPLER = "ready_first"
+
+
+def sampler_knob_owners(knob: str) -> list[str]:
+    """The sampler names that accept ``knob`` (used to explain a knob given to the wrong sampler)."""
+    return [name for name, cls in SAMPLER_CLASSES.items() if knob in cls.model_fields and knob != "name"]
+
+
+def required_buffer_capacity(sampler: SamplerConfig, prompts_per_step: int) -> int | None:
+    """Least ``max_buffered_rollouts`` that cannot deadlock: ``P × (window + 1)`` for a gated sampler
+    (the live step plus ``window`` admitted ahead); ``None`` when ungated (windowed) or unknown (custom)."""
+    if not sampler.gated or sampler.window is None:
+        return None
+    return prompts_per_step * (sampler.window + 1)
+
+
+class RolloutFailureSection(Section):
+    """What happens when a prompt's rollout fails or (with dynamic sampling) is filtered."""
+
+    on_dropped_prompt: Literal["replace", "shrink"] = "replace"
+    """``replace`` = substitute a spare prompt for a lost one; ``shrink`` = the step trains on fewer groups."""
+    max_replacement_attempts: int = Field(16, ge=1)
+    """Spare prompts tried per dispatch slot (≥ 1)."""
+    replacement_reserve_prompts: int = Field(16, ge=1)
+    """Spare-pool low-water mark in prompts (≥ 1); a whole loader batch is diverted when below it."""
+    min_step_batch_fraction: float = Field(0.5, gt=0, le=1)
+    """A step needs at least ``ceil(P × fraction)`` groups after losses, else the run stops (0 < f ≤ 1)."""
+    max_infra_attempts_per_prompt: int = Field(5, ge=1)
+    """Attempts per prompt against infrastructure failures (timeouts, lost workers) (≥ 1)."""
+    max_data_attempts_per_prompt: int = Field(2, ge=1)
+    """Attempts per prompt against data failures (any other exception) (≥ 1)."""
+    backoff_base_s: float = Field(1.0, ge=0)
+    """First retry delay in seconds (≥ 0); doubles per attempt."""
+    max_backoff_s: float = Field(30.0, ge=0)
+    """Longest retry delay in seconds (≥ ``backoff_base_s``)."""
+    max_skipped_prompts: int = Field(0, ge=0)
+    """Prompts that may exhaust their data attempts over the whole run (≥ 0; 0 = the first one stops the run)."""
+    max_consecutive_dropped_prompts: int = Field(0, ge=0)
+    """Consecutive prompts that may exhaust their infra attempts (≥ 0; 0 = the first one stops the run)."""
+
+
+class AsyncSection(Section):
+    """The async single controller (``mode: async`` only)."""
+
+    sampler: SamplerConfig = Field(default_factory=ReadyFirstSampler)
+    """Staleness sampler, chosen by ``name``: ``in_order``, ``ready_first`` (default when ``name`` is omitted),
+    ``windowed``, ``weight_fifo``, ``custom``."""
+    min_groups_for_streaming_train: int | None = None
+    """Smallest chunk of groups the trainer takes at once (1 ≤ x ≤ P); ``null`` = P (full batches)."""
+    max_inflight_prompts: int = Field(32, ge=1)
+    """Prompts being generated at once (≥ 1)."""
+    max_buffered_rollouts: int = Field(64, ge=1)
+    """Groups in flight or buffered but not yet trained (≥ 1; ≥ P × (window + 1) for gated samplers)."""
+    rollout_failure: RolloutFailureSection = Field(default_factory=RolloutFailureSection)
+    """Failure budgets, retries and replacement."""
+
+    @field_validator("sampler", mode="before")
+    @classmethod
+    def _default_sampler_name(cls, sampler: Any) -> Any:
+        """Omitting ``name`` means the default sampler, so its own knobs can be set without naming it."""
+        if sampler is None:
+            return {"name": DEFAULT_SAMPLER}
+        if isinstance(sampler, dict) and "name" not in sampler:
+            return {"name": DEFAULT_SAMPLER, **sampler}
+        return sampler

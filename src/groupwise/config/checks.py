@@ -1,0 +1,62 @@
+"""The registry of cross-field rules and the runner that applies every one of them.
+
+A rule is a function of the config that yields :class:`ConfigIssue` s; it declares the top-level sections it
+reads (``needs``), so when one section fails type validation the rules that do not read it still run and
+the user sees every problem at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from groupwise.config.base import changed_fields
+from groupwise.config.issues import ConfigIssue
+
+# ``cfg`` is a RunConfig, or during loading a namespace holding the sections that validated.
+RuleCheck = Callable[[Any], Iterable[ConfigIssue]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One registered cross-field rule: the check, the top-level sections it reads, and a one-line summary
+    (the first line of the check's docstring, listed in ``docs/configs.md``)."""
+
+    check: RuleCheck
+    needs: tuple[str, ...]
+    summary: str
+
+
+RULES: list[Rule] = []
+
+
+def rule(*needs: str) -> Callable[[RuleCheck], RuleCheck]:
+    """Register a rule reading the top-level sections ``needs`` (attribute names: ``grpo``, ``async_``, ...)."""
+
+    def register(check: RuleCheck) -> RuleCheck:
+        summary = (check.__doc__ or check.__name__).strip().splitlines()[0]
+        RULES.append(Rule(check=check, needs=needs, summary=summary))
+        return check
+
+    return register
+
+
+def run_rules(cfg: Any, available: Iterable[str] | None = None) -> list[ConfigIssue]:
+    """Every issue from every rule whose sections are all in ``available`` (``None`` = all sections)."""
+    have = None if available is None else set(available)
+    issues: list[ConfigIssue] = []
+    for registered in RULES:
+        if have is None or have.issuperset(registered.needs):
+            issues.extend(registered.check(cfg))
+    return issues
+
+
+def no_effect(section: BaseModel, prefix: str, why: str, fix: str) -> list[ConfigIssue]:
+    """One issue per key of ``section`` set away from its default although it has no effect (``why``)."""
+    return [
+        ConfigIssue(path, value, f"{path} has no effect {why} (a key with no effect is an error)", fix)
+        for path, value in changed_fields(section, prefix)
+    ]

@@ -1,0 +1,259 @@
+"""Cross-field rules of the model, data, GRPO, loss, optimizer and runtime sections (all modes).
+
+Each rule yields every violation it finds, naming the key path, the value given, the rule and the fix.
+A key that has no effect in the chosen setting is an error (DESIGN invariant 10).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from groupwise.config.checks import no_effect, rule
+from groupwise.config.issues import ConfigIssue
+from groupwise.config.sections import BUNDLED_GGUF_PATH
+
+
+@rule("model")
+def model_source_keys(cfg: Any) -> Iterator[ConfigIssue]:
+    """model.source decides which of model.path, model.gguf_file and model.tiny are needed or allowed."""
+    model = cfg.model
+    if model.source in ("hf", "gguf") and model.path is None:
+        if model.source == "hf":
+            what, fix = "a Hugging Face model directory", "set model.path (relative to the working directory)"
+        else:
+            what = "the directory holding the GGUF file"
+            fix = f"set model.path to that directory, or to '{BUNDLED_GGUF_PATH}' for the bundled SmolLM2 file"
+        yield ConfigIssue("model.path", None, f"model.source '{model.source}' needs model.path ({what})", fix)
+    if model.source == "gguf" and model.gguf_file is None and model.path not in (None, BUNDLED_GGUF_PATH):
+        yield ConfigIssue(
+            "model.gguf_file", None, "model.source 'gguf' needs model.gguf_file (the file name inside model.path)",
+            "set model.gguf_file, e.g. 'model.Q8_0.gguf', or use model.path: smollm2 for the bundled file",
+        )
+    if model.source == "tiny" and model.path is not None:
+        yield ConfigIssue(
+            "model.path", model.path, "model.source 'tiny' builds a random-init model and reads no model.path",
+            "remove model.path, or set model.source: hf to load that directory",
+        )
+    if model.source != "gguf" and model.gguf_file is not None:
+        yield ConfigIssue(
+            "model.gguf_file", model.gguf_file, f"model.gguf_file has no effect with model.source '{model.source}'",
+            "remove model.gguf_file, or set model.source: gguf",
+        )
+    if model.source != "tiny":
+        yield from no_effect(model.tiny, "model.tiny", f"with model.source '{model.source}'",
+                             "remove it, or set model.source: tiny")
+
+
+@rule("model", "generation")
+def tiny_model_shape(cfg: Any) -> Iterator[ConfigIssue]:
+    """A tiny model needs hidden_size divisible by num_heads and room for max_new_tokens in its positions."""
+    if cfg.model.source != "tiny":
+        return
+    tiny = cfg.model.tiny
+    if tiny.hidden_size % tiny.num_heads:
+        yield ConfigIssue(
+            "model.tiny.hidden_size", tiny.hidden_size,
+            f"model.tiny.hidden_size must be divisible by model.tiny.num_heads ({tiny.num_heads})",
+            f"use a multiple of {tiny.num_heads}, e.g. {tiny.num_heads * max(1, tiny.hidden_size // tiny.num_heads)}",
+        )
+    if tiny.max_position_embeddings <= cfg.generation.max_new_tokens:
+        yield ConfigIssue(
+            "model.tiny.max_position_embeddings", tiny.max_position_embeddings,
+            f"model.tiny.max_position_embeddings must exceed generation.max_new_tokens "
+            f"({cfg.generation.max_new_tokens}) to leave room for the prompt",
+            "raise model.tiny.max_position_embeddings or lower generation.max_new_tokens",
+        )
+
+
+@rule("model", "loss")
+def kl_needs_reference(cfg: Any) -> Iterator[ConfigIssue]:
+    """loss.kl_coef > 0 needs model.reference: initial, and the reference and KL clamps need kl_coef > 0."""
+    loss = cfg.loss
+    if loss.kl_coef > 0 and cfg.model.reference != "initial":
+        yield ConfigIssue(
+            "loss.kl_coef", loss.kl_coef, "a KL penalty needs a reference policy (model.reference is 'none')",
+            "set model.reference: initial, or loss.kl_coef: 0",
+        )
+    if loss.kl_coef == 0:
+        if cfg.model.reference != "none":
+            yield ConfigIssue(
+                "model.reference", cfg.model.reference,
+                "model.reference has no effect with loss.kl_coef 0 (a frozen copy nothing reads)",
+                "set model.reference: none, or a positive loss.kl_coef",
+            )
+        for key in ("kl_input_clamp", "kl_output_clamp"):
+            value = getattr(loss, key)
+            if value != type(loss).model_fields[key].default:
+                yield ConfigIssue(f"loss.{key}", value, f"loss.{key} has no effect with loss.kl_coef 0",
+                                  f"remove loss.{key}, or set a positive loss.kl_coef")
+
+
+@rule("data")
+def data_task_keys(cfg: Any) -> Iterator[ConfigIssue]:
+    """data.task jsonl needs data.jsonl.train_path; only the chosen task's sub-section may be changed."""
+    data = cfg.data
+    if data.task == "jsonl" and data.jsonl.train_path is None:
+        yield ConfigIssue(
+            "data.jsonl.train_path", None, "data.task 'jsonl' needs data.jsonl.train_path",
+            "set data.jsonl.train_path to a JSON-lines file (relative to the working directory)",
+        )
+    for task in ("addition", "countdown", "jsonl"):
+        if task != data.task:
+            yield from no_effect(getattr(data, task), f"data.{task}", f"with data.task '{data.task}'",
+                                 f"remove it, or set data.task: {task}")
+    if data.addition.min_digits > data.addition.max_digits:
+        yield ConfigIssue(
+            "data.addition.max_digits", data.addition.max_digits,
+            f"data.addition.max_digits must be ≥ data.addition.min_digits ({data.addition.min_digits})",
+            "raise data.addition.max_digits or lower data.addition.min_digits",
+        )
+
+
+@rule("grpo")
+def dynamic_sampling_needs_groups(cfg: Any) -> Iterator[ConfigIssue]:
+    """Dynamic sampling needs G ≥ 2; leave-one-out baselines need G ≥ 2."""
+    grpo = cfg.grpo
+    g = grpo.num_generations_per_prompt
+    if grpo.dynamic_sampling.enabled and g < 2:
+        yield ConfigIssue(
+            "grpo.num_generations_per_prompt", g,
+            "dynamic sampling needs at least 2 generations per prompt (a group of 1 always has zero variance, "
+            "so every group would be filtered)",
+            "set grpo.num_generations_per_prompt ≥ 2, or grpo.dynamic_sampling.enabled: false",
+        )
+    if grpo.baseline == "leave_one_out" and g < 2:
+        yield ConfigIssue(
+            "grpo.baseline", grpo.baseline, "a leave-one-out baseline needs at least 2 generations per prompt",
+            "set grpo.num_generations_per_prompt ≥ 2, or grpo.baseline: mean",
+        )
+
+
+@rule("mode", "grpo", "loss")
+def sync_dynamic_sampling_keys(cfg: Any) -> Iterator[ConfigIssue]:
+    """Sync mode: with dynamic sampling off its knobs must keep their defaults (batch_multiplier == 1);
+    surplus: carry needs loss.importance_sampling."""
+    if cfg.mode != "sync":
+        return  # async mode has its own rule: these knobs never apply there
+    ds = cfg.grpo.dynamic_sampling
+    if not ds.enabled:
+        yield from no_effect(ds, "grpo.dynamic_sampling", "with grpo.dynamic_sampling.enabled false",
+                             "remove it, or set grpo.dynamic_sampling.enabled: true")
+    elif ds.surplus == "carry" and not cfg.loss.importance_sampling:
+        yield ConfigIssue(
+            "grpo.dynamic_sampling.surplus", ds.surplus,
+            "carried surplus groups are one version off-policy and need importance-sampling correction",
+            "set loss.importance_sampling: true, or grpo.dynamic_sampling.surplus: discard",
+        )
+
+
+@rule("grpo")
+def advantage_clip_order(cfg: Any) -> Iterator[ConfigIssue]:
+    """grpo.advantage_clip_low < grpo.advantage_clip_high when both are set."""
+    low, high = cfg.grpo.advantage_clip_low, cfg.grpo.advantage_clip_high
+    if low is not None and high is not None and low >= high:
+        yield ConfigIssue(
+            "grpo.advantage_clip_low", low, f"grpo.advantage_clip_low must be < grpo.advantage_clip_high ({high})",
+            "lower advantage_clip_low or raise advantage_clip_high (or set one to null)",
+        )
+
+
+@rule("grpo")
+def reward_scaling_range(cfg: Any) -> Iterator[ConfigIssue]:
+    """Reward scaling needs source_max > source_min and target_max > target_min; off, its keys keep defaults."""
+    scaling = cfg.grpo.reward_scaling
+    if not scaling.enabled:
+        yield from no_effect(scaling, "grpo.reward_scaling", "with grpo.reward_scaling.enabled false",
+                             "remove it, or set grpo.reward_scaling.enabled: true")
+        return
+    for side in ("source", "target"):
+        low, high = getattr(scaling, f"{side}_min"), getattr(scaling, f"{side}_max")
+        if high <= low:
+            yield ConfigIssue(
+                f"grpo.reward_scaling.{side}_max", high,
+                f"grpo.reward_scaling.{side}_max must be > {side}_min ({low}); an empty range cannot be mapped",
+                f"set {side}_max above {side}_min",
+            )
+
+
+@rule("grpo", "generation")
+def overlong_shaping_lengths(cfg: Any) -> Iterator[ConfigIssue]:
+    """Overlong shaping needs its three settings, buffer < max_response_length, and a reachable penalty zone."""
+    shaping = cfg.grpo.overlong_shaping
+    prefix = "grpo.overlong_shaping"
+    if not shaping.enabled:
+        yield from no_effect(shaping, prefix, f"with {prefix}.enabled false",
+                             f"remove it, or set {prefix}.enabled: true")
+        return
+    missing = [k for k in ("max_response_length", "overlong_buffer_length", "overlong_buffer_penalty")
+               if getattr(shaping, k) is None]
+    for key in missing:
+        yield ConfigIssue(f"{prefix}.{key}", None, f"overlong shaping needs {prefix}.{key}",
+                          f"set {prefix}.{key}, or {prefix}.enabled: false")
+    if missing:
+        return
+    if shaping.overlong_buffer_length >= shaping.max_response_length:
+        yield ConfigIssue(
+            f"{prefix}.overlong_buffer_length", shaping.overlong_buffer_length,
+            f"overlong_buffer_length must be < max_response_length ({shaping.max_response_length})",
+            "shorten the buffer or raise max_response_length",
+        )
+    elif shaping.max_response_length - shaping.overlong_buffer_length >= cfg.generation.max_new_tokens:
+        yield ConfigIssue(
+            f"{prefix}.max_response_length", shaping.max_response_length,
+            f"the penalty starts after max_response_length − overlong_buffer_length = "
+            f"{shaping.max_response_length - shaping.overlong_buffer_length} tokens, which no completion reaches "
+            f"(generation.max_new_tokens is {cfg.generation.max_new_tokens})",
+            "set max_response_length to generation.max_new_tokens, or disable overlong shaping",
+        )
+
+
+@rule("loss")
+def importance_sampling_bounds(cfg: Any) -> Iterator[ConfigIssue]:
+    """is_ratio_min ≤ is_ratio_max; tis/icepop need importance_sampling; with no truncation the bounds keep defaults."""
+    loss = cfg.loss
+    if loss.is_truncation != "none" and not loss.importance_sampling:
+        yield ConfigIssue(
+            "loss.is_truncation", loss.is_truncation,
+            f"is_truncation '{loss.is_truncation}' bounds importance weights, which "
+            "loss.importance_sampling false turns off",
+            "set loss.is_truncation: none, or loss.importance_sampling: true",
+        )
+    if loss.is_truncation == "none":
+        for key in ("is_ratio_min", "is_ratio_max"):
+            value = getattr(loss, key)
+            if value != type(loss).model_fields[key].default:
+                yield ConfigIssue(f"loss.{key}", value, f"loss.{key} has no effect with loss.is_truncation none",
+                                  f"remove loss.{key}, or set loss.is_truncation: tis or icepop")
+    elif loss.is_ratio_min > loss.is_ratio_max:
+        yield ConfigIssue(
+            "loss.is_ratio_min", loss.is_ratio_min,
+            f"loss.is_ratio_min must be ≤ loss.is_ratio_max ({loss.is_ratio_max})",
+            "lower is_ratio_min or raise is_ratio_max",
+        )
+
+
+@rule("optimizer", "run")
+def learning_rate_schedule(cfg: Any) -> Iterator[ConfigIssue]:
+    """Warm-up must end before run.max_steps; min_lr_ratio needs a decaying schedule."""
+    opt = cfg.optimizer
+    if opt.warmup_steps >= cfg.run.max_steps:
+        yield ConfigIssue(
+            "optimizer.warmup_steps", opt.warmup_steps,
+            f"warm-up must end before the run does (run.max_steps is {cfg.run.max_steps}); "
+            "the learning rate would never reach its peak",
+            "lower optimizer.warmup_steps or raise run.max_steps",
+        )
+    if opt.schedule == "constant" and opt.min_lr_ratio != type(opt).model_fields["min_lr_ratio"].default:
+        yield ConfigIssue(
+            "optimizer.min_lr_ratio", opt.min_lr_ratio, "optimizer.min_lr_ratio has no effect with schedule constant",
+            "remove optimizer.min_lr_ratio, or set optimizer.schedule: linear or cosine",
+        )
+
+
+@rule("runtime")
+def ray_keys_need_ray(cfg: Any) -> Iterator[ConfigIssue]:
+    """runtime.ray keys keep their defaults unless runtime.backend is ray."""
+    if cfg.runtime.backend != "ray":
+        yield from no_effect(cfg.runtime.ray, "runtime.ray", f"with runtime.backend '{cfg.runtime.backend}'",
+                             "remove it, or set runtime.backend: ray")

@@ -1,0 +1,69 @@
+"""Where the components run (``runtime``) and the throughput simulator's model (``sim``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from groupwise.config.base import Section
+
+
+class RaySection(Section):
+    """Ray placement (``runtime.backend: ray`` only; with ``embedded`` every key must keep its default)."""
+
+    address: str = ""
+    """Cluster to join: ``""`` = start a local cluster, ``auto`` = the running one, or ``host:port``."""
+    num_generation_workers: int = Field(1, ge=1)
+    """Generation actors (≥ 1)."""
+    cpus_per_generation_worker: float = Field(0.5, ge=0)
+    """CPUs reserved per generation actor (≥ 0; fractions allowed)."""
+    gpus_per_generation_worker: float = Field(0.0, ge=0)
+    """GPUs reserved per generation actor (≥ 0; fractions share a GPU)."""
+    learner_cpus: float = Field(0.5, ge=0)
+    """CPUs reserved for the learner actor (≥ 0)."""
+    learner_gpus: float = Field(0.0, ge=0)
+    """GPUs reserved for the learner actor (≥ 0)."""
+
+
+class RuntimeSection(Section):
+    """Process layout."""
+
+    backend: Literal["embedded", "ray"] = "embedded"
+    """``embedded`` = every component in this process (default; needs no Ray); ``ray`` = actors on a Ray
+    cluster (install the ``ray`` extra)."""
+    ray: RaySection = Field(default_factory=RaySection)
+    """Ray placement (``backend: ray`` only)."""
+
+
+class SimSection(Section):
+    """The cost and learning model of ``groupwise simulate`` (virtual time, no model). Other commands ignore it."""
+
+    rollout_slots: int = Field(64, ge=1)
+    """Completions the simulated engine generates concurrently (≥ 1)."""
+    length_median_tokens: float = Field(256.0, gt=0)
+    """Median completion length in tokens (> 0); lengths are log-normal."""
+    length_p99_over_p50: float = Field(8.0, ge=1)
+    """Ratio of the 99th-percentile to the median completion length (≥ 1; 1 = every completion the same length)."""
+    prefill_s: float = Field(0.05, ge=0)
+    """Seconds to prefill one prompt (≥ 0)."""
+    per_token_s: float = Field(0.01, ge=0)
+    """Seconds per generated token per slot (≥ 0)."""
+    train_s_per_token: float = Field(0.0002, ge=0)
+    """Trainer seconds per completion token (≥ 0)."""
+    weight_sync_s: float = Field(1.0, ge=0)
+    """Seconds to push new weights to the generators (≥ 0)."""
+    infra_failure_rate: float = Field(0.0, ge=0, le=1)
+    """Probability that one rollout attempt fails for infrastructure reasons (0 ≤ p ≤ 1)."""
+    data_failure_rate: float = Field(0.0, ge=0, le=1)
+    """Probability that one rollout attempt fails for data reasons (0 ≤ p ≤ 1)."""
+    straggler_rate: float = Field(0.0, ge=0, le=1)
+    """Probability that a rollout is a straggler (0 ≤ p ≤ 1)."""
+    straggler_factor: float = Field(5.0, ge=1)
+    """How many times longer a straggler takes (≥ 1)."""
+    difficulty_spread: float = Field(2.0, ge=0)
+    """Standard deviation of prompt difficulty in logits (≥ 0); wider = more all-wrong and all-right groups."""
+    learning_rate_groups: float = Field(2000.0, gt=0)
+    """Groups trained until the success logit rises by 1 (> 0)."""
+    num_prompts: int = Field(2000, ge=1)
+    """Distinct simulated prompts (≥ 1)."""

@@ -1,0 +1,91 @@
+"""``RunConfig``: the whole run in one typed object. Constructing one (from YAML, a dict, or Python) runs every
+cross-field rule and raises a single :class:`ConfigError` listing all violations."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import yaml
+from pydantic import ConfigDict, Field, model_validator
+
+from groupwise.config import async_rules, rules  # noqa: F401  (importing registers the rules)
+from groupwise.config.algorithm import GrpoSection, LossSection, OptimizerSection
+from groupwise.config.async_schema import AsyncSection
+from groupwise.config.base import Section
+from groupwise.config.checks import run_rules
+from groupwise.config.issues import ConfigError
+from groupwise.config.runtime_schema import RuntimeSection, SimSection
+from groupwise.config.sections import (
+    CheckpointSection,
+    DataSection,
+    EvalSection,
+    GenerationSection,
+    LoggingSection,
+    ModelSection,
+    RewardSection,
+    RunSection,
+)
+
+
+class RunConfig(Section):
+    """Everything a run needs. Defaults are a DAPO recipe: clip-higher (0.2/0.28), token-level loss,
+    dynamic sampling on, no KL."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    mode: Literal["sync", "async"] = "sync"
+    """``sync`` = generate, filter, train, repeat; ``async`` = the single controller (see the ``async`` section)."""
+    run: RunSection = Field(default_factory=RunSection)
+    """Run directory, seed and length."""
+    model: ModelSection = Field(default_factory=ModelSection)
+    """The policy."""
+    data: DataSection = Field(default_factory=DataSection)
+    """The prompts."""
+    reward: RewardSection = Field(default_factory=RewardSection)
+    """The reward function."""
+    generation: GenerationSection = Field(default_factory=GenerationSection)
+    """Sampling of training completions."""
+    grpo: GrpoSection = Field(default_factory=GrpoSection)
+    """Groups, advantages, reward shaping, dynamic sampling."""
+    loss: LossSection = Field(default_factory=LossSection)
+    """The clipped policy-gradient loss."""
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
+    """AdamW and the learning-rate schedule."""
+    eval: EvalSection = Field(default_factory=EvalSection)
+    """Held-out evaluation."""
+    logging: LoggingSection = Field(default_factory=LoggingSection)
+    """Optional outputs."""
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    """Checkpoints."""
+    async_: AsyncSection = Field(default_factory=AsyncSection, alias="async")
+    """The async single controller (``mode: async`` only); YAML key ``async``."""
+    runtime: RuntimeSection = Field(default_factory=RuntimeSection)
+    """Process layout (embedded or Ray)."""
+    sim: SimSection = Field(default_factory=SimSection)
+    """The throughput simulator's model (``groupwise simulate`` only)."""
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> RunConfig:
+        issues = run_rules(self)
+        if issues:
+            raise ConfigError(issues)
+        return self
+
+    def to_yaml(self) -> str:
+        """The resolved config (every key, defaults included) as YAML that loads back to an equal config."""
+        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False, allow_unicode=True)
+
+    @property
+    def streaming_min_groups(self) -> int:
+        """Smallest chunk the async trainer takes: ``async.min_groups_for_streaming_train``, or P when null."""
+        chunk = self.async_.min_groups_for_streaming_train
+        return self.grpo.num_prompts_per_step if chunk is None else chunk
+
+    @property
+    def prompts_per_generation_round(self) -> int:
+        """Sync: prompts generated per dynamic-sampling round, ``ceil(P × batch_multiplier)`` (P with DS off)."""
+        ds = self.grpo.dynamic_sampling
+        multiplier = ds.batch_multiplier if ds.enabled else 1.0
+        # round first so 10 × 1.1 = 11.000000000000002 does not become 12
+        return math.ceil(round(self.grpo.num_prompts_per_step * multiplier, 9))

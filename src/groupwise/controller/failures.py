@@ -1,0 +1,159 @@
+"""Rollout failures: infra vs data classification, per-prompt attempt budgets, backoff, run budgets (§6.1).
+
+* **infra** — :class:`InfraError` subclasses, ``TimeoutError``, ``ConnectionError``, and any type a runtime
+  registers (the Ray runtime registers Ray's actor/node errors) — retried with exponential backoff
+  ``min(base · 2^(k−1), max)`` up to ``max_infra_attempts_per_prompt``.
+* **data** — everything else (unknown errors are data so real bugs surface) — retried immediately up to
+  ``max_data_attempts_per_prompt``.
+
+Classification follows ``__cause__`` chains to depth 8. A prompt that exhausts its data budget is skipped
+while fewer than ``max_skipped_prompts`` were skipped in the run, else the run fails. A prompt that
+exhausts its infra budget is dropped while no more than ``max_consecutive_dropped_prompts`` were dropped in
+a row (any committed or filtered group resets the streak), else the run fails. Filtered groups never
+consume these budgets. Budgets are run-scoped and not checkpointed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+FailureKind = Literal["infra", "data"]
+_CAUSE_DEPTH = 8
+
+
+class InfraError(Exception):
+    """Base for failures of the machinery (an engine, a worker, a network hop), not of the data."""
+
+
+_infra_types: list[type[BaseException]] = [InfraError, TimeoutError, ConnectionError]
+
+
+class RolloutDataFailure(RuntimeError):
+    """A prompt failed with data errors beyond its budget and the run's skip budget is spent."""
+
+
+class RolloutRedispatchExhausted(RuntimeError):
+    """More prompts than ``max_consecutive_dropped_prompts`` were dropped in a row for infra failures."""
+
+
+def register_infra_error_type(error_type: type[BaseException]) -> None:
+    """Let a runtime declare one of its error types as infrastructure (e.g. a Ray actor-died error)."""
+    if not (isinstance(error_type, type) and issubclass(error_type, BaseException)):
+        raise TypeError(f"register_infra_error_type needs an exception class, got {error_type!r}")
+    if error_type not in _infra_types:
+        _infra_types.append(error_type)
+
+
+def classify_failure(error: BaseException) -> FailureKind:
+    """``infra`` if the error or any ``__cause__`` up to depth 8 is an infra type, else ``data``."""
+    current: BaseException | None = error
+    for _ in range(_CAUSE_DEPTH + 1):
+        if current is None:
+            break
+        if isinstance(current, tuple(_infra_types)):
+            return "infra"
+        current = current.__cause__
+    return "data"
+
+
+def backoff_seconds(attempt: int, base_s: float, max_s: float) -> float:
+    """``min(base · 2^(k−1), max)`` before retry ``k ≥ 1`` of an infra failure."""
+    if attempt < 1:
+        raise ValueError(f"backoff attempt numbers start at 1, got {attempt}")
+    return min(base_s * 2.0 ** (attempt - 1), max_s)
+
+
+@dataclass(frozen=True)
+class FailureSettings:
+    """The ``async_.rollout_failure`` knobs the controller uses."""
+
+    on_dropped_prompt: Literal["shrink", "replace"] = "shrink"
+    max_replacement_attempts: int = 1
+    replacement_reserve_prompts: int = 1
+    min_step_batch_fraction: float = 0.9
+    max_infra_attempts_per_prompt: int = 5
+    max_data_attempts_per_prompt: int = 2
+    backoff_base_s: float = 1.0
+    max_backoff_s: float = 30.0
+    max_skipped_prompts: int = 0
+    max_consecutive_dropped_prompts: int = 0
+
+    def __post_init__(self) -> None:
+        if self.on_dropped_prompt not in ("shrink", "replace"):
+            raise ValueError(f"on_dropped_prompt must be 'shrink' or 'replace', got {self.on_dropped_prompt!r}")
+        for name in ("max_infra_attempts_per_prompt", "max_data_attempts_per_prompt"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (the first attempt counts), got {getattr(self, name)}")
+        for name in ("max_skipped_prompts", "max_consecutive_dropped_prompts", "max_replacement_attempts",
+                     "replacement_reserve_prompts"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 < self.min_step_batch_fraction <= 1.0:
+            raise ValueError(f"min_step_batch_fraction must be in (0, 1], got {self.min_step_batch_fraction}")
+        if self.max_backoff_s < self.backoff_base_s or self.backoff_base_s < 0:
+            raise ValueError(
+                f"need 0 <= backoff_base_s <= max_backoff_s, got {self.backoff_base_s} and {self.max_backoff_s}"
+            )
+
+
+@dataclass
+class PromptAttempts:
+    """One prompt's attempts so far, per kind."""
+
+    infra: int = 0
+    data: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.infra + self.data
+
+
+class FailureBudgets:
+    """Per-prompt retry decisions and the run-level skip / consecutive-drop budgets."""
+
+    def __init__(self, settings: FailureSettings) -> None:
+        self.settings = settings
+        self.skipped = 0
+        self.consecutive_drops = 0
+        self.max_consecutive_seen = 0
+        self.infra_retries = 0
+        self.data_retries = 0
+
+    def on_failure(self, attempts: PromptAttempts, error: BaseException, context: str) -> float | None:
+        """Count a failed attempt. Return the seconds to wait before a retry, or None to give up on the
+        prompt (skipped within budget). Raise when a run-level budget is exceeded."""
+        s = self.settings
+        if classify_failure(error) == "infra":
+            attempts.infra += 1
+            if attempts.infra < s.max_infra_attempts_per_prompt:
+                self.infra_retries += 1
+                return backoff_seconds(attempts.infra, s.backoff_base_s, s.max_backoff_s)
+            self.consecutive_drops += 1
+            self.max_consecutive_seen = max(self.max_consecutive_seen, self.consecutive_drops)
+            if self.consecutive_drops > s.max_consecutive_dropped_prompts:
+                raise RolloutRedispatchExhausted(
+                    f"{context}: infrastructure failures on {attempts.infra} attempts, and "
+                    f"{self.consecutive_drops} prompts in a row were dropped, more than "
+                    f"max_consecutive_dropped_prompts={s.max_consecutive_dropped_prompts}; the generation "
+                    f"fleet looks down (last error: {error!r})"
+                ) from error
+            self.skipped += 1
+            return None
+        attempts.data += 1
+        if attempts.data < s.max_data_attempts_per_prompt:
+            self.data_retries += 1
+            return 0.0
+        if self.skipped >= s.max_skipped_prompts:
+            if s.max_skipped_prompts == 0:
+                raise error
+            raise RolloutDataFailure(
+                f"{context}: failed {attempts.data} times with data errors and {self.skipped} prompts were "
+                f"already skipped (max_skipped_prompts={s.max_skipped_prompts}); last error: {error!r}"
+            ) from error
+        self.skipped += 1
+        return None
+
+    def on_progress(self) -> None:
+        """A group committed or was filtered: the fleet works, the consecutive-drop streak ends."""
+        self.consecutive_drops = 0

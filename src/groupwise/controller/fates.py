@@ -1,0 +1,71 @@
+"""Fates: where every dispatched prompt attempt ended (DESIGN invariant 4, made auditable).
+
+Each reserved slot (one attempt at one prompt; its id is the group id) gets exactly one :class:`FateRecord`:
+
+* ``trained`` — selected for ``step``;
+* ``filtered`` — zero-variance under dynamic sampling; ``resolution`` says what happened to its dispatch
+  slot: ``replaced`` (a spare prompt took over), ``charged`` (a loss charged to ``step``) or ``uncharged``;
+* ``failed`` — the attempt raised; ``retried`` (another attempt of the same prompt follows), ``replaced``,
+  ``charged``, ``uncharged``, or ``fatal`` (the run stopped on it);
+* ``evicted`` — a ready group no sampler could select any more (``step`` = trainer version then);
+* ``aborted`` — an in-flight attempt cancelled as stale at weight sync (``charged`` / ``uncharged``);
+* ``pending`` — still in flight or buffered when the run ended.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Literal
+
+Fate = Literal["trained", "filtered", "failed", "evicted", "aborted", "pending"]
+Resolution = Literal["retried", "replaced", "charged", "uncharged", "fatal"]
+TERMINAL_RESOLUTIONS = frozenset({"replaced", "charged", "uncharged", "fatal"})
+
+
+@dataclass(frozen=True)
+class FateRecord:
+    group_id: int
+    prompt_uid: str
+    attempt: int
+    start_version: int
+    fate: Fate
+    step: int | None = None
+    resolution: Resolution | None = None
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "group_id": self.group_id,
+            "prompt_uid": self.prompt_uid,
+            "attempt": self.attempt,
+            "start_version": self.start_version,
+            "fate": self.fate,
+            "step": self.step,
+            "resolution": self.resolution,
+            "detail": self.detail,
+        }
+
+
+class FateCounts:
+    """In-memory tally of fate records: per fate, and per (fate, resolution)."""
+
+    def __init__(self) -> None:
+        self.by_fate: Counter[str] = Counter()
+        self.by_resolution: Counter[tuple[str, str | None]] = Counter()
+        self.total = 0
+
+    def add(self, record: FateRecord) -> None:
+        self.total += 1
+        self.by_fate[record.fate] += 1
+        self.by_resolution[(record.fate, record.resolution)] += 1
+
+    def __getitem__(self, fate: str) -> int:
+        return self.by_fate[fate]
+
+    def as_dict(self) -> dict[str, int]:
+        out = {f"fates/{fate}": n for fate, n in sorted(self.by_fate.items())}
+        for (fate, resolution), n in sorted(self.by_resolution.items(), key=str):
+            if resolution is not None:
+                out[f"fates/{fate}/{resolution}"] = n
+        return out

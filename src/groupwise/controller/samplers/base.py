@@ -1,0 +1,161 @@
+"""The sampler protocol, the shared base classes, and the drop-accounting hooks of seed 002.
+
+A sampler decides (reference/upstream-semantics.md §5):
+
+* ``admit(clock)`` — rollout pump: wait until the next prompt batch may be dispatched; return the
+  ``target_step`` stamp for it (or None). Gated samplers keep the dispatch index ``d`` below ``v + W``.
+* ``select(v, min_groups, max_groups)`` — train pump, SYNCHRONOUS: remove and return up to ``max_groups``
+  eligible ready slots, or None when fewer than ``min_groups`` are eligible (never waits to fill).
+* ``evict(v)`` — remove and return ready slots that can never be selected.
+* ``should_abort_inflight(start_version, v)`` — at weight sync: may an unfinished attempt be cancelled?
+* ``required_buffer_capacity(P)`` — the ``max_buffered_rollouts`` that avoids a backpressure deadlock.
+* ``set_dispatch_index(resume_step)`` — seed the dispatch cursor on resume.
+
+``DropAccountingSampler`` is optional: a sampler that implements it says whether the controller keeps a
+spare pool for it, whether its last step may close short at exhaustion, and which step a permanently
+lost group is charged to. :func:`drop_accounting` gives the gated defaults otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from groupwise.controller.buffer import GroupBuffer, Slot
+from groupwise.controller.clock import VersionClock
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """What the controller needs from a staleness sampler (checked by member presence)."""
+
+    async def admit(self, clock: VersionClock) -> int | None: ...
+
+    def select(self, version: int, min_groups: int, max_groups: int) -> list[Slot] | None: ...
+
+    def evict(self, version: int) -> list[Slot]: ...
+
+    def should_abort_inflight(self, start_version: int, version: int) -> bool: ...
+
+    def required_buffer_capacity(self, prompts_per_step: int) -> int | None: ...
+
+    def set_dispatch_index(self, resume_step: int) -> None: ...
+
+
+@runtime_checkable
+class DropAccountingSampler(Protocol):
+    """Optional seed-002 hooks: how the controller accounts for groups lost for good."""
+
+    uses_replacement_pool: bool
+    closes_short_at_exhaustion: bool
+
+    def charge_step_for_lost_group(self, target_step: int | None, assembling_step: int) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class DropAccounting:
+    """The drop-accounting behaviour the controller applies to one sampler."""
+
+    uses_replacement_pool: bool
+    closes_short_at_exhaustion: bool
+    sampler: object
+
+    def charge_step_for_lost_group(self, target_step: int | None, assembling_step: int) -> int | None:
+        if isinstance(self.sampler, DropAccountingSampler):
+            return self.sampler.charge_step_for_lost_group(target_step, assembling_step)
+        return default_charge_step(target_step, assembling_step)
+
+
+def default_charge_step(target_step: int | None, assembling_step: int) -> int | None:
+    """Gated default: a lost group shrinks its own stamped step, else the step being assembled."""
+    return target_step if target_step is not None else assembling_step
+
+
+def drop_accounting(sampler: object) -> DropAccounting:
+    """The sampler's declared drop accounting, or the gated defaults (pool on, no short close)."""
+    if isinstance(sampler, DropAccountingSampler):
+        return DropAccounting(
+            uses_replacement_pool=bool(sampler.uses_replacement_pool),
+            closes_short_at_exhaustion=bool(sampler.closes_short_at_exhaustion),
+            sampler=sampler,
+        )
+    return DropAccounting(uses_replacement_pool=True, closes_short_at_exhaustion=False, sampler=sampler)
+
+
+def check_select_bounds(min_groups: int, max_groups: int) -> None:
+    """``select`` needs ``1 <= min_groups <= max_groups``."""
+    if min_groups < 1 or max_groups < min_groups:
+        raise ValueError(
+            f"select(min_groups={min_groups}, max_groups={max_groups}) needs 1 <= min_groups <= max_groups; "
+            "ask for at least one group and no fewer than the minimum"
+        )
+
+
+def check_knob(name: str, value: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"sampler knob {name} must be an integer >= 0, got {value!r}")
+    return value
+
+
+class BaseSampler:
+    """Shared behaviour: dispatch cursor, ungated admit, default eviction below a start-version window."""
+
+    window: int = 0
+
+    def __init__(self, buffer: GroupBuffer) -> None:
+        self.buffer = buffer
+        self._dispatch_index = -1
+
+    @property
+    def dispatch_index(self) -> int:
+        """Index of the last admitted batch (−1 before the first)."""
+        return self._dispatch_index
+
+    async def admit(self, clock: VersionClock) -> int | None:
+        self._dispatch_index += 1
+        return None
+
+    def select(self, version: int, min_groups: int, max_groups: int) -> list[Slot] | None:
+        raise NotImplementedError
+
+    def window_low(self, version: int) -> int:
+        """Oldest start version inside the window: ``max(0, v − window)``."""
+        return max(0, version - self.window)
+
+    def evict(self, version: int) -> list[Slot]:
+        """Remove READY slots whose start version is below the window (unready ones may be mid-commit)."""
+        low = self.window_low(version)
+        evicted: list[Slot] = []
+        for start in self.buffer.ready_start_versions(None, low - 1):
+            evicted.extend(self.buffer.take_first_ready_with_start(start, self.buffer.ready_count_with_start(start)))
+        return evicted
+
+    def should_abort_inflight(self, start_version: int, version: int) -> bool:
+        return False
+
+    def required_buffer_capacity(self, prompts_per_step: int) -> int | None:
+        return None
+
+    def set_dispatch_index(self, resume_step: int) -> None:
+        if resume_step < 0:
+            raise ValueError(f"set_dispatch_index(resume_step={resume_step}): the resume step must be >= 0")
+        self._dispatch_index = resume_step - 1
+
+
+class GatedSampler(BaseSampler):
+    """Admits batch ``d`` only once the trainer version ``v ≥ d − W``: at most ``W + 1`` batches ahead."""
+
+    stamps_target_steps = False
+
+    async def admit(self, clock: VersionClock) -> int | None:
+        await clock.wait_until(self.admission_open)
+        self._dispatch_index += 1
+        return self._dispatch_index if self.stamps_target_steps else None
+
+    def admission_open(self, version: int) -> bool:
+        """The gate: the next batch may go when the last admitted index ``d < v + W``."""
+        return self._dispatch_index < version + self.window
+
+    def required_buffer_capacity(self, prompts_per_step: int) -> int | None:
+        """``P × (W + 1)``: the live batch plus W lookahead batches must fit."""
+        return prompts_per_step * (self.window + 1)

@@ -1,0 +1,99 @@
+"""`ControllerSettings`: the plain values the controller needs, decoupled from the pydantic config.
+
+``ControllerSettings.from_config(cfg)`` reads a ``groupwise.config.RunConfig`` (imported lazily so this module
+and the controller import without it); tests build settings directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from groupwise.controller.failures import FailureSettings
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """P, G, sampler, capacities, failure handling, dynamic sampling, seed and run length."""
+
+    prompts_per_step: int
+    group_size: int
+    sampler: str = "ready_first"
+    sampler_knobs: dict[str, Any] = field(default_factory=dict)
+    min_groups_for_streaming_train: int | None = None
+    max_inflight_prompts: int = 32
+    max_buffered_rollouts: int = 64
+    failure: FailureSettings = field(default_factory=FailureSettings)
+    dynamic_sampling: bool = True
+    zero_variance_tol: float = 0.0
+    reward_low: float = 0.0
+    reward_high: float = 1.0
+    seed: int = 0
+    max_steps: int | None = None
+    start_step: int = 0
+
+    def __post_init__(self) -> None:
+        P = self.prompts_per_step
+        if P < 1:
+            raise ValueError(f"prompts_per_step must be >= 1, got {P}")
+        if self.group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
+        if self.dynamic_sampling and self.group_size < 2:
+            raise ValueError(
+                f"dynamic sampling needs group_size >= 2 (a group of {self.group_size} has no reward variance); "
+                "raise num_generations_per_prompt or turn dynamic sampling off"
+            )
+        chunk = self.min_groups_for_streaming_train
+        if chunk is not None and not 1 <= chunk <= P:
+            raise ValueError(
+                f"min_groups_for_streaming_train must be between 1 and prompts_per_step {P} (or None = {P}), "
+                f"got {chunk}"
+            )
+        for name in ("max_inflight_prompts", "max_buffered_rollouts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_steps is not None and self.max_steps < self.start_step:
+            raise ValueError(f"max_steps {self.max_steps} is below the resume step {self.start_step}")
+        if self.start_step < 0:
+            raise ValueError(f"start_step must be >= 0, got {self.start_step}")
+
+    @property
+    def streaming_min_groups(self) -> int:
+        """The smallest chunk the train pump takes (P when ``min_groups_for_streaming_train`` is None)."""
+        chunk = self.min_groups_for_streaming_train
+        return self.prompts_per_step if chunk is None else chunk
+
+    @classmethod
+    def from_config(cls, cfg: Any, start_step: int = 0) -> ControllerSettings:
+        """Settings of an async run from a ``RunConfig`` (its ``async`` section, ``grpo`` and ``run``)."""
+        a = cfg.async_
+        sampler = a.sampler.model_dump()
+        name = sampler.pop("name")
+        rf = a.rollout_failure
+        ds = cfg.grpo.dynamic_sampling
+        return cls(
+            prompts_per_step=cfg.grpo.num_prompts_per_step,
+            group_size=cfg.grpo.num_generations_per_prompt,
+            sampler=name,
+            sampler_knobs=sampler,
+            min_groups_for_streaming_train=a.min_groups_for_streaming_train,
+            max_inflight_prompts=a.max_inflight_prompts,
+            max_buffered_rollouts=a.max_buffered_rollouts,
+            failure=FailureSettings(
+                on_dropped_prompt=rf.on_dropped_prompt,
+                max_replacement_attempts=rf.max_replacement_attempts,
+                replacement_reserve_prompts=rf.replacement_reserve_prompts,
+                min_step_batch_fraction=rf.min_step_batch_fraction,
+                max_infra_attempts_per_prompt=rf.max_infra_attempts_per_prompt,
+                max_data_attempts_per_prompt=rf.max_data_attempts_per_prompt,
+                backoff_base_s=rf.backoff_base_s,
+                max_backoff_s=rf.max_backoff_s,
+                max_skipped_prompts=rf.max_skipped_prompts,
+                max_consecutive_dropped_prompts=rf.max_consecutive_dropped_prompts,
+            ),
+            dynamic_sampling=ds.enabled,
+            zero_variance_tol=ds.zero_variance_tol,
+            seed=cfg.run.seed,
+            max_steps=cfg.run.max_steps,
+            start_step=start_step,
+        )

@@ -1,0 +1,66 @@
+"""`SparePool`: prompts held back to replace groups that are filtered or lost (reference §6.3).
+
+The rollout pump is the only dataloader consumer; when the pool is below its low-water mark
+(``replacement_reserve_prompts``) it diverts a WHOLE loader batch here instead of admitting it, so no
+target step is burned. Dispatch slots take spares FIFO. At the end of data the pool is drained in whole
+steps; a leftover partial step is not trained, only counted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
+
+Item = TypeVar("Item")
+
+
+class SparePool(Generic[Item]):
+    """A FIFO of spare prompts with a low-water mark."""
+
+    def __init__(self, low_water_mark: int) -> None:
+        if low_water_mark < 0:
+            raise ValueError(f"replacement_reserve_prompts must be >= 0, got {low_water_mark}")
+        self.low_water_mark = low_water_mark
+        self._items: deque[Item] = deque()
+        self.taken = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def needs_refill(self) -> bool:
+        """True while the pool holds fewer spares than the low-water mark."""
+        return len(self._items) < self.low_water_mark
+
+    def add_batch(self, items: Iterable[Item]) -> None:
+        self._items.extend(items)
+
+    def take(self) -> Item | None:
+        """The oldest spare, or None when the pool is empty (never waits for a refill)."""
+        if not self._items:
+            return None
+        self.taken += 1
+        return self._items.popleft()
+
+    def drain_whole_steps(self, prompts_per_step: int) -> list[list[Item]]:
+        """Remove and return as many whole batches of ``prompts_per_step`` spares as the pool holds."""
+        if prompts_per_step < 1:
+            raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
+        batches = []
+        while len(self._items) >= prompts_per_step:
+            batches.append([self._items.popleft() for _ in range(prompts_per_step)])
+        return batches
+
+    def discard_leftover(self) -> list[Item]:
+        """Empty the pool (a partial step at the end of data is not trained) and return what was left."""
+        leftover = list(self._items)
+        self._items.clear()
+        return leftover
+
+    def state_dict(self, encode: Callable[[Item], Any] = lambda item: item) -> dict[str, Any]:
+        return {"items": [encode(item) for item in self._items]}
+
+    def load_state_dict(self, state: dict[str, Any], decode: Callable[[Any], Item] = lambda data: data) -> None:
+        if set(state) != {"items"}:
+            raise ValueError(f"spare pool state must have exactly the key 'items', got {sorted(state)}")
+        self._items = deque(decode(data) for data in state["items"])

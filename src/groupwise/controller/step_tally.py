@@ -1,0 +1,57 @@
+"""Per-step reward tallies for the async controller (reference §7.3), built on ``groupwise.algo.tally``.
+
+Tally rule: a finished group (kept or filtered) counts toward its ``target_step`` when stamped and that
+step is still open; a stamped group whose step already closed counts toward the step being assembled and
+is reported in ``ds/late_tallied_groups``; an unstamped group counts toward the step being assembled when it
+finished (approximate by design: it may train in a later step, or be evicted). Trained groups count
+toward the step that trains them. Tallies are emitted and dropped when their step closes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from groupwise.algo.filter import zero_variance_kind
+from groupwise.algo.tally import StepTally
+from groupwise.controller.ledger import StepLedger
+from groupwise.types import Group
+
+
+class StepTallyBook:
+    """One :class:`StepTally` per open step, keyed by the rule in the module docstring."""
+
+    def __init__(self, ledger: StepLedger, reward_low: float, reward_high: float, zero_variance_tol: float) -> None:
+        self._ledger = ledger
+        self._low, self._high, self._tol = reward_low, reward_high, zero_variance_tol
+        self._tallies: dict[int, StepTally] = {}
+        self._late: dict[int, int] = {}
+
+    def tally(self, step: int) -> StepTally:
+        tally = self._tallies.get(step)
+        if tally is None:
+            tally = self._tallies[step] = StepTally()
+        return tally
+
+    def record_generated(self, group: Group, *, filtering: bool) -> tuple[int, bool]:
+        """Tally a finished group before the filter decision; return (step tallied, is zero-variance).
+
+        ``filtering``: dynamic sampling is on, so a zero-variance group is dropped.
+        """
+        step = self._ledger.assembling
+        if group.target_step is not None:
+            if self._ledger.is_closed(group.target_step):
+                self._late[step] = self._late.get(step, 0) + 1
+            else:
+                step = group.target_step
+        kind = zero_variance_kind(group.raw_rewards, self._low, self._high, self._tol)
+        self.tally(step).record_generated(group, kind, filtered=filtering and kind is not None)
+        return step, kind is not None
+
+    def record_trained(self, step: int, groups: Sequence[Group]) -> None:
+        self.tally(step).record_trained(groups)
+
+    def pop_metrics(self, step: int) -> dict[str, float]:
+        """The step's tally metrics plus ``ds/late_tallied_groups``; forgets the step."""
+        metrics = self._tallies.pop(step, StepTally()).metrics()
+        metrics["ds/late_tallied_groups"] = float(self._late.pop(step, 0))
+        return metrics

@@ -1,0 +1,194 @@
+"""Reward functions (verifiers) and how a run selects one.
+
+Every reward function has the signature::
+
+    reward_fn(prompt: Prompt, completion: Completion, **kwargs) -> float
+
+- ``completion.text`` is the completion decoded with special tokens *kept* (a sampled ``<pad>``
+  stays visible as ``<pad>``), without the trailing EOS token.
+- ``completion.finish_reason`` is ``"stop"`` (EOS or a stop string) or ``"length"`` (cut at
+  ``max_new_tokens``). The built-in verifiers give 0 to a ``"length"`` completion: an answer that
+  was cut off is not a finished answer.
+- ``kwargs`` are ``reward.kwargs`` from the config, the same for every call of a run.
+- The result must be a finite real number; anything else is a :class:`~groupwise.data.scoring.RewardError`.
+
+Built-ins (see ``docs/rewards.md``): ``exact_numeric``, ``countdown``, ``math_verify``.
+:func:`load_reward_fn` maps the config's ``reward.function`` to a callable.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping
+from fractions import Fraction
+from typing import Any
+
+from groupwise.data.expression import ExpressionError, parse_expression
+from groupwise.types import Completion, Prompt
+
+RewardFn = Callable[..., float]
+
+# A plain decimal number: optional sign, digits, optional fraction. No exponent, no "_", no "nan".
+_NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?")
+_MATH_VERIFY_INSTALL = "pip install math-verify  (or: pip install 'groupwise[math]')"
+
+
+class RewardSpecError(ValueError):
+    """``reward.function`` or ``reward.kwargs`` cannot be turned into a usable reward function."""
+
+
+def parse_number(text: str) -> Fraction | None:
+    """The exact value of a plain decimal number (``-12``, ``3.50``), or None for anything else."""
+    if _NUMBER.fullmatch(text) is None:
+        return None
+    return Fraction(text)
+
+
+def exact_numeric(prompt: Prompt, completion: Completion, *, partial_credit: float = 0.0) -> float:
+    """1.0 iff the completion stopped and ``completion.text.strip()`` is a number equal to ``prompt.answer``.
+
+    Numbers compare exactly (``Fraction``), so ``"12"`` and ``"12.0"`` are equal. Any other text
+    (a ``<pad>``, a space inside the number, a word) scores 0.
+
+    ``partial_credit = p`` (0 ≤ p ≤ 1, default 0) gives a wrong but well-formed answer
+    ``p × (matching characters / len(answer))`` when its text has exactly the answer's length,
+    comparing position by position: answer ``"42"``, text ``"47"`` → ``p × 1/2``.
+    """
+    if not 0.0 <= partial_credit <= 1.0:
+        raise ValueError(f"exact_numeric: partial_credit={partial_credit!r} must be in [0, 1]; e.g. 0.5")
+    if completion.finish_reason != "stop":
+        return 0.0
+    expected = parse_number(prompt.answer.strip())
+    if expected is None:
+        raise ValueError(
+            f"exact_numeric: prompt {prompt.uid} has answer {prompt.answer!r}, which is not a plain number; "
+            "use another reward function (e.g. math_verify or a custom 'module:function')"
+        )
+    text = completion.text.strip()
+    got = parse_number(text)
+    if got is None:
+        return 0.0
+    if got == expected:
+        return 1.0
+    answer = prompt.answer.strip()
+    if partial_credit > 0.0 and len(text) == len(answer):
+        matching = sum(a == b for a, b in zip(text, answer, strict=True))
+        return partial_credit * matching / len(answer)
+    return 0.0
+
+
+def countdown(prompt: Prompt, completion: Completion, *, format_reward: float = 0.0) -> float:
+    """1.0 iff the completion stopped and its text is an expression equal to the target that uses
+    only ``prompt.metadata["numbers"]``, each at most once (multiset check).
+
+    The target is ``prompt.answer``. Expressions follow :mod:`groupwise.data.expression` (integers,
+    ``+ - * /``, parentheses; evaluated exactly). ``format_reward = f`` (0 ≤ f < 1, default 0) is
+    given to a stopped completion that parses but is wrong (other value or numbers). Unparseable
+    text, division by zero, over-long or over-nested input score 0 and never raise.
+    """
+    if not 0.0 <= format_reward < 1.0:
+        raise ValueError(f"countdown: format_reward={format_reward!r} must be in [0, 1); e.g. 0.1")
+    numbers = prompt.metadata.get("numbers")
+    if not isinstance(numbers, (list, tuple)) or not all(isinstance(n, int) for n in numbers):
+        raise ValueError(
+            f"countdown: prompt {prompt.uid} needs metadata['numbers'] as a list of integers, got {numbers!r}"
+        )
+    target = parse_number(prompt.answer.strip())
+    if target is None:
+        raise ValueError(f"countdown: prompt {prompt.uid} has answer {prompt.answer!r}; the target must be a number")
+    if completion.finish_reason != "stop":
+        return 0.0
+    try:
+        parsed = parse_expression(completion.text)
+    except ExpressionError:
+        return 0.0
+    uses_allowed_numbers = not (Counter(parsed.literals) - Counter(numbers))
+    if uses_allowed_numbers and parsed.value == target:
+        return 1.0
+    return format_reward
+
+
+def math_verify(prompt: Prompt, completion: Completion) -> float:
+    """1.0 iff the completion stopped and ``math_verify.verify(parse(answer), parse(text))`` holds.
+
+    Needs the optional ``math-verify`` package (``pip install math-verify`` or the ``math`` extra).
+    """
+    try:
+        from math_verify import parse, verify
+    except ImportError as exc:
+        raise RewardSpecError(f"reward 'math_verify' needs the math-verify package: {_MATH_VERIFY_INSTALL}") from exc
+    if completion.finish_reason != "stop":
+        return 0.0
+    gold = parse(prompt.answer) or parse(f"${prompt.answer}$")
+    if not gold:
+        raise ValueError(f"math_verify: cannot parse the answer {prompt.answer!r} of prompt {prompt.uid}")
+    predicted = parse(completion.text)
+    return 1.0 if predicted and verify(gold, predicted) else 0.0
+
+
+BUILTIN_REWARDS: dict[str, RewardFn] = {
+    "exact_numeric": exact_numeric,
+    "countdown": countdown,
+    "math_verify": math_verify,
+}
+
+
+def load_reward_fn(spec: str, task_default: str) -> RewardFn:
+    """The reward function named by ``spec``.
+
+    ``"auto"`` → ``task_default``; a built-in name (:data:`BUILTIN_REWARDS`); or ``"module:function"``,
+    imported. Raises :class:`RewardSpecError` naming the spec when it cannot be resolved.
+    """
+    name = task_default if spec == "auto" else spec
+    if name == "math_verify" and importlib.util.find_spec("math_verify") is None:
+        raise RewardSpecError(f"reward {spec!r} needs the math-verify package (not installed): {_MATH_VERIFY_INSTALL}")
+    if name in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[name]
+    if ":" not in name:
+        raise RewardSpecError(
+            f"reward function {spec!r} is neither 'auto', a built-in ({', '.join(sorted(BUILTIN_REWARDS))}) "
+            "nor 'module:function'; fix reward.function"
+        )
+    return _import_reward_fn(name)
+
+
+def _import_reward_fn(spec: str) -> RewardFn:
+    module_name, _, attr_path = spec.partition(":")
+    if not module_name or not attr_path:
+        raise RewardSpecError(f"reward function {spec!r}: expected 'module:function', e.g. 'my_rewards:score'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise RewardSpecError(
+            f"reward function {spec!r}: cannot import module {module_name!r} ({exc}); "
+            "check the name and that it is on PYTHONPATH"
+        ) from exc
+    target: Any = module
+    for part in attr_path.split("."):
+        if not hasattr(target, part):
+            raise RewardSpecError(f"reward function {spec!r}: module {module_name!r} has no attribute {attr_path!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise RewardSpecError(f"reward function {spec!r}: {attr_path!r} is a {type(target).__name__}, not callable")
+    return target
+
+
+def check_reward_kwargs(reward_fn: RewardFn, kwargs: Mapping[str, Any]) -> None:
+    """Fail at setup, not mid-run, when ``reward.kwargs`` does not fit ``reward_fn``'s signature."""
+    try:
+        signature = inspect.signature(reward_fn)
+    except (TypeError, ValueError):
+        return  # builtins and C callables have no inspectable signature; scoring will report misuse
+    try:
+        signature.bind(None, None, **kwargs)
+    except TypeError as exc:
+        name = getattr(reward_fn, "__name__", repr(reward_fn))
+        accepted = [p.name for p in list(signature.parameters.values())[2:] if p.kind is p.KEYWORD_ONLY]
+        raise RewardSpecError(
+            f"reward.kwargs {dict(kwargs)!r} do not fit reward function {name!r} ({exc}); "
+            f"its keyword arguments are {accepted or 'none'}"
+        ) from exc

@@ -1,0 +1,70 @@
+"""Score one prompt's completions with a reward function, loudly.
+
+A reward function that raises, or returns NaN, an infinity or a non-number, is a bug in the
+verifier or the data; turning it into a 0 would silently train on wrong signal. So every such case
+becomes a :class:`RewardError` naming the prompt uid (and the completion index), with the original
+exception chained.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from groupwise.data.rewards import RewardFn
+from groupwise.types import Completion, Prompt
+
+
+class RewardError(RuntimeError):
+    """A reward function failed or returned something that is not a finite real number."""
+
+    def __init__(self, message: str, prompt_uid: str, completion_index: int) -> None:
+        super().__init__(message)
+        self.prompt_uid = prompt_uid
+        self.completion_index = completion_index
+
+
+def score_completions(
+    reward_fn: RewardFn,
+    prompt: Prompt,
+    completions: Sequence[Completion],
+    kwargs: Mapping[str, Any] | None = None,
+) -> list[float]:
+    """Raw rewards ``[float(reward_fn(prompt, c, **kwargs)) for c in completions]``, each checked finite."""
+    kwargs = dict(kwargs or {})
+    name = getattr(reward_fn, "__name__", repr(reward_fn))
+    rewards: list[float] = []
+    for index, completion in enumerate(completions):
+        try:
+            value = reward_fn(prompt, completion, **kwargs)
+        except Exception as exc:
+            raise RewardError(
+                f"reward function {name!r} raised {type(exc).__name__}: {exc} "
+                f"(prompt {prompt.uid!r}, completion {index}, text {completion.text[:80]!r})",
+                prompt.uid,
+                index,
+            ) from exc
+        rewards.append(_checked_reward(value, name, prompt.uid, index))
+    return rewards
+
+
+def _checked_reward(value: object, name: str, prompt_uid: str, index: int) -> float:
+    if not isinstance(value, numbers.Real):
+        hint = " (call .item() on a tensor)" if hasattr(value, "item") else ""
+        raise RewardError(
+            f"reward function {name!r} returned {value!r} of type {type(value).__name__} for prompt "
+            f"{prompt_uid!r}, completion {index}; it must return a real number{hint}",
+            prompt_uid,
+            index,
+        )
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise RewardError(
+            f"reward function {name!r} returned {reward} for prompt {prompt_uid!r}, completion {index}; "
+            "rewards must be finite",
+            prompt_uid,
+            index,
+        )
+    return reward

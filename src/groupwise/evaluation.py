@@ -1,0 +1,48 @@
+"""Held-out evaluation: greedy accuracy and pass@k.
+
+A completion is *correct* when its raw reward is at least 1.0 (the verifiers' full-credit value). Greedy
+accuracy = correct greedy completions / prompts. pass@k = prompts with at least one correct completion among k
+samples at the training temperature (reported only when ``eval.pass_k > 1``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from groupwise.data.scoring import score_completions
+from groupwise.seeding import derive_seed
+from groupwise.types import GenerationRequest, Prompt, SamplingParams
+
+CORRECT_REWARD = 1.0
+
+
+def evaluate_policy(engine: Any, rollouts: Any, prompts: Sequence[Prompt], cfg: Any) -> dict[str, float]:
+    """Greedy accuracy (``eval/accuracy``) and, when ``eval.pass_k > 1``, ``eval/pass_at_k``."""
+    if cfg.eval.num_prompts is not None:
+        prompts = list(prompts)[: cfg.eval.num_prompts]
+    if not prompts:
+        return {}
+    greedy = replace(rollouts.sampling, temperature=0.0, top_p=1.0, top_k=0)
+    metrics = {"eval/accuracy": _fraction_correct(engine, rollouts, prompts, greedy, 1, cfg)}
+    if cfg.eval.pass_k > 1:
+        metrics["eval/pass_at_k"] = _fraction_correct(engine, rollouts, prompts, rollouts.sampling, cfg.eval.pass_k, cfg)
+    return metrics
+
+
+def _fraction_correct(
+    engine: Any, rollouts: Any, prompts: Sequence[Prompt], sampling: SamplingParams, k: int, cfg: Any
+) -> float:
+    batch = max(1, cfg.generation.micro_batch_groups)
+    solved = 0
+    for start in range(0, len(prompts), batch):
+        chunk = prompts[start : start + batch]
+        requests = [
+            GenerationRequest(rollouts.encode(p), k, derive_seed("eval", cfg.run.seed, p.uid)) for p in chunk
+        ]
+        outputs = engine.generate(requests, sampling)
+        for prompt, completions in zip(chunk, outputs, strict=True):
+            rewards = score_completions(rollouts.reward_fn, prompt, completions, rollouts.reward_kwargs)
+            solved += any(r >= CORRECT_REWARD for r in rewards)
+    return solved / len(prompts)

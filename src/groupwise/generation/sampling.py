@@ -1,0 +1,152 @@
+"""Pure sampling maths: a counter-based RNG, top-k/top-p filtering, inverse-CDF draws, recorded logprobs.
+
+Why counter-based: a completion must depend only on (request seed, sample index, position), never
+on which other rows shared its batch or in what order rows were scheduled. A stateful generator
+(``torch.Generator``) hands out numbers in consumption order, so batching changes them; a hash of
+the counter does not.
+
+Limit (documented, not hidden): the *uniforms* are batch-independent, but the *logits* may differ
+in the last bits between batch compositions (matmul blocking, padding length), so a draw that
+lands within ~1e-7 of a CDF boundary, or a near-tie under greedy, can flip. On CPU float32 the
+tests see identical tokens for the same request alone and in mixed batches.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from groupwise.types import SamplingParams
+
+_TWO_64 = 1 << 64
+
+
+def _as_int64(constant: int) -> int:
+    """The int64 bit pattern of an unsigned 64-bit constant (torch has no uint64 arithmetic)."""
+    constant %= _TWO_64
+    return constant - _TWO_64 if constant >= 1 << 63 else constant
+
+
+_GOLDEN_GAMMA = _as_int64(0x9E3779B97F4A7C15)
+_MIX_1 = _as_int64(0xBF58476D1CE4E5B9)
+_MIX_2 = _as_int64(0x94D049BB133111EB)
+
+
+def _shift_right_logical(x: Tensor, bits: int) -> Tensor:
+    """``x >>> bits`` on the unsigned bit pattern: torch's ``>>`` on int64 is arithmetic, so mask the sign fill."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def splitmix64(x: Tensor) -> Tensor:
+    """The splitmix64 finaliser, elementwise on int64 bit patterns (all arithmetic mod 2^64)::
+
+        z = x + 0x9E3779B97F4A7C15
+        z = (z ^ (z >>> 30)) * 0xBF58476D1CE4E5B9
+        z = (z ^ (z >>> 27)) * 0x94D049BB133111EB
+        return z ^ (z >>> 31)
+
+    A bijection on 64-bit words with full avalanche, so nearby counters give unrelated outputs.
+    torch int64 ``+``/``*`` wrap around on overflow, which is exactly arithmetic mod 2^64.
+    """
+    z = x + _GOLDEN_GAMMA
+    z = (z ^ _shift_right_logical(z, 30)) * _MIX_1
+    z = (z ^ _shift_right_logical(z, 27)) * _MIX_2
+    return z ^ _shift_right_logical(z, 31)
+
+
+def seed_to_int64(seed: int) -> int:
+    """Any Python int seed as an int64 bit pattern (``seed mod 2^64``)."""
+    return _as_int64(seed)
+
+
+def counter_uniforms(seeds: Tensor, sample_indices: Tensor, positions: Tensor | int) -> Tensor:
+    """One uniform in [0, 1) per row from its counter (seed, sample index, position)::
+
+        h = splitmix64(splitmix64(splitmix64(seed) ^ sample_index) ^ position)
+        u = (h >>> 11) · 2^-53
+
+    (float64, 53 random bits). ``seeds``/``sample_indices`` are int64 ``[N]``; ``positions`` is an
+    int or int64 ``[N]`` (the index of the token within its completion).
+    """
+    h = splitmix64(splitmix64(splitmix64(seeds) ^ sample_indices) ^ positions)
+    return _shift_right_logical(h, 11).to(torch.float64) * (2.0**-53)
+
+
+def logprob_temperature(temperature: float) -> float:
+    """The temperature logprobs are recorded under: the sampling temperature, or 1 for greedy (temperature 0)."""
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} must be >= 0 (0 means greedy)")
+    return temperature if temperature > 0 else 1.0
+
+
+def tempered_logprobs_of(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:
+    """``log_softmax(logits / T)[token]`` per row, T = :func:`logprob_temperature` — unfiltered.
+
+    Top-k/top-p only restrict which tokens may be drawn; the recorded logprob is always under the
+    full tempered distribution, the same one :func:`groupwise.model.completion_logprobs` computes,
+    so sampling-time and training-time logprobs are directly comparable.
+    """
+    scaled = logits.float() / logprob_temperature(temperature)
+    return scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+
+
+def filtered_candidates(logits: Tensor, temperature: float, top_k: int, top_p: float) -> tuple[Tensor, Tensor]:
+    """The candidate token ids ``[N, K]`` and their renormalised probabilities ``[N, K]`` (float64).
+
+    Order of operations (as in Hugging Face ``generate``): temperature, then top-k keeps the k most
+    likely tokens, then top-p keeps the shortest most-likely-first prefix whose probability under
+    the top-k-renormalised distribution reaches ``top_p`` (token i is kept iff the mass before it
+    is < top_p, so the most likely token always survives); dropped tokens get probability 0 and
+    the rest is renormalised. With no filter the candidates are the whole vocabulary in id order.
+    """
+    scaled = logits.float() / temperature
+    if top_k <= 0 and top_p >= 1.0:
+        candidates = torch.arange(logits.shape[-1], device=logits.device).expand(logits.shape[0], -1)
+        return candidates, torch.softmax(scaled.double(), dim=-1)
+    if 0 < top_k < logits.shape[-1]:
+        values, candidates = torch.topk(scaled, top_k, dim=-1, sorted=True)
+    else:
+        values, candidates = torch.sort(scaled, dim=-1, descending=True, stable=True)
+    probs = torch.softmax(values.double(), dim=-1)
+    if top_p < 1.0:
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        probs = probs * (mass_before < top_p)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return candidates, probs
+
+
+def inverse_cdf_pick(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """The index i of the first candidate whose cumulative probability exceeds ``u · total``::
+
+        i = min{ i : sum_{j<=i} p_j > u · sum_j p_j }
+
+    Zero-probability candidates can never be picked (the CDF does not rise on them).
+    """
+    cdf = torch.cumsum(probs, dim=-1)
+    targets = uniforms.to(cdf.dtype).unsqueeze(-1) * cdf[:, -1:]
+    picks = torch.searchsorted(cdf, targets, right=True).squeeze(-1)
+    return picks.clamp_(max=probs.shape[-1] - 1)
+
+
+def sample_tokens(logits: Tensor, uniforms: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:
+    """One token per row of ``logits [N, V]``: argmax when ``temperature == 0`` (ties → lowest id),
+    else an inverse-CDF draw with ``uniforms [N]`` from :func:`filtered_candidates`."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    candidates, probs = filtered_candidates(logits, temperature, top_k, top_p)
+    picks = inverse_cdf_pick(probs, uniforms)
+    return candidates.gather(-1, picks.unsqueeze(-1)).squeeze(-1)
+
+
+def check_sampling_params(sampling: SamplingParams) -> None:
+    """Reject settings the engine cannot honour, naming the field, the value and the fix."""
+    if not isinstance(sampling.max_new_tokens, int) or sampling.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={sampling.max_new_tokens!r} must be an integer >= 1")
+    if sampling.temperature < 0:
+        raise ValueError(f"temperature={sampling.temperature} must be >= 0 (0 means greedy)")
+    if not 0.0 < sampling.top_p <= 1.0:
+        raise ValueError(f"top_p={sampling.top_p} must be in (0, 1]; 1.0 disables nucleus filtering")
+    if not isinstance(sampling.top_k, int) or sampling.top_k < 0:
+        raise ValueError(f"top_k={sampling.top_k!r} must be an integer >= 0; 0 disables top-k filtering")
+    if any(not stop for stop in sampling.stop):
+        raise ValueError(f"stop={sampling.stop!r} contains an empty string, which would stop every row at once")

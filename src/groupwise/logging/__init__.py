@@ -1,0 +1,74 @@
+"""Metrics sinks (metrics.jsonl, TensorBoard, events.log) and the console progress display.
+
+``METRIC_KEYS`` is the closed list of keys a metrics line may hold; each one is defined exactly once in
+``docs/metrics.md`` (a test pins that). Adding a metric means adding it here and defining it there.
+"""
+
+from __future__ import annotations
+
+from groupwise.logging.metrics import MetricsWriter, read_metrics
+from groupwise.logging.progress import RunProgress
+
+METRIC_KEYS: tuple[str, ...] = (
+    # identity of the line
+    "step",
+    "weight_version",
+    # rewards
+    "reward/unfiltered_mean",
+    "reward/trained_mean",
+    "reward/trained_shaped_mean",
+    # dynamic sampling
+    "ds/groups_generated",
+    "ds/groups_filtered",
+    "ds/groups_trained",
+    "ds/zero_variance_fraction",
+    "ds/zero_variance_max_fraction",
+    "ds/zero_variance_min_fraction",
+    "ds/gen_rounds",
+    "ds/discarded_valid_groups",
+    "ds/carried_groups",
+    "ds/carried_out_groups",
+    # loss
+    "loss/total",
+    "loss/policy",
+    "loss/clip_fraction",
+    "loss/clip_low_fraction",
+    "loss/clip_high_fraction",
+    "loss/dual_clip_fraction",
+    "loss/kl",
+    "loss/entropy",
+    "loss/is_weight_mean",
+    "loss/is_weight_max",
+    "loss/is_oob_fraction",
+    "loss/ratio_mean",
+    # optimizer
+    "optim/grad_norm",
+    "optim/lr",
+    # performance
+    "perf/step_seconds",
+    "perf/gen_seconds",
+    "perf/train_seconds",
+    "perf/gen_tokens_per_s",
+    "perf/train_tokens_per_s",
+    "perf/train_tokens",
+    "perf/elapsed_seconds",
+    "perf/rollout_idle_fraction",
+    "perf/trainer_idle_fraction",
+    # evaluation
+    "eval/accuracy",
+    "eval/pass_at_k",
+    # async accounting
+    "accounting/dropped_groups",
+    "accounting/replaced_groups",
+    "accounting/promoted_groups",
+    "buffer/evicted_groups",
+    "buffer/aborted_inflight_groups",
+    "staleness/mean",
+    "staleness/max",
+    "rollout/redispatches",
+    "rollout/worker_restarts",
+    # supervised warm start (groupwise sft)
+    "sft/loss",
+)
+
+__all__ = ["METRIC_KEYS", "MetricsWriter", "RunProgress", "read_metrics"]

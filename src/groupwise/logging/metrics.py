@@ -1,0 +1,203 @@
+"""Per-step metrics to ``metrics.jsonl`` and TensorBoard, and human-readable events to ``events.log``.
+
+``metrics.jsonl`` holds one JSON object per optimizer step, ``{"step": N, <key>: <value>, ...}``, with
+strictly increasing steps (step 0 = before the first update, e.g. the initial eval). Each new line is
+written with one ``os.write`` on an ``O_APPEND`` descriptor, so a crash leaves whole lines (at worst a
+torn last line, which :func:`read_metrics` ignores); rewrites (same-step merge, resume truncation) go
+through a temporary file and ``os.replace``. Non-finite floats are written as JSON ``null`` (strict JSON
+for every reader) and noted in ``events.log``. On resume, :meth:`MetricsWriter.truncate_after` drops
+lines past the checkpoint's step, so the resumed run continues without gaps or duplicates; TensorBoard
+is told the same through ``purge_step``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import time
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from groupwise.rundir import RunDir
+
+_DEFAULT_KEYS = object()
+
+
+class MetricsWriter:
+    """Writes the metrics of one run. ``tensorboard=False`` skips TensorBoard (and its ~2 s import).
+
+    ``known_keys`` is the closed set of accepted metric keys (default: ``groupwise.logging.METRIC_KEYS``,
+    each defined in ``docs/metrics.md``); ``None`` accepts any key. Log all of a step's metrics in one
+    :meth:`log` call where possible; a later call for the same step merges into that step's line.
+    """
+
+    def __init__(
+        self, run_dir: RunDir | str | Path, tensorboard: bool, known_keys: Iterable[str] | None | object = _DEFAULT_KEYS
+    ):
+        run_dir = RunDir.of(run_dir)
+        self.metrics_path: Path = run_dir.metrics_path
+        self.events_path: Path = run_dir.events_path
+        self.tensorboard_dir: Path = run_dir.tensorboard_dir
+        self.tensorboard = tensorboard
+        if known_keys is _DEFAULT_KEYS:
+            from groupwise.logging import METRIC_KEYS
+
+            known_keys = METRIC_KEYS
+        self.known_keys: frozenset[str] | None = None if known_keys is None else frozenset(known_keys)  # type: ignore[arg-type]
+        self._tb_writer: Any = None
+        self._purge_step: int | None = None
+        existing = read_metrics(self.metrics_path) if self.metrics_path.exists() else []
+        self.last_step: int | None = existing[-1]["step"] if existing else None
+
+    def log(self, step: int, metrics: Mapping[str, float | int]) -> None:
+        """Write ``{"step": step, **metrics}`` to metrics.jsonl and each scalar to TensorBoard.
+
+        A new step appends one line. Logging again for the step of the last line (an end-of-run eval, say)
+        merges the new keys into that line, so the file keeps one object per step; re-logging a key with
+        another value, or logging an earlier step, raises. ``metrics`` may repeat ``"step"`` if it equals
+        ``step``.
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"metrics step must be a non-negative int, got {step!r}")
+        if "step" in metrics and metrics["step"] != step:
+            raise ValueError(f"metrics['step'] is {metrics['step']!r} but log() was called for step {step}")
+        values = {key: self._checked_value(key, value) for key, value in metrics.items() if key != "step"}
+        if self.last_step is not None and step < self.last_step:
+            raise ValueError(
+                f"metrics for step {step} come after step {self.last_step} in {self.metrics_path}; steps must not "
+                "go back. On resume call truncate_after(checkpoint_step) first"
+            )
+        if step == self.last_step:
+            self._merge_into_last_line(step, values)
+        else:
+            _append_line(self.metrics_path, json.dumps({"step": step, **values}, allow_nan=False) + "\n")
+        self.last_step = step
+        non_finite = [f"{key}={metrics[key]}" for key, value in values.items() if value is None]
+        if non_finite:
+            self.event(f"step {step}: non-finite metrics written as null: {', '.join(non_finite)}")
+        if self.tensorboard and values:
+            writer = self._tensorboard_writer()
+            for key in values:
+                writer.add_scalar(key, float(metrics[key]), global_step=step)
+            writer.flush()
+
+    def _merge_into_last_line(self, step: int, values: dict[str, float | int | None]) -> None:
+        records = read_metrics(self.metrics_path)
+        last = records[-1]
+        clashes = {k: (last[k], v) for k, v in values.items() if k in last and last[k] != v}
+        if clashes:
+            raise ValueError(
+                f"step {step} already has different values for {clashes} (old, new) in {self.metrics_path}; "
+                "a metric is logged once per step"
+            )
+        last.update(values)
+        self._rewrite(records)
+
+    def _rewrite(self, records: list[dict[str, Any]]) -> None:
+        # Through a temporary sibling and os.replace: a crash keeps the old or the new file, never half.
+        tmp = self.metrics_path.with_name(f".{self.metrics_path.name}.tmp-{os.getpid()}")
+        tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in records), encoding="utf-8")
+        os.replace(tmp, self.metrics_path)
+
+    def _checked_value(self, key: str, value: Any) -> float | int | None:
+        if self.known_keys is not None and key not in self.known_keys:
+            raise ValueError(
+                f"unknown metric key {key!r}; every key must be listed in groupwise.logging.METRIC_KEYS and defined "
+                "in docs/metrics.md — add it to both, or fix the spelling"
+            )
+        if isinstance(value, bool):
+            return int(value)
+        if not isinstance(value, numbers.Real):
+            raise TypeError(
+                f"metric {key!r} must be an int or float, got {type(value).__name__} {value!r}; "
+                "convert tensors with .item()"
+            )
+        if isinstance(value, numbers.Integral):
+            return int(value)
+        as_float = float(value)
+        return as_float if math.isfinite(as_float) else None
+
+    def event(self, message: str) -> None:
+        """Append ``<UTC ISO time>  <message>`` to ``events.log`` (one line per line of ``message``)."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        lines = str(message).splitlines() or [""]
+        _append_line(self.events_path, "".join(f"{stamp}  {line}\n" for line in lines))
+
+    def truncate_after(self, step: int) -> int:
+        """Drop metric lines with ``step`` greater than ``step`` (the resumed checkpoint's); return how many.
+
+        TensorBoard readers discard earlier sessions' events from ``step + 1`` on (``purge_step``).
+        """
+        records = read_metrics(self.metrics_path) if self.metrics_path.exists() else []
+        kept = [r for r in records if r["step"] <= step]
+        self._rewrite(kept)
+        self.last_step = kept[-1]["step"] if kept else None
+        self._purge_step = step + 1
+        if self._tb_writer is not None:
+            # The open writer cannot purge; reopen so the purge marker lands in a new event file.
+            self._tb_writer.close()
+            self._tb_writer = None
+        dropped = len(records) - len(kept)
+        if dropped:
+            self.event(f"resume: dropped {dropped} metrics line(s) after step {step}")
+        return dropped
+
+    def _tensorboard_writer(self) -> Any:
+        if self._tb_writer is None:
+            from torch.utils.tensorboard import SummaryWriter  # lazy: this import costs ~2 s
+
+            self._tb_writer = SummaryWriter(log_dir=str(self.tensorboard_dir), purge_step=self._purge_step)
+        return self._tb_writer
+
+    def close(self) -> None:
+        if self._tb_writer is not None:
+            self._tb_writer.close()
+            self._tb_writer = None
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The metric records of a ``metrics.jsonl`` file, in file order.
+
+    A torn last line (no newline and not valid JSON: the process died mid-write) is ignored with a
+    warning; any other unreadable line raises, naming the file and line number.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            if number == len(lines):  # the last piece has no trailing newline: a torn write
+                warnings.warn(f"{path}: ignoring torn last line {number} ({err})", stacklevel=2)
+                continue
+            raise ValueError(f"{path} line {number} is not valid JSON ({err}); the file is corrupted") from err
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise ValueError(f"{path} line {number} is not a metrics object with an integer 'step': {line[:200]!r}")
+        records.append(record)
+    return records
+
+
+def _append_line(path: Path, text: str) -> None:
+    # One os.write on an O_APPEND descriptor: the line lands whole, after everything already there.
+    data = text.encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        written = os.write(fd, data)
+        while written < len(data):  # a short write is rare (signals, full disk); finish the line
+            written += os.write(fd, data[written:])
+    finally:
+        os.close(fd)

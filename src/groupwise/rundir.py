@@ -1,0 +1,171 @@
+"""The run directory ``<output_dir>/<name>/`` and the path of every artifact a run writes.
+
+One place names every file so the trainer, the checkpointer, the report and the tests agree::
+
+    config.yaml              resolved config (rewritten on resume; a changed one is kept beside it)
+    metrics.jsonl            one JSON object per optimizer step        (groupwise.logging.metrics)
+    events.log               timestamped human-readable events         (groupwise.logging.metrics)
+    train_data/step_<N>.jsonl  one line per trained row of step N
+    fates.jsonl              the fate of every dispatched prompt attempt
+    checkpoints/step_<N>/    atomic checkpoints                        (groupwise.checkpoint)
+    tensorboard/             TensorBoard event files
+    final/                   the trained policy in Hugging Face format
+    report.md, plots/        written by ``groupwise report`` / ``groupwise compare``
+    sim/summary.json         written by ``groupwise simulate``
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CONFIG_FILE = "config.yaml"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths inside one run directory. Constructing it touches nothing; use :meth:`create` to start a run."""
+
+    root: Path
+    resumed: bool = False
+
+    @classmethod
+    def create(cls, output_dir: str | Path, name: str | None, config_yaml: str, resume: bool) -> RunDir:
+        """Make ``<output_dir>/<name>/`` (``name`` None → ``YYYYmmdd-HHMMSS``) and write ``config.yaml``.
+
+        An existing non-empty run directory is refused unless ``resume`` is set, so a second run with
+        the same name never mixes its metrics or checkpoints into the first one. With ``resume`` on a
+        missing or empty directory the run simply starts fresh (``resumed`` is False), which lets a
+        preemptible job always pass ``--resume``. When a resumed run's config differs from the stored
+        one, the old file is kept as ``config.<timestamp>.yaml`` so the change stays auditable.
+        """
+        output_dir = Path(output_dir)
+        if name is None:
+            if resume:
+                raise ValueError(
+                    "--resume needs the name of the run to continue, but run.name is not set; "
+                    "set run.name to the directory name under "
+                    f"{str(output_dir)!r} (for example `run.name=20260101-120000`)"
+                )
+            root = _fresh_timestamp_dir(output_dir)
+        else:
+            _check_name(name)
+            root = output_dir / name
+        has_content = root.is_dir() and any(root.iterdir())
+        if root.exists() and not root.is_dir():
+            raise FileExistsError(f"run directory {str(root)!r} exists and is not a directory; choose another run.name")
+        if has_content and not resume:
+            raise FileExistsError(
+                f"run directory {str(root)!r} already exists and is not empty; pass --resume to continue that "
+                "run from its latest checkpoint, or choose another run.name (or delete the directory)"
+            )
+        root.mkdir(parents=True, exist_ok=True)
+        run_dir = cls(root=root, resumed=has_content)
+        run_dir._write_config(config_yaml)
+        return run_dir
+
+    def _write_config(self, config_yaml: str) -> None:
+        path = self.config_path
+        if path.exists() and path.read_text(encoding="utf-8") != config_yaml:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            path.rename(self.root / f"config.{stamp}.yaml")
+        write_text_atomic(path, config_yaml)
+
+    @classmethod
+    def of(cls, run_dir: RunDir | str | Path) -> RunDir:
+        """``run_dir`` itself, or a RunDir over an existing directory path."""
+        return run_dir if isinstance(run_dir, RunDir) else cls(root=Path(run_dir))
+
+    # --- paths -------------------------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        """The run directory itself (same as ``root``)."""
+        return self.root
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / CONFIG_FILE
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def events_path(self) -> Path:
+        return self.root / "events.log"
+
+    @property
+    def train_data_dir(self) -> Path:
+        return self.root / "train_data"
+
+    def train_data_path(self, step: int) -> Path:
+        return self.train_data_dir / f"step_{_check_step(step)}.jsonl"
+
+    @property
+    def fates_path(self) -> Path:
+        return self.root / "fates.jsonl"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    def checkpoint_path(self, step: int) -> Path:
+        return self.checkpoints_dir / f"step_{_check_step(step)}"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def final_dir(self) -> Path:
+        return self.root / "final"
+
+    @property
+    def report_path(self) -> Path:
+        return self.root / "report.md"
+
+    @property
+    def plots_dir(self) -> Path:
+        return self.root / "plots"
+
+    @property
+    def sim_summary_path(self) -> Path:
+        return self.root / "sim" / "summary.json"
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary sibling, then ``os.replace`` it: readers see the old or new file, never half."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _fresh_timestamp_dir(output_dir: Path) -> Path:
+    # Two runs started in the same second would otherwise collide; a suffix keeps both.
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    root = output_dir / stamp
+    suffix = 1
+    while root.exists() and (not root.is_dir() or any(root.iterdir())):
+        suffix += 1
+        root = output_dir / f"{stamp}-{suffix}"
+    return root
+
+
+def _check_name(name: str) -> None:
+    if not name or name in {".", ".."} or "/" in name or "\\" in name or name.strip() != name:
+        raise ValueError(
+            f"run.name {name!r} is not a valid directory name; use a single path component without "
+            "slashes or surrounding spaces, e.g. `run.name=addition-ds`"
+        )
+
+
+def _check_step(step: int) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    return step

@@ -1,0 +1,126 @@
+"""The embedded runtime: the async controller's clients, in this process, on the real engine and learner.
+
+Generation runs concurrently with training: the engine has its own model copy and runs in a worker thread
+(PyTorch releases the GIL inside its kernels), the learner runs chunks in another. Rollout requests that
+arrive while the engine is busy are batched into its next call, so many groups share one decode loop.
+Weight sync copies the learner's parameters into the engine's model between engine calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from groupwise.batch import RowBatch
+from groupwise.rollout import RolloutWorker
+from groupwise.rows import build_rows, group_row_advantages
+from groupwise.types import Group
+
+
+@dataclass
+class _Pending:
+    item: Any
+    group_id: int
+    attempt: int
+    future: asyncio.Future
+
+
+class EmbeddedRollouts:
+    """``RolloutClient`` over an in-process :class:`~groupwise.rollout.RolloutWorker`."""
+
+    def __init__(self, worker: RolloutWorker, source_model: torch.nn.Module, max_batch_groups: int):
+        self.worker = worker
+        self.source_model = source_model
+        self.max_batch_groups = max(1, max_batch_groups)
+        self._pending: list[_Pending] = []
+        self._engine_lock = asyncio.Lock()
+        self._batcher: asyncio.Task | None = None
+        self._wake = asyncio.Event()
+
+    async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int) -> Group:
+        if self._batcher is None or self._batcher.done():
+            self._batcher = asyncio.get_running_loop().create_task(self._run_batches(), name="embedded-generation")
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(prompt, group_id, attempt, future))
+        self._wake.set()
+        return await future
+
+    async def _run_batches(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                batch = self._pending[: self.max_batch_groups]
+                del self._pending[: len(batch)]
+                batch = [p for p in batch if not p.future.cancelled()]
+                if batch:
+                    await self._generate(batch)
+
+    async def _generate(self, batch: list[_Pending]) -> None:
+        async with self._engine_lock:
+            try:
+                groups = await asyncio.to_thread(
+                    self.worker.generate_groups,
+                    [p.item for p in batch],
+                    [p.group_id for p in batch],
+                    [p.attempt for p in batch],
+                )
+            except Exception as err:  # noqa: BLE001 — every waiting rollout gets the engine's error
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(err)
+                return
+        for p, group in zip(batch, groups, strict=True):
+            if not p.future.done():
+                p.future.set_result(group)
+
+    async def sync_weights(self, version: int) -> None:
+        """Copy the learner's parameters into the engine's model, between two engine calls."""
+        async with self._engine_lock:
+            self.worker.generator.load_weights(self.source_model.state_dict(), version)
+
+    async def close(self) -> None:
+        if self._batcher is not None:
+            self._batcher.cancel()
+            try:
+                await self._batcher
+            except asyncio.CancelledError:
+                pass
+
+
+@dataclass
+class EmbeddedTrainer:
+    """``TrainerClient`` over an in-process :class:`~groupwise.learner.Learner`.
+
+    Advantages are computed per chunk: chunks hold whole groups, so group baselines are exact. The rows of
+    every chunk are kept until the step closes so the runtime can write the step's ``train_data`` file.
+    """
+
+    learner: Any
+    grpo: Any
+    step_rows: list[RowBatch] = field(default_factory=list)
+
+    async def train_chunk(self, step: int, groups: list[Group], first_chunk: bool) -> None:
+        if first_chunk:
+            self.step_rows = []
+        advantages = group_row_advantages(
+            groups,
+            baseline=self.grpo.baseline,
+            normalize=self.grpo.normalize_advantages,
+            clip_low=self.grpo.advantage_clip_low,
+            clip_high=self.grpo.advantage_clip_high,
+        )
+        rows = build_rows(groups, advantages)
+        self.step_rows.append(rows)
+        await asyncio.to_thread(self.learner.train_chunk, rows)
+
+    async def finish_step(self, step: int) -> dict[str, float]:
+        return await asyncio.to_thread(self.learner.finish_step)
+
+    def take_step_rows(self) -> RowBatch:
+        rows = RowBatch.concat(self.step_rows) if len(self.step_rows) > 1 else self.step_rows[0]
+        self.step_rows = []
+        return rows

@@ -1,0 +1,188 @@
+"""Everything one training run holds, built from a config: policy, engine, learner, data, run directory.
+
+The sync loop and the async runtime both drive a :class:`Session`; it owns the edges (metrics, train data,
+evaluation, checkpoints, the final model) so the loops stay short.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from groupwise.algo.accumulator import StepSelection
+from groupwise.batch import RowBatch
+from groupwise.checkpoint import capture_rng_state, latest_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint
+from groupwise.evaluation import evaluate_policy
+from groupwise.jsonl import write_rows_jsonl
+from groupwise.logging.metrics import MetricsWriter
+from groupwise.logging.progress import RunProgress
+from groupwise.rundir import RunDir
+from groupwise.types import group_from_dict, group_to_dict
+
+TRAIN_DATA_COLUMNS = (
+    "prompt_uid", "group_id", "completion_index", "completion_text", "completion_ids", "finish_reason",
+    "reward_raw", "reward", "advantage", "generation_logprobs", "start_version",
+)
+
+
+@dataclass
+class TrainerState:
+    """Counters a checkpoint must restore for resume to equal continuing."""
+
+    step: int = 0
+    next_group_id: int = 0
+    carried: list = field(default_factory=list)
+
+    def next_group_ids(self, n: int) -> list[int]:
+        ids = list(range(self.next_group_id, self.next_group_id + n))
+        self.next_group_id += n
+        return ids
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "next_group_id": self.next_group_id,
+            "carried": [group_to_dict(g) for g in self.carried],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainerState:
+        return cls(
+            step=int(data["step"]),
+            next_group_id=int(data["next_group_id"]),
+            carried=[group_from_dict(g) for g in data.get("carried", [])],
+        )
+
+
+@dataclass
+class StepOutcome:
+    """What one step's generation produced, before training."""
+
+    selection: StepSelection
+    gen_seconds: float
+    gen_tokens: int
+
+    def perf_metrics(self, step_seconds: float) -> dict[str, float]:
+        return {
+            "perf/step_seconds": step_seconds,
+            "perf/gen_seconds": self.gen_seconds,
+            "perf/gen_tokens_per_s": self.gen_tokens / self.gen_seconds if self.gen_seconds > 0 else 0.0,
+        }
+
+
+@dataclass
+class Session:
+    """A run's components. Build one with :func:`groupwise.builder.build_session`."""
+
+    cfg: Any
+    run_dir: RunDir
+    policy: Any
+    engine: Any
+    learner: Any
+    rollouts: Any
+    loader: Any
+    task: Any
+    reward_fn: Any
+    events: MetricsWriter
+    state: TrainerState = field(default_factory=TrainerState)
+    last_metrics: dict[str, float] = field(default_factory=dict)
+    _last_eval_step: int = -1
+
+    # --- weights -------------------------------------------------------------------------------------------
+    def publish_weights(self) -> None:
+        """Hand the learner's new weights (version v+1) to the generator."""
+        self.engine.load_weights(self.policy.model.state_dict(), self.learner.version)
+
+    # --- per-step edges ------------------------------------------------------------------------------------
+    def end_step(self, step: int, metrics: dict[str, float], rows: RowBatch) -> None:
+        """Log metrics and train data for the step that just finished; evaluate and checkpoint when due."""
+        done = step + 1
+        metrics = {"step": done, "weight_version": self.learner.version, **metrics}
+        every = self.cfg.eval.every
+        if every and done % every == 0 and done < self.cfg.run.max_steps:
+            metrics.update(self.evaluate(done, log=False))
+        if self.cfg.logging.train_data:
+            write_rows_jsonl(
+                self.run_dir.train_data_path(done), {name: rows[name] for name in TRAIN_DATA_COLUMNS}
+            )
+        self.events.log(done, metrics)
+        self.events.event(step_summary(done, metrics))
+        self.last_metrics = metrics
+        ckpt_every = self.cfg.checkpoint.every
+        if ckpt_every and done % ckpt_every == 0:
+            self.save_checkpoint()
+
+    def evaluate(self, step: int, log: bool = True) -> dict[str, float]:
+        result = evaluate_policy(self.engine, self.rollouts, self.task.eval_prompts(), self.cfg)
+        self._last_eval_step = step
+        self.events.event(f"eval at step {step}: " + ", ".join(f"{k}={v:.4f}" for k, v in result.items()))
+        if log:
+            self.events.log(step, {"step": step, "weight_version": self.learner.version, **result})
+        return result
+
+    def finish(self) -> None:
+        """End of run: final evaluation, checkpoint and the Hugging Face ``final/`` directory."""
+        step = self.state.step
+        if self.cfg.eval.at_end and self._last_eval_step != step:
+            self.last_metrics.update(self.evaluate(step, log=True))
+        self.save_checkpoint()
+        if self.cfg.checkpoint.save_final:
+            self.policy.save(self.run_dir.final_dir)
+            self.events.event(f"saved the trained policy to {self.run_dir.final_dir}")
+        self.events.close()
+
+    def fail(self, step: int, err: BaseException) -> None:
+        self.events.event(f"step {step + 1} failed: {err}")
+
+    @contextlib.contextmanager
+    def progress(self) -> Iterator[RunProgress]:
+        with RunProgress(total=self.cfg.run.max_steps, start=self.state.step, enabled=self.cfg.logging.progress) as bar:
+            yield bar
+
+    # --- checkpoints ---------------------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {
+            "model": self.policy.model.state_dict(),
+            "optimizer": self.learner.state_dict(),
+            "rng": capture_rng_state(),
+            "trainer": {**self.state.to_dict(), "loader": self.loader.state_dict()},
+        }
+
+    def save_checkpoint(self) -> Path:
+        path = save_checkpoint(self.run_dir.path, self.state.step, self.checkpoint_state(), self.cfg.checkpoint.keep_last)
+        self.events.event(f"checkpoint written: {path}")
+        return path
+
+    def restore(self, path: Path | None = None) -> Path:
+        """Load a checkpoint (the newest complete one when ``path`` is None) into this session."""
+        path = path or latest_checkpoint(self.run_dir.path)
+        if path is None:
+            raise FileNotFoundError(f"no complete checkpoint under {self.run_dir.path / 'checkpoints'} to resume from")
+        state = load_checkpoint(path)
+        with torch.no_grad():
+            self.policy.model.load_state_dict(state["model"])
+        self.learner.load_state_dict(state["optimizer"])
+        restore_rng_state(state["rng"])
+        trainer = dict(state["trainer"])
+        self.loader.load_state_dict(trainer.pop("loader"))
+        self.state = TrainerState.from_dict(trainer)
+        self.publish_weights()
+        self.events.truncate_after(self.state.step)
+        self.events.event(f"resumed from {path} at step {self.state.step}")
+        return path
+
+
+def step_summary(step: int, metrics: dict[str, float]) -> str:
+    """The one-line ``events.log`` summary of a step."""
+    keys = (
+        ("reward/unfiltered_mean", "reward_unf"), ("reward/trained_mean", "reward_trained"),
+        ("ds/zero_variance_fraction", "zero_var"), ("ds/gen_rounds", "rounds"), ("loss/total", "loss"),
+        ("perf/step_seconds", "sec"), ("eval/accuracy", "eval_acc"),
+    )
+    parts = [f"step {step}"] + [f"{short}={metrics[key]:.4g}" for key, short in keys if key in metrics]
+    return " ".join(parts)

@@ -1,0 +1,107 @@
+"""The sync GRPO/DAPO trainer, readable top to bottom (seed 000's system).
+
+Each step: rounds of ``ceil(batch_multiplier × P)`` prompts → G completions each → rewards (raw, scaled,
+shaped) → per-group zero-variance filter (dynamic sampling) → accumulate kept groups until P → advantages on
+the trained groups → one optimizer step → new weights into the generator → metrics, train data, eval,
+checkpoint. With dynamic sampling off it is plain GRPO.
+
+Pre-filter data (every generated row's reward) lives in the step tally, never in the training rows, so the
+unfiltered metric cannot be misaligned with what was trained.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from groupwise.algo.accumulator import DynamicSamplingAccumulator, DynamicSamplingExhausted
+from groupwise.rows import build_rows, group_row_advantages
+from groupwise.session import Session, StepOutcome
+
+
+def round_size(session: Session) -> int:
+    """Prompts per generation round: ``ceil(P × batch_multiplier)`` with dynamic sampling, else ``P``."""
+    grpo = session.cfg.grpo
+    ds = grpo.dynamic_sampling
+    multiplier = ds.batch_multiplier if ds.enabled else 1.0
+    return math.ceil(grpo.num_prompts_per_step * multiplier)
+
+
+def new_accumulator(session: Session) -> DynamicSamplingAccumulator:
+    grpo = session.cfg.grpo
+    ds = grpo.dynamic_sampling
+    return DynamicSamplingAccumulator(
+        num_prompts_per_step=grpo.num_prompts_per_step,
+        enabled=ds.enabled,
+        max_gen_rounds=ds.max_gen_rounds if ds.enabled else 1,
+        on_exhausted=ds.on_exhausted,
+        min_step_batch_fraction=ds.min_step_batch_fraction,
+        surplus=ds.surplus,
+        zero_variance_tol=ds.zero_variance_tol,
+        carried_in=session.state.carried,
+    )
+
+
+def collect_step(session: Session, step: int) -> StepOutcome | None:
+    """Generate rounds until P groups with signal are kept (or the round budget or the data runs out)."""
+    accumulator = new_accumulator(session)
+    gen_seconds, gen_tokens, data_exhausted = 0.0, 0, False
+    while True:
+        items = session.loader.take(round_size(session))
+        if not items:
+            data_exhausted = True
+            break
+        start = time.perf_counter()
+        groups = session.rollouts.generate_groups(items, session.state.next_group_ids(len(items)))
+        gen_seconds += time.perf_counter() - start
+        gen_tokens += sum(g.num_completion_tokens for g in groups)
+        accumulator.add_round(groups)
+        if accumulator.is_complete or not accumulator.can_generate_more:
+            break
+    if data_exhausted and not accumulator.is_complete:
+        session.events.event(f"step {step}: the data ran out (max_epochs reached) before the step filled; stopping")
+        return None
+    try:
+        selection = accumulator.finish()
+    except DynamicSamplingExhausted as err:
+        session.fail(step, err)
+        raise
+    return StepOutcome(selection=selection, gen_seconds=gen_seconds, gen_tokens=gen_tokens)
+
+
+def train_one_step(session: Session, step: int) -> bool:
+    """One RL step = one optimizer step. Returns False when the data ran out before the step could fill."""
+    start = time.perf_counter()
+    outcome = collect_step(session, step)
+    if outcome is None:
+        return False
+    selection = outcome.selection
+    grpo = session.cfg.grpo
+    advantages = group_row_advantages(
+        selection.trained,
+        baseline=grpo.baseline,
+        normalize=grpo.normalize_advantages,
+        clip_low=grpo.advantage_clip_low,
+        clip_high=grpo.advantage_clip_high,
+    )
+    rows = build_rows(selection.trained, advantages)
+    metrics = session.learner.train_step(rows)
+    session.publish_weights()
+    session.state.carried = selection.carry_over
+    session.state.step = step + 1
+    metrics.update(selection.tally.metrics())
+    metrics.update(outcome.perf_metrics(time.perf_counter() - start))
+    session.end_step(step, metrics, rows)
+    return True
+
+
+def run_sync(session: Session) -> None:
+    """Train from ``session.state.step`` to ``run.max_steps`` (or until the data runs out)."""
+    if session.state.step == 0 and session.cfg.eval.at_start:
+        session.evaluate(step=0)
+    with session.progress() as progress:
+        while session.state.step < session.cfg.run.max_steps:
+            if not train_one_step(session, session.state.step):
+                break
+            progress.update(session.state.step, session.last_metrics)
+    session.finish()

@@ -1,0 +1,101 @@
+"""Group baselines and advantages.
+
+Pins: mean and leave-one-out baselines (LOO for G = 2 is the other row); A = r − b; normalisation by the
+population std of the group, skipped by EXACT equality of the rewards the baseline used (whole group for
+mean, peers for LOO), so identical groups give exactly 0 and `[0] + [0.95]*7` stays bounded for both
+baselines (never ~2000); G = 2 with LOO gives non-zero advantages; mean-baseline advantages sum to 0 and
+are bounded by sqrt(G − 1); clipping applies each optional bound.
+"""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from groupwise.algo.advantages import (
+    clip_advantages,
+    flat_group_advantages,
+    group_advantages,
+    group_baselines,
+    group_std,
+)
+
+
+def test_mean_and_leave_one_out_baselines():
+    assert group_baselines([1.0, 0.0, 0.0, 0.0], "mean") == pytest.approx([0.25] * 4)
+    assert group_baselines([1.0, 0.0, 0.0, 0.0], "leave_one_out") == pytest.approx([0.0, 1 / 3, 1 / 3, 1 / 3])
+    assert group_baselines([3.0, 5.0], "leave_one_out") == [5.0, 3.0]
+
+
+def test_leave_one_out_needs_two_rows():
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        group_baselines([1.0], "leave_one_out")
+
+
+def test_unknown_baseline_raises():
+    with pytest.raises(ValueError, match="unknown baseline kind 'median'"):
+        group_baselines([1.0, 0.0], "median")  # type: ignore[arg-type]
+
+
+def test_mean_baseline_normalised_by_population_std():
+    # mean 0.25, population std sqrt(3)/4: A = 0.75/(sqrt(3)/4) = sqrt(3), -0.25/(sqrt(3)/4) = -1/sqrt(3)
+    adv = group_advantages([1.0, 0.0, 0.0, 0.0], "mean", normalize=True)
+    assert adv == pytest.approx([math.sqrt(3)] + [-1 / math.sqrt(3)] * 3, rel=1e-5)
+
+
+def test_leave_one_out_skips_division_where_peers_are_identical():
+    # row 0's peers [0,0,0] are identical: A_0 = 1 - 0, undivided; others: (0 - 1/3) / (sqrt(3)/4)
+    adv = group_advantages([1.0, 0.0, 0.0, 0.0], "leave_one_out", normalize=True)
+    assert adv[0] == 1.0
+    assert adv[1:] == pytest.approx([-(1 / 3) / (math.sqrt(3) / 4)] * 3, rel=1e-5)
+
+
+def test_group_of_two_with_leave_one_out_has_nonzero_advantages():
+    assert group_advantages([1.0, 0.0], "leave_one_out", normalize=True) == [1.0, -1.0]
+    assert group_advantages([0.3, 0.7], "leave_one_out", normalize=False) == pytest.approx([-0.4, 0.4])
+
+
+@pytest.mark.parametrize("baseline", ["mean", "leave_one_out"])
+def test_one_loser_among_identical_winners_stays_bounded(baseline):
+    adv = group_advantages([0.0] + [0.95] * 7, baseline, normalize=True)
+    assert max(abs(a) for a in adv) <= 3.0
+    assert adv[0] < 0 and all(a > 0 for a in adv[1:])
+
+
+@pytest.mark.parametrize("baseline", ["mean", "leave_one_out"])
+@pytest.mark.parametrize("value", [0.95, 1 / 6, 0.1])
+def test_identical_rewards_give_exactly_zero(baseline, value):
+    assert group_advantages([value] * 8, baseline, normalize=True) == [0.0] * 8
+    assert group_advantages([value] * 8, baseline, normalize=False) == [0.0] * 8
+
+
+def test_without_normalisation_advantage_is_reward_minus_baseline():
+    assert group_advantages([2.0, 0.0, 1.0], "mean", normalize=False) == pytest.approx([1.0, -1.0, 0.0])
+
+
+def test_flat_group_advantages_concatenates_in_group_order():
+    flat = flat_group_advantages([[1.0, 0.0], [5.0, 5.0, 5.0]], "mean", normalize=False)
+    assert flat == pytest.approx([0.5, -0.5, 0.0, 0.0, 0.0])
+
+
+rewards_lists = st.lists(st.floats(-10, 10, allow_nan=False), min_size=2, max_size=16)
+
+
+@given(rewards_lists)
+def test_mean_baseline_advantages_sum_to_zero_and_are_bounded(rewards):
+    adv = group_advantages(rewards, "mean", normalize=True)
+    bound = math.sqrt(len(rewards) - 1) + 1e-9
+    assert all(abs(a) <= bound for a in adv)
+    scale = group_std(rewards) + 1e-6
+    assert abs(math.fsum(adv)) <= 1e-9 * len(rewards) * (1 + 10 / scale)
+
+
+def test_clip_advantages_applies_each_optional_bound():
+    values = [-3.0, -0.5, 0.5, 3.0]
+    assert clip_advantages(values, -1.0, 2.0) == [-1.0, -0.5, 0.5, 2.0]
+    assert clip_advantages(values, low=-1.0) == [-1.0, -0.5, 0.5, 3.0]
+    assert clip_advantages(values, high=0.0) == [-3.0, -0.5, 0.0, 0.0]
+    assert clip_advantages(values) == values
+    with pytest.raises(ValueError, match="low <= high"):
+        clip_advantages(values, 1.0, -1.0)

@@ -1,0 +1,264 @@
+"""Reward functions, the safe expression parser, and reward selection.
+
+Invariants pinned:
+- exact_numeric gives 1 only to a stopped completion whose stripped text is a number equal to the
+  answer; "length" completions, <pad>/junk inside the text and non-numbers give 0; partial credit is
+  p × (matching characters / answer length) and only for same-length numeric text.
+- the expression parser evaluates exactly with operator precedence and parentheses, and rejects
+  everything outside its grammar.
+- countdown gives 1 iff value == target and numbers ⊆ the given multiset; format_reward for a
+  parseable wrong answer; 0 (never an exception) for hostile input: code, exponents, huge or deeply
+  nested input, division by zero — and it answers quickly.
+- load_reward_fn resolves auto / built-ins / module:function and names the spec in every error;
+  math_verify without the package names the install command.
+- check_reward_kwargs rejects kwargs that do not fit the function.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from groupwise.data.expression import MAX_PAREN_DEPTH, ExpressionError, parse_expression
+from groupwise.data.rewards import (
+    RewardSpecError,
+    check_reward_kwargs,
+    countdown,
+    exact_numeric,
+    load_reward_fn,
+    math_verify,
+)
+from groupwise.types import Completion, Prompt
+
+HAS_MATH_VERIFY = importlib.util.find_spec("math_verify") is not None
+
+
+def completion(text: str, finish_reason: str = "stop") -> Completion:
+    return Completion(token_ids=(), logprobs=(), text=text, finish_reason=finish_reason, weight_version=0)
+
+
+ADD = Prompt(uid="addition/train/7+5", answer="12", text="7+5=")
+GAME = Prompt(
+    uid="countdown/train/3,5,7->22",
+    answer="22",
+    messages=({"role": "user", "content": "..."},),
+    metadata={"numbers": [3, 5, 7], "target": 22},
+)
+
+
+# ---------------------------------------------------------------- exact_numeric
+
+
+@pytest.mark.parametrize("text", ["12", " 12", "12\n", "12.0", "+12", "012"])
+def test_exact_numeric_accepts_the_number_in_any_plain_spelling(text):
+    assert exact_numeric(ADD, completion(text)) == 1.0
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["13", "1", "", "12<pad>", "1<pad>2", "<pad>12", "1 2", "12 apples", "twelve", "12=12", "1e1", "nan", "12<eos>"],
+)
+def test_exact_numeric_rejects_wrong_and_junk(text):
+    assert exact_numeric(ADD, completion(text)) == 0.0
+
+
+def test_exact_numeric_requires_a_finished_completion():
+    assert exact_numeric(ADD, completion("12", finish_reason="length")) == 0.0
+
+
+def test_exact_numeric_compares_non_integral_answers_exactly():
+    half = Prompt(uid="x", answer="0.5", text="1/2=")
+    assert exact_numeric(half, completion("0.50")) == 1.0
+    assert exact_numeric(half, completion("0.5000001")) == 0.0
+
+
+def test_exact_numeric_partial_credit_counts_matching_positions():
+    prompt = Prompt(uid="addition/train/50+73", answer="123", text="50+73=")
+    assert exact_numeric(prompt, completion("124"), partial_credit=0.6) == pytest.approx(0.6 * 2 / 3)
+    assert exact_numeric(prompt, completion("923"), partial_credit=0.6) == pytest.approx(0.6 * 2 / 3)
+    assert exact_numeric(prompt, completion("999"), partial_credit=0.6) == 0.0
+    assert exact_numeric(prompt, completion("123"), partial_credit=0.6) == 1.0
+    # other length, junk, unfinished: no partial credit
+    assert exact_numeric(prompt, completion("12"), partial_credit=0.6) == 0.0
+    assert exact_numeric(prompt, completion("12x"), partial_credit=0.6) == 0.0
+    assert exact_numeric(prompt, completion("124", "length"), partial_credit=0.6) == 0.0
+    # default: no partial credit
+    assert exact_numeric(prompt, completion("124")) == 0.0
+
+
+def test_exact_numeric_rejects_bad_settings_and_non_numeric_answers():
+    with pytest.raises(ValueError, match="partial_credit=1.5"):
+        exact_numeric(ADD, completion("12"), partial_credit=1.5)
+    with pytest.raises(ValueError, match="'Paris'.*not a plain number"):
+        exact_numeric(Prompt(uid="q", answer="Paris", text="capital?"), completion("Paris"))
+
+
+# ---------------------------------------------------------------- expression parser
+
+
+@pytest.mark.parametrize(
+    ("text", "value", "literals"),
+    [
+        ("3*5+7", Fraction(22), (3, 5, 7)),
+        ("3+5*7", Fraction(38), (3, 5, 7)),
+        ("(3+5)*7", Fraction(56), (3, 5, 7)),
+        ("7-5-3", Fraction(-1), (7, 5, 3)),
+        ("7/(5-3)", Fraction(7, 2), (7, 5, 3)),
+        ("8/4/2", Fraction(1), (8, 4, 2)),
+        (" ( ( 4 ) ) ", Fraction(4), (4,)),
+        ("6×7÷2−1", Fraction(20), (6, 7, 2, 1)),
+    ],
+)
+def test_parser_evaluates_exactly_with_precedence(text, value, literals):
+    parsed = parse_expression(text)
+    assert parsed.value == value
+    assert parsed.literals == literals
+
+
+@pytest.mark.parametrize(
+    "text", ["", "3+", "(3+5", "3+5)", "-3+5", "3**2", "3 5", "2^3", "3.5+1", "abs(3)", "x+1", "()", "3//2", "5/0"]
+)
+def test_parser_rejects_text_outside_the_grammar(text):
+    with pytest.raises(ExpressionError):
+        parse_expression(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 50), min_size=1, max_size=6), st.lists(st.sampled_from("+-*"), min_size=5, max_size=5))
+def test_parser_agrees_with_python_on_integer_expressions(operands, operators):
+    # Python's integer arithmetic is the oracle for + - * with the usual precedence.
+    text = str(operands[0])
+    for op, n in zip(operators, operands[1:], strict=False):
+        text += f"{op}{n}"
+    assert parse_expression(text).value == Fraction(eval(text))  # noqa: S307 - trusted, generated test input
+
+
+# ---------------------------------------------------------------- countdown
+
+
+@pytest.mark.parametrize("text", ["3*5+7", "7+3*5", "5*3+7", " 3 * 5 + 7 ", "(3*5)+7", "7+(5*3)", "3×5+7"])
+def test_countdown_accepts_correct_expressions(text):
+    assert countdown(GAME, completion(text)) == 1.0
+
+
+def test_countdown_multiset_rule():
+    assert countdown(GAME, completion("7*3+1")) == 0.0  # 1 is not given (value 22 though)
+    assert countdown(GAME, completion("5+5+5+7")) == 0.0  # 5 used three times (value 22)
+    assert countdown(GAME, completion("22")) == 0.0  # not a given number
+    twice = Prompt(uid="c", answer="10", metadata={"numbers": [5, 5, 2]})
+    assert countdown(twice, completion("5+5")) == 1.0  # a repeated number may be used as often as given
+    assert countdown(twice, completion("5+5+5-5")) == 0.0
+
+
+def test_countdown_requires_the_target_and_a_finished_completion():
+    assert countdown(GAME, completion("3+5+7")) == 0.0
+    assert countdown(GAME, completion("3*5+7", finish_reason="length")) == 0.0
+
+
+def test_countdown_format_reward_for_parseable_wrong_answers_only():
+    assert countdown(GAME, completion("3+5+7"), format_reward=0.1) == 0.1
+    assert countdown(GAME, completion("3*5+7"), format_reward=0.1) == 1.0
+    assert countdown(GAME, completion("the answer is 22"), format_reward=0.1) == 0.0
+    assert countdown(GAME, completion("7/(5-5)"), format_reward=0.1) == 0.0  # division by zero
+
+
+HOSTILE = [
+    "__import__('os').system('echo hi')",
+    "9**9**9",
+    "9^9^9",
+    "lambda: 0",
+    "3*5+7; import os",
+    "(" * 10_000 + "3" + ")" * 10_000,
+    "(" * (MAX_PAREN_DEPTH + 1) + "3*5+7" + ")" * (MAX_PAREN_DEPTH + 1),
+    "1+" * 100_000 + "1",
+    "9" * 1_000_000,
+    "99999999999*99999999999*99999999999",
+    "3*5+7\x00",
+    "<pad>3*5+7",
+    "",
+    "   ",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE, ids=range(len(HOSTILE)))
+def test_countdown_hostile_input_scores_zero_quickly(text):
+    start = time.perf_counter()
+    assert countdown(GAME, completion(text)) == 0.0
+    assert countdown(GAME, completion(text), format_reward=0.1) in (0.0, 0.1)
+    assert time.perf_counter() - start < 0.5
+
+
+def test_countdown_moderately_nested_parentheses_are_fine():
+    nested = "(" * MAX_PAREN_DEPTH + "3*5+7" + ")" * MAX_PAREN_DEPTH
+    assert countdown(GAME, completion(nested)) == 1.0
+
+
+def test_countdown_needs_numbers_in_metadata():
+    with pytest.raises(ValueError, match="metadata\\['numbers'\\]"):
+        countdown(Prompt(uid="c", answer="3"), completion("1+2"))
+
+
+# ---------------------------------------------------------------- selection
+
+
+def test_load_reward_fn_resolves_auto_builtin_and_import():
+    assert load_reward_fn("auto", "exact_numeric") is exact_numeric
+    assert load_reward_fn("auto", "countdown") is countdown
+    assert load_reward_fn("countdown", "exact_numeric") is countdown
+    imported = load_reward_fn("groupwise.data.rewards:exact_numeric", "countdown")
+    assert imported is exact_numeric
+
+
+def test_load_reward_fn_errors_name_the_spec(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text("NOT_CALLABLE = 3\n\ndef score(prompt, completion):\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_reward_fn("my_rewards:score", "exact_numeric")(ADD, completion("x")) == 1.0
+    with pytest.raises(RewardSpecError, match="'no_such_module_xyz:f'.*cannot import"):
+        load_reward_fn("no_such_module_xyz:f", "exact_numeric")
+    with pytest.raises(RewardSpecError, match="'my_rewards:missing'.*no attribute"):
+        load_reward_fn("my_rewards:missing", "exact_numeric")
+    with pytest.raises(RewardSpecError, match="'my_rewards:NOT_CALLABLE'.*not callable"):
+        load_reward_fn("my_rewards:NOT_CALLABLE", "exact_numeric")
+    with pytest.raises(RewardSpecError, match="'exact'.*built-in"):
+        load_reward_fn("exact", "exact_numeric")
+
+
+@pytest.mark.skipif(HAS_MATH_VERIFY, reason="math-verify is installed; the missing-package path cannot run")
+def test_math_verify_without_package_names_the_install_command():
+    with pytest.raises(RewardSpecError, match="pip install math-verify"):
+        load_reward_fn("math_verify", "exact_numeric")
+    with pytest.raises(RewardSpecError, match="pip install math-verify"):
+        math_verify(ADD, completion("12"))
+
+
+def test_math_verify_missing_package_error_when_import_is_blocked(monkeypatch):
+    # Simulates an environment without the package even where it is installed.
+    monkeypatch.setitem(sys.modules, "math_verify", None)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "math_verify" else real_find_spec(name, *a)
+    )
+    with pytest.raises(RewardSpecError, match="pip install math-verify"):
+        load_reward_fn("auto", "math_verify")
+    with pytest.raises(RewardSpecError, match="pip install math-verify"):
+        math_verify(ADD, completion("12"))
+
+
+@pytest.mark.skipif(not HAS_MATH_VERIFY, reason="needs math-verify (pip install math-verify)")
+def test_math_verify_accepts_equivalent_answers():
+    prompt = Prompt(uid="m", answer="\\frac{1}{2}", text="half?")
+    assert load_reward_fn("math_verify", "exact_numeric")(prompt, completion("The answer is $0.5$")) == 1.0
+    assert math_verify(prompt, completion("The answer is $3$")) == 0.0
+
+
+def test_check_reward_kwargs_rejects_unknown_keys():
+    check_reward_kwargs(exact_numeric, {"partial_credit": 0.5})
+    check_reward_kwargs(countdown, {})
+    with pytest.raises(RewardSpecError, match=r"partial_credit.*countdown.*format_reward"):
+        check_reward_kwargs(countdown, {"partial_credit": 0.5})

@@ -1,0 +1,75 @@
+"""Scoring completions with a reward function.
+
+Invariants pinned:
+- score_completions returns one float per completion, in completion order, passing kwargs through.
+- a reward function that raises gives RewardError naming the prompt uid and the completion index,
+  with the original exception chained (never a silent 0).
+- NaN, ±inf and non-numbers (None, str, a tensor-like) are RewardErrors naming the uid.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from groupwise.data.rewards import exact_numeric
+from groupwise.data.scoring import RewardError, score_completions
+from groupwise.types import Completion, Prompt
+
+PROMPT = Prompt(uid="addition/train/50+73", answer="123", text="50+73=")
+
+
+def completion(text: str, finish_reason: str = "stop") -> Completion:
+    return Completion(token_ids=(), logprobs=(), text=text, finish_reason=finish_reason, weight_version=0)
+
+
+def test_scores_follow_completion_order_and_kwargs():
+    completions = [completion("123"), completion("124"), completion("123", "length"), completion("1x3")]
+    assert score_completions(exact_numeric, PROMPT, completions, {}) == [1.0, 0.0, 0.0, 0.0]
+    partial = score_completions(exact_numeric, PROMPT, completions, {"partial_credit": 0.3})
+    assert partial == pytest.approx([1.0, 0.2, 0.0, 0.0])
+    assert score_completions(exact_numeric, PROMPT, [], {}) == []
+
+
+def test_integer_and_bool_rewards_become_floats():
+    rewards = score_completions(lambda p, c: len(c.text) > 1, PROMPT, [completion("1"), completion("12")], None)
+    assert rewards == [0.0, 1.0]
+    assert all(type(r) is float for r in rewards)
+
+
+def test_raising_reward_is_reported_with_uid_and_cause():
+    def fragile(prompt, completion):
+        if completion.text == "boom":
+            raise KeyError("missing field")
+        return 1.0
+
+    with pytest.raises(RewardError) as info:
+        score_completions(fragile, PROMPT, [completion("ok"), completion("boom")], {})
+    error = info.value
+    assert error.prompt_uid == PROMPT.uid
+    assert error.completion_index == 1
+    assert PROMPT.uid in str(error) and "fragile" in str(error) and "KeyError" in str(error)
+    assert isinstance(error.__cause__, KeyError)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, None, "1.0", [1.0]])
+def test_non_finite_or_non_number_reward_is_an_error(bad):
+    with pytest.raises(RewardError, match="addition/train/50\\+73") as info:
+        score_completions(lambda p, c: bad, PROMPT, [completion("1")], {})
+    assert info.value.completion_index == 0
+
+
+def test_tensor_like_reward_gets_an_item_hint():
+    class Scalar:
+        def item(self) -> float:
+            return 1.0
+
+    with pytest.raises(RewardError, match=r"\.item\(\)"):
+        score_completions(lambda p, c: Scalar(), PROMPT, [completion("1")], {})
+
+
+def test_unknown_kwarg_surfaces_as_reward_error():
+    with pytest.raises(RewardError, match="partial_credt") as info:
+        score_completions(exact_numeric, PROMPT, [completion("1")], {"partial_credt": 0.5})
+    assert isinstance(info.value.__cause__, TypeError)

@@ -1,0 +1,212 @@
+"""Synthetic tasks and the task registry.
+
+Invariants pinned:
+- addition enumerates exactly the operand pairs with the requested digit counts; prompt, answer, uid
+  and metadata agree with each other; uids are unique.
+- train and held-out splits are disjoint (addition by pair, countdown by (sorted numbers, target)),
+  identical for the same seed, different for another seed; the held-out split does not depend on
+  num_train; num_train / num_eval are honoured as counts.
+- every countdown item over all items of a seed is solved by its demonstration (checked by the
+  countdown verifier), its numbers lie in 1..max_number and its target in 1..max_target.
+- impossible settings (eval split eating the whole space, too few countdown items) fail with a
+  message naming the setting.
+- build_task builds each task from a config section and rejects unknown settings.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import BaseModel
+
+from groupwise.data.addition import MAX_EVAL_FRACTION, AdditionTask, operands_with_digits
+from groupwise.data.countdown import CountdownTask
+from groupwise.data.registry import build_task
+from groupwise.data.rewards import countdown, exact_numeric
+from groupwise.types import Completion
+
+
+def finished(text: str) -> Completion:
+    return Completion(token_ids=(), logprobs=(), text=text, finish_reason="stop", weight_version=0)
+
+
+def pair(prompt) -> tuple[int, int]:
+    return prompt.metadata["a"], prompt.metadata["b"]
+
+
+def countdown_key(prompt) -> tuple[tuple[int, ...], int]:
+    return tuple(sorted(prompt.metadata["numbers"])), int(prompt.answer)
+
+
+# ---------------------------------------------------------------- addition
+
+
+def test_operand_ranges_count_zero_as_one_digit():
+    assert list(operands_with_digits(1, 1)) == list(range(10))
+    assert list(operands_with_digits(2, 2)) == list(range(10, 100))
+    assert list(operands_with_digits(1, 2)) == list(range(100))
+
+
+def test_addition_covers_every_pair_once_across_splits():
+    task = AdditionTask(min_digits=1, max_digits=1, num_eval=15, seed=3)
+    train, held_out = task.train_prompts(), task.eval_prompts()
+    assert len(held_out) == 15
+    assert len(train) == 85
+    all_pairs = [pair(p) for p in train + held_out]
+    assert sorted(all_pairs) == [(a, b) for a in range(10) for b in range(10)]
+    assert not {pair(p) for p in train} & {pair(p) for p in held_out}
+
+
+def test_addition_prompt_answer_uid_agree():
+    task = AdditionTask(min_digits=2, max_digits=2, num_train=200, num_eval=50, seed=1)
+    for split, prompts in (("train", task.train_prompts()), ("eval", task.eval_prompts())):
+        for p in prompts:
+            a, b = pair(p)
+            assert 10 <= a <= 99 and 10 <= b <= 99
+            assert p.text == f"{a}+{b}="
+            assert p.answer == str(a + b)
+            assert p.uid == f"addition/{split}/{a}+{b}"
+            assert p.messages is None
+            assert task.demonstration(p) == p.answer
+            assert exact_numeric(p, finished(task.demonstration(p))) == 1.0
+    uids = [p.uid for p in task.train_prompts() + task.eval_prompts()]
+    assert len(set(uids)) == len(uids) == 250
+
+
+def test_addition_is_deterministic_per_seed_and_differs_across_seeds():
+    first = AdditionTask(1, 2, num_train=100, num_eval=40, seed=7)
+    again = AdditionTask(1, 2, num_train=100, num_eval=40, seed=7)
+    other = AdditionTask(1, 2, num_train=100, num_eval=40, seed=8)
+    assert first.train_prompts() == again.train_prompts()
+    assert first.eval_prompts() == again.eval_prompts()
+    assert [p.uid for p in first.eval_prompts()] != [p.uid for p in other.eval_prompts()]
+    assert [p.uid for p in first.train_prompts()] != [p.uid for p in other.train_prompts()]
+
+
+def test_addition_held_out_split_does_not_depend_on_num_train():
+    small = AdditionTask(1, 2, num_train=10, num_eval=25, seed=0)
+    large = AdditionTask(1, 2, num_train=None, num_eval=25, seed=0)
+    assert small.eval_prompts() == large.eval_prompts()
+    assert small.train_prompts() == large.train_prompts()[:10]
+    assert len(large.train_prompts()) == 100 * 100 - 25
+
+
+def test_addition_held_out_split_is_capped_to_a_fifth_of_a_tiny_space():
+    task = AdditionTask(1, 1, num_eval=100, seed=0)  # 1-digit operands: only 100 pairs
+    assert len(task.eval_prompts()) == int(100 * MAX_EVAL_FRACTION) == 20
+    assert len(task.train_prompts()) == 80
+    assert not {pair(p) for p in task.train_prompts()} & {pair(p) for p in task.eval_prompts()}
+    # a request below the cap is honoured exactly
+    assert len(AdditionTask(1, 1, num_eval=7).eval_prompts()) == 7
+    assert len(AdditionTask(1, 1, num_eval=0).eval_prompts()) == 0
+
+
+def test_addition_rejects_bad_digit_ranges():
+    with pytest.raises(ValueError, match="min_digits=3, max_digits=2"):
+        AdditionTask(3, 2)
+    with pytest.raises(ValueError, match="max_digits=4.*at most 3"):
+        AdditionTask(1, 4)
+
+
+# ---------------------------------------------------------------- countdown
+
+
+@pytest.fixture(scope="module")
+def countdown_task() -> CountdownTask:
+    return CountdownTask(num_numbers=3, max_number=20, max_target=100, num_train=600, num_eval=80, seed=11)
+
+
+def test_every_countdown_item_is_solved_by_its_demonstration(countdown_task):
+    prompts = countdown_task.train_prompts() + countdown_task.eval_prompts()
+    assert len(prompts) == 680
+    for p in prompts:
+        assert countdown(p, finished(countdown_task.demonstration(p))) == 1.0, p
+        assert len(p.metadata["numbers"]) == 3
+        assert all(1 <= n <= 20 for n in p.metadata["numbers"])
+        assert 1 <= p.metadata["target"] <= 100
+        assert p.answer == str(p.metadata["target"])
+
+
+def test_countdown_prompt_is_one_user_message_naming_numbers_and_target(countdown_task):
+    p = countdown_task.train_prompts()[0]
+    assert p.text is None
+    assert len(p.messages) == 1 and p.messages[0]["role"] == "user"
+    numbers, target = p.metadata["numbers"], p.answer
+    expected_start = f"Using the numbers [{', '.join(map(str, numbers))}], write an expression that equals {target}."
+    assert p.messages[0]["content"].startswith(expected_start)
+    assert "Answer with the expression only." in p.messages[0]["content"]
+    json.dumps(p.metadata)  # metadata must be loggable
+
+
+def test_countdown_splits_disjoint_and_items_unique(countdown_task):
+    train_keys = [countdown_key(p) for p in countdown_task.train_prompts()]
+    eval_keys = [countdown_key(p) for p in countdown_task.eval_prompts()]
+    assert len(set(train_keys)) == len(train_keys) == 600
+    assert len(set(eval_keys)) == len(eval_keys) == 80
+    assert not set(train_keys) & set(eval_keys)
+    uids = [p.uid for p in countdown_task.train_prompts() + countdown_task.eval_prompts()]
+    assert len(set(uids)) == len(uids)
+
+
+def test_countdown_is_deterministic_per_seed_and_differs_across_seeds():
+    a = CountdownTask(num_train=50, num_eval=20, seed=5)
+    b = CountdownTask(num_train=50, num_eval=20, seed=5)
+    c = CountdownTask(num_train=50, num_eval=20, seed=6)
+    assert a.train_prompts() == b.train_prompts() and a.eval_prompts() == b.eval_prompts()
+    assert [p.uid for p in a.train_prompts()] != [p.uid for p in c.train_prompts()]
+    assert [p.uid for p in a.eval_prompts()] != [p.uid for p in c.eval_prompts()]
+    # the held-out split does not depend on how many training items are asked for
+    assert CountdownTask(num_train=5, num_eval=20, seed=5).eval_prompts() == a.eval_prompts()
+
+
+def test_countdown_too_small_space_fails_with_a_fix():
+    with pytest.raises(ValueError, match=r"found only \d+ distinct items.*lower num_train"):
+        CountdownTask(num_numbers=2, max_number=2, max_target=4, num_train=50, num_eval=0)
+    with pytest.raises(ValueError, match="num_numbers=1"):
+        CountdownTask(num_numbers=1)
+
+
+# ---------------------------------------------------------------- registry
+
+
+def test_build_task_passes_section_and_run_seed(tmp_path):
+    addition = build_task("addition", {"min_digits": 1, "max_digits": 1, "num_train": 40, "num_eval": 10}, seed=2)
+    assert addition.train_prompts() == AdditionTask(1, 1, num_train=40, num_eval=10, seed=2).train_prompts()
+    assert addition.default_reward == "exact_numeric"
+    game = build_task("countdown", {"num_train": 30, "num_eval": 5}, seed=4)
+    assert game.eval_prompts() == CountdownTask(num_train=30, num_eval=5, seed=4).eval_prompts()
+    assert game.default_reward == "countdown"
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"prompt": "1+1=", "answer": 2}\n')
+    jsonl = build_task("jsonl", {"train_path": str(train), "eval_path": None}, seed=0)
+    assert [p.answer for p in jsonl.train_prompts()] == ["2"]
+    assert jsonl.eval_prompts() == []
+
+
+def test_build_task_accepts_the_whole_data_section():
+    class AdditionSection(BaseModel):
+        min_digits: int = 1
+        max_digits: int = 2
+        num_train: int = 30
+        num_eval: int = 10
+
+    class DataSection(BaseModel):
+        task: str = "addition"
+        addition: AdditionSection = AdditionSection()
+        shuffle: bool = True
+
+    from_section = build_task("addition", DataSection(), seed=9)
+    from_dict = build_task("addition", {"task": "addition", "addition": AdditionSection().model_dump()}, seed=9)
+    expected = AdditionTask(1, 2, num_train=30, num_eval=10, seed=9)
+    assert from_section.train_prompts() == from_dict.train_prompts() == expected.train_prompts()
+    assert from_section.eval_prompts() == expected.eval_prompts()
+
+
+def test_build_task_rejects_unknown_task_and_settings():
+    with pytest.raises(ValueError, match="unknown task 'sudoku'"):
+        build_task("sudoku", {}, seed=0)
+    with pytest.raises(ValueError, match=r"unexpected settings \['max_numbers'\].*num_numbers"):
+        build_task("countdown", {"max_numbers": 3}, seed=0)
+    with pytest.raises(ValueError, match="seed"):
+        build_task("addition", {"seed": 3}, seed=0)
