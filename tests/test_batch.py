@@ -73,6 +73,11 @@ def test_select_rejects_out_of_range_and_negative_indices():
         marked_batch().select([-1])
 
 
+def test_select_refuses_a_boolean_mask():
+    with pytest.raises(TypeError, match="boolean mask"):
+        marked_batch().select(torch.tensor([True, False, True, False, True, False]))
+
+
 def test_select_and_slice_do_not_alias_source_tensors():
     source = marked_batch()
     for derived in (source.select([0, 1]), source.slice(0, 2)):

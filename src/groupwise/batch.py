@@ -112,7 +112,10 @@ class RowBatch:
 
     def select(self, indices: Sequence[int] | torch.Tensor) -> RowBatch:
         """The rows at ``indices`` (in that order, repeats allowed) from every column."""
-        index = [int(i) for i in (indices.tolist() if isinstance(indices, torch.Tensor) else indices)]
+        raw = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
+        if any(isinstance(i, bool) for i in raw):
+            raise TypeError("select takes row indices, not a boolean mask; use torch.nonzero(mask).flatten()")
+        index = [int(i) for i in raw]
         bad = [i for i in index if not 0 <= i < self._num_rows]
         if bad:
             raise IndexError(

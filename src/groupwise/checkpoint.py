@@ -245,7 +245,7 @@ def _load_model(path: Path) -> dict[str, Any]:
         metadata = handle.metadata() or {}
     tensors = load_file(str(path))
     for alias, source in json.loads(metadata.get("aliases", "{}")).items():
-        pass
+        tensors[alias] = tensors[source]
     return tensors
 
 

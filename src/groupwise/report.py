@@ -278,13 +278,31 @@ def _line_plot(runs: Sequence[RunData], path: Path, title: str, ylabel: str, key
         else:
             xs_all = cumulative(run.records, f"ds/groups_{x_of}", run.group_size)
         for key, suffix, style in keys:
-            points = [(x, r[key]) for x, r in zip(xs_all, run.records) if r.get(key) is not None]
+            points = [(x, r[key]) for x, r in zip(xs_all, run.records, strict=True) if r.get(key) is not None]
             if points:
+                xs, ys = zip(*points, strict=True)
                 marker = "o" if len(points) < 30 else None
-                axes[0].plot(*zip(*points), linestyle=style, marker=marker, markersize=3, color=f"C{index}",
+                axes[0].plot(xs, ys, linestyle=style, marker=marker, markersize=3, color=f"C{index}",
                              label=f"{run.name}{suffix}")
                 drawn += 1
-    return _save(figure, axes, path) if drawn else None
+    if not drawn:
+        path.unlink(missing_ok=True)  # never leave a stale plot from an earlier report beside the new one
+        return None
+    return _save(figure, axes, path)
+
+
+def trailing_rate(records: Sequence[dict[str, Any]], window: int = 10) -> list[tuple[float, float]]:
+    """(wall hours, trained groups/h over the last ``window`` steps) per step: Δ cumulative
+    ``ds/groups_trained`` ÷ Δ cumulative ``perf/step_seconds``, from an origin (0 h, 0 groups) before the
+    first step; steps where no time passed are skipped."""
+    hours = [0.0] + [s / 3600 for s in cumulative(records, "perf/step_seconds")]
+    done = [0.0] + cumulative(records, "ds/groups_trained")
+    points = []
+    for i in range(1, len(hours)):
+        j = max(i - window, 0)
+        if hours[i] > hours[j]:
+            points.append((hours[i], (done[i] - done[j]) / (hours[i] - hours[j])))
+    return points
 
 
 def _report_plots(runs: Sequence[RunData], plots_dir: Path) -> list[tuple[str, str | None]]:
@@ -311,7 +329,7 @@ def _compare_plots(runs: Sequence[RunData], plots_dir: Path) -> list[str | None]
                    "mean reward", reward, "trained"),
     ]
     figure, axes = _new_axes("Cumulative groups by fate", "step", "groups", ncols=len(runs))
-    for ax, run in zip(axes, runs):
+    for ax, run in zip(axes, runs, strict=True):
         ax.set_title(run.name, fontsize="medium")
         steps = [r["step"] for r in run.records]
         for fate, key in FATE_KEYS.items():
@@ -320,11 +338,9 @@ def _compare_plots(runs: Sequence[RunData], plots_dir: Path) -> list[str | None]
     written.append(_save(figure, axes, plots_dir / "compare_fates.png"))
     figure, axes = _new_axes("Throughput (trailing 10 steps)", "wall time (h, sum of step times)", "trained groups/h")
     for index, run in enumerate(runs):
-        hours = [s / 3600 for s in cumulative(run.records, "perf/step_seconds")]
-        done = cumulative(run.records, "ds/groups_trained")
-        rate = [(hours[i], (done[i] - done[max(i - 10, 0)]) / (hours[i] - hours[max(i - 10, 0)]))
-                for i in range(1, len(hours)) if hours[i] > hours[max(i - 10, 0)]]
+        rate = trailing_rate(run.records)
         if rate:
-            axes[0].plot(*zip(*rate), color=f"C{index}", label=run.name)
+            xs, ys = zip(*rate, strict=True)
+            axes[0].plot(xs, ys, color=f"C{index}", label=run.name)
     written.append(_save(figure, axes, plots_dir / "compare_throughput.png"))
     return written

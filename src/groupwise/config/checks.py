@@ -54,9 +54,12 @@ def run_rules(cfg: Any, available: Iterable[str] | None = None) -> list[ConfigIs
     return issues
 
 
-def no_effect(section: BaseModel, prefix: str, why: str, fix: str) -> list[ConfigIssue]:
-    """One issue per key of ``section`` set away from its default although it has no effect (``why``)."""
+def no_effect(section: BaseModel, prefix: str, why: str, fix: str, keep: tuple[str, ...] = ()) -> list[ConfigIssue]:
+    """One issue per key of ``section`` set away from its default although it has no effect (``why``);
+    keys named in ``keep`` (the switch that turned the section off, say) are never reported."""
+    kept = {f"{prefix}.{key}" for key in keep}
     return [
         ConfigIssue(path, value, f"{path} has no effect {why} (a key with no effect is an error)", fix)
         for path, value in changed_fields(section, prefix)
+        if path not in kept
     ]

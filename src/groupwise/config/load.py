@@ -38,7 +38,7 @@ ConfigYamlLoader.add_implicit_resolver(
 
 def parse_yaml(text: str) -> Any:
     """``text`` parsed as YAML with :class:`ConfigYamlLoader` (safe: plain data only)."""
-    return yaml.load(text, Loader=ConfigYamlLoader)  # noqa: S506 (a SafeLoader subclass)
+    return yaml.load(text, Loader=ConfigYamlLoader)  # safe: a SafeLoader subclass
 
 
 def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
@@ -56,10 +56,11 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError([ConfigIssue("", str(path), "the config file does not exist", "check the path")]) from None
+        raise ConfigError([ConfigIssue("", str(path), "the config file does not exist", "check the path")],
+                          source=str(path)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([ConfigIssue("", str(path), f"the config file cannot be read: {exc}",
-                                       "pass a readable UTF-8 YAML file")]) from None
+                                       "pass a readable UTF-8 YAML file")], source=str(path)) from None
     try:
         data = parse_yaml(text)
     except yaml.YAMLError as exc:

@@ -137,8 +137,10 @@ def sync_dynamic_sampling_keys(cfg: Any) -> Iterator[ConfigIssue]:
         return  # async mode has its own rule: these knobs never apply there
     ds = cfg.grpo.dynamic_sampling
     if not ds.enabled:
+        # zero_variance_tol still defines the zero-variance metric, so it keeps an effect with DS off
         yield from no_effect(ds, "grpo.dynamic_sampling", "with grpo.dynamic_sampling.enabled false",
-                             "remove it, or set grpo.dynamic_sampling.enabled: true")
+                             "remove it, or set grpo.dynamic_sampling.enabled: true",
+                             keep=("enabled", "zero_variance_tol"))
     elif ds.surplus == "carry" and not cfg.loss.importance_sampling:
         yield ConfigIssue(
             "grpo.dynamic_sampling.surplus", ds.surplus,
@@ -164,7 +166,7 @@ def reward_scaling_range(cfg: Any) -> Iterator[ConfigIssue]:
     scaling = cfg.grpo.reward_scaling
     if not scaling.enabled:
         yield from no_effect(scaling, "grpo.reward_scaling", "with grpo.reward_scaling.enabled false",
-                             "remove it, or set grpo.reward_scaling.enabled: true")
+                             "remove it, or set grpo.reward_scaling.enabled: true", keep=("enabled",))
         return
     for side in ("source", "target"):
         low, high = getattr(scaling, f"{side}_min"), getattr(scaling, f"{side}_max")
@@ -183,7 +185,7 @@ def overlong_shaping_lengths(cfg: Any) -> Iterator[ConfigIssue]:
     prefix = "grpo.overlong_shaping"
     if not shaping.enabled:
         yield from no_effect(shaping, prefix, f"with {prefix}.enabled false",
-                             f"remove it, or set {prefix}.enabled: true")
+                             f"remove it, or set {prefix}.enabled: true", keep=("enabled",))
         return
     missing = [k for k in ("max_response_length", "overlong_buffer_length", "overlong_buffer_penalty")
                if getattr(shaping, k) is None]
@@ -234,8 +236,8 @@ def importance_sampling_bounds(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("optimizer", "run")
-def learning_rate_schedule(cfg: Any) -> Iterator[ConfigIssue]:
-    """Warm-up must end before run.max_steps; min_lr_ratio needs a decaying schedule."""
+def warmup_ends_before_run(cfg: Any) -> Iterator[ConfigIssue]:
+    """optimizer.warmup_steps < run.max_steps."""
     opt = cfg.optimizer
     if opt.warmup_steps >= cfg.run.max_steps:
         yield ConfigIssue(
@@ -244,6 +246,12 @@ def learning_rate_schedule(cfg: Any) -> Iterator[ConfigIssue]:
             "the learning rate would never reach its peak",
             "lower optimizer.warmup_steps or raise run.max_steps",
         )
+
+
+@rule("optimizer")
+def min_lr_needs_decay(cfg: Any) -> Iterator[ConfigIssue]:
+    """optimizer.min_lr_ratio keeps its default with schedule constant."""
+    opt = cfg.optimizer
     if opt.schedule == "constant" and opt.min_lr_ratio != type(opt).model_fields["min_lr_ratio"].default:
         yield ConfigIssue(
             "optimizer.min_lr_ratio", opt.min_lr_ratio, "optimizer.min_lr_ratio has no effect with schedule constant",

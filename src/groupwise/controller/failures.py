@@ -85,8 +85,12 @@ class FailureSettings:
         for name in ("max_infra_attempts_per_prompt", "max_data_attempts_per_prompt"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (the first attempt counts), got {getattr(self, name)}")
-        for name in ("max_skipped_prompts", "max_consecutive_dropped_prompts", "max_replacement_attempts",
-                     "replacement_reserve_prompts"):
+        for name in (
+            "max_skipped_prompts",
+            "max_consecutive_dropped_prompts",
+            "max_replacement_attempts",
+            "replacement_reserve_prompts",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 < self.min_step_batch_fraction <= 1.0:

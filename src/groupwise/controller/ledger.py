@@ -137,8 +137,7 @@ class StepLedger:
         rec = self._closing(step)
         if rec.selected + rec.charged != self.prompts_per_step:
             raise LedgerInvariantError(
-                f"step {step} closing with selected {rec.selected} + charged {rec.charged} != "
-                f"P {self.prompts_per_step}"
+                f"step {step} closing with selected {rec.selected} + charged {rec.charged} != P {self.prompts_per_step}"
             )
         return self._finish(rec)
 

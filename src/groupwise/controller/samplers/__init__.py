@@ -61,8 +61,7 @@ def build_sampler(name: str, knobs: dict[str, Any], buffer: GroupBuffer) -> Samp
     foreign = sorted(set(knobs) - SAMPLER_KNOBS[name])
     if foreign:
         raise ValueError(
-            f"sampler {name!r} does not use {foreign}; its knobs are {sorted(SAMPLER_KNOBS[name])} "
-            "(remove the others)"
+            f"sampler {name!r} does not use {foreign}; its knobs are {sorted(SAMPLER_KNOBS[name])} (remove the others)"
         )
     if name == "custom":
         if "target" not in knobs:

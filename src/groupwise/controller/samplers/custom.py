@@ -17,9 +17,7 @@ from groupwise.controller.samplers.base import Sampler
 def load_custom_sampler(target: str, buffer: GroupBuffer, kwargs: dict[str, Any] | None = None) -> Sampler:
     """Import ``module:ClassName``, build it with ``(buffer, **kwargs)`` and check the protocol."""
     if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
-        raise ValueError(
-            f"custom sampler target must look like 'package.module:ClassName', got {target!r}"
-        )
+        raise ValueError(f"custom sampler target must look like 'package.module:ClassName', got {target!r}")
     module_name, class_name = target.split(":")
     try:
         module = importlib.import_module(module_name)
@@ -32,8 +30,14 @@ def load_custom_sampler(target: str, buffer: GroupBuffer, kwargs: dict[str, Any]
     if not isinstance(sampler, Sampler):
         missing = [
             name
-            for name in ("admit", "select", "evict", "should_abort_inflight", "required_buffer_capacity",
-                         "set_dispatch_index")
+            for name in (
+                "admit",
+                "select",
+                "evict",
+                "should_abort_inflight",
+                "required_buffer_capacity",
+                "set_dispatch_index",
+            )
             if not callable(getattr(sampler, name, None))
         ]
         raise TypeError(

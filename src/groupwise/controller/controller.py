@@ -1,0 +1,189 @@
+"""The async single controller: wires buffer, sampler, ledger, spare pool and the two pumps, and runs them.
+
+``build_controller(settings, loader, rollouts, trainer, on_step_end=..., on_fate=...)`` checks the setup
+(weight_fifo + dynamic sampling is refused, the buffer capacity must cover the sampler's need) and
+returns a :class:`Controller`; ``await controller.run()`` trains until ``max_steps`` or the end of data and
+returns a :class:`RunSummary`. A crash in either pump cancels the other; the error reaches the caller
+with notes naming the step and the prompt. Only runtimes and the CLI import this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from groupwise.controller.buffer import GroupBuffer
+from groupwise.controller.clock import VersionClock
+from groupwise.controller.context import PumpContext
+from groupwise.controller.failures import FailureBudgets
+from groupwise.controller.fates import FateCounts, FateRecord
+from groupwise.controller.interfaces import PromptSource, RolloutClient, TrainerClient
+from groupwise.controller.ledger import StepLedger, StepRecord
+from groupwise.controller.permits import Permits
+from groupwise.controller.rollout_pump import RolloutPump
+from groupwise.controller.samplers import build_sampler, drop_accounting
+from groupwise.controller.settings import ControllerSettings
+from groupwise.controller.spare_pool import SparePool
+from groupwise.controller.step_tally import StepTallyBook
+from groupwise.controller.train_pump import StepEndHook, TrainPump
+
+WEIGHT_FIFO_WITH_DS = (
+    "dynamic sampling (grpo.dynamic_sampling.enabled) cannot be combined with async.sampler.name='weight_fifo'. "
+    "weight_fifo builds each step only from groups generated under the same weight version, and a replacement "
+    "for a filtered group is generated later, under a newer version. The step can then never fill, and "
+    "training hangs. Set async.sampler.name to 'in_order' or 'ready_first', or turn off dynamic sampling."
+)
+
+
+@dataclass
+class RunSummary:
+    """What a run did: steps, versions, and the fate of everything dispatched."""
+
+    stop_reason: str
+    steps_trained: int
+    first_step: int
+    final_version: int
+    step_sizes: list[int]
+    fates: FateCounts
+    ledger_history: list[StepRecord]
+    pending_charges: list[StepRecord]
+    evicted_groups: int
+    aborted_inflight_groups: int
+    unused_prompts: int
+    skipped_prompts: int
+    late_losses: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Controller:
+    """Owns the pumps for one run. Build it with :func:`build_controller`."""
+
+    def __init__(
+        self,
+        ctx: PumpContext,
+        loader: PromptSource,
+        rollouts: RolloutClient,
+        trainer: TrainerClient,
+        on_step_end: StepEndHook | None,
+    ) -> None:
+        self.ctx = ctx
+        self.loader = loader
+        self.rollouts = rollouts
+        self._failure: asyncio.Future[None] | None = None
+        self.rollout_pump = RolloutPump(ctx, loader, rollouts, on_error=self._on_slot_error)
+        self.train_pump = TrainPump(ctx, self.rollout_pump, trainer, rollouts, on_step_end)
+
+    @property
+    def ledger(self) -> StepLedger:
+        return self.ctx.ledger
+
+    @property
+    def fates(self) -> FateCounts:
+        return self.ctx.fates
+
+    def _on_slot_error(self, error: BaseException) -> None:
+        if self._failure is not None and not self._failure.done():
+            self._failure.set_exception(error)
+
+    async def run(self) -> RunSummary:
+        """Run both pumps until the train pump stops; re-raise the first failure of either."""
+        loop = asyncio.get_running_loop()
+        self._failure = loop.create_future()
+        await self.rollouts.sync_weights(self.ctx.clock.value)
+        self.ctx.generator_version = self.ctx.clock.value
+        self.ctx.rollout_permitted.set()
+        rollout_task = loop.create_task(self.rollout_pump.run(), name="groupwise-rollout-pump")
+        train_task = loop.create_task(self.train_pump.run(), name="groupwise-train-pump")
+        waiting = {rollout_task, train_task, self._failure}
+        try:
+            while train_task in waiting:
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.exception() is not None:  # a crashed pump or slot: stop everything, surface it
+                        raise task.exception()  # type: ignore[misc]
+            stop_reason = train_task.result()
+        finally:
+            await self._shutdown(rollout_task, train_task)
+        return self._summary(stop_reason)
+
+    async def _shutdown(self, rollout_task: asyncio.Task[None], train_task: asyncio.Task[str]) -> None:
+        for task in (train_task, rollout_task):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(train_task, rollout_task, return_exceptions=True)
+        await self.rollout_pump.cancel_slots()
+        if self._failure is not None and not self._failure.done():
+            self._failure.cancel()
+        elif self._failure is not None and not self._failure.cancelled():
+            self._failure.exception()  # retrieved: no "never retrieved" warning
+        for slot_id in self.ctx.buffer.ready_slot_ids():
+            slot = self.ctx.buffer.remove(slot_id)
+            group = slot.group
+            self.ctx.record_fate(
+                FateRecord(
+                    slot_id,
+                    group.prompt.uid if group else "?",
+                    group.attempt if group else 0,
+                    slot.start_version,
+                    "pending",
+                    slot.target_step,
+                )
+            )
+
+    def _summary(self, stop_reason: str) -> RunSummary:
+        ctx, train = self.ctx, self.train_pump
+        return RunSummary(
+            stop_reason=stop_reason,
+            steps_trained=train.steps_trained,
+            first_step=ctx.settings.start_step,
+            final_version=ctx.clock.value,
+            step_sizes=list(train.step_sizes),
+            fates=ctx.fates,
+            ledger_history=list(ctx.ledger.history),
+            pending_charges=ctx.ledger.pending(),
+            evicted_groups=train.evicted_total,
+            aborted_inflight_groups=train.aborted_total,
+            unused_prompts=self.rollout_pump.unused_prompts,
+            skipped_prompts=ctx.budgets.skipped,
+            late_losses=ctx.ledger.late_losses,
+        )
+
+
+def build_controller(
+    settings: ControllerSettings,
+    loader: PromptSource,
+    rollouts: RolloutClient,
+    trainer: TrainerClient,
+    on_step_end: StepEndHook | None = None,
+    on_fate: Callable[[FateRecord], None] | None = None,
+) -> Controller:
+    """Check the setup and wire a :class:`Controller` (see the module docstring)."""
+    if settings.dynamic_sampling and settings.sampler == "weight_fifo":
+        raise ValueError(WEIGHT_FIFO_WITH_DS)
+    buffer = GroupBuffer()
+    sampler = build_sampler(settings.sampler, dict(settings.sampler_knobs), buffer)
+    sampler.set_dispatch_index(settings.start_step)
+    needed = sampler.required_buffer_capacity(settings.prompts_per_step)
+    if needed is not None and settings.max_buffered_rollouts < needed:
+        raise ValueError(
+            f"max_buffered_rollouts={settings.max_buffered_rollouts} is below what sampler {settings.sampler!r} "
+            f"needs ({needed} = P × (window + 1)) to avoid a backpressure deadlock; raise it to at least {needed}"
+        )
+    ledger = StepLedger(settings.prompts_per_step, settings.failure.min_step_batch_fraction, settings.start_step)
+    ctx = PumpContext(
+        settings=settings,
+        clock=VersionClock(settings.start_step),
+        buffer=buffer,
+        sampler=sampler,
+        accounting=drop_accounting(sampler),
+        ledger=ledger,
+        tally=StepTallyBook(ledger, settings.reward_low, settings.reward_high, settings.zero_variance_tol),
+        spare_pool=SparePool(settings.failure.replacement_reserve_prompts),
+        capacity=Permits(settings.max_buffered_rollouts, "max_buffered_rollouts"),
+        budgets=FailureBudgets(settings.failure),
+        on_fate=on_fate,
+        generator_version=settings.start_step,
+    )
+    return Controller(ctx, loader, rollouts, trainer, on_step_end)

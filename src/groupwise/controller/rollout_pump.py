@@ -1,0 +1,342 @@
+"""`RolloutPump`: dispatches prompt batches and turns each prompt into a buffered group or an accounted loss.
+
+Loop (reference §4.3, adapted): take a whole loader batch; divert it to the spare pool while the pool is
+below its low-water mark (never the very first batch, so no step is burned); otherwise ``sampler.admit``
+(gated samplers wait on the version clock) and launch one *dispatch slot* per prompt. A launch holds a
+buffer-capacity permit (owned by the group once committed) and an in-flight permit (held across
+replacements). At the end of data: let the slots settle, drain the spare pool in whole steps, then mark
+the pump exhausted.
+
+One dispatch slot (§4.3/§4.4/§6.4): each attempt reserves a fresh buffer slot at the generator's current
+version, runs ``rollouts.rollout``, then either commits the group, or — filtered by dynamic sampling or
+given up after its failure budget — takes a spare (per-slot ``max_replacement_attempts``; an ``in_order`` slot
+first promotes a later step's ready group into its own step and re-aims itself at the lender) or charges the
+loss through the sampler's drop accounting. Filtered groups never consume failure budgets and reset the
+consecutive-drop streak. Every reserved slot gets exactly one fate record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from groupwise.controller.context import PumpContext
+from groupwise.controller.failures import PromptAttempts
+from groupwise.controller.fates import FateRecord
+from groupwise.controller.interfaces import PromptSource, RolloutClient
+from groupwise.controller.permits import Permits
+from groupwise.types import Group
+
+
+@dataclass
+class _Attempt:
+    task: asyncio.Task[Group]
+    start_version: int
+    aborted: bool = False
+
+
+@dataclass
+class _Lost:
+    """An attempt that did not commit; its fate is recorded once the slot decides what happens next."""
+
+    record: FateRecord
+    aborted: bool = False
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+
+
+class RolloutPump:
+    """Produces groups into the buffer for the train pump (see the module docstring)."""
+
+    def __init__(
+        self, ctx: PumpContext, loader: PromptSource, rollouts: RolloutClient, on_error: Callable[[BaseException], None]
+    ) -> None:
+        self.ctx = ctx
+        self.loader = loader
+        self.rollouts = rollouts
+        self.inflight = Permits(ctx.settings.max_inflight_prompts, "max_inflight_prompts")
+        self.exhausted = False
+        self.admitted_batches = 0
+        self.unused_prompts = 0
+        self.aborted_since_last_sync = 0
+        self._on_error = on_error
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._attempts: dict[int, _Attempt] = {}
+        self._slot_items: dict[asyncio.Task[None], Any] = {}
+        self._in_admit = False
+
+    # -- state the train pump and controller read ---------------------------------------------------
+
+    @property
+    def active_slots(self) -> int:
+        """Dispatch slots not yet settled (in flight, backing off, or waiting to substitute a spare)."""
+        return len(self._tasks)
+
+    def parked(self) -> bool:
+        """True while the pump waits on something only the train pump can give (the gate or capacity)."""
+        return (self._in_admit and self.ctx.clock.waiting > 0) or self.ctx.capacity.waiting > 0
+
+    def inflight_items(self) -> list[Any]:
+        """The prompts of the unsettled dispatch slots (to put back into the loader on resume)."""
+        return list(self._slot_items.values())
+
+    def abort_stale(self, version: int) -> int:
+        """Cancel in-flight attempts the sampler says can no longer be selected at ``version``."""
+        count = 0
+        for attempt in self._attempts.values():
+            if not attempt.aborted and self.ctx.sampler.should_abort_inflight(attempt.start_version, version):
+                attempt.aborted = True
+                attempt.task.cancel()
+                count += 1
+        return count
+
+    # -- the pump --------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            await self._dispatch_loader()
+            await self._settle()
+            await self._drain_spare_pool()
+            self.exhausted = True
+            self.ctx.signal()
+        except BaseException:
+            await self.cancel_slots()
+            raise
+
+    async def cancel_slots(self) -> None:
+        """Cancel every unsettled dispatch slot and wait for them (their attempts record ``pending``)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _dispatch_loader(self) -> None:
+        P = self.ctx.settings.prompts_per_step
+        while True:
+            batch = self.loader.take(P)
+            if not batch:
+                return
+            if len(batch) < P and not self.ctx.accounting.closes_short_at_exhaustion:
+                # A partial last batch could never make a full gated step: keep it as spares, or count it.
+                if self.ctx.replacement_enabled:
+                    self.ctx.spare_pool.add_batch(batch)
+                else:
+                    self.unused_prompts += len(batch)
+                continue
+            if self.ctx.replacement_enabled and self.admitted_batches > 0 and self.ctx.spare_pool.needs_refill():
+                self.ctx.spare_pool.add_batch(batch)
+                continue
+            await self._admit_and_launch(batch)
+
+    async def _admit_and_launch(self, batch: list[Any]) -> None:
+        self._in_admit = True
+        try:
+            target = await self.ctx.sampler.admit(self.ctx.clock)
+        finally:
+            self._in_admit = False
+        self.admitted_batches += 1
+        if target is not None:
+            already = self.ctx.buffer.count_for_target_step(target)
+            if already:
+                # Resume top-up: restored groups already cover part of this step; the rest goes back.
+                keep = max(0, len(batch) - already)
+                self.loader.push_front(batch[keep:])
+                batch = batch[:keep]
+        for item in batch:
+            await self._launch(item, target)
+
+    async def _launch(self, item: Any, target: int | None) -> None:
+        await self.ctx.capacity.acquire()
+        try:
+            await self.inflight.acquire()
+        except BaseException:
+            self.ctx.capacity.release()
+            raise
+        try:
+            await self.ctx.rollout_permitted.wait()
+        except BaseException:
+            self.ctx.capacity.release()
+            self.inflight.release()
+            raise
+        task = asyncio.get_running_loop().create_task(self._dispatch(item, target))
+        self._tasks.add(task)
+        self._slot_items[task] = item
+        task.add_done_callback(self._on_slot_done)
+
+    def _on_slot_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slot_items.pop(task, None)
+        self.ctx.signal()
+        if not task.cancelled() and task.exception() is not None:
+            self._on_error(task.exception())
+
+    async def _settle(self) -> None:
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
+
+    async def _drain_spare_pool(self) -> None:
+        P = self.ctx.settings.prompts_per_step
+        while len(self.ctx.spare_pool) >= P:
+            for batch in self.ctx.spare_pool.drain_whole_steps(P):
+                await self._admit_and_launch(batch)
+            await self._settle()
+        self.unused_prompts += len(self.ctx.spare_pool.discard_leftover())
+
+    # -- one dispatch slot -------------------------------------------------------------------------------
+
+    async def _dispatch(self, item: Any, target: int | None) -> None:
+        ctx = self.ctx
+        try:
+            await self._dispatch_slot(item, target)
+        except asyncio.CancelledError:
+            ctx.capacity.release()  # an unsettled slot still holds its capacity permit
+            raise
+        finally:
+            self.inflight.release()
+
+    async def _dispatch_slot(self, item: Any, target: int | None) -> None:
+        ctx = self.ctx
+        used = 0
+        while True:
+            lost = await self._run_prompt(item, target)
+            if lost is None:
+                if used:
+                    ctx.ledger.record_replaced(target if target is not None else ctx.ledger.assembling)
+                return
+            spare = None if lost.aborted else self._take_replacement(used)
+            if spare is None:
+                ctx.capacity.release()
+                self._charge(lost.record, target)
+                return
+            ctx.record_fate(_resolved(lost.record, "replaced", None))
+            used += 1
+            if target is not None and not ctx.ledger.is_closed(target):
+                lender = ctx.buffer.promote_ready_group(target)
+                if lender is not None:
+                    ctx.ledger.record_promoted(target)
+                    target = lender
+                    ctx.signal()
+            await ctx.rollout_permitted.wait()
+            item = spare
+            current = asyncio.current_task()
+            if current is not None:
+                self._slot_items[current] = item
+
+    def _take_replacement(self, used: int) -> Any | None:
+        if not self.ctx.replacement_enabled or used >= self.ctx.settings.failure.max_replacement_attempts:
+            return None
+        return self.ctx.spare_pool.take()
+
+    def _charge(self, record: FateRecord, target: int | None) -> None:
+        try:
+            step = self.ctx.charge_loss(target)
+        except BaseException:
+            self.ctx.record_fate(_resolved(record, "fatal", None))
+            raise
+        self.ctx.record_fate(_resolved(record, "charged" if step is not None else "uncharged", step))
+
+    async def _run_prompt(self, item: Any, target: int | None) -> _Lost | None:
+        """Attempt one prompt until it commits (None) or is lost (filtered, given up, aborted)."""
+        ctx = self.ctx
+        attempts = PromptAttempts()
+        number = 0
+        uid = item.prompt.uid
+        while True:
+            start = ctx.generator_version
+            slot_id = ctx.buffer.reserve(start, target, payload=item)
+            base = FateRecord(slot_id, uid, number, start, "pending")
+            task = asyncio.get_running_loop().create_task(self.rollouts.rollout(item, slot_id, number, start))
+            self._attempts[slot_id] = attempt = _Attempt(task, start)
+            try:
+                group = await task
+            except asyncio.CancelledError:
+                del self._attempts[slot_id]
+                ctx.buffer.remove(slot_id)
+                current = asyncio.current_task()
+                if attempt.aborted and not (current is not None and current.cancelling()):
+                    return _Lost(_with(base, "aborted", None), aborted=True)
+                ctx.record_fate(base)
+                raise
+            except Exception as error:  # classified below; cancellation is handled above
+                del self._attempts[slot_id]
+                ctx.buffer.remove(slot_id)
+                delay = self._on_failure(attempts, error, base, target)
+                if delay is None:
+                    return _Lost(_with(base, "failed", None, repr(error)))
+                ctx.record_fate(_resolved(_with(base, "failed", None, repr(error)), "retried", None))
+                number += 1
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                await ctx.rollout_permitted.wait()
+                continue
+            del self._attempts[slot_id]
+            return self._finish(group, slot_id, base, item, target)
+
+    def _on_failure(
+        self, attempts: PromptAttempts, error: Exception, base: FateRecord, target: int | None
+    ) -> float | None:
+        context = (
+            f"rollout of prompt {base.prompt_uid!r} (group {base.group_id}, attempt {base.attempt}, "
+            f"target step {target}) while step {self.ctx.ledger.assembling} was being assembled"
+        )
+        try:
+            return self.ctx.budgets.on_failure(attempts, error, context)
+        except BaseException as fatal:
+            self.ctx.record_fate(_resolved(_with(base, "failed", None, repr(error)), "fatal", None))
+            _add_note(fatal, context)
+            raise
+
+    def _finish(self, group: Group, slot_id: int, base: FateRecord, item: Any, target: int | None) -> _Lost | None:
+        ctx = self.ctx
+        self._check_group(group, slot_id, base.prompt_uid)
+        group.start_version = base.start_version
+        group.end_version = ctx.generator_version
+        group.target_step = target
+        group.attempt = base.attempt
+        group.epoch = getattr(item, "epoch", group.epoch)
+        step, zero_variance = ctx.tally.record_generated(group, filtering=ctx.settings.dynamic_sampling)
+        ctx.budgets.on_progress()
+        if ctx.settings.dynamic_sampling and zero_variance:
+            ctx.buffer.remove(slot_id)
+            ctx.signal()
+            return _Lost(_with(base, "filtered", None, f"tallied to step {step}; raw rewards {group.raw_rewards}"))
+        ctx.buffer.commit(slot_id, group, group.end_version)
+        ctx.signal()
+        return None
+
+    def _check_group(self, group: Group, slot_id: int, uid: str) -> None:
+        if group.group_id != slot_id:
+            raise ValueError(
+                f"rollout client returned group_id {group.group_id} for prompt {uid!r}; it must return the "
+                f"group_id it was given ({slot_id})"
+            )
+        if group.size != self.ctx.settings.group_size:
+            raise ValueError(
+                f"rollout client returned {group.size} completions for prompt {uid!r} (group {slot_id}); "
+                f"the run is configured for group_size {self.ctx.settings.group_size}"
+            )
+
+
+def _with(record: FateRecord, fate: str, step: int | None, detail: str = "") -> FateRecord:
+    return FateRecord(
+        record.group_id, record.prompt_uid, record.attempt, record.start_version, fate, step, None, detail
+    )  # type: ignore[arg-type]
+
+
+def _resolved(record: FateRecord, resolution: str, step: int | None) -> FateRecord:
+    return FateRecord(
+        record.group_id,
+        record.prompt_uid,
+        record.attempt,
+        record.start_version,
+        record.fate,
+        step if step is not None else record.step,
+        resolution,
+        record.detail,
+    )  # type: ignore[arg-type]

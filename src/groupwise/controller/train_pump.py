@@ -1,0 +1,218 @@
+"""`TrainPump`: assembles each RL step from streamed chunks of whole groups, then one optimizer step.
+
+Per step ``s`` (= the trainer version ``v``; reference §4.6 adapted to the ledger of §6.10):
+
+1. evict what the sampler says can never be selected (capacity released, fate ``evicted``);
+2. while the ledger has open slots: ``select`` a chunk of at least ``min(streaming_min, open)`` groups —
+   synchronously, and record it in the ledger in the same step, so no loss can be charged against it —
+   release their capacity, train the chunk (``train_chunk``); if nothing is selectable, wait for progress;
+3. close the step (ledger asserts ``selected + charged == P``), ``finish_step`` (one optimizer step),
+   advance the version clock, abort stale in-flight attempts, ``sync_weights``, emit metrics.
+
+At the end of data: a step with nothing selected and an empty buffer ends the run cleanly; a closes-short
+sampler closes its last step short (above the floor); anything else raises
+:class:`RolloutExhaustedError`. When the rollout pump is parked on the gate or on capacity with nothing in
+flight and nothing is selectable, no event can ever arrive: :class:`ControllerStalled` names the state
+instead of hanging (the seed-002 weight_fifo hang is reported this way).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from groupwise.controller.context import PumpContext
+from groupwise.controller.fates import FateRecord
+from groupwise.controller.interfaces import RolloutClient, TrainerClient
+from groupwise.controller.ledger import LedgerInvariantError, StepRecord
+from groupwise.controller.rollout_pump import RolloutPump
+from groupwise.types import Group
+
+StepEndHook = Callable[[int, dict[str, float], list[Group]], "Awaitable[None] | None"]
+
+
+class RolloutExhaustedError(RuntimeError):
+    """The data ran out before a step could be assembled (and the sampler does not close short)."""
+
+
+class ControllerStalled(RuntimeError):
+    """Neither pump can make progress: nothing in flight, the rollout pump parked, nothing selectable."""
+
+
+class TrainPump:
+    """Consumes the buffer step by step (see the module docstring)."""
+
+    def __init__(
+        self,
+        ctx: PumpContext,
+        rollout_pump: RolloutPump,
+        trainer: TrainerClient,
+        rollouts: RolloutClient,
+        on_step_end: StepEndHook | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.rollout = rollout_pump
+        self.trainer = trainer
+        self.rollouts = rollouts
+        self.on_step_end = on_step_end
+        self.steps_trained = 0
+        self.evicted_total = 0
+        self.aborted_total = 0
+        self.step_sizes: list[int] = []
+
+    async def run(self) -> str:
+        """Train until ``max_steps`` or the end of data; return the stop reason."""
+        max_steps = self.ctx.settings.max_steps
+        while max_steps is None or self.ctx.clock.value < max_steps:
+            step = self.ctx.clock.value
+            try:
+                assembled = await self._assemble(step)
+                if assembled is None:
+                    return "exhausted"
+                await self._finish(step, *assembled)
+            except Exception as error:
+                if hasattr(error, "add_note"):
+                    error.add_note(f"in the train pump while assembling/finishing step {step}")
+                raise
+        return "max_steps"
+
+    async def _assemble(self, step: int) -> tuple[list[Group], int, bool] | None:
+        """Select chunks until the step is fully accounted; (groups, evicted, closes short) or None at the end."""
+        ctx = self.ctx
+        groups: list[Group] = []
+        evicted = 0
+        while True:
+            ctx.progress.clear()
+            evicted += self._evict(step)
+            remaining = ctx.ledger.open_slots(step)
+            if remaining <= 0:
+                return groups, evicted, False
+            min_groups = min(ctx.settings.streaming_min_groups, remaining)
+            slots = ctx.sampler.select(step, min_groups, remaining)
+            if slots is None:
+                if self.rollout.exhausted:
+                    return self._at_exhaustion(step, groups, evicted)
+                if self.rollout.parked() and self.rollout.active_slots == 0:
+                    raise ControllerStalled(self._stall_report(step))
+                await ctx.progress.wait()
+                continue
+            if not min_groups <= len(slots) <= remaining or any(not slot.ready for slot in slots):
+                raise LedgerInvariantError(
+                    f"sampler returned {len(slots)} slots (ready: {[s.ready for s in slots]}) for "
+                    f"select(min={min_groups}, max={remaining}) at step {step}"
+                )
+            ctx.ledger.record_selected(step, len(slots))
+            ctx.capacity.release(len(slots))
+            chunk = [slot.group for slot in slots if slot.group is not None]
+            for slot in slots:
+                ctx.record_fate(
+                    FateRecord(
+                        slot.slot_id,
+                        _uid(slot.group),
+                        slot.group.attempt if slot.group else 0,
+                        slot.start_version,
+                        "trained",
+                        step,
+                    )
+                )
+            ctx.tally.record_trained(step, chunk)
+            first = not groups
+            groups.extend(chunk)
+            await self.trainer.train_chunk(step, chunk, first)
+
+    def _evict(self, version: int) -> int:
+        slots = self.ctx.sampler.evict(version)
+        if slots:
+            self.ctx.capacity.release(len(slots))
+            for slot in slots:
+                self.ctx.record_fate(
+                    FateRecord(
+                        slot.slot_id,
+                        _uid(slot.group),
+                        slot.group.attempt if slot.group else 0,
+                        slot.start_version,
+                        "evicted",
+                        version,
+                    )
+                )
+            self.evicted_total += len(slots)
+        return len(slots)
+
+    def _at_exhaustion(self, step: int, groups: list[Group], evicted: int) -> tuple[list[Group], int, bool] | None:
+        ctx = self.ctx
+        record = ctx.ledger.record(step)
+        if record.selected == 0 and ctx.buffer.ready_count == 0:
+            return None
+        if ctx.accounting.closes_short_at_exhaustion and record.selected > 0:
+            return groups, evicted, True
+        raise RolloutExhaustedError(
+            f"rollout exhausted before step {step} was assembled: selected {record.selected} + charged "
+            f"{record.charged} of P {ctx.settings.prompts_per_step} groups, with {ctx.buffer.ready_count} ready "
+            f"group(s) left that sampler {ctx.settings.sampler!r} cannot select at version {step}. Provide more "
+            "prompts (max_epochs), or choose a sampler that closes short (windowed)"
+        )
+
+    async def _finish(self, step: int, groups: list[Group], evicted: int, short: bool) -> None:
+        ctx = self.ctx
+        record = ctx.ledger.close_short(step) if short else ctx.ledger.close(step)
+        trainer_metrics = await self.trainer.finish_step(step)
+        aborted = await self._sync_weights()
+        self.steps_trained += 1
+        self.step_sizes.append(len(groups))
+        metrics = self._metrics(step, record, groups, evicted, aborted)
+        metrics.update(trainer_metrics)
+        if self.on_step_end is not None:
+            result = self.on_step_end(step, metrics, groups)
+            if inspect.isawaitable(result):
+                await result
+
+    async def _sync_weights(self) -> int:
+        """Advance the version, abort stale in-flight attempts, push weights; no dispatch meanwhile."""
+        ctx = self.ctx
+        ctx.rollout_permitted.clear()
+        version = ctx.clock.advance()
+        aborted = self.rollout.abort_stale(version)
+        self.aborted_total += aborted
+        await self.rollouts.sync_weights(version)
+        ctx.generator_version = version
+        ctx.rollout_permitted.set()
+        return aborted
+
+    def _metrics(
+        self, step: int, record: StepRecord, groups: list[Group], evicted: int, aborted: int
+    ) -> dict[str, float]:
+        staleness = [step - g.start_version for g in groups]
+        metrics = self.ctx.tally.pop_metrics(step)
+        metrics.update(
+            {
+                "accounting/dropped_groups": float(record.charged),
+                "accounting/replaced_groups": float(record.replaced),
+                "accounting/promoted_groups": float(record.promoted),
+                "accounting/unfilled_groups": float(record.unfilled),
+                "accounting/late_losses": float(self.ctx.ledger.late_losses),
+                "buffer/evicted_groups": float(evicted),
+                "buffer/aborted_inflight_groups": float(aborted),
+                "staleness/mean": sum(staleness) / len(staleness) if staleness else 0.0,
+                "staleness/max": float(max(staleness, default=0)),
+                "step": float(step),
+                "weight_version": float(self.ctx.clock.value),
+            }
+        )
+        return metrics
+
+    def _stall_report(self, step: int) -> str:
+        ctx = self.ctx
+        buckets = {v: f"{ready} ready/{n} slots" for v, (ready, n) in ctx.buffer.slots_per_start_version().items()}
+        return (
+            f"the controller cannot make progress at step {step}: trainer_v={ctx.clock.value} "
+            f"dispatch_index={getattr(ctx.sampler, 'dispatch_index', '?')} gate_window="
+            f"{getattr(ctx.sampler, 'window', '?')} inflight=0 buffer_len={len(ctx.buffer)} "
+            f"per_start_weight={buckets} spare_pool={len(ctx.spare_pool)} open_slots={ctx.ledger.open_slots(step)} "
+            f"capacity={ctx.capacity.in_use}/{ctx.capacity.total}. Sampler {ctx.settings.sampler!r} selects "
+            "nothing from this buffer and the rollout pump waits for the trainer, so nothing can change"
+        )
+
+
+def _uid(group: Any) -> str:
+    return group.prompt.uid if group is not None else "?"

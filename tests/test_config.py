@@ -1,0 +1,219 @@
+"""Config rules of the run-level and algorithm sections (groupwise.config).
+
+Invariants pinned here:
+- every cross-field rule and range check fires with an issue naming the key path, the value given, the rule
+  and a fix; a valid neighbour of each violation loads;
+- several problems (types, ranges, unknown keys, bad overrides, cross-field rules) are reported together in one
+  ConfigError, and a section that fails type validation does not hide the other sections' errors;
+- a key with no effect in the chosen setting is an error (DESIGN invariant 10);
+- RunConfig built directly in Python runs the same rules.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from groupwise.config import ConfigError, ConfigIssue, RunConfig, config_from_dict, parse_yaml
+
+TINY = {"model": {"source": "tiny"}}
+
+
+def errors_of(overrides: list[str], base: dict | None = None) -> list[ConfigIssue]:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(TINY if base is None else base, overrides)
+    return info.value.errors
+
+
+def issue_at(errors: list[ConfigIssue], path: str) -> ConfigIssue:
+    found = [e for e in errors if e.path == path]
+    assert found, f"no issue at {path}; got {[e.path for e in errors]}"
+    return found[0]
+
+
+# (overrides on a valid tiny sync config, key path of the issue, value reported, words the rule must contain)
+VIOLATIONS = [
+    (["model.source=hf"], "model.path", None, "needs model.path"),
+    (["model.source=gguf", "model.path=models/x"], "model.gguf_file", None, "needs model.gguf_file"),
+    (["model.path=models/x"], "model.path", "models/x", "tiny"),
+    (["model.source=hf", "model.path=m", "model.gguf_file=f.gguf"], "model.gguf_file", "f.gguf", "no effect"),
+    (["model.source=hf", "model.path=m", "model.tiny.num_layers=2"], "model.tiny.num_layers", 2, "no effect"),
+    (["model.tiny.hidden_size=130"], "model.tiny.hidden_size", 130, "divisible"),
+    (["model.tiny.max_position_embeddings=16"], "model.tiny.max_position_embeddings", 16, "max_new_tokens"),
+    (["loss.kl_coef=0.1"], "loss.kl_coef", 0.1, "reference"),
+    (["model.reference=initial"], "model.reference", "initial", "kl_coef"),
+    (["loss.kl_input_clamp=5"], "loss.kl_input_clamp", 5, "no effect"),
+    (["data.task=jsonl"], "data.jsonl.train_path", None, "needs data.jsonl.train_path"),
+    (["data.countdown.max_target=50"], "data.countdown.max_target", 50, "no effect"),
+    (["data.jsonl.train_path=a.jsonl"], "data.jsonl.train_path", "a.jsonl", "no effect"),
+    (["data.addition.min_digits=3"], "data.addition.max_digits", 1, "min_digits"),
+    (["grpo.num_generations_per_prompt=1"], "grpo.num_generations_per_prompt", 1, "at least 2"),
+    (["grpo.num_generations_per_prompt=1", "grpo.dynamic_sampling.enabled=false", "grpo.baseline=leave_one_out"],
+     "grpo.baseline", "leave_one_out", "leave-one-out"),
+    (["grpo.dynamic_sampling.enabled=false", "grpo.dynamic_sampling.batch_multiplier=2"],
+     "grpo.dynamic_sampling.batch_multiplier", 2, "no effect"),
+    (["grpo.dynamic_sampling.enabled=false", "grpo.dynamic_sampling.max_gen_rounds=8"],
+     "grpo.dynamic_sampling.max_gen_rounds", 8, "no effect"),
+    (["grpo.dynamic_sampling.batch_multiplier=0.5"], "grpo.dynamic_sampling.batch_multiplier", 0.5, "≥ 1"),
+    (["grpo.dynamic_sampling.max_gen_rounds=0"], "grpo.dynamic_sampling.max_gen_rounds", 0, "≥ 1"),
+    (["grpo.dynamic_sampling.min_step_batch_fraction=0"], "grpo.dynamic_sampling.min_step_batch_fraction", 0, "> 0"),
+    (["grpo.dynamic_sampling.surplus=carry", "loss.importance_sampling=false", "loss.is_truncation=none"],
+     "grpo.dynamic_sampling.surplus", "carry", "importance-sampling"),
+    (["grpo.advantage_clip_low=1", "grpo.advantage_clip_high=0.5"], "grpo.advantage_clip_low", 1, "<"),
+    (["grpo.reward_scaling.enabled=true", "grpo.reward_scaling.source_max=0"],
+     "grpo.reward_scaling.source_max", 0, "source_min"),
+    (["grpo.reward_scaling.enabled=true", "grpo.reward_scaling.target_min=2"],
+     "grpo.reward_scaling.target_max", 1.0, "target_min"),
+    (["grpo.reward_scaling.target_max=2"], "grpo.reward_scaling.target_max", 2, "no effect"),
+    (["grpo.overlong_shaping.enabled=true"], "grpo.overlong_shaping.max_response_length", None, "needs"),
+    (["grpo.overlong_shaping.enabled=true", "grpo.overlong_shaping.max_response_length=10",
+      "grpo.overlong_shaping.overlong_buffer_length=10", "grpo.overlong_shaping.overlong_buffer_penalty=1"],
+     "grpo.overlong_shaping.overlong_buffer_length", 10, "< max_response_length"),
+    (["grpo.overlong_shaping.enabled=true", "grpo.overlong_shaping.max_response_length=16",
+      "grpo.overlong_shaping.overlong_buffer_length=4", "grpo.overlong_shaping.overlong_buffer_penalty=-1"],
+     "grpo.overlong_shaping.overlong_buffer_penalty", -1, "≥ 0"),
+    (["grpo.overlong_shaping.enabled=true", "grpo.overlong_shaping.max_response_length=40",
+      "grpo.overlong_shaping.overlong_buffer_length=4", "grpo.overlong_shaping.overlong_buffer_penalty=1"],
+     "grpo.overlong_shaping.max_response_length", 40, "no completion reaches"),
+    (["grpo.overlong_shaping.overlong_buffer_length=4"], "grpo.overlong_shaping.overlong_buffer_length", 4,
+     "no effect"),
+    (["loss.epsilon_low=-0.1"], "loss.epsilon_low", -0.1, "≥ 0"),
+    (["loss.epsilon_high=-1"], "loss.epsilon_high", -1, "≥ 0"),
+    (["loss.dual_clip_c=1"], "loss.dual_clip_c", 1, "> 1"),
+    (["loss.is_ratio_min=3"], "loss.is_ratio_min", 3, "≤ loss.is_ratio_max"),
+    (["loss.importance_sampling=false"], "loss.is_truncation", "tis", "importance_sampling"),
+    (["loss.importance_sampling=false", "loss.is_truncation=icepop"], "loss.is_truncation", "icepop",
+     "importance_sampling"),
+    (["loss.is_truncation=none", "loss.is_ratio_max=3"], "loss.is_ratio_max", 3, "no effect"),
+    (["eval.pass_k=0"], "eval.pass_k", 0, "≥ 1"),
+    (["generation.max_new_tokens=0"], "generation.max_new_tokens", 0, "≥ 1"),
+    (["generation.temperature=0"], "generation.temperature", 0, "> 0"),
+    (["generation.top_p=0"], "generation.top_p", 0, "> 0"),
+    (["generation.top_p=1.5"], "generation.top_p", 1.5, "≤ 1"),
+    (["generation.stop=[a, '']"], "generation.stop", ["a", ""], "empty"),
+    (["optimizer.warmup_steps=100"], "optimizer.warmup_steps", 100, "max_steps"),
+    (["optimizer.min_lr_ratio=0.1"], "optimizer.min_lr_ratio", 0.1, "no effect"),
+    (["optimizer.betas=[1.0, 0.9]"], "optimizer.betas[0]", 1.0, "< 1"),
+    (["runtime.ray.num_generation_workers=2"], "runtime.ray.num_generation_workers", 2, "no effect"),
+    (["run.name=a/b"], "run.name", "a/b", "single directory"),
+    (["run.max_steps=0"], "run.max_steps", 0, "≥ 1"),
+    (["reward.function=not a function"], "reward.function", "not a function", "module:function"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "path", "value", "words"), VIOLATIONS, ids=[v[1] for v in VIOLATIONS])
+def test_each_rule_reports_path_value_rule_and_fix(overrides, path, value, words):
+    errors = errors_of(overrides)
+    issue = issue_at(errors, path)
+    assert issue.value == value
+    assert words in issue.rule
+    assert issue.fix.strip()
+    rendered = str(ConfigError(errors))
+    assert path in rendered and issue.rule in rendered and issue.fix in rendered
+
+
+# Neighbours of the violations above that must load: the rules do not over-reach.
+VALID = [
+    ["model.source=hf", "model.path=models/x"],
+    ["model.source=gguf", "model.path=smollm2"],
+    ["model.source=gguf", "model.path=models/x", "model.gguf_file=m.gguf"],
+    ["loss.kl_coef=0.1", "model.reference=initial", "loss.kl_input_clamp=5"],
+    ["data.task=jsonl", "data.jsonl.train_path=train.jsonl", "data.addition.max_digits=1"],
+    ["data.task=countdown", "data.countdown.max_target=50"],
+    ["grpo.num_generations_per_prompt=1", "grpo.dynamic_sampling.enabled=false"],
+    ["grpo.dynamic_sampling.enabled=false", "grpo.dynamic_sampling.zero_variance_tol=0.1"],
+    ["grpo.dynamic_sampling.surplus=carry", "grpo.dynamic_sampling.batch_multiplier=1.5"],
+    ["grpo.advantage_clip_low=-1", "grpo.advantage_clip_high=1"],
+    ["grpo.reward_scaling.enabled=true", "grpo.reward_scaling.source_min=-1", "grpo.reward_scaling.target_max=5"],
+    ["grpo.overlong_shaping.enabled=true", "grpo.overlong_shaping.max_response_length=16",
+     "grpo.overlong_shaping.overlong_buffer_length=4", "grpo.overlong_shaping.overlong_buffer_penalty=0.5"],
+    ["loss.importance_sampling=false", "loss.is_truncation=none"],
+    ["loss.is_truncation=icepop", "loss.is_ratio_min=0.5", "loss.is_ratio_max=0.5", "loss.dual_clip_c=3"],
+    ["optimizer.schedule=cosine", "optimizer.min_lr_ratio=0.1", "optimizer.warmup_steps=99"],
+    ["runtime.backend=ray", "runtime.ray.num_generation_workers=2", "runtime.ray.address=auto"],
+    ["sim.num_prompts=10", "sim.straggler_rate=0.5"],
+    ["reward.function=my_pkg.rewards:score", "reward.kwargs={scale: 2}"],
+]
+
+
+@pytest.mark.parametrize("overrides", VALID, ids=[v[0] for v in VALID])
+def test_valid_neighbours_load(overrides):
+    dumped = config_from_dict(TINY, overrides).model_dump(by_alias=True)
+    for override in overrides:
+        key, _, text = override.partition("=")
+        node = dumped
+        for part in key.split("."):
+            node = node[part]
+        assert node == parse_yaml(text), key
+
+
+def test_all_problems_are_reported_together():
+    data = {
+        "model": {"source": "tiny", "path": "x"},  # cross-field (model)
+        "grpo": {"num_prompts_per_step": "16"},  # type error: grpo fails validation
+        "loss": {"kl_coef": 0.1, "epsilon_high": -1},  # range error: loss fails validation
+        "optimizer": {"min_lr_ratio": 0.5},  # cross-field (optimizer): no effect with constant schedule
+        "gpro": {},  # unknown top-level key
+    }
+    errors = errors_of(["run.max_steps=0", "not-an-override"], base=data)
+    paths = {e.path for e in errors}
+    assert {"model.path", "grpo.num_prompts_per_step", "loss.epsilon_high", "optimizer.min_lr_ratio", "gpro",
+            "run.max_steps", "not-an-override"} <= paths
+    assert issue_at(errors, "grpo.num_prompts_per_step").value == "16"
+    assert "integer" in issue_at(errors, "grpo.num_prompts_per_step").rule
+
+
+def test_rules_needing_a_broken_section_are_skipped_not_crashed():
+    # grpo is malformed, so "DS needs G ≥ 2" cannot be judged; the loss rule still runs
+    errors = errors_of(["grpo.num_generations_per_prompt=1", "grpo.baseline=median", "loss.kl_coef=0.5"])
+    paths = [e.path for e in errors]
+    assert "grpo.baseline" in paths and "loss.kl_coef" in paths
+    assert "grpo.num_generations_per_prompt" not in paths
+
+
+def test_error_string_is_a_numbered_multiline_list():
+    errors = errors_of(["loss.kl_coef=0.1", "run.max_steps=0"])
+    text = str(ConfigError(errors, source="cfg.yaml"))
+    lines = text.splitlines()
+    assert lines[0] == "invalid config cfg.yaml: 2 errors"
+    assert lines[1].startswith("  1. ") and any(line.startswith("  2. ") for line in lines)
+    assert sum("rule:" in line for line in lines) == 2 and sum("fix:" in line for line in lines) == 2
+
+
+def test_type_errors_are_strict_and_named():
+    errors = errors_of(["run.max_steps=1.5", "data.shuffle=yes please", "generation.temperature=true",
+                        "run.seed='3'"])
+    assert "integer" in issue_at(errors, "run.max_steps").rule
+    assert "true or false" in issue_at(errors, "data.shuffle").rule
+    assert "number" in issue_at(errors, "generation.temperature").rule
+    assert issue_at(errors, "run.seed").value == "3"
+
+
+def test_literal_errors_list_the_choices():
+    issue = issue_at(errors_of(["loss.normalization=per_token"]), "loss.normalization")
+    assert "token_level" in issue.rule and "sequence_level" in issue.fix
+
+
+def test_nan_and_infinity_are_refused():
+    errors = errors_of(["optimizer.lr=.nan", "loss.epsilon_high=.inf"])
+    assert {"optimizer.lr", "loss.epsilon_high"} <= {e.path for e in errors}
+
+
+def test_direct_construction_runs_the_same_rules():
+    with pytest.raises(ConfigError) as info:
+        RunConfig(model={"source": "tiny"}, grpo={"num_generations_per_prompt": 1}, loss={"kl_coef": 0.2})
+    assert {e.path for e in info.value.errors} == {"grpo.num_generations_per_prompt", "loss.kl_coef"}
+    assert RunConfig(model={"source": "tiny"}).grpo.dynamic_sampling.enabled
+
+
+def test_default_model_source_needs_a_path():
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({})
+    assert [e.path for e in info.value.errors] == ["model.path"]
+
+
+def test_derived_values():
+    config = config_from_dict(TINY, ["grpo.num_prompts_per_step=10", "grpo.dynamic_sampling.batch_multiplier=1.1"])
+    assert config.prompts_per_generation_round == 11  # not 12: 10 × 1.1 is 11.000000000000002 in floats
+    no_ds = config_from_dict(TINY, ["grpo.num_prompts_per_step=10", "grpo.dynamic_sampling.enabled=false"])
+    assert no_ds.prompts_per_generation_round == 10
+    assert config.streaming_min_groups == 10

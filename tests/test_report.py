@@ -1,0 +1,197 @@
+"""``groupwise report`` and ``groupwise compare`` on synthetic runs.
+
+- report writes report.md and real PNG plots into the FIRST run dir's plots/, for one run and for two
+  (overlaid: the second run's colour appears only in the two-run plots); report.md embeds every plot.
+- The summary table equals values computed here from the synthetic metrics: steps, final/best accuracy,
+  zero-variance fraction over all generated groups, total groups generated/trained, wall time.
+- A plot whose metrics no run logged is not drawn and the report says so.
+- compare gives one column per run with counts summed over steps, trained groups/h, staleness
+  (group-weighted mean, max), idle fractions from sim/summary.json, final rewards; a key a run lacks is "—".
+- compare writes its four PNGs; bad inputs fail with an error naming the directory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from matplotlib.image import imread
+
+from groupwise.logging import MetricsWriter
+from groupwise.report import run_compare, run_report, trailing_rate
+from groupwise.rundir import RunDir
+
+SYNC_CONFIG = {"mode": "sync", "run": {"seed": 7},
+               "grpo": {"num_generations_per_prompt": 4, "dynamic_sampling": {"enabled": True}}}
+ASYNC_CONFIG = {"mode": "async", "run": {"seed": 3},
+                "grpo": {"num_generations_per_prompt": 8, "dynamic_sampling": {"enabled": True}},
+                "async": {"sampler": {"name": "in_order", "max_lookahead_versions": 1}}}
+REPORT_PLOTS = ["reward_vs_step.png", "reward_vs_generated_samples.png", "zero_variance_fraction.png",
+                "gen_rounds.png", "eval_accuracy.png"]
+COMPARE_PLOTS = ["compare_reward_vs_generated.png", "compare_reward_vs_trained.png", "compare_fates.png",
+                 "compare_throughput.png"]
+ORANGE = np.array([1.0, 127 / 255, 14 / 255])  # matplotlib "C1": the second run's colour
+
+
+def make_run(root: Path, name: str, config: dict, steps: dict[int, dict], sim: dict | None = None) -> Path:
+    run = RunDir.create(root, name, yaml.safe_dump(config), resume=False)
+    writer = MetricsWriter(run, tensorboard=False)
+    for step, metrics in steps.items():
+        writer.log(step, metrics)
+    if sim is not None:
+        run.sim_summary_path.parent.mkdir()
+        run.sim_summary_path.write_text(json.dumps(sim))
+    return run.root
+
+
+def sync_steps() -> dict[int, dict]:
+    steps: dict[int, dict] = {0: {"eval/accuracy": 0.1}}
+    for s in range(1, 7):
+        steps[s] = {
+            "reward/unfiltered_mean": 0.1 * s, "reward/trained_mean": 0.1 * s + 0.2,
+            "ds/groups_generated": float(10 + s), "ds/groups_filtered": float(s), "ds/groups_trained": 10.0,
+            "ds/zero_variance_fraction": s / (10 + s), "ds/zero_variance_max_fraction": s / (10 + s) / 2,
+            "ds/zero_variance_min_fraction": s / (10 + s) / 2, "ds/gen_rounds": float(1 + s % 2),
+            "perf/step_seconds": 2.0 + s,
+        }
+    steps[3]["eval/accuracy"] = 0.5
+    steps[6]["eval/accuracy"] = 0.4
+    return steps
+
+
+def async_steps() -> dict[int, dict]:
+    staleness = {1: (0.0, 0.0), 2: (0.5, 1.0), 3: (1.0, 2.0), 4: (1.0, 1.0)}
+    return {
+        s: {
+            "reward/unfiltered_mean": 0.2 + 0.05 * s, "reward/trained_mean": 0.3,
+            "ds/groups_generated": 9.0, "ds/groups_filtered": 1.0, "ds/groups_trained": 8.0,
+            "ds/zero_variance_fraction": 1 / 9,
+            "accounting/dropped_groups": float(s == 2), "accounting/replaced_groups": float(s == 3),
+            "buffer/evicted_groups": 2.0 * (s == 4), "staleness/mean": staleness[s][0],
+            "staleness/max": staleness[s][1], "perf/step_seconds": 1800.0, "perf/trainer_idle_fraction": 0.9,
+        }
+        for s in range(1, 5)
+    }
+
+
+def table_rows(markdown: str) -> dict[str, list[str]]:
+    """Markdown table rows keyed by their first cell."""
+    rows = {}
+    for line in markdown.splitlines():
+        if line.startswith("|") and not line.startswith("|---"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def assert_real_png(path: Path) -> np.ndarray:
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path
+    pixels = imread(path)[..., :3]
+    assert pixels.shape[0] > 200 and pixels.shape[1] > 300
+    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 20, f"{path.name} looks blank"
+    return pixels
+
+
+def has_colour(pixels: np.ndarray, colour: np.ndarray) -> bool:
+    return bool((np.abs(pixels - colour).max(axis=-1) < 0.02).sum() > 20)
+
+
+def test_report_of_one_run(tmp_path: Path) -> None:
+    run = make_run(tmp_path, "sync-a", SYNC_CONFIG, sync_steps())
+    report = run_report([run])
+    assert report == run / "report.md"
+    text = report.read_text()
+    for name in REPORT_PLOTS:
+        assert f"](plots/{name})" in text
+        assert not has_colour(assert_real_png(run / "plots" / name), ORANGE)
+    generated = sum(10 + s for s in range(1, 7))
+    zero_variance = sum(range(1, 7)) / generated  # filtered == zero-variance groups here
+    wall = sum(2 + s for s in range(1, 7))
+    assert table_rows(text)["sync-a"] == [
+        "6", "0.400", "0.500", f"{zero_variance:.3f}", str(generated), "60", f"0:00:{wall:02d}"
+    ]
+
+
+def test_report_of_two_runs_overlays_them_in_the_first_dir(tmp_path: Path) -> None:
+    first = make_run(tmp_path, "sync-a", SYNC_CONFIG, sync_steps())
+    second = make_run(tmp_path, "async-b", ASYNC_CONFIG, async_steps())
+    run_report([first, second])
+    rows = table_rows((first / "report.md").read_text())
+    assert rows["async-b"] == ["4", "—", "—", f"{4 / 36:.3f}", "36", "32", "2:00:00"]
+    assert "sync-a" in rows
+    assert not (second / "report.md").exists() and not (second / "plots").exists()
+    for name in ["reward_vs_step.png", "reward_vs_generated_samples.png"]:
+        assert has_colour(assert_real_png(first / "plots" / name), ORANGE), name
+    # The second run logged no eval: only the first run's curve is in that plot.
+    assert not has_colour(assert_real_png(first / "plots" / "eval_accuracy.png"), ORANGE)
+
+
+def test_plots_without_data_are_skipped_and_said_so(tmp_path: Path) -> None:
+    steps = {s: {"reward/unfiltered_mean": 0.5, "ds/groups_generated": 4.0} for s in (1, 2)}
+    run = make_run(tmp_path, "bare", {"mode": "sync"}, steps)
+    text = run_report([run]).read_text()
+    assert_real_png(run / "plots" / "reward_vs_step.png")
+    assert not (run / "plots" / "eval_accuracy.png").exists()
+    assert not (run / "plots" / "reward_vs_generated_samples.png").exists()  # G unknown
+    assert "## Eval accuracy (greedy, held-out)\n\nNo run logged" in text
+    assert "no grpo.num_generations_per_prompt in config.yaml): bare" in text
+
+
+def test_compare_table_values(tmp_path: Path) -> None:
+    first = make_run(tmp_path, "sync-a", SYNC_CONFIG, sync_steps())
+    sim = {"rollout_idle_fraction": 0.12, "trainer_idle_fraction": 0.3}
+    second = make_run(tmp_path, "async-b", ASYNC_CONFIG, async_steps(), sim=sim)
+    table = run_compare([first, second])
+    rows = table_rows(table)
+    assert rows[""] == ["sync-a", "async-b"]
+    sync_wall = sum(2 + s for s in range(1, 7))
+    expected = {
+        "mode": ["sync", "async"],
+        "sampler": ["—", "in_order"],
+        "knobs": ["—", "max_lookahead_versions=1"],
+        "dynamic sampling": ["on", "on"],
+        "seed": ["7", "3"],
+        "steps": ["6", "4"],
+        "groups generated": [str(sum(10 + s for s in range(1, 7))), "36"],
+        "groups filtered": [str(sum(range(1, 7))), "4"],
+        "groups trained": ["60", "32"],
+        "groups dropped": ["—", "1"],
+        "groups replaced": ["—", "1"],
+        "groups evicted": ["—", "2"],
+        "groups aborted": ["—", "—"],
+        "trained groups/h": [f"{60 / sync_wall * 3600:.3f}", "16"],
+        "rollout idle fraction": ["—", "0.120"],
+        "trainer idle fraction": ["—", "0.300"],  # the simulator summary wins over the step metric
+        "staleness mean": ["—", f"{(0 + 0.5 + 1 + 1) / 4:.3f}"],
+        "staleness max": ["—", "2"],
+        "final reward (unfiltered)": ["0.600", "0.400"],
+        "final reward (trained)": ["0.800", "0.300"],
+        "final eval accuracy": ["0.400", "—"],
+    }
+    assert {k: v for k, v in rows.items() if k} == expected
+    for name in COMPARE_PLOTS:
+        assert_real_png(first / "plots" / name)
+    assert has_colour(imread(first / "plots" / "compare_reward_vs_trained.png")[..., :3], ORANGE)
+
+
+def test_compare_weights_staleness_by_trained_groups(tmp_path: Path) -> None:
+    steps = {1: {"staleness/mean": 0.0, "ds/groups_trained": 3.0}, 2: {"staleness/mean": 2.0, "ds/groups_trained": 1.0}}
+    run = make_run(tmp_path, "w", {"mode": "async"}, steps)
+    assert table_rows(run_compare([run]))["staleness mean"] == [f"{2.0 / 4:.3f}"]
+
+
+def test_throughput_is_trained_groups_per_hour_over_a_trailing_window() -> None:
+    records = [{"step": 0}] + [{"step": s, "ds/groups_trained": 10.0 * s, "perf/step_seconds": 1800.0} for s in (1, 2, 3)]
+    # Cumulative: 10, 30, 60 groups at 0.5, 1.0, 1.5 h. Window 2: from the origin, then from 0.5 h on.
+    assert trailing_rate(records, window=2) == [(0.5, 20.0), (1.0, 60.0), (1.5, 100.0)]
+
+
+def test_bad_inputs_name_the_problem(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="empty.*metrics.jsonl"):
+        run_report([tmp_path / "empty"])
+    with pytest.raises(ValueError, match="no run directories"):
+        run_compare([])
