@@ -103,6 +103,13 @@ def test_round_trip_restores_everything(run: RunDir) -> None:
     assert all(torch.equal(after[k], after_resumed[k]) for k in after)
 
 
+def test_views_into_one_buffer_round_trip(run: RunDir) -> None:
+    buffer = torch.arange(12.0)
+    views = {"first": buffer[:4], "rest": buffer[4:].view(2, 4), "strided": buffer.view(3, 4).t()}
+    loaded = load_checkpoint(save_checkpoint(run, 1, {"model": views}, keep_last=1))["model"]
+    assert all(torch.equal(loaded[k], v) for k, v in views.items()) and set(loaded) == set(views)
+
+
 def test_manifest_lists_every_file_with_size_and_hash(run: RunDir) -> None:
     path = save_checkpoint(run, 3, _small_state(3), keep_last=1)
     manifest = json.loads((path / "COMPLETE").read_text())

@@ -217,3 +217,13 @@ def test_derived_values():
     no_ds = config_from_dict(TINY, ["grpo.num_prompts_per_step=10", "grpo.dynamic_sampling.enabled=false"])
     assert no_ds.prompts_per_generation_round == 10
     assert config.streaming_min_groups == 10
+
+
+def test_config_error_survives_pickling():
+    # errors raised inside a Ray actor cross process boundaries by pickle
+    import pickle
+
+    errors = errors_of(["loss.kl_coef=0.1", "run.max_steps=0"])
+    error = ConfigError(errors, source="x.yaml")
+    again = pickle.loads(pickle.dumps(error))
+    assert again.errors == errors and again.source == "x.yaml" and str(again) == str(error)

@@ -105,6 +105,15 @@ def test_torn_last_line_is_ignored_but_a_corrupted_middle_line_is_not(tmp_path: 
         read_metrics(path)
 
 
+def test_a_writer_reopening_a_torn_file_drops_the_fragment_before_appending(run: RunDir) -> None:
+    run.metrics_path.write_text('{"step": 1, "loss/total": 1.0}\n{"step": 2, "loss/to')
+    with pytest.warns(UserWarning, match="torn"):
+        writer = MetricsWriter(run, tensorboard=False)
+    writer.log(2, {"loss/total": 2.0})
+    assert read_metrics(run.metrics_path) == [{"step": 1, "loss/total": 1.0}, {"step": 2, "loss/total": 2.0}]
+    assert "torn line" in run.events_path.read_text()
+
+
 def test_events_are_timestamped_lines(run: RunDir) -> None:
     writer = MetricsWriter(run, tensorboard=False)
     writer.event("run started")

@@ -57,7 +57,7 @@ def sync_steps() -> dict[int, dict]:
             "ds/zero_variance_min_fraction": s / (10 + s) / 2, "ds/gen_rounds": float(1 + s % 2),
             "perf/step_seconds": 2.0 + s,
         }
-    steps[3]["eval/accuracy"] = 0.5
+    steps[3]["eval/accuracy"] = 1.0
     steps[6]["eval/accuracy"] = 0.4
     return steps
 
@@ -111,7 +111,7 @@ def test_report_of_one_run(tmp_path: Path) -> None:
     zero_variance = sum(range(1, 7)) / generated  # filtered == zero-variance groups here
     wall = sum(2 + s for s in range(1, 7))
     assert table_rows(text)["sync-a"] == [
-        "6", "0.400", "0.500", f"{zero_variance:.3f}", str(generated), "60", f"0:00:{wall:02d}"
+        "6", "0.400", "1.000", f"{zero_variance:.3f}", str(generated), "60", f"0:00:{wall:02d}"
     ]
 
 
@@ -162,7 +162,7 @@ def test_compare_table_values(tmp_path: Path) -> None:
         "groups replaced": ["—", "1"],
         "groups evicted": ["—", "2"],
         "groups aborted": ["—", "—"],
-        "trained groups/h": [f"{60 / sync_wall * 3600:.3f}", "16"],
+        "trained groups/h": [f"{60 / sync_wall * 3600:.3f}", "16.000"],
         "rollout idle fraction": ["—", "0.120"],
         "trainer idle fraction": ["—", "0.300"],  # the simulator summary wins over the step metric
         "staleness mean": ["—", f"{(0 + 0.5 + 1 + 1) / 4:.3f}"],
@@ -184,9 +184,9 @@ def test_compare_weights_staleness_by_trained_groups(tmp_path: Path) -> None:
 
 
 def test_throughput_is_trained_groups_per_hour_over_a_trailing_window() -> None:
-    records = [{"step": 0}] + [{"step": s, "ds/groups_trained": 10.0 * s, "perf/step_seconds": 1800.0} for s in (1, 2, 3)]
-    # Cumulative: 10, 30, 60 groups at 0.5, 1.0, 1.5 h. Window 2: from the origin, then from 0.5 h on.
-    assert trailing_rate(records, window=2) == [(0.5, 20.0), (1.0, 60.0), (1.5, 100.0)]
+    records = [{"step": s, "ds/groups_trained": 10.0 * s, "perf/step_seconds": 1800.0} for s in (1, 2, 3)]
+    # Cumulative: 10, 30, 60 groups at 0.5, 1.0, 1.5 h. Window 2 steps: 0→0.5 h, 0→1 h, 0.5→1.5 h.
+    assert trailing_rate(records, window=2) == [(0.5, 20.0), (1.0, 30.0), (1.5, 50.0)]
 
 
 def test_bad_inputs_name_the_problem(tmp_path: Path) -> None:

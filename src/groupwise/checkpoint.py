@@ -144,7 +144,10 @@ def _save_model(path: Path, state_dict: Mapping[str, Any]) -> None:
             aliases[name] = seen[view_key]
             continue
         seen[view_key] = name
-        tensors[name] = tensor.detach().to("cpu").contiguous().clone()  # clone: no storage shared in the file
+        tensor = tensor.detach().to("cpu")
+        if not tensor.is_contiguous() or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+            tensor = tensor.contiguous().clone()  # a view into a larger buffer: safetensors wants it standalone
+        tensors[name] = tensor
     save_file(tensors, str(path), metadata={"aliases": json.dumps(aliases)})
     _fsync_file(path)
 

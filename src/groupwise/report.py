@@ -121,8 +121,8 @@ class RunSummary:
     final_accuracy: float | None
     best_accuracy: float | None
     zero_variance_fraction: float | None
-    groups_generated: float | None
-    groups_trained: float | None
+    groups_generated: int | float | None
+    groups_trained: int | float | None
     wall_seconds: float | None
 
 
@@ -134,8 +134,8 @@ def summarize_run(run: RunData) -> RunSummary:
         final_accuracy=accuracy[-1] if accuracy else None,
         best_accuracy=max(accuracy) if accuracy else None,
         zero_variance_fraction=weighted_mean(run.records, "ds/zero_variance_fraction", "ds/groups_generated"),
-        groups_generated=total(run.records, "ds/groups_generated"),
-        groups_trained=total(run.records, "ds/groups_trained"),
+        groups_generated=count(total(run.records, "ds/groups_generated")),
+        groups_trained=count(total(run.records, "ds/groups_trained")),
         wall_seconds=total(run.records, "perf/step_seconds"),
     )
 
@@ -157,30 +157,33 @@ def compare_values(run: RunData) -> dict[str, Any]:
         "dynamic sampling": None if ds is None else ("on" if ds else "off"),
         "seed": cfg.get("run", {}).get("seed"),
         "steps": max((r["step"] for r in records), default=0),
-        "groups generated": total(records, "ds/groups_generated"),
-        "groups filtered": total(records, "ds/groups_filtered"),
-        "groups trained": trained,
-        "groups dropped": total(records, "accounting/dropped_groups"),
-        "groups replaced": total(records, "accounting/replaced_groups"),
-        "groups evicted": total(records, "buffer/evicted_groups"),
-        "groups aborted": total(records, "buffer/aborted_inflight_groups"),
+        "groups generated": count(total(records, "ds/groups_generated")),
+        "groups filtered": count(total(records, "ds/groups_filtered")),
+        "groups trained": count(trained),
+        "groups dropped": count(total(records, "accounting/dropped_groups")),
+        "groups replaced": count(total(records, "accounting/replaced_groups")),
+        "groups evicted": count(total(records, "buffer/evicted_groups")),
+        "groups aborted": count(total(records, "buffer/aborted_inflight_groups")),
         "trained groups/h": trained / wall * 3600 if trained is not None and wall else None,
         "rollout idle fraction": sim.get("rollout_idle_fraction", _mean(records, "perf/rollout_idle_fraction")),
         "trainer idle fraction": sim.get("trainer_idle_fraction", _mean(records, "perf/trainer_idle_fraction")),
         "staleness mean": weighted_mean(records, "staleness/mean", "ds/groups_trained"),
-        "staleness max": max(series(records, "staleness/max")[1], default=None),
+        "staleness max": count(max(series(records, "staleness/max")[1], default=None)),
         "final reward (unfiltered)": _last(records, "reward/unfiltered_mean"),
         "final reward (trained)": _last(records, "reward/trained_mean"),
         "final eval accuracy": _last(records, "eval/accuracy"),
     }
 
 
+def count(value: float | None) -> int | float | None:
+    """A count summed from float metrics, as an int when it is whole (so tables show ``36``, not ``36.000``)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def fmt(value: Any, digits: int = 3) -> str:
-    """Table cell: ``—`` for None, integers without decimals, other floats with ``digits`` decimals."""
+    """Table cell: ``—`` for None, floats with ``digits`` decimals, anything else (ints, names) as is."""
     if value is None:
         return MISSING
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)

@@ -1,7 +1,10 @@
 """The run configuration: one typed schema (pydantic v2, unknown keys forbidden), loaded from YAML with dotted
 command-line overrides, with every cross-field rule checked at load and all violations reported together.
 
-Must not import torch (the CLI and the simulator load configs without it).
+Entry points: ``load_config(path, overrides)`` and ``config_from_dict(data, overrides)`` report every problem
+(types, ranges, unknown keys, cross-field rules) in one :class:`ConfigError`. ``RunConfig(...)`` built in
+Python also runs the cross-field rules (raising ``ConfigError``), but a type error there is pydantic's own
+``ValidationError``. Must not import torch (the CLI and the simulator load configs without it).
 """
 
 from groupwise.config.algorithm import (

@@ -69,7 +69,8 @@ class WindowedSampler(Section):
 
 class WeightFifoSampler(Section):
     """Builds each step from groups of a single start version, oldest version first. Cannot be combined with
-    dynamic sampling."""
+    dynamic sampling: a filtered group's replacement is generated under a newer version, so the old version's
+    step never fills and training would hang."""
 
     name: Literal["weight_fifo"] = "weight_fifo"
     """Sampler name."""

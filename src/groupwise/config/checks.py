@@ -22,8 +22,8 @@ RuleCheck = Callable[[Any], Iterable[ConfigIssue]]
 
 @dataclass(frozen=True)
 class Rule:
-    """One registered cross-field rule: the check, the top-level sections it reads, and a one-line summary
-    (the first line of the check's docstring, listed in ``docs/configs.md``)."""
+    """One registered cross-field rule: the check, the top-level sections it reads, and a summary (the first
+    paragraph of the check's docstring, listed in ``docs/configs.md``)."""
 
     check: RuleCheck
     needs: tuple[str, ...]
@@ -37,7 +37,8 @@ def rule(*needs: str) -> Callable[[RuleCheck], RuleCheck]:
     """Register a rule reading the top-level sections ``needs`` (attribute names: ``grpo``, ``async_``, ...)."""
 
     def register(check: RuleCheck) -> RuleCheck:
-        summary = (check.__doc__ or check.__name__).strip().splitlines()[0]
+        first_paragraph = (check.__doc__ or check.__name__).strip().split("\n\n")[0]
+        summary = " ".join(first_paragraph.split())
         RULES.append(Rule(check=check, needs=needs, summary=summary))
         return check
 

@@ -54,6 +54,10 @@ class ConfigError(Exception):
         self.source = source
         super().__init__(self._render())
 
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[list[ConfigIssue], str | None]]:
+        # rebuild from the issues, not from the rendered message (pickling across processes, e.g. Ray)
+        return (type(self), (self.errors, self.source))
+
     def _render(self) -> str:
         n = len(self.errors)
         head = f"invalid config{f' {self.source}' if self.source else ''}: {n} error{'s' if n != 1 else ''}"

@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from groupwise.config.schema import RunConfig
+
 
 def model_types(annotation: Any) -> list[type[BaseModel]]:
     """The pydantic models an annotation can hold: the model itself, or each model of a union / ``Annotated``."""
@@ -42,8 +44,6 @@ def dotted_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
 @functools.cache
 def valid_paths() -> tuple[str, ...]:
     """All dotted paths of :class:`RunConfig` (computed once)."""
-    from groupwise.config.schema import RunConfig  # local: schema imports the rules, which import nothing from here
-
     return tuple(dotted_paths(RunConfig))
 
 

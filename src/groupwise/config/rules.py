@@ -45,19 +45,23 @@ def model_source_keys(cfg: Any) -> Iterator[ConfigIssue]:
                              "remove it, or set model.source: tiny")
 
 
-@rule("model", "generation")
-def tiny_model_shape(cfg: Any) -> Iterator[ConfigIssue]:
-    """A tiny model needs hidden_size divisible by num_heads and room for max_new_tokens in its positions."""
-    if cfg.model.source != "tiny":
-        return
+@rule("model")
+def tiny_model_heads(cfg: Any) -> Iterator[ConfigIssue]:
+    """A tiny model needs model.tiny.hidden_size divisible by model.tiny.num_heads."""
     tiny = cfg.model.tiny
-    if tiny.hidden_size % tiny.num_heads:
+    if cfg.model.source == "tiny" and tiny.hidden_size % tiny.num_heads:
         yield ConfigIssue(
             "model.tiny.hidden_size", tiny.hidden_size,
             f"model.tiny.hidden_size must be divisible by model.tiny.num_heads ({tiny.num_heads})",
             f"use a multiple of {tiny.num_heads}, e.g. {tiny.num_heads * max(1, tiny.hidden_size // tiny.num_heads)}",
         )
-    if tiny.max_position_embeddings <= cfg.generation.max_new_tokens:
+
+
+@rule("model", "generation")
+def tiny_model_positions(cfg: Any) -> Iterator[ConfigIssue]:
+    """A tiny model needs model.tiny.max_position_embeddings > generation.max_new_tokens."""
+    tiny = cfg.model.tiny
+    if cfg.model.source == "tiny" and tiny.max_position_embeddings <= cfg.generation.max_new_tokens:
         yield ConfigIssue(
             "model.tiny.max_position_embeddings", tiny.max_position_embeddings,
             f"model.tiny.max_position_embeddings must exceed generation.max_new_tokens "
@@ -129,19 +133,22 @@ def dynamic_sampling_needs_groups(cfg: Any) -> Iterator[ConfigIssue]:
         )
 
 
-@rule("mode", "grpo", "loss")
-def sync_dynamic_sampling_keys(cfg: Any) -> Iterator[ConfigIssue]:
-    """Sync mode: with dynamic sampling off its knobs must keep their defaults (batch_multiplier == 1);
-    surplus: carry needs loss.importance_sampling."""
-    if cfg.mode != "sync":
-        return  # async mode has its own rule: these knobs never apply there
+@rule("mode", "grpo")
+def sync_dynamic_sampling_off_keys(cfg: Any) -> Iterator[ConfigIssue]:
+    """Sync mode with dynamic sampling off: its knobs keep their defaults (so batch_multiplier == 1)."""
     ds = cfg.grpo.dynamic_sampling
-    if not ds.enabled:
+    if cfg.mode == "sync" and not ds.enabled:
         # zero_variance_tol still defines the zero-variance metric, so it keeps an effect with DS off
         yield from no_effect(ds, "grpo.dynamic_sampling", "with grpo.dynamic_sampling.enabled false",
                              "remove it, or set grpo.dynamic_sampling.enabled: true",
                              keep=("enabled", "zero_variance_tol"))
-    elif ds.surplus == "carry" and not cfg.loss.importance_sampling:
+
+
+@rule("mode", "grpo", "loss")
+def carried_surplus_needs_importance_sampling(cfg: Any) -> Iterator[ConfigIssue]:
+    """Sync mode: grpo.dynamic_sampling.surplus carry needs loss.importance_sampling."""
+    ds = cfg.grpo.dynamic_sampling
+    if cfg.mode == "sync" and ds.enabled and ds.surplus == "carry" and not cfg.loss.importance_sampling:
         yield ConfigIssue(
             "grpo.dynamic_sampling.surplus", ds.surplus,
             "carried surplus groups are one version off-policy and need importance-sampling correction",

@@ -100,7 +100,8 @@ class Controller:
         try:
             while train_task in waiting:
                 done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
+                # A failed dispatch slot is the root cause of whatever the pumps saw after it: surface it first.
+                for task in sorted(done, key=lambda t: t is not self._failure):
                     if task.exception() is not None:  # a crashed pump or slot: stop everything, surface it
                         raise task.exception()  # type: ignore[misc]
             stop_reason = train_task.result()

@@ -71,6 +71,10 @@ class StepLedger:
             rec = self._open[step] = StepRecord(step)
         return rec
 
+    def peek(self, step: int) -> StepRecord:
+        """The record of ``step`` as it stands (a blank one if nothing happened to it), without creating it."""
+        return self._open.get(step) or StepRecord(step)
+
     def open_slots(self, step: int) -> int:
         rec = self._open.get(step)
         return self.prompts_per_step if rec is None else self.prompts_per_step - rec.selected - rec.charged
@@ -167,7 +171,7 @@ class StepLedger:
 
     def pending(self) -> list[StepRecord]:
         """Records of steps not closed yet (e.g. losses floated beyond the last trained step)."""
-        return [self._open[s] for s in sorted(self._open)]
+        return [self._open[s] for s in sorted(self._open) if self._open[s].selected or self._open[s].charged]
 
     def shortfalls(self) -> dict[int, int]:
         """``{step: charged}`` over closed and open steps with at least one charged loss."""

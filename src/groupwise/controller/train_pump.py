@@ -89,6 +89,8 @@ class TrainPump:
             if remaining <= 0:
                 return groups, evicted, False
             min_groups = min(ctx.settings.streaming_min_groups, remaining)
+            if self.rollout.exhausted and ctx.accounting.closes_short_at_exhaustion:
+                min_groups = 1  # the last step closes on whatever is left
             slots = ctx.sampler.select(step, min_groups, remaining)
             if slots is None:
                 if self.rollout.exhausted:
@@ -141,7 +143,7 @@ class TrainPump:
 
     def _at_exhaustion(self, step: int, groups: list[Group], evicted: int) -> tuple[list[Group], int, bool] | None:
         ctx = self.ctx
-        record = ctx.ledger.record(step)
+        record = ctx.ledger.peek(step)
         if record.selected == 0 and ctx.buffer.ready_count == 0:
             return None
         if ctx.accounting.closes_short_at_exhaustion and record.selected > 0:

@@ -52,6 +52,21 @@ class MetricsWriter:
         self._purge_step: int | None = None
         existing = read_metrics(self.metrics_path) if self.metrics_path.exists() else []
         self.last_step: int | None = existing[-1]["step"] if existing else None
+        if self.metrics_path.exists():
+            self._repair_torn_tail(existing)
+
+    def _repair_torn_tail(self, records: list[dict[str, Any]]) -> None:
+        # A crash mid-append leaves a last line without its newline; appending after it would glue the next
+        # line onto it and corrupt the middle of the file. Drop the fragment before writing anything.
+        with self.metrics_path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            if handle.tell() == 0:
+                return
+            handle.seek(-1, os.SEEK_END)
+            complete = handle.read(1) == b"\n"
+        if not complete:
+            self._rewrite(records)
+            self.event("metrics.jsonl ended in a torn line (an interrupted write); the fragment was dropped")
 
     def log(self, step: int, metrics: Mapping[str, float | int]) -> None:
         """Write ``{"step": step, **metrics}`` to metrics.jsonl and each scalar to TensorBoard.

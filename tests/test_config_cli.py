@@ -1,0 +1,82 @@
+"""The ``groupwise config`` command line.
+
+Invariants pinned here:
+- ``config check`` exits 0 and prints ``ok: FILE`` for a valid config, exits 2 and prints every error
+  (with overrides applied) otherwise; a missing file or a YAML syntax error also exits 2; never a traceback;
+- ``config show`` prints the resolved config as YAML that loads back to an equal config;
+- usage errors exit 2 and ``--help`` exits 0 (``main`` returns the code instead of raising SystemExit).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from groupwise.cli import build_parser, main
+from groupwise.config import config_from_dict, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_check_valid_config(tmp_path, capsys):
+    path = write(tmp_path, "model:\n  source: tiny\n")
+    assert main(["config", "check", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == f"ok: {path}"
+
+
+def test_check_reports_every_error_and_no_traceback(tmp_path, capsys):
+    path = write(tmp_path, "model:\n  source: tiny\n  path: models/x\ngrpo:\n  num_prompt_per_step: 4\n")
+    code = main(["config", "check", str(path), "loss.kl_coef=0.5", "run.max_steps=0"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    for expected in ("4 errors", "model.path", "did you mean `grpo.num_prompts_per_step`?", "loss.kl_coef",
+                     "run.max_steps", str(path)):
+        assert expected in err
+    assert "Traceback" not in err
+
+
+def test_overrides_can_fix_a_config(tmp_path, capsys):
+    path = write(tmp_path, "model:\n  source: tiny\ngrpo:\n  num_generations_per_prompt: 1\n")
+    assert main(["config", "check", str(path)]) == 2
+    assert main(["config", "check", str(path), "grpo.num_generations_per_prompt=4"]) == 0
+
+
+def test_missing_file_and_bad_yaml_exit_2_with_a_message(tmp_path, capsys):
+    assert main(["config", "check", str(tmp_path / "absent.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    path = write(tmp_path, "grpo: {num_prompts_per_step: 8\n")
+    assert main(["config", "show", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "not valid YAML" in err and "Traceback" not in err
+
+
+def test_show_prints_yaml_that_reloads_equal(capsys):
+    example = ROOT / "examples" / "addition_async.yaml"
+    assert main(["config", "show", str(example), "grpo.num_prompts_per_step=8", "async.max_buffered_rollouts=32"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    expected = load_config(example, ["grpo.num_prompts_per_step=8", "async.max_buffered_rollouts=32"])
+    assert config_from_dict(shown) == expected
+    assert shown["grpo"]["num_prompts_per_step"] == 8 and shown["async"]["max_buffered_rollouts"] == 32
+
+
+def test_usage_errors_and_help_return_codes(capsys):
+    assert main([]) == 2
+    assert main(["config"]) == 2
+    assert main(["config", "show"]) == 2
+    assert main(["nonsense"]) == 2
+    assert main(["--help"]) == 0
+    assert "config" in capsys.readouterr().out
+
+
+def test_parser_has_one_subcommand_per_registered_command():
+    parser = build_parser()
+    args = parser.parse_args(["config", "check", "f.yaml", "a.b=1", "c=2"])
+    assert args.command == "config" and args.file == "f.yaml" and args.overrides == ["a.b=1", "c=2"]
+    assert callable(args.handler)
