@@ -97,6 +97,7 @@ VIOLATIONS = [
     (["run.name=a/b"], "run.name", "a/b", "single directory"),
     (["run.max_steps=0"], "run.max_steps", 0, "≥ 1"),
     (["reward.function=not a function"], "reward.function", "not a function", "module:function"),
+    (["sft.stop_at_accuracy=0"], "sft.stop_at_accuracy", 0, "> 0"),
 ]
 
 
@@ -131,6 +132,7 @@ VALID = [
     ["optimizer.schedule=cosine", "optimizer.min_lr_ratio=0.1", "optimizer.warmup_steps=99"],
     ["runtime.backend=ray", "runtime.ray.num_generation_workers=2", "runtime.ray.address=auto"],
     ["sim.num_prompts=10", "sim.straggler_rate=0.5"],
+    ["sft.steps=10", "sft.stop_at_accuracy=0.9"],
     ["reward.function=my_pkg.rewards:score", "reward.kwargs={scale: 2}"],
 ]
 

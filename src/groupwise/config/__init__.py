@@ -42,6 +42,7 @@ from groupwise.config.sections import (
     ModelSection,
     RewardSection,
     RunSection,
+    SftSection,
     TinyModelSection,
 )
 
@@ -74,6 +75,7 @@ __all__ = [
     "RunSection",
     "RuntimeSection",
     "SamplerConfig",
+    "SftSection",
     "SimSection",
     "TinyModelSection",
     "WeightFifoSampler",

@@ -25,6 +25,7 @@ from groupwise.config.sections import (
     ModelSection,
     RewardSection,
     RunSection,
+    SftSection,
 )
 
 
@@ -64,6 +65,8 @@ class RunConfig(Section):
     """Process layout (embedded or Ray)."""
     sim: SimSection = Field(default_factory=SimSection)
     """The throughput simulator's model (``groupwise simulate`` only)."""
+    sft: SftSection = Field(default_factory=SftSection)
+    """Supervised fine-tuning (``groupwise sft`` only)."""
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> RunConfig:

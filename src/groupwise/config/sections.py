@@ -216,3 +216,20 @@ class CheckpointSection(Section):
     """Step checkpoints kept (≥ 1); older ones are deleted."""
     save_final: bool = True
     """Save the trained policy in Hugging Face format to ``runs/<name>/final``."""
+
+
+class SftSection(Section):
+    """Supervised fine-tuning on task demonstrations (``groupwise sft`` only; other commands ignore it). This is
+    how the warm-start model is made."""
+
+    steps: int = Field(2000, ge=1)
+    """Optimizer steps at most (≥ 1)."""
+    batch_size: int = Field(64, ge=1)
+    """Demonstrations per step (≥ 1)."""
+    lr: float = Field(1e-3, gt=0)
+    """AdamW learning rate (> 0)."""
+    eval_every: int = Field(100, ge=1)
+    """Held-out greedy evaluation every this many steps (≥ 1), and after the last step."""
+    stop_at_accuracy: float | None = Field(None, gt=0, le=1)
+    """Stop at the first evaluation whose held-out greedy accuracy reaches this (0 < a ≤ 1); ``null`` = run all
+    ``steps``."""

@@ -5,11 +5,13 @@ How a call runs:
 1. Every request is expanded into ``num_samples`` rows. Rows are sorted by prompt length (less
    padding) and cut into chunks of at most ``max_batch_rows``.
 2. Per chunk, each distinct prompt is prefilled once (left-padded, position ids from the mask) and
-   its KV cache rows are repeated for its samples.
+   its KV cache rows are repeated for its samples. The cache is preallocated
+   (:mod:`groupwise.generation.kv_cache`), so decode steps write in place instead of concatenating.
 3. One decode loop for the chunk: draw a token per row (:mod:`groupwise.generation.sampling`),
-   record its logprob, retire rows that hit EOS, a stop string or ``max_new_tokens``, and drop the
-   retired rows from the cache (``DynamicCache.batch_select_indices``, present in transformers 4.56
-   through 5.x) so finished rows cost nothing.
+   record its logprob, retire rows that hit EOS, a stop string or ``max_new_tokens``. Retired rows
+   are dropped from the batch and the cache once an eighth of the batch has retired, so finished
+   rows stop costing compute without a cache copy every step. The attention mask is built once per
+   chunk (a 4D additive mask for sdpa/eager attention) and sliced per step.
 
 Determinism: a row's draws depend only on (request seed, sample index, position) — see
 :mod:`groupwise.generation.sampling` for the counter RNG and its documented limit.
@@ -20,13 +22,14 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache
+from transformers.cache_utils import Cache
 
+from groupwise.generation.kv_cache import new_kv_cache, select_cache_rows
 from groupwise.generation.sampling import (
     check_sampling_params,
     counter_uniforms,
@@ -38,6 +41,8 @@ from groupwise.types import Completion, FinishReason, GenerationRequest, Samplin
 
 # Attention implementations that take a prepared 4D additive mask as is (flash-attention wants 2D).
 _4D_MASK_ATTENTION = ("sdpa", "eager")
+# Compact the batch once this fraction of its rows has finished (see _Batch).
+_COMPACT_FRACTION = 0.125
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,7 @@ class Engine:
             weight_version=self._version,
         )
 
-    def _forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: DynamicCache) -> Tensor:
+    def _forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: Cache) -> Tensor:
         """Last-position logits ``[B, V]``; the cache is updated in place."""
         outputs = self.model(
             input_ids=input_ids,
@@ -144,59 +149,47 @@ class Engine:
     def _generate_chunk(self, rows: Sequence[_Row], sampling: SamplingParams) -> list[_RowResult]:
         device = next(self.model.parameters()).device
         max_new = sampling.max_new_tokens
-        cache = DynamicCache()
-        logits, key_padding, prompt_lengths = self._prefill(rows, cache, device)
-        num_rows, prompt_width = key_padding.shape
-        use_4d = getattr(self.model.config, "_attn_implementation", "sdpa") in _4D_MASK_ATTENTION
-        # Key mask for every position the loop can reach, built once; each step takes a prefix view.
-        key_mask = torch.cat([key_padding, key_padding.new_ones((num_rows, max_new))], dim=1)
-        if use_4d:
-            key_mask = _additive_mask(key_mask, self.model.dtype)
-        seeds = torch.tensor([seed_to_int64(row.seed) for row in rows], dtype=torch.long, device=device)
-        sample_indices = torch.tensor([row.sample_index for row in rows], dtype=torch.long, device=device)
-        positions = prompt_lengths.clone()
-        alive = torch.arange(num_rows, device=device)
+        prompt_width = max(len(row.prompt) for row in rows)
+        cache = new_kv_cache(capacity=prompt_width + max_new)
+        logits, batch = self._prefill(rows, cache, device, max_new)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
-        tokens_out = torch.zeros((num_rows, max_new), dtype=torch.long, device=device)
-        logprobs_out = torch.zeros((num_rows, max_new), dtype=torch.float32, device=device)
-        lengths = torch.full((num_rows,), max_new, dtype=torch.long, device=device)
-        stopped = torch.zeros(num_rows, dtype=torch.bool, device=device)
-        stop_watch = _StopWatch(self.tokenizer, sampling.stop, num_rows) if sampling.stop else None
+        tokens_out = torch.zeros((len(rows), max_new), dtype=torch.long, device=device)
+        logprobs_out = torch.zeros((len(rows), max_new), dtype=torch.float32, device=device)
+        lengths = torch.full((len(rows),), max_new, dtype=torch.long, device=device)
+        stopped = torch.zeros(len(rows), dtype=torch.bool, device=device)
+        stop_watch = _StopWatch(self.tokenizer, sampling.stop, len(rows)) if sampling.stop else None
         for step in range(max_new):
-            uniforms = counter_uniforms(seeds, sample_indices, step)
+            uniforms = counter_uniforms(batch.seeds, batch.sample_indices, step)
             tokens = sample_tokens(logits, uniforms, sampling.temperature, sampling.top_k, sampling.top_p)
-            tokens_out[alive, step] = tokens
-            logprobs_out[alive, step] = tempered_logprobs_of(logits, tokens, sampling.temperature)
-            finished = torch.isin(tokens, eos)
+            # Finished rows still in the batch write past their length; _collect never reads there.
+            tokens_out[batch.rows, step] = tokens
+            logprobs_out[batch.rows, step] = tempered_logprobs_of(logits, tokens, sampling.temperature)
+            finished = batch.live & torch.isin(tokens, eos)
             if stop_watch is not None:
-                finished |= stop_watch.update(alive, tokens, device)
-            any_finished = bool(finished.any())  # the one host sync per step
-            if any_finished:
-                done = alive[finished]
-                lengths[done] = step + 1
-                stopped[done] = True
-            if step == max_new - 1:
+                finished |= stop_watch.update(batch, tokens)
+            lengths[batch.rows] = torch.where(finished, step + 1, lengths[batch.rows])
+            stopped[batch.rows] = stopped[batch.rows] | finished
+            batch.live &= ~finished
+            num_live = int(batch.live.sum())  # the one host sync per step
+            if num_live == 0 or step == max_new - 1:
                 break
-            if any_finished:
-                keep = (~finished).nonzero().squeeze(1)
-                if keep.numel() == 0:
-                    break
-                alive, seeds, sample_indices = alive[keep], seeds[keep], sample_indices[keep]
-                positions, key_mask, tokens = positions[keep], key_mask[keep], tokens[keep]
-                _select_cache_rows(cache, keep)
-            kv_length = prompt_width + step + 1
-            step_mask = key_mask[..., :kv_length]
-            logits = self._forward(tokens.unsqueeze(1), step_mask, positions.unsqueeze(1), cache)
-            positions += 1
+            num_rows = batch.rows.numel()
+            if num_rows - num_live >= max(1, int(num_rows * _COMPACT_FRACTION)):
+                keep = batch.live.nonzero().squeeze(1)
+                batch, tokens = batch.select(keep), tokens[keep]
+                select_cache_rows(cache, keep)
+            step_mask = batch.key_mask[..., : prompt_width + step + 1]
+            logits = self._forward(tokens.unsqueeze(1), step_mask, batch.positions.unsqueeze(1), cache)
+            batch.positions += 1
         last_is_eos = torch.isin(tokens_out.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1), eos)
         return _collect(tokens_out, logprobs_out, lengths, stopped & last_is_eos, stopped)
 
     def _prefill(
-        self, rows: Sequence[_Row], cache: DynamicCache, device: torch.device
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Run each distinct prompt once; return per-row logits ``[B, V]``, key padding mask ``[B, P]``, prompt lengths.
+        self, rows: Sequence[_Row], cache: Cache, device: torch.device, max_new: int
+    ) -> tuple[Tensor, _Batch]:
+        """Run each distinct prompt once (left-padded); return per-row last logits ``[B, V]`` and the decode state.
 
-        The cache ends up with one row per *row* (prompt rows repeated for their samples).
+        The cache ends up with one row per *row* (a prompt's cache rows repeated for its samples).
         """
         unique_index: dict[int, int] = {}
         prompts: list[tuple[int, ...]] = []
@@ -215,9 +208,40 @@ class Engine:
         logits = self._forward(input_ids, padding.long(), position_ids, cache)
         row_to_prompt = torch.tensor([unique_index[row.request_index] for row in rows], dtype=torch.long, device=device)
         if len(prompts) != len(rows):
-            _select_cache_rows(cache, row_to_prompt)
-        prompt_lengths = torch.tensor([len(row.prompt) for row in rows], dtype=torch.long, device=device)
-        return logits[row_to_prompt], padding[row_to_prompt], prompt_lengths
+            select_cache_rows(cache, row_to_prompt)
+        # Key mask for every position the loop can reach, built once; each step takes a prefix view.
+        key_mask = torch.cat([padding[row_to_prompt], padding.new_ones((len(rows), max_new))], dim=1)
+        if getattr(self.model.config, "_attn_implementation", "sdpa") in _4D_MASK_ATTENTION:
+            key_mask = _additive_mask(key_mask, self.model.dtype)
+        batch = _Batch(
+            rows=torch.arange(len(rows), device=device),
+            live=torch.ones(len(rows), dtype=torch.bool, device=device),
+            seeds=torch.tensor([seed_to_int64(row.seed) for row in rows], dtype=torch.long, device=device),
+            sample_indices=torch.tensor([row.sample_index for row in rows], dtype=torch.long, device=device),
+            positions=torch.tensor([len(row.prompt) for row in rows], dtype=torch.long, device=device),
+            key_mask=key_mask,
+        )
+        return logits[row_to_prompt], batch
+
+
+@dataclass
+class _Batch:
+    """Decode state of the rows in the batch, one entry per batch row.
+
+    Rows that finished stay in the batch (``live`` False, their draws ignored) until enough have
+    finished to be worth compacting: each compaction copies the KV cache, each lingering row costs
+    one row of compute per step.
+    """
+
+    rows: Tensor  # index of the row in the chunk
+    live: Tensor  # still generating
+    seeds: Tensor  # int64 request seeds
+    sample_indices: Tensor
+    positions: Tensor  # position id of the next token fed
+    key_mask: Tensor  # [B, K] 0/1, or [B, 1, 1, K] additive
+
+    def select(self, keep: Tensor) -> _Batch:
+        return _Batch(*(getattr(self, f.name)[keep] for f in fields(self)))
 
 
 class _StopWatch:
@@ -234,13 +258,16 @@ class _StopWatch:
         self.stop = tuple(stop)
         self.generated: list[list[int]] = [[] for _ in range(num_rows)]
 
-    def update(self, alive: Tensor, tokens: Tensor, device: torch.device) -> Tensor:
-        rows = alive.tolist()
-        for row, token in zip(rows, tokens.tolist(), strict=True):
+    def update(self, batch: _Batch, tokens: Tensor) -> Tensor:
+        """Which batch rows just completed a stop string (live rows only)."""
+        live = batch.live.nonzero().squeeze(1)
+        rows = batch.rows[live].tolist()
+        for row, token in zip(rows, tokens[live].tolist(), strict=True):
             self.generated[row].append(token)
         texts = self.tokenizer.batch_decode([self.generated[row] for row in rows], skip_special_tokens=False)
-        hits = [any(stop in text for stop in self.stop) for text in texts]
-        return torch.tensor(hits, dtype=torch.bool, device=device)
+        hits = torch.zeros_like(batch.live)
+        hits[live] = torch.tensor([any(stop in text for stop in self.stop) for text in texts], device=hits.device)
+        return hits
 
 
 def _expand_rows(requests: Sequence[GenerationRequest]) -> list[_Row]:
@@ -260,15 +287,6 @@ def _additive_mask(key_mask: Tensor, dtype: torch.dtype) -> Tensor:
     additive = torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device)
     additive.masked_fill_(~key_mask, torch.finfo(dtype).min)
     return additive[:, None, None, :]
-
-
-def _select_cache_rows(cache: DynamicCache, indices: Tensor) -> None:
-    """Keep (or repeat) cache rows ``indices`` in every layer."""
-    if hasattr(cache, "batch_select_indices"):
-        cache.batch_select_indices(indices)
-        return
-    for layer in cache.layers:  # pragma: no cover - older layouts without the helper
-        layer.keys, layer.values = layer.keys[indices], layer.values[indices]
 
 
 def _collect(

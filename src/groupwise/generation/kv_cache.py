@@ -41,7 +41,9 @@ class PreallocatedLayer(DynamicLayer):
             self.is_initialized = True
         end = self.length + key_states.shape[-2]
         if end > self.capacity:
-            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded (needs {end}); size it for prompt + new tokens")
+            raise RuntimeError(
+                f"KV cache capacity {self.capacity} exceeded (needs {end}); size it for prompt + new tokens"
+            )
         self._key_buffer[:, :, self.length : end] = key_states
         self._value_buffer[:, :, self.length : end] = value_states
         self.length = end
