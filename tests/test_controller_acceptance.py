@@ -206,8 +206,9 @@ def test_custom_sampler_explicit_charge_is_honoured():
     script = {"p0": [Outcome(latency=1.0)], "p1": [Outcome(latency=2.0, fail="data")]}
     trainer = RecordingTrainer()
     controller = build_controller(
-        settings("custom", {"target": "fakes.samplers:ChargeNextStepSampler", "kwargs": {}},
-                 min_groups_for_streaming_train=1),
+        settings(
+            "custom", {"target": "fakes.samplers:ChargeNextStepSampler", "kwargs": {}}, min_groups_for_streaming_train=1
+        ),
         make_loader(12),
         ScriptedRollouts(group_size=G, script=script, default=Outcome(latency=3.0)),
         trainer,

@@ -151,8 +151,11 @@ def test_backoff_is_exponential_and_capped():
 
 
 def test_infra_budget_then_consecutive_drops():
-    budgets = FailureBudgets(FailureSettings(max_infra_attempts_per_prompt=3, backoff_base_s=1.0,
-                                             max_backoff_s=30.0, max_consecutive_dropped_prompts=1))
+    budgets = FailureBudgets(
+        FailureSettings(
+            max_infra_attempts_per_prompt=3, backoff_base_s=1.0, max_backoff_s=30.0, max_consecutive_dropped_prompts=1
+        )
+    )
     first = PromptAttempts()
     assert budgets.on_failure(first, TimeoutError(), "p0") == 1.0
     assert budgets.on_failure(first, TimeoutError(), "p0") == 2.0

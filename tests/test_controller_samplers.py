@@ -129,8 +129,9 @@ def test_in_order_evict_only_ready_slots_of_passed_steps():
 
 def test_windowed_select_window_minimum_and_order():
     buf = GroupBuffer()
-    old, mid, mid_unready, new1, new2 = fill(buf, [(0, None, True), (2, None, True), (2, None, False),
-                                                   (3, None, True), (3, None, True)])
+    old, mid, mid_unready, new1, new2 = fill(
+        buf, [(0, None, True), (2, None, True), (2, None, False), (3, None, True), (3, None, True)]
+    )
     sampler = WindowedSampler(buf, max_staleness_versions=1)
     assert sampler.select(3, 4, 4) is None  # only 3 in-window ready groups
     assert ids(sampler.select(3, 1, 2)) == [mid, new1]
@@ -150,8 +151,9 @@ def test_default_evict_skips_unready_stale_slots():
 
 def test_weight_fifo_drains_oldest_version_and_waits_on_partial_bucket():
     buf = GroupBuffer()
-    v1a, v1_unready, v1b, v2a, v2b = fill(buf, [(1, None, True), (1, None, False), (1, None, True),
-                                               (2, None, True), (2, None, True)])
+    v1a, v1_unready, v1b, v2a, v2b = fill(
+        buf, [(1, None, True), (1, None, False), (1, None, True), (2, None, True), (2, None, True)]
+    )
     sampler = WeightFifoSampler(buf, max_staleness_versions=1)
     assert sampler.select(2, 3, 3) is None  # version 1 has 2 ready of 3 slots: wait, do not mix in version 2
     assert ids(sampler.select(2, 2, 3)) == [v1a, v1b]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,8 @@ def sampling_from_config(cfg: Any) -> SamplingParams:
 
 def load_policy_from_config(cfg: Any) -> Any:
     m = cfg.model
-    return load_policy(
-        m.source, m.path, m.gguf_file, m.tiny.model_dump(), device=m.device, dtype=m.dtype, seed=cfg.run.seed
-    )
+    tiny = m.tiny.model_dump() if m.source == "tiny" else None
+    return load_policy(m.source, m.path, m.gguf_file, tiny, device=m.device, dtype=m.dtype, seed=cfg.run.seed)
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -47,18 +47,24 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     return clone
 
 
-def build_session(cfg: Any, *, resume: bool = False, resume_from: Path | None = None) -> Session:
-    """Wire policy, engine, learner, data and run directory; restore a checkpoint when resuming."""
-    torch.manual_seed(cfg.run.seed)
-    run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resume or resume_from is not None)
-    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
+@dataclass
+class Components:
+    """What generation and scoring need, without a run directory (``train``, ``eval`` and ``sft`` share it)."""
+
+    policy: Any
+    engine: Engine
+    task: Any
+    reward_fn: Any
+    rollouts: RolloutWorker
+
+
+def build_components(cfg: Any, *, separate_engine_model: bool = False, group_size: int | None = None) -> Components:
+    """Load the policy and build the engine, task, reward function and rollout worker."""
     policy = load_policy_from_config(cfg)
     # Sync mode alternates generation and training, so the engine can sample from the learner's own model.
     # Async mode generates while training: the engine needs its own copy, refreshed at weight sync.
-    engine_model = policy.model if cfg.mode == "sync" else frozen_copy(policy.model)
+    engine_model = frozen_copy(policy.model) if separate_engine_model else policy.model
     engine = Engine(engine_model, policy.tokenizer, eos_token_ids(policy.tokenizer, policy.model))
-    reference = frozen_copy(policy.model) if cfg.model.reference == "initial" else None
-    learner = Learner(policy.model, LearnerSettings.from_config(cfg), reference=reference)
     task = build_task(cfg.data.task, cfg.data, cfg.run.seed)
     reward_fn = load_reward_fn(cfg.reward.function, task.default_reward)
     rollouts = RolloutWorker(
@@ -66,26 +72,42 @@ def build_session(cfg: Any, *, resume: bool = False, resume_from: Path | None = 
         tokenizer=policy.tokenizer,
         reward_fn=reward_fn,
         sampling=sampling_from_config(cfg),
-        group_size=cfg.grpo.num_generations_per_prompt,
+        group_size=group_size or cfg.grpo.num_generations_per_prompt,
         run_seed=cfg.run.seed,
         rewards=RewardPipeline.from_config(cfg.grpo),
         reward_kwargs=dict(cfg.reward.kwargs),
         system_prompt=cfg.data.system_prompt,
     )
-    loader = PromptLoader(task.train_prompts(), seed=cfg.run.seed, shuffle=cfg.data.shuffle, max_epochs=cfg.run.max_epochs)
+    return Components(policy=policy, engine=engine, task=task, reward_fn=reward_fn, rollouts=rollouts)
+
+
+def build_session(cfg: Any, *, resume: bool = False, resume_from: Path | None = None) -> Session:
+    """Wire policy, engine, learner, data and run directory; restore a checkpoint when resuming."""
+    torch.manual_seed(cfg.run.seed)
+    resuming = resume or resume_from is not None
+    # Load everything that can fail on bad input before the run directory exists, so a failed start
+    # leaves nothing behind that blocks the next attempt.
+    parts = build_components(cfg, separate_engine_model=cfg.mode == "async")
+    run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resuming)
+    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
+    reference = frozen_copy(parts.policy.model) if cfg.model.reference == "initial" else None
+    learner = Learner(parts.policy.model, LearnerSettings.from_config(cfg), reference=reference)
+    loader = PromptLoader(
+        parts.task.train_prompts(), seed=cfg.run.seed, shuffle=cfg.data.shuffle, max_epochs=cfg.run.max_epochs
+    )
     session = Session(
         cfg=cfg,
         run_dir=run_dir,
-        policy=policy,
-        engine=engine,
+        policy=parts.policy,
+        engine=parts.engine,
         learner=learner,
-        rollouts=rollouts,
+        rollouts=parts.rollouts,
         loader=loader,
-        task=task,
-        reward_fn=reward_fn,
+        task=parts.task,
+        reward_fn=parts.reward_fn,
         events=writer,
     )
-    if resume or resume_from is not None:
+    if resuming:
         session.restore(resume_from)
     else:
         writer.event(f"run started: {run_dir.path}")

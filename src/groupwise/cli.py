@@ -15,6 +15,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from groupwise.commands import RUN_COMMAND_PARSERS
 from groupwise.config import ConfigError, load_config
 
 EXIT_OK = 0
@@ -65,7 +66,7 @@ def run_config_check(args: argparse.Namespace) -> int:
 
 # --- entry point ------------------------------------------------------------------------------------------------
 
-COMMAND_PARSERS: list[Callable[[Subparsers], None]] = [add_config_parser]
+COMMAND_PARSERS: list[Callable[[Subparsers], None]] = [add_config_parser, *RUN_COMMAND_PARSERS]
 
 
 def build_parser() -> argparse.ArgumentParser:

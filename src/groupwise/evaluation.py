@@ -27,7 +27,9 @@ def evaluate_policy(engine: Any, rollouts: Any, prompts: Sequence[Prompt], cfg: 
     greedy = replace(rollouts.sampling, temperature=0.0, top_p=1.0, top_k=0)
     metrics = {"eval/accuracy": _fraction_correct(engine, rollouts, prompts, greedy, 1, cfg)}
     if cfg.eval.pass_k > 1:
-        metrics["eval/pass_at_k"] = _fraction_correct(engine, rollouts, prompts, rollouts.sampling, cfg.eval.pass_k, cfg)
+        metrics["eval/pass_at_k"] = _fraction_correct(
+            engine, rollouts, prompts, rollouts.sampling, cfg.eval.pass_k, cfg
+        )
     return metrics
 
 
@@ -38,9 +40,7 @@ def _fraction_correct(
     solved = 0
     for start in range(0, len(prompts), batch):
         chunk = prompts[start : start + batch]
-        requests = [
-            GenerationRequest(rollouts.encode(p), k, derive_seed("eval", cfg.run.seed, p.uid)) for p in chunk
-        ]
+        requests = [GenerationRequest(rollouts.encode(p), k, derive_seed("eval", cfg.run.seed, p.uid)) for p in chunk]
         outputs = engine.generate(requests, sampling)
         for prompt, completions in zip(chunk, outputs, strict=True):
             rewards = score_completions(rollouts.reward_fn, prompt, completions, rollouts.reward_kwargs)

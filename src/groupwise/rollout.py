@@ -39,7 +39,9 @@ class RewardPipeline:
         if self.scaling is not None:
             values = scale_rewards(values, **self.scaling)
         if self.overlong is not None:
-            values = [v + overlong_penalty(c.num_tokens, **self.overlong) for v, c in zip(values, completions, strict=True)]
+            values = [
+                v + overlong_penalty(c.num_tokens, **self.overlong) for v, c in zip(values, completions, strict=True)
+            ]
         return values
 
 

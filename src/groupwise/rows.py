@@ -45,9 +45,18 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
     cols: dict[str, list] = {
         name: []
         for name in (
-            "group_id", "prompt_uid", "completion_index", "prompt_ids", "completion_ids",
-            "generation_logprobs", "completion_text", "finish_reason", "reward_raw", "reward",
-            "advantage", "start_version",
+            "group_id",
+            "prompt_uid",
+            "completion_index",
+            "prompt_ids",
+            "completion_ids",
+            "generation_logprobs",
+            "completion_text",
+            "finish_reason",
+            "reward_raw",
+            "reward",
+            "advantage",
+            "start_version",
         )
     }
     for group, group_adv in zip(groups, advantages, strict=True):

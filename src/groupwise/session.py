@@ -16,7 +16,13 @@ import torch
 
 from groupwise.algo.accumulator import StepSelection
 from groupwise.batch import RowBatch
-from groupwise.checkpoint import capture_rng_state, latest_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint
+from groupwise.checkpoint import (
+    capture_rng_state,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
+)
 from groupwise.evaluation import evaluate_policy
 from groupwise.jsonl import write_rows_jsonl
 from groupwise.logging.metrics import MetricsWriter
@@ -25,8 +31,17 @@ from groupwise.rundir import RunDir
 from groupwise.types import group_from_dict, group_to_dict
 
 TRAIN_DATA_COLUMNS = (
-    "prompt_uid", "group_id", "completion_index", "completion_text", "completion_ids", "finish_reason",
-    "reward_raw", "reward", "advantage", "generation_logprobs", "start_version",
+    "prompt_uid",
+    "group_id",
+    "completion_index",
+    "completion_text",
+    "completion_ids",
+    "finish_reason",
+    "reward_raw",
+    "reward",
+    "advantage",
+    "generation_logprobs",
+    "start_version",
 )
 
 
@@ -92,6 +107,7 @@ class Session:
     state: TrainerState = field(default_factory=TrainerState)
     last_metrics: dict[str, float] = field(default_factory=dict)
     _last_eval_step: int = -1
+    _last_checkpoint_step: int = -1
 
     # --- weights -------------------------------------------------------------------------------------------
     def publish_weights(self) -> None:
@@ -107,9 +123,7 @@ class Session:
         if every and done % every == 0 and done < self.cfg.run.max_steps:
             metrics.update(self.evaluate(done, log=False))
         if self.cfg.logging.train_data:
-            write_rows_jsonl(
-                self.run_dir.train_data_path(done), {name: rows[name] for name in TRAIN_DATA_COLUMNS}
-            )
+            write_rows_jsonl(self.run_dir.train_data_path(done), {name: rows[name] for name in TRAIN_DATA_COLUMNS})
         self.events.log(done, metrics)
         self.events.event(step_summary(done, metrics))
         self.last_metrics = metrics
@@ -130,7 +144,8 @@ class Session:
         step = self.state.step
         if self.cfg.eval.at_end and self._last_eval_step != step:
             self.last_metrics.update(self.evaluate(step, log=True))
-        self.save_checkpoint()
+        if self._last_checkpoint_step != step:
+            self.save_checkpoint()
         if self.cfg.checkpoint.save_final:
             self.policy.save(self.run_dir.final_dir)
             self.events.event(f"saved the trained policy to {self.run_dir.final_dir}")
@@ -154,7 +169,10 @@ class Session:
         }
 
     def save_checkpoint(self) -> Path:
-        path = save_checkpoint(self.run_dir.path, self.state.step, self.checkpoint_state(), self.cfg.checkpoint.keep_last)
+        path = save_checkpoint(
+            self.run_dir.path, self.state.step, self.checkpoint_state(), self.cfg.checkpoint.keep_last
+        )
+        self._last_checkpoint_step = self.state.step
         self.events.event(f"checkpoint written: {path}")
         return path
 
@@ -180,9 +198,13 @@ class Session:
 def step_summary(step: int, metrics: dict[str, float]) -> str:
     """The one-line ``events.log`` summary of a step."""
     keys = (
-        ("reward/unfiltered_mean", "reward_unf"), ("reward/trained_mean", "reward_trained"),
-        ("ds/zero_variance_fraction", "zero_var"), ("ds/gen_rounds", "rounds"), ("loss/total", "loss"),
-        ("perf/step_seconds", "sec"), ("eval/accuracy", "eval_acc"),
+        ("reward/unfiltered_mean", "reward_unf"),
+        ("reward/trained_mean", "reward_trained"),
+        ("ds/zero_variance_fraction", "zero_var"),
+        ("ds/gen_rounds", "rounds"),
+        ("loss/total", "loss"),
+        ("perf/step_seconds", "sec"),
+        ("eval/accuracy", "eval_acc"),
     )
     parts = [f"step {step}"] + [f"{short}={metrics[key]:.4g}" for key, short in keys if key in metrics]
     return " ".join(parts)

@@ -16,15 +16,11 @@ from typing import Any
 
 import torch
 
-from groupwise.builder import load_policy_from_config, sampling_from_config
-from groupwise.data.registry import build_task
-from groupwise.data.rewards import load_reward_fn
+from groupwise.builder import build_components
 from groupwise.evaluation import evaluate_policy
-from groupwise.generation.engine import Engine
 from groupwise.logging.metrics import MetricsWriter
 from groupwise.model.loading import eos_token_ids
 from groupwise.model.logprobs import completion_logprobs
-from groupwise.rollout import RolloutWorker
 from groupwise.rundir import RunDir
 from groupwise.seeding import derive_seed
 
@@ -40,21 +36,10 @@ def run_sft(cfg: Any) -> Path:
     sft = cfg.sft
     run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=False)
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
-    policy = load_policy_from_config(cfg)
+    parts = build_components(cfg, group_size=1)
+    policy, task, engine, rollouts = parts.policy, parts.task, parts.engine, parts.rollouts
     tokenizer, model = policy.tokenizer, policy.model
     eos = eos_token_ids(tokenizer, model)
-    task = build_task(cfg.data.task, cfg.data, cfg.run.seed)
-    engine = Engine(model, tokenizer, eos)
-    rollouts = RolloutWorker(
-        generator=engine,
-        tokenizer=tokenizer,
-        reward_fn=load_reward_fn(cfg.reward.function, task.default_reward),
-        sampling=sampling_from_config(cfg),
-        group_size=1,
-        run_seed=cfg.run.seed,
-        reward_kwargs=dict(cfg.reward.kwargs),
-        system_prompt=cfg.data.system_prompt,
-    )
     prompts = task.train_prompts()
     examples = [(rollouts.encode(p), demonstration_ids(tokenizer, task.demonstration(p), eos[0])) for p in prompts]
     optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=0.0)
@@ -68,7 +53,11 @@ def run_sft(cfg: Any) -> Path:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        metrics: dict[str, float] = {"step": step, "sft/loss": float(loss), "perf/elapsed_seconds": time.perf_counter() - start}
+        metrics: dict[str, float] = {
+            "step": step,
+            "sft/loss": float(loss.detach()),
+            "perf/elapsed_seconds": time.perf_counter() - start,
+        }
         if step % sft.eval_every == 0 or step == sft.steps:
             engine.load_weights(model.state_dict(), step)
             metrics.update(evaluate_policy(engine, rollouts, task.eval_prompts(), cfg))

@@ -57,3 +57,18 @@ class MissingSelect:
 
     async def admit(self, clock: VersionClock) -> int | None:
         return None
+
+
+class HoardingSampler(PlainReadyFirst):
+    """Ungated and never selects anything: at the end of data the train pump must raise, not hang."""
+
+    async def admit(self, clock: VersionClock) -> int | None:
+        self.dispatch_index += 1
+        return None
+
+    def select(self, version: int, min_groups: int, max_groups: int) -> list[Slot] | None:
+        check_select_bounds(min_groups, max_groups)
+        return None
+
+    def required_buffer_capacity(self, prompts_per_step: int) -> int | None:
+        return None

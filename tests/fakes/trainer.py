@@ -15,6 +15,7 @@ class Chunk:
     group_ids: list[int]
     uids: list[str]
     first_chunk: bool
+    groups: list[Group]
 
 
 @dataclass
@@ -36,7 +37,9 @@ class RecordingTrainer:
         index = sum(1 for c in self.chunks if c.step == step)
         if first_chunk != (index == 0):
             raise AssertionError(f"step {step} chunk {index}: first_chunk={first_chunk}")
-        self.chunks.append(Chunk(step, [g.group_id for g in groups], [g.prompt.uid for g in groups], first_chunk))
+        self.chunks.append(
+            Chunk(step, [g.group_id for g in groups], [g.prompt.uid for g in groups], first_chunk, list(groups))
+        )
         if self.before_chunk is not None:
             await self.before_chunk(step, index)
         if self.chunk_latency:

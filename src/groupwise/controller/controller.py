@@ -83,6 +83,22 @@ class Controller:
     def fates(self) -> FateCounts:
         return self.ctx.fates
 
+    def state_dict(self, encode: Callable[[Any], Any] = lambda item: item) -> dict[str, Any]:
+        """A resumable snapshot; take it synchronously between steps (e.g. inside ``on_step_end``).
+
+        Holds the next step, the sampler name, the READY buffered groups, the spare pool, and the prompts taken
+        but not settled (in flight or awaiting launch), which a resumed run puts back at the loader's front.
+        ``encode`` turns a loader item into plain data. Ledgers and failure budgets are not saved: a resumed
+        run starts them empty.
+        """
+        return {
+            "step": self.ctx.clock.value,
+            "sampler": self.ctx.settings.sampler,
+            "buffer": self.ctx.buffer.state_dict(),
+            "spare_pool": self.ctx.spare_pool.state_dict(encode),
+            "inflight_prompts": [encode(item) for item in self.rollout_pump.inflight_items()],
+        }
+
     def _on_slot_error(self, error: BaseException) -> None:
         if self._failure is not None and not self._failure.done():
             self._failure.set_exception(error)
@@ -159,8 +175,14 @@ def build_controller(
     trainer: TrainerClient,
     on_step_end: StepEndHook | None = None,
     on_fate: Callable[[FateRecord], None] | None = None,
+    state: dict[str, Any] | None = None,
+    decode: Callable[[Any], Any] = lambda data: data,
 ) -> Controller:
-    """Check the setup and wire a :class:`Controller` (see the module docstring)."""
+    """Check the setup and wire a :class:`Controller` (see the module docstring).
+
+    ``state`` is a :meth:`Controller.state_dict` to resume from (restore the loader's own state first);
+    ``settings.start_step`` must equal its step. Buffered groups are restored only under the same sampler.
+    """
     if settings.dynamic_sampling and settings.sampler == "weight_fifo":
         raise ValueError(WEIGHT_FIFO_WITH_DS)
     buffer = GroupBuffer()
@@ -187,4 +209,27 @@ def build_controller(
         on_fate=on_fate,
         generator_version=settings.start_step,
     )
+    if state is not None:
+        _restore(ctx, loader, state, decode)
     return Controller(ctx, loader, rollouts, trainer, on_step_end)
+
+
+def _restore(ctx: PumpContext, loader: PromptSource, state: dict[str, Any], decode: Callable[[Any], Any]) -> None:
+    expected = {"step", "sampler", "buffer", "spare_pool", "inflight_prompts"}
+    if set(state) != expected:
+        raise ValueError(f"controller state must have the keys {sorted(expected)}, got {sorted(state)}")
+    if state["step"] != ctx.settings.start_step:
+        raise ValueError(
+            f"controller state is at step {state['step']} but settings.start_step is {ctx.settings.start_step}; "
+            "resume with start_step equal to the checkpoint's step"
+        )
+    if state["sampler"] == ctx.settings.sampler:
+        restored = ctx.buffer.load_state_dict(state["buffer"])
+        if len(restored) > ctx.capacity.total:
+            raise ValueError(
+                f"the checkpoint buffers {len(restored)} groups but max_buffered_rollouts is {ctx.capacity.total}; "
+                f"resume with max_buffered_rollouts >= {len(restored)}"
+            )
+        ctx.capacity.take_now(len(restored))
+    ctx.spare_pool.load_state_dict(state["spare_pool"], decode)
+    loader.push_front([decode(data) for data in state["inflight_prompts"]])

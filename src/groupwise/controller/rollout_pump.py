@@ -69,6 +69,7 @@ class RolloutPump:
         self._attempts: dict[int, _Attempt] = {}
         self._slot_items: dict[asyncio.Task[None], Any] = {}
         self._in_admit = False
+        self._unlaunched: list[Any] = []
 
     # -- state the train pump and controller read ---------------------------------------------------
 
@@ -82,8 +83,9 @@ class RolloutPump:
         return (self._in_admit and self.ctx.clock.waiting > 0) or self.ctx.capacity.waiting > 0
 
     def inflight_items(self) -> list[Any]:
-        """The prompts of the unsettled dispatch slots (to put back into the loader on resume)."""
-        return list(self._slot_items.values())
+        """Prompts taken from the loader or pool and not yet settled: those of unsettled dispatch slots, then
+        those of the batch being admitted or launched (put them back into the loader on resume)."""
+        return list(self._slot_items.values()) + list(self._unlaunched)
 
     def abort_stale(self, version: int) -> int:
         """Cancel in-flight attempts the sampler says can no longer be selected at ``version``."""
@@ -135,6 +137,7 @@ class RolloutPump:
             await self._admit_and_launch(batch)
 
     async def _admit_and_launch(self, batch: list[Any]) -> None:
+        self._unlaunched = list(batch)
         self._in_admit = True
         try:
             target = await self.ctx.sampler.admit(self.ctx.clock)
@@ -147,9 +150,10 @@ class RolloutPump:
                 # Resume top-up: restored groups already cover part of this step; the rest goes back.
                 keep = max(0, len(batch) - already)
                 self.loader.push_front(batch[keep:])
-                batch = batch[:keep]
-        for item in batch:
-            await self._launch(item, target)
+                del self._unlaunched[keep:]
+        while self._unlaunched:
+            await self._launch(self._unlaunched[0], target)
+            self._unlaunched.pop(0)
 
     async def _launch(self, item: Any, target: int | None) -> None:
         await self.ctx.capacity.acquire()

@@ -9,6 +9,7 @@ Weight sync copies the learner's parameters into the engine's model between engi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,10 +86,8 @@ class EmbeddedRollouts:
     async def close(self) -> None:
         if self._batcher is not None:
             self._batcher.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._batcher
-            except asyncio.CancelledError:
-                pass
 
 
 @dataclass
