@@ -119,11 +119,12 @@ def check_invariants(sc, controller, rollouts, trainer, fates, summary, error):
             assert rec.selected >= ledger.floor and rec.selected + rec.charged + rec.unfilled == P
         else:
             assert rec.selected + rec.charged == P
-    # Every reserved slot has exactly one fate.
-    reserved = [call.group_id for call in rollouts.calls]
-    assert len(set(reserved)) == len(reserved)
+    # Every reserved slot has exactly one fate (a slot may be cancelled before its rollout even starts).
+    reserved = set(range(controller.ctx.buffer.next_slot_id))
+    called = [call.group_id for call in rollouts.calls]
+    assert len(set(called)) == len(called) and set(called) <= reserved
     fate_ids = Counter(r.group_id for r in fates)
-    assert set(fate_ids) == set(reserved) and all(n == 1 for n in fate_ids.values())
+    assert set(fate_ids) == reserved and all(n == 1 for n in fate_ids.values())
     # No group trained twice; trained fates match the trainer and the ledger.
     trained_ids = [gid for chunk in trainer.chunks for gid in chunk.group_ids]
     assert len(set(trained_ids)) == len(trained_ids)
@@ -141,6 +142,7 @@ def check_invariants(sc, controller, rollouts, trainer, fates, summary, error):
         if r.fate in ("trained", "evicted", "aborted", "pending") or r.resolution in TERMINAL_RESOLUTIONS
     )
     dispatched = {call.uid for call in rollouts.calls}
+    assert set(called) == reserved  # a completed run cancels nothing
     assert set(terminal) == dispatched and all(n == 1 for n in terminal.values())
     assert len(dispatched) + summary.unused_prompts == sc["n_prompts"]
     assert summary.stop_reason == "exhausted"

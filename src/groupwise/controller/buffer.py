@@ -235,6 +235,11 @@ class GroupBuffer:
     def __len__(self) -> int:
         return len(self._slots)
 
+    @property
+    def next_slot_id(self) -> int:
+        """The id the next reservation gets; every smaller id was reserved (or restored) at some point."""
+        return self._next_id
+
     def get(self, slot_id: int) -> Slot:
         return self._slot(slot_id, "get")
 

@@ -203,6 +203,10 @@ class RolloutPump:
             raise
         finally:
             self.inflight.release()
+            # Settled now, not in the done callback: a snapshot taken in between must not list it as unsettled.
+            current = asyncio.current_task()
+            if current is not None:
+                self._slot_items.pop(current, None)
 
     async def _dispatch_slot(self, item: Any, target: int | None) -> None:
         ctx = self.ctx

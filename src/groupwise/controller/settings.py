@@ -93,6 +93,9 @@ class ControllerSettings:
             ),
             dynamic_sampling=ds.enabled,
             zero_variance_tol=ds.zero_variance_tol,
+            # The declared raw reward range (only splits zero-variance groups into all-max / all-min metrics).
+            reward_low=cfg.grpo.reward_scaling.source_min,
+            reward_high=cfg.grpo.reward_scaling.source_max,
             seed=cfg.run.seed,
             max_steps=cfg.run.max_steps,
             start_step=start_step,

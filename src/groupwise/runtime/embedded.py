@@ -37,7 +37,7 @@ class EmbeddedRollouts:
         self.source_model = source_model
         self.max_batch_groups = max(1, max_batch_groups)
         self._pending: list[_Pending] = []
-        self._engine_lock = asyncio.Lock()
+        self.engine_lock = asyncio.Lock()
         self._batcher: asyncio.Task | None = None
         self._wake = asyncio.Event()
 
@@ -61,7 +61,7 @@ class EmbeddedRollouts:
                     await self._generate(batch)
 
     async def _generate(self, batch: list[_Pending]) -> None:
-        async with self._engine_lock:
+        async with self.engine_lock:
             try:
                 groups = await asyncio.to_thread(
                     self.worker.generate_groups,
@@ -80,7 +80,7 @@ class EmbeddedRollouts:
 
     async def sync_weights(self, version: int) -> None:
         """Copy the learner's parameters into the engine's model, between two engine calls."""
-        async with self._engine_lock:
+        async with self.engine_lock:
             self.worker.generator.load_weights(self.source_model.state_dict(), version)
 
     async def close(self) -> None:

@@ -1,0 +1,45 @@
+"""Run a session in async mode on the embedded runtime: the real controller, engine and learner in-process."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from groupwise.controller.controller import build_controller
+from groupwise.controller.settings import ControllerSettings
+from groupwise.runtime.embedded import EmbeddedRollouts, EmbeddedTrainer
+from groupwise.session import Session
+from groupwise.types import Group
+
+
+def run_async(session: Session) -> Any:
+    """Train ``session`` with the async single controller until ``run.max_steps`` or the end of data."""
+    cfg = session.cfg
+    if session.state.step == 0 and cfg.eval.at_start:
+        session.evaluate(step=0)
+    summary = asyncio.run(_run(session))
+    session.events.event(
+        f"async run stopped ({summary.stop_reason}) after {summary.steps_trained} steps; fates: {summary.fates}"
+    )
+    session.finish()
+    return summary
+
+
+async def _run(session: Session) -> Any:
+    cfg = session.cfg
+    rollouts = EmbeddedRollouts(session.rollouts, session.policy.model, cfg.generation.micro_batch_groups)
+    trainer = EmbeddedTrainer(session.learner, cfg.grpo)
+
+    async def on_step_end(step: int, metrics: dict[str, float], groups: list[Group]) -> None:
+        rows = trainer.take_step_rows()
+        session.state.step = step + 1
+        # Evaluation uses the engine: hold it so no rollout batch runs on it meanwhile.
+        async with rollouts.engine_lock:
+            await asyncio.to_thread(session.end_step, step, metrics, rows)
+
+    settings = ControllerSettings.from_config(cfg, start_step=session.state.step)
+    controller = build_controller(settings, session.loader, rollouts, trainer, on_step_end=on_step_end)
+    try:
+        return await controller.run()
+    finally:
+        await rollouts.close()

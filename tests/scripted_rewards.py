@@ -1,0 +1,24 @@
+"""Scripted reward functions for trainer tests (``reward.function: "scripted_rewards:<name>"``).
+
+They are fakes named as such: deterministic functions of the prompt and the completion text that make some
+groups zero-variance on purpose, and record every call so a test can recompute the metrics independently.
+"""
+
+from __future__ import annotations
+
+from groupwise.types import Completion, Prompt
+
+CALLS: list[tuple[str, str, float]] = []
+
+
+def marker_reward(prompt: Prompt, completion: Completion) -> float:
+    """Zero-variance by construction for prompts whose first operand is a multiple of 3 (always 1.0 when the
+    second operand is even, else always 0.0); every other prompt is rewarded by the parity of the completion's first
+    token id, which a random tiny model varies within a group. Records ``(uid, text, reward)``."""
+    a, b = prompt.metadata["a"], prompt.metadata["b"]
+    if a % 3 == 0:
+        reward = 1.0 if b % 2 == 0 else 0.0
+    else:
+        reward = float(completion.token_ids[0] % 2)
+    CALLS.append((prompt.uid, completion.text, reward))
+    return reward
