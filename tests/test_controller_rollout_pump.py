@@ -32,11 +32,25 @@ ZERO = (1.0, 1.0)
 
 
 def make(sampler, knobs, P, n_prompts, script=None, default=None, fates=None, trainer=None, state=None, **kw):
-    failure = kw.pop("failure", FailureSettings(on_dropped_prompt="shrink", min_step_batch_fraction=0.5,
-                                                max_data_attempts_per_prompt=1, max_skipped_prompts=10))
-    cfg = ControllerSettings(prompts_per_step=P, group_size=G, sampler=sampler, sampler_knobs=knobs,
-                             failure=failure, max_buffered_rollouts=kw.pop("capacity", 16),
-                             dynamic_sampling=kw.pop("ds", False), **kw)
+    failure = kw.pop(
+        "failure",
+        FailureSettings(
+            on_dropped_prompt="shrink",
+            min_step_batch_fraction=0.5,
+            max_data_attempts_per_prompt=1,
+            max_skipped_prompts=10,
+        ),
+    )
+    cfg = ControllerSettings(
+        prompts_per_step=P,
+        group_size=G,
+        sampler=sampler,
+        sampler_knobs=knobs,
+        failure=failure,
+        max_buffered_rollouts=kw.pop("capacity", 16),
+        dynamic_sampling=kw.pop("ds", False),
+        **kw,
+    )
     rollouts = ScriptedRollouts(group_size=G, script=script or {}, default=default or Outcome())
     trainer = trainer or RecordingTrainer()
     on_fate = fates.append if fates is not None else None
@@ -45,8 +59,14 @@ def make(sampler, knobs, P, n_prompts, script=None, default=None, fates=None, tr
 
 
 def replace(**kw) -> FailureSettings:
-    base = dict(on_dropped_prompt="replace", max_replacement_attempts=1, replacement_reserve_prompts=2,
-                min_step_batch_fraction=0.5, max_data_attempts_per_prompt=1, max_skipped_prompts=10)
+    base = dict(
+        on_dropped_prompt="replace",
+        max_replacement_attempts=1,
+        replacement_reserve_prompts=2,
+        min_step_batch_fraction=0.5,
+        max_data_attempts_per_prompt=1,
+        max_skipped_prompts=10,
+    )
     base.update(kw)
     return FailureSettings(**base)
 
@@ -54,8 +74,11 @@ def replace(**kw) -> FailureSettings:
 def test_in_order_stamps_dispatch_index_and_weight_fifo_none():
     controller, _, trainer = make("in_order", {"max_lookahead_versions": 1}, 2, 6)
     run_virtual(controller.run)
-    assert [(c.step, [g.target_step for g in c.groups]) for c in trainer.chunks] == [(0, [0, 0]), (1, [1, 1]),
-                                                                                     (2, [2, 2])]
+    assert [(c.step, [g.target_step for g in c.groups]) for c in trainer.chunks] == [
+        (0, [0, 0]),
+        (1, [1, 1]),
+        (2, [2, 2]),
+    ]
     controller, _, trainer = make("weight_fifo", {"max_staleness_versions": 1}, 2, 4)
     run_virtual(controller.run)
     assert all(g.target_step is None for c in trainer.chunks for g in c.groups)
@@ -80,10 +103,16 @@ class BoundsWatcher(ScriptedRollouts):
 
 
 def test_capacity_and_inflight_bounds_and_permits_come_back():
-    cfg = ControllerSettings(prompts_per_step=2, group_size=G, sampler="windowed",
-                             sampler_knobs={"max_staleness_versions": 5}, max_buffered_rollouts=3,
-                             max_inflight_prompts=2, dynamic_sampling=False,
-                             failure=FailureSettings(min_step_batch_fraction=0.5))
+    cfg = ControllerSettings(
+        prompts_per_step=2,
+        group_size=G,
+        sampler="windowed",
+        sampler_knobs={"max_staleness_versions": 5},
+        max_buffered_rollouts=3,
+        max_inflight_prompts=2,
+        dynamic_sampling=False,
+        failure=FailureSettings(min_step_batch_fraction=0.5),
+    )
     rollouts = BoundsWatcher(group_size=G)
     controller = build_controller(cfg, make_loader(10), rollouts, RecordingTrainer(chunk_latency=10.0))
     rollouts.controller = controller
@@ -101,8 +130,13 @@ def test_resume_tops_up_a_partially_restored_in_order_step():
     from groupwise.types import Prompt
 
     saved.commit(sid, Group(sid, Prompt(uid="restored", answer=""), (1,), comps, [0, 1], [0, 1]), 0)
-    state = {"step": 0, "sampler": "in_order", "buffer": saved.state_dict(), "spare_pool": {"items": []},
-             "inflight_prompts": []}
+    state = {
+        "step": 0,
+        "sampler": "in_order",
+        "buffer": saved.state_dict(),
+        "spare_pool": {"items": []},
+        "inflight_prompts": [],
+    }
     controller, rollouts, trainer = make("in_order", {"max_lookahead_versions": 1}, 4, 8, state=state)
     summary = run_virtual(controller.run)
     assert trainer.uids_per_step() == {0: ["restored", "p0", "p1", "p2"], 1: ["p3", "p4", "p5", "p6"]}
@@ -111,8 +145,15 @@ def test_resume_tops_up_a_partially_restored_in_order_step():
 
 
 def test_replace_spare_stands_in_and_leftover_pool_is_counted():
-    controller, _, trainer = make("in_order", {"max_lookahead_versions": 0}, 2, 8, ds=True,
-                                  script={"p1": [Outcome(rewards=ZERO)]}, failure=replace())
+    controller, _, trainer = make(
+        "in_order",
+        {"max_lookahead_versions": 0},
+        2,
+        8,
+        ds=True,
+        script={"p1": [Outcome(rewards=ZERO)]},
+        failure=replace(),
+    )
     summary = run_virtual(controller.run)
     assert trainer.uids_per_step() == {0: ["p0", "p2"], 1: ["p4", "p5"], 2: ["p3", "p6"]}
     assert [(r.step, r.replaced, r.charged) for r in summary.ledger_history] == [(0, 1, 0), (1, 0, 0), (2, 0, 0)]
@@ -123,20 +164,30 @@ def test_replace_spare_stands_in_and_leftover_pool_is_counted():
 
 def test_failing_replacement_falls_back_to_a_charge():
     fates: list[FateRecord] = []
-    controller, _, trainer = make("in_order", {"max_lookahead_versions": 0}, 2, 8, ds=True, fates=fates,
-                                  script={"p1": [Outcome(rewards=ZERO)], "p2": [Outcome(rewards=ZERO)]},
-                                  failure=replace(max_replacement_attempts=1))
+    controller, _, trainer = make(
+        "in_order",
+        {"max_lookahead_versions": 0},
+        2,
+        8,
+        ds=True,
+        fates=fates,
+        script={"p1": [Outcome(rewards=ZERO)], "p2": [Outcome(rewards=ZERO)]},
+        failure=replace(max_replacement_attempts=1),
+    )
     summary = run_virtual(controller.run)
     assert trainer.uids_per_step()[0] == ["p0"]
     assert (summary.ledger_history[0].selected, summary.ledger_history[0].charged) == (1, 1)
     assert [(r.prompt_uid, r.resolution, r.step) for r in fates if r.fate == "filtered"] == [
-        ("p1", "replaced", None), ("p2", "charged", 0)]
+        ("p1", "replaced", None),
+        ("p2", "charged", 0),
+    ]
 
 
 def test_borrow_promotes_a_later_ready_group_and_the_spare_repays_the_lender():
     script = {"p1": [Outcome(latency=2.0, rewards=ZERO)], "p4": [Outcome(latency=1.0)], "p5": [Outcome(latency=1.0)]}
-    controller, _, trainer = make("in_order", {"max_lookahead_versions": 1}, 2, 8, ds=True, script=script,
-                                  failure=replace())
+    controller, _, trainer = make(
+        "in_order", {"max_lookahead_versions": 1}, 2, 8, ds=True, script=script, failure=replace()
+    )
     summary = run_virtual(controller.run)
     uids = trainer.uids_per_step()
     assert sorted(uids[0]) == ["p0", "p4"] and sorted(uids[1]) == ["p2", "p5"]
@@ -145,10 +196,14 @@ def test_borrow_promotes_a_later_ready_group_and_the_spare_repays_the_lender():
 
 
 def test_in_flight_group_is_not_borrowed_and_shrink_never_borrows():
-    slow_lookahead = {"p1": [Outcome(latency=2.0, rewards=ZERO)], "p4": [Outcome(latency=5.0)],
-                      "p5": [Outcome(latency=5.0)]}
-    controller, _, trainer = make("in_order", {"max_lookahead_versions": 1}, 2, 8, ds=True, script=slow_lookahead,
-                                  failure=replace())
+    slow_lookahead = {
+        "p1": [Outcome(latency=2.0, rewards=ZERO)],
+        "p4": [Outcome(latency=5.0)],
+        "p5": [Outcome(latency=5.0)],
+    }
+    controller, _, trainer = make(
+        "in_order", {"max_lookahead_versions": 1}, 2, 8, ds=True, script=slow_lookahead, failure=replace()
+    )
     summary = run_virtual(controller.run)
     assert trainer.uids_per_step()[0] == ["p0", "p2"]  # replaced in place
     assert all(r.promoted == 0 for r in summary.ledger_history)
@@ -163,8 +218,16 @@ def test_windowed_aborts_only_out_of_window_inflight_attempts():
     fates: list[FateRecord] = []
     script = {"p0": [Outcome(latency=1.0)], "p1": [Outcome(latency=100.0)], "p2": [Outcome(latency=2.0)]}
     metrics = {}
-    controller, rollouts, trainer = make("windowed", {"max_staleness_versions": 0}, 1, 4, script=script, fates=fates,
-                                         capacity=3, min_groups_for_streaming_train=1)
+    controller, rollouts, trainer = make(
+        "windowed",
+        {"max_staleness_versions": 0},
+        1,
+        4,
+        script=script,
+        fates=fates,
+        capacity=3,
+        min_groups_for_streaming_train=1,
+    )
     controller.train_pump.on_step_end = lambda step, m, groups: metrics.__setitem__(step, m)
     summary = run_virtual(controller.run)
     assert sorted(r.prompt_uid for r in fates if r.fate == "aborted") == ["p1", "p2"]
@@ -177,9 +240,16 @@ def test_windowed_aborts_only_out_of_window_inflight_attempts():
 def test_fatal_failure_cancels_every_other_rollout_and_names_the_prompt():
     fates: list[FateRecord] = []
     script = {"p2": [Outcome(latency=1.0, fail="data")]}
-    controller, rollouts, _ = make("ready_first", {"max_staleness_versions": 1}, 4, 8, script=script, fates=fates,
-                                   default=Outcome(latency=50.0),
-                                   failure=FailureSettings(max_data_attempts_per_prompt=1, max_skipped_prompts=0))
+    controller, rollouts, _ = make(
+        "ready_first",
+        {"max_staleness_versions": 1},
+        4,
+        8,
+        script=script,
+        fates=fates,
+        default=Outcome(latency=50.0),
+        failure=FailureSettings(max_data_attempts_per_prompt=1, max_skipped_prompts=0),
+    )
     with pytest.raises(ScriptedDataError) as info:
         run_virtual(controller.run)
     assert any("'p2'" in note for note in getattr(info.value, "__notes__", []))
@@ -189,28 +259,47 @@ def test_fatal_failure_cancels_every_other_rollout_and_names_the_prompt():
 
 
 def test_filtered_groups_use_no_failure_budget_and_reset_the_drop_streak():
-    script = {"p0": [Outcome(latency=1.0, fail="infra")], "p1": [Outcome(latency=2.0, rewards=ZERO)],
-              "p2": [Outcome(latency=3.0, fail="infra")], "p3": [Outcome(latency=4.0, rewards=ZERO)]}
-    failure = FailureSettings(on_dropped_prompt="shrink", max_infra_attempts_per_prompt=1,
-                              max_consecutive_dropped_prompts=1, max_skipped_prompts=0,
-                              min_step_batch_fraction=0.5)
-    controller, _, trainer = make("windowed", {"max_staleness_versions": 9}, 1, 6, script=script, ds=True,
-                                  failure=failure, min_groups_for_streaming_train=1)
+    script = {
+        "p0": [Outcome(latency=1.0, fail="infra")],
+        "p1": [Outcome(latency=2.0, rewards=ZERO)],
+        "p2": [Outcome(latency=3.0, fail="infra")],
+        "p3": [Outcome(latency=4.0, rewards=ZERO)],
+    }
+    failure = FailureSettings(
+        on_dropped_prompt="shrink",
+        max_infra_attempts_per_prompt=1,
+        max_consecutive_dropped_prompts=1,
+        max_skipped_prompts=0,
+        min_step_batch_fraction=0.5,
+    )
+    controller, _, trainer = make(
+        "windowed",
+        {"max_staleness_versions": 9},
+        1,
+        6,
+        script=script,
+        ds=True,
+        failure=failure,
+        min_groups_for_streaming_train=1,
+    )
     summary = run_virtual(controller.run)
     assert trainer.uids_per_step() == {0: ["p4"], 1: ["p5"]}
     assert controller.ctx.budgets.max_consecutive_seen == 1
+    assert controller.rollout_pump.groups_finished == 4  # 2 filtered + 2 trained: progress for a watchdog
     assert summary.fates.by_resolution[("filtered", "uncharged")] == 2
 
 
 def test_ready_first_diverts_to_the_pool_and_windowed_never_does():
     script = {"p0": [Outcome(rewards=ZERO)]}
-    controller, rollouts, trainer = make("ready_first", {"max_staleness_versions": 0}, 2, 6, ds=True, script=script,
-                                         failure=replace())
+    controller, rollouts, trainer = make(
+        "ready_first", {"max_staleness_versions": 0}, 2, 6, ds=True, script=script, failure=replace()
+    )
     summary = run_virtual(controller.run)
     assert trainer.uids_per_step()[0] == ["p1", "p2"]  # p2 came from the pool (batch 1 was diverted)
     assert summary.ledger_history[0].replaced == 1
-    controller, rollouts, trainer = make("windowed", {"max_staleness_versions": 3}, 2, 6, ds=True, script=script,
-                                         failure=replace())
+    controller, rollouts, trainer = make(
+        "windowed", {"max_staleness_versions": 3}, 2, 6, ds=True, script=script, failure=replace()
+    )
     summary = run_virtual(controller.run)
     assert [c.uid for c in rollouts.calls] == [f"p{i}" for i in range(6)]
     assert len(controller.ctx.spare_pool) == 0 and summary.unused_prompts == 0
@@ -224,8 +313,12 @@ class WrongIdRollouts(ScriptedRollouts):
 
 
 def test_rollout_client_must_return_the_given_group_id():
-    cfg = ControllerSettings(prompts_per_step=2, group_size=G, dynamic_sampling=False,
-                             failure=FailureSettings(max_data_attempts_per_prompt=1))
+    cfg = ControllerSettings(
+        prompts_per_step=2,
+        group_size=G,
+        dynamic_sampling=False,
+        failure=FailureSettings(max_data_attempts_per_prompt=1),
+    )
     controller = build_controller(cfg, make_loader(2), WrongIdRollouts(group_size=G), RecordingTrainer())
     with pytest.raises(ValueError, match="must return the group_id it was given"):
         run_virtual(controller.run)
@@ -233,8 +326,9 @@ def test_rollout_client_must_return_the_given_group_id():
 
 def test_cancelled_run_leaves_no_task_running():
     async def main():
-        controller, rollouts, _ = make("ready_first", {"max_staleness_versions": 1}, 2, 8,
-                                       default=Outcome(latency=30.0))
+        controller, rollouts, _ = make(
+            "ready_first", {"max_staleness_versions": 1}, 2, 8, default=Outcome(latency=30.0)
+        )
         task = asyncio.ensure_future(controller.run())
         await asyncio.sleep(5)
         task.cancel()

@@ -49,10 +49,15 @@ def test_sync_equivalent_ordering_with_in_order_lookahead_zero(seed):
     rollouts = ScriptedRollouts(group_size=G, script=random_latencies(12, seed))
     trainer = RecordingTrainer()
     metrics = {}
-    controller = build_controller(cfg("in_order", {"max_lookahead_versions": 0}), loader, rollouts, trainer,
-                                  on_step_end=lambda s, m, g: metrics.__setitem__(s, m))
+    controller = build_controller(
+        cfg("in_order", {"max_lookahead_versions": 0}),
+        loader,
+        rollouts,
+        trainer,
+        on_step_end=lambda s, m, g: metrics.__setitem__(s, m),
+    )
     summary = run_virtual(controller.run)
-    assert trainer.uids_per_step() == {s: expected[3 * s: 3 * s + 3] for s in range(4)}
+    assert trainer.uids_per_step() == {s: expected[3 * s : 3 * s + 3] for s in range(4)}
     assert [c.step for c in trainer.chunks] == [0, 1, 2, 3] and trainer.finished == [0, 1, 2, 3]
     assert all(g.start_version == c.step for c in trainer.chunks for g in c.groups)
     assert [metrics[s]["staleness/max"] for s in range(4)] == [0.0] * 4
@@ -65,7 +70,10 @@ def test_streaming_chunks_respect_the_minimum_and_one_optimizer_step_per_step():
     trainer = RecordingTrainer()
     controller = build_controller(
         cfg("ready_first", {"max_staleness_versions": 0}, P=4, min_groups_for_streaming_train=2),
-        make_loader(8), ScriptedRollouts(group_size=G, script=script, default=Outcome(4.0)), trainer)
+        make_loader(8),
+        ScriptedRollouts(group_size=G, script=script, default=Outcome(4.0)),
+        trainer,
+    )
     run_virtual(controller.run)
     assert trainer.chunk_sizes(0) == [2, 2]
     assert trainer.finished == [0, 1] and trainer.groups_per_step() == {0: 4, 1: 4}
@@ -74,8 +82,11 @@ def test_streaming_chunks_respect_the_minimum_and_one_optimizer_step_per_step():
 
 def test_groups_left_that_cannot_be_selected_raise_a_named_error():
     controller = build_controller(
-        cfg("custom", {"target": "fakes.samplers:HoardingSampler"}, P=2), make_loader(4),
-        ScriptedRollouts(group_size=G), RecordingTrainer())
+        cfg("custom", {"target": "fakes.samplers:HoardingSampler"}, P=2),
+        make_loader(4),
+        ScriptedRollouts(group_size=G),
+        RecordingTrainer(),
+    )
     with pytest.raises(RolloutExhaustedError, match=r"step 0 .*selected 0 \+ charged 0 of P 2.*4 ready group"):
         run_virtual(controller.run)
 
@@ -83,13 +94,20 @@ def test_groups_left_that_cannot_be_selected_raise_a_named_error():
 def test_step_metrics_cover_tally_accounting_staleness_and_trainer():
     zero = (1.0, 1.0)
     script = {"p1": [Outcome(rewards=zero)]}
-    failure = FailureSettings(on_dropped_prompt="replace", max_replacement_attempts=1, replacement_reserve_prompts=2,
-                              min_step_batch_fraction=0.5)
+    failure = FailureSettings(
+        on_dropped_prompt="replace",
+        max_replacement_attempts=1,
+        replacement_reserve_prompts=2,
+        min_step_batch_fraction=0.5,
+    )
     metrics = {}
     controller = build_controller(
         cfg("in_order", {"max_lookahead_versions": 0}, P=2, dynamic_sampling=True, failure=failure),
-        make_loader(8), ScriptedRollouts(group_size=G, script=script), RecordingTrainer(),
-        on_step_end=lambda s, m, g: metrics.__setitem__(s, m))
+        make_loader(8),
+        ScriptedRollouts(group_size=G, script=script),
+        RecordingTrainer(),
+        on_step_end=lambda s, m, g: metrics.__setitem__(s, m),
+    )
     run_virtual(controller.run)
     m0 = metrics[0]
     # Generated for step 0: p0 [0, 1], p1 [1, 1] (filtered), p2 [0, 1] (its replacement).
@@ -108,34 +126,56 @@ def test_setup_refusals():
     with pytest.raises(ValueError, match="weight_fifo builds each step only from groups generated under the same"):
         build_controller(cfg("weight_fifo", {}, dynamic_sampling=True), loader, rollouts, trainer)
     with pytest.raises(ValueError, match=r"max_buffered_rollouts=7 .*needs \(8 = P × \(window \+ 1\)\)"):
-        build_controller(cfg("ready_first", {"max_staleness_versions": 1}, P=4, max_buffered_rollouts=7),
-                         loader, rollouts, trainer)
+        build_controller(
+            cfg("ready_first", {"max_staleness_versions": 1}, P=4, max_buffered_rollouts=7), loader, rollouts, trainer
+        )
     with pytest.raises(ValueError, match="needs \\(8"):
-        build_controller(cfg("custom", {"target": "fakes.samplers:PlainReadyFirst", "kwargs": {"window": 3}}, P=2,
-                             max_buffered_rollouts=7), loader, rollouts, trainer)
+        build_controller(
+            cfg(
+                "custom",
+                {"target": "fakes.samplers:PlainReadyFirst", "kwargs": {"window": 3}},
+                P=2,
+                max_buffered_rollouts=7,
+            ),
+            loader,
+            rollouts,
+            trainer,
+        )
 
 
 def bucket_mismatch_script() -> dict[str, list[Outcome]]:
     # p5 (dispatched at v=0) fails after step 0 trained; its spare runs under v=1, so bucket 0 stays short.
-    return {"p0": [Outcome(1.0)], "p1": [Outcome(1.0)], "p4": [Outcome(1.0)],
-            "p5": [Outcome(5.0, fail="infra")]}
+    return {"p0": [Outcome(1.0)], "p1": [Outcome(1.0)], "p4": [Outcome(1.0)], "p5": [Outcome(5.0, fail="infra")]}
 
 
 def bucket_mismatch_settings(sampler: str) -> ControllerSettings:
-    failure = FailureSettings(on_dropped_prompt="replace", max_replacement_attempts=1, replacement_reserve_prompts=2,
-                              max_infra_attempts_per_prompt=1, max_consecutive_dropped_prompts=5,
-                              min_step_batch_fraction=0.5)
+    failure = FailureSettings(
+        on_dropped_prompt="replace",
+        max_replacement_attempts=1,
+        replacement_reserve_prompts=2,
+        max_infra_attempts_per_prompt=1,
+        max_consecutive_dropped_prompts=5,
+        min_step_batch_fraction=0.5,
+    )
     return cfg(sampler, {"max_staleness_versions": 1}, P=2, failure=failure)
 
 
 def test_weight_fifo_bucket_mismatch_is_reported_as_a_stall_not_a_hang():
-    controller = build_controller(bucket_mismatch_settings("weight_fifo"), make_loader(10),
-                                  ScriptedRollouts(group_size=G, script=bucket_mismatch_script()), RecordingTrainer())
+    controller = build_controller(
+        bucket_mismatch_settings("weight_fifo"),
+        make_loader(10),
+        ScriptedRollouts(group_size=G, script=bucket_mismatch_script()),
+        RecordingTrainer(),
+    )
     with pytest.raises(ControllerStalled, match=r"per_start_weight=\{0: '1 ready/1 slots', 1: '3 ready/3 slots'\}"):
         run_virtual(controller.run)
     trainer = RecordingTrainer()
-    controller = build_controller(bucket_mismatch_settings("ready_first"), make_loader(10),
-                                  ScriptedRollouts(group_size=G, script=bucket_mismatch_script()), trainer)
+    controller = build_controller(
+        bucket_mismatch_settings("ready_first"),
+        make_loader(10),
+        ScriptedRollouts(group_size=G, script=bucket_mismatch_script()),
+        trainer,
+    )
     summary = run_virtual(controller.run)
     assert summary.stop_reason == "exhausted" and trainer.groups_per_step() == {0: 2, 1: 2, 2: 2, 3: 2}
 
@@ -149,8 +189,9 @@ class CrashingTrainer(RecordingTrainer):
 
 def test_trainer_crash_reaches_the_caller_and_stops_rollouts():
     rollouts = ScriptedRollouts(group_size=G, default=Outcome(latency=1.0))
-    controller = build_controller(cfg("in_order", {"max_lookahead_versions": 1}, P=2), make_loader(12), rollouts,
-                                  CrashingTrainer())
+    controller = build_controller(
+        cfg("in_order", {"max_lookahead_versions": 1}, P=2), make_loader(12), rollouts, CrashingTrainer()
+    )
     with pytest.raises(RuntimeError, match="learner out of memory") as info:
         run_virtual(controller.run)
     assert any("step 1" in note for note in info.value.__notes__)
@@ -162,8 +203,9 @@ def test_trainer_crash_reaches_the_caller_and_stops_rollouts():
 def test_max_steps_stops_and_records_pending_work():
     rollouts = ScriptedRollouts(group_size=G)
     trainer = RecordingTrainer()
-    controller = build_controller(cfg("in_order", {"max_lookahead_versions": 1}, P=2, max_steps=2), make_loader(20),
-                                  rollouts, trainer)
+    controller = build_controller(
+        cfg("in_order", {"max_lookahead_versions": 1}, P=2, max_steps=2), make_loader(20), rollouts, trainer
+    )
     summary = run_virtual(controller.run)
     assert summary.stop_reason == "max_steps" and trainer.finished == [0, 1]
     assert summary.fates["trained"] == 4
@@ -190,16 +232,18 @@ def test_snapshot_in_async_hook_then_resume_equals_continuing():
             saved["controller"] = controller.state_dict()
             saved["loader"] = loader.state_dict()
 
-    controller = build_controller(settings(max_steps=2), loader, ScriptedRollouts(G, script=script), first,
-                                  on_step_end=snapshot)
+    controller = build_controller(
+        settings(max_steps=2), loader, ScriptedRollouts(G, script=script), first, on_step_end=snapshot
+    )
     run_virtual(controller.run)
     assert saved["controller"]["step"] == 2
 
     resumed_loader = make_loader(12)
     resumed_loader.load_state_dict(saved["loader"])
     second = RecordingTrainer()
-    resumed = build_controller(settings(start_step=2), resumed_loader, ScriptedRollouts(G, script=script), second,
-                               state=saved["controller"])
+    resumed = build_controller(
+        settings(start_step=2), resumed_loader, ScriptedRollouts(G, script=script), second, state=saved["controller"]
+    )
     run_virtual(resumed.run)
     combined = {**first.uids_per_step(), **second.uids_per_step()}
     assert {s: sorted(u) for s, u in combined.items()} == {s: sorted(u) for s, u in full.uids_per_step().items()}

@@ -63,7 +63,7 @@ def test_counter_uniforms_are_uniform_on_unit_interval() -> None:
     seeds = torch.full((n,), seed_to_int64(2**63 + 5), dtype=torch.long)
     uniforms = counter_uniforms(seeds, torch.arange(n), 0)
     assert uniforms.dtype == torch.float64
-    assert 0.0 <= uniforms.min().item() and uniforms.max().item() < 1.0
+    assert uniforms.min().item() >= 0.0 and uniforms.max().item() < 1.0
     assert abs(uniforms.mean().item() - 0.5) < 0.01
     deciles = torch.histc(uniforms.float(), bins=10, min=0.0, max=1.0)
     assert torch.all((deciles - n / 10).abs() < 0.06 * n / 10)  # ~4.5 sigma per bin
@@ -85,7 +85,9 @@ def _brute_force_candidates(logits: torch.Tensor, temperature: float, top_k: int
     return {i: probs[i] / total for i in kept}
 
 
-@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(1.0, 3, 1.0), (0.5, 0, 0.6), (1.3, 5, 0.8), (1.0, 0, 1.0)])
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"), [(1.0, 3, 1.0), (0.5, 0, 0.6), (1.3, 5, 0.8), (1.0, 0, 1.0)]
+)
 def test_filtered_candidates_match_brute_force(temperature: float, top_k: int, top_p: float) -> None:
     logits = torch.tensor([[2.0, 0.5, 1.5, -1.0, 0.0, 1.0, 3.0, -2.0], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]])
     candidates, probs = filtered_candidates(logits, temperature, top_k, top_p)

@@ -162,6 +162,7 @@ def test_eos_ids_merge_tokenizer_and_generation_config_without_duplicates() -> N
         ({"source": "tiny", "tiny": {"layers": 2}}, r"unknown tiny model keys \['layers'\]"),
         ({"source": "tiny", "tiny": {"hidden_size": 30, "num_heads": 4}}, "hidden_size=30 with num_heads=4"),
         ({"source": "hf"}, "needs path="),
+        ({"source": "tiny", "path": "some/dir"}, "path='some/dir' has no effect for source='tiny'"),
         ({"source": "tiny", "gguf_file": "x.gguf"}, "gguf_file='x.gguf' only applies to source='gguf'"),
         ({"source": "hf", "path": "somewhere", "tiny": {}}, "only applies to source='tiny'"),
         ({"source": "tiny", "device": "gpu0"}, "device='gpu0' is not a torch device"),

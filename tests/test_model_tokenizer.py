@@ -31,7 +31,8 @@ def test_special_ids_are_fixed_and_vocabularies_hold_what_the_brief_lists() -> N
     assert set(string.digits + string.ascii_letters + " +-*/=()[],.:?\n") <= set(full[4:])
     assert len(full) == len(set(full))
     tokenizer = build_char_tokenizer("full")
-    assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id) == (0, 1, 2, 3)
+    ids = (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id)
+    assert ids == (0, 1, 2, 3)
     assert len(tokenizer) == len(full)
 
 

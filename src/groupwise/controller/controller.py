@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from groupwise.controller.buffer import GroupBuffer
@@ -54,7 +54,6 @@ class RunSummary:
     unused_prompts: int
     skipped_prompts: int
     late_losses: int
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Controller:

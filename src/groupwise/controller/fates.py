@@ -63,6 +63,9 @@ class FateCounts:
     def __getitem__(self, fate: str) -> int:
         return self.by_fate[fate]
 
+    def __repr__(self) -> str:
+        return ", ".join(f"{fate} {n}" for fate, n in sorted(self.by_fate.items())) or "none"
+
     def as_dict(self) -> dict[str, int]:
         out = {f"fates/{fate}": n for fate, n in sorted(self.by_fate.items())}
         for (fate, resolution), n in sorted(self.by_resolution.items(), key=str):

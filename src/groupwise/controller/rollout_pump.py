@@ -63,7 +63,7 @@ class RolloutPump:
         self.exhausted = False
         self.admitted_batches = 0
         self.unused_prompts = 0
-        self.aborted_since_last_sync = 0
+        self.groups_finished = 0  # committed or filtered: progress for a stall watchdog
         self._on_error = on_error
         self._tasks: set[asyncio.Task[None]] = set()
         self._attempts: dict[int, _Attempt] = {}
@@ -187,8 +187,9 @@ class RolloutPump:
     async def _drain_spare_pool(self) -> None:
         P = self.ctx.settings.prompts_per_step
         while len(self.ctx.spare_pool) >= P:
-            for batch in self.ctx.spare_pool.drain_whole_steps(P):
-                await self._admit_and_launch(batch)
+            # One whole step at a time, so a snapshot always finds each spare in the pool or in a slot.
+            while len(self.ctx.spare_pool) >= P:
+                await self._admit_and_launch([self.ctx.spare_pool.take() for _ in range(P)])
             await self._settle()
         self.unused_prompts += len(self.ctx.spare_pool.discard_leftover())
 
@@ -310,6 +311,7 @@ class RolloutPump:
         group.epoch = getattr(item, "epoch", group.epoch)
         step, zero_variance = ctx.tally.record_generated(group, filtering=ctx.settings.dynamic_sampling)
         ctx.budgets.on_progress()
+        self.groups_finished += 1
         if ctx.settings.dynamic_sampling and zero_variance:
             ctx.buffer.remove(slot_id)
             ctx.signal()

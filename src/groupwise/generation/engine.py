@@ -10,8 +10,9 @@ How a call runs:
 3. One decode loop for the chunk: draw a token per row (:mod:`groupwise.generation.sampling`),
    record its logprob, retire rows that hit EOS, a stop string or ``max_new_tokens``. Retired rows
    are dropped from the batch and the cache once an eighth of the batch has retired, so finished
-   rows stop costing compute without a cache copy every step. The attention mask is built once per
-   chunk (a 4D additive mask for sdpa/eager attention) and sliced per step.
+   rows stop costing compute without a cache copy every step. For sdpa/eager attention the masks
+   are 4D masks we build (once per chunk, sliced per step), so transformers' mask construction
+   is skipped; other attention kernels (flash-attention) get the 2D padding mask (untested here).
 
 Determinism: a row's draws depend only on (request seed, sample index, position) — see
 :mod:`groupwise.generation.sampling` for the counter RNG and its documented limit.
@@ -39,7 +40,8 @@ from groupwise.generation.sampling import (
 )
 from groupwise.types import Completion, FinishReason, GenerationRequest, SamplingParams
 
-# Attention implementations that take a prepared 4D additive mask as is (flash-attention wants 2D).
+# Attention implementations that take a prepared 4D mask as is (flash-attention wants 2D): sdpa reads
+# a boolean mask (True = attend, 1 byte per entry), eager adds a float mask to the scores.
 _4D_MASK_ATTENTION = ("sdpa", "eager")
 # Compact the batch once this fraction of its rows has finished (see _Batch).
 _COMPACT_FRACTION = 0.125
@@ -120,19 +122,19 @@ class Engine:
         with _inference(self.model):
             for start in range(0, len(rows), self.max_batch_rows):
                 chunk = rows[start : start + self.max_batch_rows]
-                for row, result in zip(chunk, self._generate_chunk(chunk, sampling), strict=True):
-                    results[row.request_index][row.sample_index] = self._completion(result)
+                for row, completion in zip(chunk, self._completions(chunk, sampling), strict=True):
+                    results[row.request_index][row.sample_index] = completion
         return [[completion for completion in per_request if completion is not None] for per_request in results]
 
-    def _completion(self, result: _RowResult) -> Completion:
-        text_ids = result.token_ids[:-1] if result.ended_on_eos else result.token_ids
-        return Completion(
-            token_ids=tuple(result.token_ids),
-            logprobs=tuple(result.logprobs),
-            text=self.tokenizer.decode(text_ids, skip_special_tokens=False),
-            finish_reason=result.finish_reason,
-            weight_version=self._version,
-        )
+    def _completions(self, chunk: Sequence[_Row], sampling: SamplingParams) -> list[Completion]:
+        """Sample a chunk and package it; text drops a final EOS but keeps every other special token."""
+        results = self._generate_chunk(chunk, sampling)
+        text_ids = [r.token_ids[:-1] if r.ended_on_eos else r.token_ids for r in results]
+        texts = self.tokenizer.batch_decode(text_ids, skip_special_tokens=False)
+        return [
+            Completion(tuple(r.token_ids), tuple(r.logprobs), text, r.finish_reason, self._version)
+            for r, text in zip(results, texts, strict=True)
+        ]
 
     def _forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: Cache) -> Tensor:
         """Last-position logits ``[B, V]``; the cache is updated in place."""
@@ -205,14 +207,18 @@ class Engine:
             padding[index, width - len(prompt) :] = True
         input_ids, padding = input_ids.to(device), padding.to(device)
         position_ids = (padding.long().cumsum(dim=1) - 1).clamp_(min=0)
-        logits = self._forward(input_ids, padding.long(), position_ids, cache)
+        attention = getattr(self.model.config, "_attn_implementation", "sdpa")
+        takes_4d = attention in _4D_MASK_ATTENTION
+        mask_dtype = torch.bool if attention == "sdpa" else self.model.dtype
+        prefill_mask = _as_mask(_prefill_allowed(padding), mask_dtype)[:, None] if takes_4d else padding.long()
+        logits = self._forward(input_ids, prefill_mask, position_ids, cache)
         row_to_prompt = torch.tensor([unique_index[row.request_index] for row in rows], dtype=torch.long, device=device)
         if len(prompts) != len(rows):
             select_cache_rows(cache, row_to_prompt)
         # Key mask for every position the loop can reach, built once; each step takes a prefix view.
         key_mask = torch.cat([padding[row_to_prompt], padding.new_ones((len(rows), max_new))], dim=1)
-        if getattr(self.model.config, "_attn_implementation", "sdpa") in _4D_MASK_ATTENTION:
-            key_mask = _additive_mask(key_mask, self.model.dtype)
+        if takes_4d:
+            key_mask = _as_mask(key_mask, mask_dtype)[:, None, None, :]
         batch = _Batch(
             rows=torch.arange(len(rows), device=device),
             live=torch.ones(len(rows), dtype=torch.bool, device=device),
@@ -282,11 +288,24 @@ def _expand_rows(requests: Sequence[GenerationRequest]) -> list[_Row]:
     return rows
 
 
-def _additive_mask(key_mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """A ``[B, 1, 1, K]`` additive mask: 0 where a key may be attended, the dtype's minimum where not."""
-    additive = torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device)
-    additive.masked_fill_(~key_mask, torch.finfo(dtype).min)
-    return additive[:, None, None, :]
+def _as_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """``allowed`` itself for a boolean mask, else an additive one: 0 where allowed, the dtype's minimum where not."""
+    if dtype == torch.bool:
+        return allowed
+    additive = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return additive.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+def _prefill_allowed(padding: Tensor) -> Tensor:
+    """``[U, P, P]``: query q sees key k iff k is a real token and k <= q.
+
+    A padded query also sees itself: a fully masked row would give NaN, and NaN values leak into
+    real rows through 0 · NaN in the next layer's attention.
+    """
+    width = padding.shape[1]
+    causal = torch.ones((width, width), dtype=torch.bool, device=padding.device).tril()
+    diagonal = torch.eye(width, dtype=torch.bool, device=padding.device)
+    return (causal & padding[:, None, :]) | diagonal
 
 
 def _collect(

@@ -115,6 +115,8 @@ def load_policy(
     if tiny is not None and source != "tiny":
         raise ValueError(f"tiny={tiny!r} only applies to source='tiny', not {source!r}")
     if source == "tiny":
+        if path is not None:
+            raise ValueError(f"path={str(path)!r} has no effect for source='tiny' (a fresh model); drop it or use 'hf'")
         policy = _load_tiny(tiny or {}, seed)
     elif source == "hf":
         if path is None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import torch
+
 from groupwise.controller.controller import build_controller
 from groupwise.controller.settings import ControllerSettings
 from groupwise.runtime.embedded import EmbeddedRollouts, EmbeddedTrainer
@@ -17,7 +19,14 @@ def run_async(session: Session) -> Any:
     cfg = session.cfg
     if session.state.step == 0 and cfg.eval.at_start:
         session.evaluate(step=0)
-    summary = asyncio.run(_run(session))
+    # Generation and training run at the same time in two threads; each gets half of the intra-op threads,
+    # otherwise their OpenMP teams oversubscribe the cores and both crawl.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads // 2))
+    try:
+        summary = asyncio.run(_run(session))
+    finally:
+        torch.set_num_threads(threads)
     session.events.event(
         f"async run stopped ({summary.stop_reason}) after {summary.steps_trained} steps; fates: {summary.fates}"
     )
