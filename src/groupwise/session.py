@@ -118,7 +118,8 @@ class Session:
     def end_step(self, step: int, metrics: dict[str, float], rows: RowBatch) -> None:
         """Log metrics and train data for the step that just finished; evaluate and checkpoint when due."""
         done = step + 1
-        metrics = {"step": done, "weight_version": self.learner.version, **metrics}
+        # Step N is the state after N optimizer steps (step 0 is the initial policy's evaluation).
+        metrics = {**metrics, "step": done, "weight_version": self.learner.version}
         every = self.cfg.eval.every
         if every and done % every == 0 and done < self.cfg.run.max_steps:
             metrics.update(self.evaluate(done, log=False))

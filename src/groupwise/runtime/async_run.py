@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import torch
@@ -39,8 +40,11 @@ async def _run(session: Session) -> Any:
     rollouts = EmbeddedRollouts(session.rollouts, session.policy.model, cfg.generation.micro_batch_groups)
     trainer = EmbeddedTrainer(session.learner, cfg.grpo)
 
+    meter = _StepMeter(rollouts, trainer)
+
     async def on_step_end(step: int, metrics: dict[str, float], groups: list[Group]) -> None:
         rows = trainer.take_step_rows()
+        metrics.update(meter.step_metrics())
         session.state.step = step + 1
         # Evaluation uses the engine: hold it so no rollout batch runs on it meanwhile.
         async with rollouts.engine_lock:
@@ -52,3 +56,29 @@ async def _run(session: Session) -> Any:
         return await controller.run()
     finally:
         await rollouts.close()
+
+
+class _StepMeter:
+    """Wall time per step and how busy generation and training were in it (``perf/*`` metrics)."""
+
+    def __init__(self, rollouts: EmbeddedRollouts, trainer: EmbeddedTrainer):
+        self.rollouts, self.trainer = rollouts, trainer
+        self.last = time.perf_counter()
+        self.tokens = self.gen_busy = self.train_busy = 0.0
+
+    def step_metrics(self) -> dict[str, float]:
+        now = time.perf_counter()
+        wall, self.last = now - self.last, now
+        tokens = self.rollouts.generated_tokens - self.tokens
+        gen = self.rollouts.busy_seconds - self.gen_busy
+        train = self.trainer.busy_seconds - self.train_busy
+        self.tokens, self.gen_busy, self.train_busy = (
+            self.rollouts.generated_tokens, self.rollouts.busy_seconds, self.trainer.busy_seconds
+        )
+        return {
+            "perf/step_seconds": wall,
+            "perf/gen_seconds": gen,
+            "perf/gen_tokens_per_s": tokens / gen if gen > 0 else 0.0,
+            "perf/rollout_idle_fraction": max(0.0, 1.0 - gen / wall) if wall > 0 else 0.0,
+            "perf/trainer_idle_fraction": max(0.0, 1.0 - train / wall) if wall > 0 else 0.0,
+        }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,8 @@ class EmbeddedRollouts:
         self.engine_lock = asyncio.Lock()
         self._batcher: asyncio.Task | None = None
         self._wake = asyncio.Event()
+        self.generated_tokens = 0
+        self.busy_seconds = 0.0
 
     async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int) -> Group:
         if self._batcher is None or self._batcher.done():
@@ -62,6 +65,7 @@ class EmbeddedRollouts:
 
     async def _generate(self, batch: list[_Pending]) -> None:
         async with self.engine_lock:
+            start = time.perf_counter()
             try:
                 groups = await asyncio.to_thread(
                     self.worker.generate_groups,
@@ -74,6 +78,9 @@ class EmbeddedRollouts:
                     if not p.future.done():
                         p.future.set_exception(err)
                 return
+            finally:
+                self.busy_seconds += time.perf_counter() - start
+        self.generated_tokens += sum(g.num_completion_tokens for g in groups)
         for p, group in zip(batch, groups, strict=True):
             if not p.future.done():
                 p.future.set_result(group)
@@ -101,6 +108,7 @@ class EmbeddedTrainer:
     learner: Any
     grpo: Any
     step_rows: list[RowBatch] = field(default_factory=list)
+    busy_seconds: float = 0.0
 
     async def train_chunk(self, step: int, groups: list[Group], first_chunk: bool) -> None:
         if first_chunk:
@@ -114,10 +122,15 @@ class EmbeddedTrainer:
         )
         rows = build_rows(groups, advantages)
         self.step_rows.append(rows)
+        start = time.perf_counter()
         await asyncio.to_thread(self.learner.train_chunk, rows)
+        self.busy_seconds += time.perf_counter() - start
 
     async def finish_step(self, step: int) -> dict[str, float]:
-        return await asyncio.to_thread(self.learner.finish_step)
+        start = time.perf_counter()
+        metrics = await asyncio.to_thread(self.learner.finish_step)
+        self.busy_seconds += time.perf_counter() - start
+        return metrics
 
     def take_step_rows(self) -> RowBatch:
         rows = RowBatch.concat(self.step_rows) if len(self.step_rows) > 1 else self.step_rows[0]
