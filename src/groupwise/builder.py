@@ -77,6 +77,7 @@ def build_components(cfg: Any, *, separate_engine_model: bool = False, group_siz
         rewards=RewardPipeline.from_config(cfg.grpo),
         reward_kwargs=dict(cfg.reward.kwargs),
         system_prompt=cfg.data.system_prompt,
+        max_groups_per_call=cfg.generation.micro_batch_groups,
     )
     return Components(policy=policy, engine=engine, task=task, reward_fn=reward_fn, rollouts=rollouts)
 

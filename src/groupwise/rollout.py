@@ -58,6 +58,7 @@ class RolloutWorker:
     rewards: RewardPipeline = field(default_factory=RewardPipeline)
     reward_kwargs: Mapping[str, Any] = field(default_factory=dict)
     system_prompt: str | None = None
+    max_groups_per_call: int = 64
     _encoded: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
 
     def encode(self, prompt: Prompt) -> tuple[int, ...]:
@@ -76,7 +77,7 @@ class RolloutWorker:
         group_ids: Sequence[int],
         attempts: Sequence[int] | None = None,
     ) -> list[Group]:
-        """Sample G completions per prompt in one engine call, then score each group.
+        """Sample G completions per prompt (``max_groups_per_call`` groups per engine call), score each group.
 
         ``attempts[i]`` numbers the attempts at ``items[i]`` (all 0 when omitted); it enters the seed so a
         retried prompt samples fresh completions.
@@ -89,7 +90,9 @@ class RolloutWorker:
             GenerationRequest(self.encode(item.prompt), self.group_size, self.seed_for(item, attempt))
             for item, attempt in zip(items, attempts, strict=True)
         ]
-        outputs = self.generator.generate(requests, self.sampling)
+        outputs: list[list[Completion]] = []
+        for start in range(0, len(requests), self.max_groups_per_call):
+            outputs += self.generator.generate(requests[start : start + self.max_groups_per_call], self.sampling)
         end_version = self.generator.version
         groups = []
         for item, group_id, attempt, request, completions in zip(
