@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test test-slow demo lint install clean
+.PHONY: test test-slow demo lint install clean warm-start
 install: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/install.sh
@@ -18,6 +18,12 @@ test-slow: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/groupwise train examples/addition.yaml
+
+# Regenerates the shipped warm-start model models/addition-tiny from its committed SFT recipe.
+warm-start: $(STAMP)
+	rm -rf runs/warm-start-addition
+	$(VENV)/bin/groupwise sft recipes/warm_start_addition.yaml
+	rm -rf models/addition-tiny && cp -r runs/warm-start-addition/final models/addition-tiny
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -2,8 +2,9 @@
 
 Both sample at temperature 1 with no top-k/top-p filter, EOS stops a row, and only generated
 tokens are counted (through the first EOS). Prints one table row per (model, setting, method):
-tokens/s (best of ``--repeats`` after a warm-up) and peak memory above the pre-run baseline
-(torch's peak on CUDA; on CPU the process RSS sampled every 2 ms by a background thread).
+tokens/s (best of ``--repeats`` after a warm-up, the two methods alternating) and peak memory
+above the pre-run baseline (torch's peak on CUDA; on CPU the process RSS sampled every 2 ms by a
+background thread, after ``malloc_trim`` returned freed heap memory).
 
     python bench/generation.py --models tiny,smollm2 --device cpu --dtype float32
 """
@@ -11,6 +12,8 @@ tokens/s (best of ``--repeats`` after a warm-up) and peak memory above the pre-r
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import platform
 import threading
 import time
@@ -51,6 +54,8 @@ class PeakMemory:
             self._base = torch.cuda.memory_allocated()
             return self
         self._process = psutil.Process()
+        # glibc keeps freed memory mapped; hand it back first so the RSS rise reflects this run's peak.
+        _malloc_trim()
         self._base = self._process.memory_info().rss
         self._peak = self._base
         self._running = True
@@ -71,6 +76,11 @@ class PeakMemory:
         self._running = False
         self._thread.join()
         self.peak_bytes = max(self._peak, self._process.memory_info().rss) - self._base
+
+
+def _malloc_trim() -> None:
+    with contextlib.suppress(OSError):  # not glibc: the RSS figure may then understate the peak
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def prompts_for(tokenizer, num_rows: int, chat: bool) -> list[list[int]]:
@@ -106,7 +116,7 @@ def run_engine(engine: Engine, prompts: list[list[int]], new_tokens: int) -> int
 
 
 def run_hf(model, tokenizer, prompts: list[list[int]], new_tokens: int, eos: list[int]) -> int:
-    batch = tokenizer.pad({"input_ids": prompts}, padding=True, return_tensors="pt")
+    batch = tokenizer.pad({"input_ids": prompts}, padding=True, padding_side="left", return_tensors="pt")
     device = next(model.parameters()).device
     with torch.inference_mode():
         output = model.generate(

@@ -65,12 +65,16 @@ def main() -> None:
     TIMERS["score (rewards + groups)"] = rollout - TIMERS["sample (engine)"]
     core = TIMERS["sample (engine)"] + TIMERS["forward + backward"] + TIMERS["optimizer step"]
     TIMERS["rest of the loop (filter, rows, advantages)"] = total - sum(TIMERS.values())
-    print(f"config {args.config}, {args.steps} steps after {args.warmup} warm-up, torch threads {torch.get_num_threads()}")
-    print(f"| part | ms/step | share |\n|---|---|---|")
+    print(
+        f"config {args.config}, {args.steps} steps after {args.warmup} warm-up, torch threads {torch.get_num_threads()}"
+    )
+    print("| part | ms/step | share |\n|---|---|---|")
     for name, seconds in sorted(TIMERS.items(), key=lambda kv: -kv[1]):
         print(f"| {name} | {1000 * seconds / args.steps:.1f} | {seconds / total:.1%} |")
     print(f"| **step** | {1000 * total / args.steps:.1f} | 100% |")
-    print(f"\nloop overhead (step − sampling − forward/backward − optimizer): {(total - core) / total:.1%} (target ≤ 10%)")
+    print(
+        f"\nloop overhead (step − sampling − forward/backward − optimizer): {(total - core) / total:.1%} (target ≤ 10%)"
+    )
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def test_short_rl_run_from_warm_start_raises_accuracy(tmp_path, monkeypatch):
         [
             f"run.output_dir={tmp_path}", "run.name=learn", "run.max_steps=120", "eval.every=0",
             "logging.progress=false", "logging.tensorboard=false", "logging.train_data=false",
-            "checkpoint.every=0", "optimizer.lr=1e-4",
+            "checkpoint.every=0",
         ],
     )  # fmt: skip
     session = build_session(cfg)

@@ -76,7 +76,7 @@ def test_artifacts_and_aligned_train_data(tmp_path):
     steps = [r for r in records if r["step"] >= 1 and "loss/total" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
     for record in steps:
-        assert REQUIRED_KEYS <= record.keys(), REQUIRED_KEYS - record.keys()
+        assert record.keys() >= REQUIRED_KEYS, REQUIRED_KEYS - record.keys()
     assert "eval/accuracy" in records[0] and records[0]["step"] == 0
     assert any(p.name.startswith("events.out.tfevents") for p in (root / "tensorboard").rglob("*"))
     assert latest_checkpoint(root).name == "step_3"

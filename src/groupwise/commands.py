@@ -1,4 +1,4 @@
-"""The run commands of the CLI: ``train``, ``eval``, ``sft``, ``report``, ``compare``.
+"""The run commands of the CLI: ``train``, ``eval``, ``sft``, ``report``, ``compare``, ``simulate``, ``audit``.
 
 Each is an ``add_<cmd>_parser`` / ``run_<cmd>`` pair registered in :mod:`groupwise.cli`. Heavy imports stay
 inside the ``run_*`` functions. A run that fails at run time exits 1 with what failed and what was kept (the
@@ -40,12 +40,13 @@ def add_train_parser(subparsers) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.file, args.overrides)
-    from groupwise.builder import build_session
     from groupwise.checkpoint import latest_checkpoint
+    from groupwise.runtime.async_checkpoint import ResumeError
+    from groupwise.runtime.ray_errors import RayNotInstalledError, RaySetupError
 
     try:
-        session = build_session(cfg, resume=args.resume, resume_from=args.resume_from)
-    except (FileExistsError, FileNotFoundError) as err:
+        session = _build_train_session(cfg, args)
+    except (FileExistsError, FileNotFoundError, ResumeError, RayNotInstalledError, RaySetupError) as err:
         print(f"groupwise train: {err}", file=sys.stderr)
         return EXIT_USAGE
     try:
@@ -63,8 +64,22 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"groupwise train: the run failed: {type(err).__name__}: {err}", file=sys.stderr)
         print(f"kept: {kept or 'no complete checkpoint'} (resume with --resume)", file=sys.stderr)
         return EXIT_RUN_FAILED
+    finally:
+        if cfg.runtime.backend == "ray":
+            session.close()  # stop the actors (and the local cluster this run started)
     print(f"done: {session.run_dir.path}")
     return EXIT_OK
+
+
+def _build_train_session(cfg, args: argparse.Namespace):
+    """The run's session on the configured ``runtime.backend`` (Ray is imported only when chosen)."""
+    if cfg.runtime.backend == "ray":
+        from groupwise.runtime.ray_session import build_ray_session
+
+        return build_ray_session(cfg, resume=args.resume, resume_from=args.resume_from)
+    from groupwise.builder import build_session
+
+    return build_session(cfg, resume=args.resume, resume_from=args.resume_from)
 
 
 # --- eval ---------------------------------------------------------------------------------------------------------
@@ -161,4 +176,70 @@ def run_compare_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-RUN_COMMAND_PARSERS = [add_train_parser, add_eval_parser, add_sft_parser, add_report_parser, add_compare_parser]
+# --- simulate -----------------------------------------------------------------------------------------------------
+
+
+def add_simulate_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "simulate",
+        help="run a config in virtual time against a simulated generator and learner (sim: section); writes a run dir",
+        description="Run the real async controller (or the sync loop's schedule) in virtual time against the "
+        "simulated generator and learner described by the config's sim: section. Writes the run directory "
+        "(config.yaml, metrics.jsonl, events.log, fates.jsonl, sim/summary.json) for groupwise compare.",
+    )
+    _config_arguments(parser)
+    parser.set_defaults(handler=run_simulate)
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    cfg = load_config(args.file, args.overrides)
+    from groupwise.sim.run import format_summary, simulate
+
+    try:
+        result = simulate(cfg)
+    except FileExistsError as err:
+        print(f"groupwise simulate: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    print(format_summary(result.summary))
+    if result.summary["outcome"] != "completed":
+        print(f"groupwise simulate: the simulated run failed: {result.summary['error']}", file=sys.stderr)
+        print(f"written: {result.run_dir.path} (summary in sim/summary.json)", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    print(f"done: {result.run_dir.path}")
+    return EXIT_OK
+
+
+# --- audit --------------------------------------------------------------------------------------------------------
+
+
+def add_audit_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "audit",
+        help="check fates.jsonl against the dataset: no prompt trained twice in an epoch, none lost without a fate",
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", type=Path)
+    parser.set_defaults(handler=run_audit)
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    """Print the per-epoch audit; exit 1 if a prompt was trained twice in an epoch or lacks a fate."""
+    from groupwise.audit import audit_run
+
+    try:
+        report = audit_run(args.run_dir)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"groupwise audit: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    print(report.format())
+    return EXIT_OK if report.ok else EXIT_RUN_FAILED
+
+
+RUN_COMMAND_PARSERS = [
+    add_train_parser,
+    add_eval_parser,
+    add_sft_parser,
+    add_report_parser,
+    add_compare_parser,
+    add_simulate_parser,
+    add_audit_parser,
+]

@@ -24,6 +24,7 @@ from groupwise.checkpoint import (
     save_checkpoint,
 )
 from groupwise.evaluation import evaluate_policy
+from groupwise.fates import FatesWriter
 from groupwise.jsonl import write_rows_jsonl
 from groupwise.logging.metrics import MetricsWriter
 from groupwise.logging.progress import RunProgress
@@ -81,6 +82,7 @@ class StepOutcome:
     selection: StepSelection
     gen_seconds: float
     gen_tokens: int
+    generated: list = field(default_factory=list)  # every group generated for the step (all rounds), for fates
 
     def perf_metrics(self, step_seconds: float) -> dict[str, float]:
         return {
@@ -106,8 +108,17 @@ class Session:
     events: MetricsWriter
     state: TrainerState = field(default_factory=TrainerState)
     last_metrics: dict[str, float] = field(default_factory=dict)
+    fates: FatesWriter | None = None  # fates.jsonl (groupwise.fates); created from run_dir when not given
+    # Async runs: loader position, fates offset and controller state captured together at the last step boundary
+    # (groupwise.runtime.async_checkpoint.boundary_snapshot); checkpoints of that step use it.
+    boundary_snapshot: dict[str, Any] | None = None
+    restored_extra: dict[str, Any] = field(default_factory=dict)  # the resumed checkpoint's extra pieces
     _last_eval_step: int = -1
     _last_checkpoint_step: int = -1
+
+    def __post_init__(self) -> None:
+        if self.fates is None:
+            self.fates = FatesWriter(self.run_dir.fates_path)
 
     # --- weights -------------------------------------------------------------------------------------------
     def publish_weights(self) -> None:
@@ -162,12 +173,20 @@ class Session:
 
     # --- checkpoints ---------------------------------------------------------------------------------------
     def checkpoint_state(self) -> dict[str, Any]:
-        return {
+        trainer = {**self.state.to_dict(), "loader": self.loader.state_dict(), "fates_offset": self.fates.offset()}
+        state = {
             "model": self.policy.model.state_dict(),
             "optimizer": self.learner.state_dict(),
             "rng": capture_rng_state(),
-            "trainer": {**self.state.to_dict(), "loader": self.loader.state_dict()},
+            "trainer": trainer,
         }
+        snapshot = self.boundary_snapshot
+        if snapshot is not None:
+            if snapshot["step"] != self.state.step:
+                raise AssertionError(f"async boundary snapshot of step {snapshot['step']} at step {self.state.step}")
+            trainer.update(snapshot["trainer"])
+            state["extra"] = snapshot["extra"]
+        return state
 
     def save_checkpoint(self) -> Path:
         path = save_checkpoint(
@@ -183,17 +202,40 @@ class Session:
         if path is None:
             raise FileNotFoundError(f"no complete checkpoint under {self.run_dir.path / 'checkpoints'} to resume from")
         state = load_checkpoint(path)
+        if self.cfg.mode == "sync":
+            from groupwise.runtime.async_checkpoint import check_sync_resume
+
+            check_sync_resume(state.get("extra"), path)
         with torch.no_grad():
             self.policy.model.load_state_dict(state["model"])
         self.learner.load_state_dict(state["optimizer"])
         restore_rng_state(state["rng"])
         trainer = dict(state["trainer"])
         self.loader.load_state_dict(trainer.pop("loader"))
+        fates_offset = trainer.pop("fates_offset", None)
         self.state = TrainerState.from_dict(trainer)
+        self.restored_extra = dict(state.get("extra") or {})
+        self._last_checkpoint_step = self.state.step  # it is on disk: finish() must not overwrite it without extras
         self.publish_weights()
         self.events.truncate_after(self.state.step)
+        self._rollback_fates(fates_offset)
         self.events.event(f"resumed from {path} at step {self.state.step}")
         return path
+
+
+    def _rollback_fates(self, offset: int | None) -> None:
+        """Cut fates.jsonl back to the checkpoint: later lines describe a timeline the resume undid."""
+        if offset is None:
+            self.events.event("resume: the checkpoint records no fates.jsonl offset (older format); fates kept as is")
+            return
+        result = self.fates.rollback(offset)
+        if result.dropped_lines or result.dropped_bytes:
+            self.events.event(f"resume: dropped {result.dropped_lines} fates.jsonl line(s) from after the checkpoint")
+        if result.missing_bytes:
+            self.events.event(
+                f"resume: fates.jsonl is {result.missing_bytes} bytes shorter than at the checkpoint (lost in a "
+                "crash); `groupwise audit` will list the prompts whose fates are missing"
+            )
 
 
 def step_summary(step: int, metrics: dict[str, float]) -> str:

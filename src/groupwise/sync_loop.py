@@ -6,7 +6,9 @@ the trained groups → one optimizer step → new weights into the generator →
 checkpoint. With dynamic sampling off it is plain GRPO.
 
 Pre-filter data (every generated row's reward) lives in the step tally, never in the training rows, so the
-unfiltered metric cannot be misaligned with what was trained.
+unfiltered metric cannot be misaligned with what was trained. Every generated group gets a line in fates.jsonl
+(trained, filtered, discarded or carried; pending when its step is never trained), written before the step's
+checkpoint so a resume rolls the file back to exactly the checkpointed steps.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 import time
 
 from groupwise.algo.accumulator import DynamicSamplingAccumulator, DynamicSamplingExhausted
+from groupwise.fates import write_sync_step_fates, write_untrained_step_fates
 from groupwise.rows import build_rows, group_row_advantages
 from groupwise.session import Session, StepOutcome
 
@@ -46,6 +49,7 @@ def collect_step(session: Session, step: int) -> StepOutcome | None:
     """Generate rounds until P groups with signal are kept (or the round budget or the data runs out)."""
     accumulator = new_accumulator(session)
     gen_seconds, gen_tokens, data_exhausted = 0.0, 0, False
+    generated = []
     while True:
         items = session.loader.take(round_size(session))
         if not items:
@@ -55,18 +59,28 @@ def collect_step(session: Session, step: int) -> StepOutcome | None:
         groups = session.rollouts.generate_groups(items, session.state.next_group_ids(len(items)))
         gen_seconds += time.perf_counter() - start
         gen_tokens += sum(g.num_completion_tokens for g in groups)
+        generated += groups
         accumulator.add_round(groups)
         if accumulator.is_complete or not accumulator.can_generate_more:
             break
     if data_exhausted and not accumulator.is_complete:
         session.events.event(f"step {step}: the data ran out (max_epochs reached) before the step filled; stopping")
+        _untrained_fates(session, step, generated, "the data ran out (max_epochs) before the step filled")
         return None
     try:
         selection = accumulator.finish()
     except DynamicSamplingExhausted as err:
+        _untrained_fates(session, step, generated, "dynamic sampling exhausted its rounds; the run failed")
         session.fail(step, err)
         raise
-    return StepOutcome(selection=selection, gen_seconds=gen_seconds, gen_tokens=gen_tokens)
+    return StepOutcome(selection=selection, gen_seconds=gen_seconds, gen_tokens=gen_tokens, generated=generated)
+
+
+def _untrained_fates(session: Session, step: int, generated: list, reason: str) -> None:
+    ds = session.cfg.grpo.dynamic_sampling
+    write_untrained_step_fates(
+        session.fates, step, generated, session.state.carried, ds.enabled, ds.zero_variance_tol, reason
+    )
 
 
 def train_one_step(session: Session, step: int) -> bool:
@@ -86,6 +100,11 @@ def train_one_step(session: Session, step: int) -> bool:
     )
     rows = build_rows(selection.trained, advantages)
     metrics = session.learner.train_step(rows)
+    ds = grpo.dynamic_sampling
+    write_sync_step_fates(
+        session.fates, step, outcome.generated, selection.trained, selection.surplus, selection.surplus_carried,
+        ds.enabled, ds.zero_variance_tol,
+    )  # fmt: skip
     session.publish_weights()
     session.state.carried = selection.carry_over
     session.state.step = step + 1

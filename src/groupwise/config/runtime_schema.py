@@ -54,16 +54,28 @@ class SimSection(Section):
     weight_sync_s: float = Field(1.0, ge=0)
     """Seconds to push new weights to the generators (≥ 0)."""
     infra_failure_rate: float = Field(0.0, ge=0, le=1)
-    """Probability that one rollout attempt fails for infrastructure reasons (0 ≤ p ≤ 1)."""
+    """Probability that one rollout attempt fails for infrastructure reasons (0 ≤ p ≤ 1); it fails part-way
+    through its generation (uniformly) and is retried with backoff per ``async.rollout_failure``."""
     data_failure_rate: float = Field(0.0, ge=0, le=1)
-    """Probability that one rollout attempt fails for data reasons (0 ≤ p ≤ 1)."""
+    """Probability that one rollout attempt fails for data reasons (0 ≤ p ≤ 1); it fails when scored, after
+    its whole generation."""
     straggler_rate: float = Field(0.0, ge=0, le=1)
-    """Probability that a rollout is a straggler (0 ≤ p ≤ 1)."""
+    """Probability that a rollout attempt is a straggler (0 ≤ p ≤ 1): every completion of it runs
+    ``straggler_factor`` times slower."""
     straggler_factor: float = Field(5.0, ge=1)
     """How many times longer a straggler takes (≥ 1)."""
     difficulty_spread: float = Field(2.0, ge=0)
     """Standard deviation of prompt difficulty in logits (≥ 0); wider = more all-wrong and all-right groups."""
     learning_rate_groups: float = Field(2000.0, gt=0)
-    """Groups trained until the success logit rises by 1 (> 0)."""
+    """Groups trained until the success logit rises by 1 (> 0); only groups with reward variance count (a
+    zero-variance group has zero advantage and teaches nothing)."""
+    initial_success_logit: float = -1.0
+    """Success logit of a prompt of average difficulty before any training (any real; −1 ≈ 27 % correct)."""
     num_prompts: int = Field(2000, ge=1)
     """Distinct simulated prompts (≥ 1)."""
+    max_virtual_seconds: float = Field(1.0e7, gt=0)
+    """A simulated run still going after this many virtual seconds stops with ``SimulationTimeout`` (> 0; a
+    guard against a hang, never reached by a healthy run of sensible length)."""
+    write_fates: bool = True
+    """Write ``fates.jsonl`` (one line per dispatched prompt attempt, async mode); turn off for runs of millions
+    of groups."""

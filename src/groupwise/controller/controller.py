@@ -25,6 +25,7 @@ from groupwise.controller.permits import Permits
 from groupwise.controller.rollout_pump import RolloutPump
 from groupwise.controller.samplers import build_sampler, drop_accounting
 from groupwise.controller.settings import ControllerSettings
+from groupwise.controller.snapshot import controller_state, restore_controller
 from groupwise.controller.spare_pool import SparePool
 from groupwise.controller.step_tally import StepTallyBook
 from groupwise.controller.train_pump import StepEndHook, TrainPump
@@ -73,6 +74,7 @@ class Controller:
         self._failure: asyncio.Future[None] | None = None
         self.rollout_pump = RolloutPump(ctx, loader, rollouts, on_error=self._on_slot_error)
         self.train_pump = TrainPump(ctx, self.rollout_pump, trainer, rollouts, on_step_end)
+        self.resume_notes: list[str] = []  # what a restore had to drop, for the runtime to log
 
     @property
     def ledger(self) -> StepLedger:
@@ -85,18 +87,12 @@ class Controller:
     def state_dict(self, encode: Callable[[Any], Any] = lambda item: item) -> dict[str, Any]:
         """A resumable snapshot; take it synchronously between steps (e.g. inside ``on_step_end``).
 
-        Holds the next step, the sampler name, the READY buffered groups, the spare pool, and the prompts taken
-        but not settled (in flight or awaiting launch), which a resumed run puts back at the loader's front.
-        ``encode`` turns a loader item into plain data. Ledgers and failure budgets are not saved: a resumed
-        run starts them empty.
+        Holds the next step, the sampler, its dispatch cursor and whether it stamps, the READY buffered groups,
+        the spare pool, the unsettled dispatch slots (re-dispatched first on resume, under their stamps), prompts
+        waiting at the gate, the open steps' ledger entries and tallies, failure budgets and run counters — see
+        :mod:`groupwise.controller.snapshot`. ``encode`` turns a loader item into plain data.
         """
-        return {
-            "step": self.ctx.clock.value,
-            "sampler": self.ctx.settings.sampler,
-            "buffer": self.ctx.buffer.state_dict(),
-            "spare_pool": self.ctx.spare_pool.state_dict(encode),
-            "inflight_prompts": [encode(item) for item in self.rollout_pump.inflight_items()],
-        }
+        return controller_state(self, encode)
 
     def _on_slot_error(self, error: BaseException) -> None:
         if self._failure is not None and not self._failure.done():
@@ -145,6 +141,7 @@ class Controller:
                     slot.start_version,
                     "pending",
                     slot.target_step,
+                    epoch=group.epoch if group else None,
                 )
             )
 
@@ -180,7 +177,8 @@ def build_controller(
     """Check the setup and wire a :class:`Controller` (see the module docstring).
 
     ``state`` is a :meth:`Controller.state_dict` to resume from (restore the loader's own state first);
-    ``settings.start_step`` must equal its step. Buffered groups are restored only under the same sampler.
+    ``settings.start_step`` must equal its step and P must match. Buffered groups, stamps and ledger entries are
+    restored only under the same sampler; otherwise they are dropped with notes in ``Controller.resume_notes``.
     """
     if settings.dynamic_sampling and settings.sampler == "weight_fifo":
         raise ValueError(WEIGHT_FIFO_WITH_DS)
@@ -208,27 +206,7 @@ def build_controller(
         on_fate=on_fate,
         generator_version=settings.start_step,
     )
+    controller = Controller(ctx, loader, rollouts, trainer, on_step_end)
     if state is not None:
-        _restore(ctx, loader, state, decode)
-    return Controller(ctx, loader, rollouts, trainer, on_step_end)
-
-
-def _restore(ctx: PumpContext, loader: PromptSource, state: dict[str, Any], decode: Callable[[Any], Any]) -> None:
-    expected = {"step", "sampler", "buffer", "spare_pool", "inflight_prompts"}
-    if set(state) != expected:
-        raise ValueError(f"controller state must have the keys {sorted(expected)}, got {sorted(state)}")
-    if state["step"] != ctx.settings.start_step:
-        raise ValueError(
-            f"controller state is at step {state['step']} but settings.start_step is {ctx.settings.start_step}; "
-            "resume with start_step equal to the checkpoint's step"
-        )
-    if state["sampler"] == ctx.settings.sampler:
-        restored = ctx.buffer.load_state_dict(state["buffer"])
-        if len(restored) > ctx.capacity.total:
-            raise ValueError(
-                f"the checkpoint buffers {len(restored)} groups but max_buffered_rollouts is {ctx.capacity.total}; "
-                f"resume with max_buffered_rollouts >= {len(restored)}"
-            )
-        ctx.capacity.take_now(len(restored))
-    ctx.spare_pool.load_state_dict(state["spare_pool"], decode)
-    loader.push_front([decode(data) for data in state["inflight_prompts"]])
+        controller.resume_notes = restore_controller(controller, loader, state, decode)
+    return controller

@@ -10,7 +10,8 @@ Classification follows ``__cause__`` chains to depth 8. A prompt that exhausts i
 while fewer than ``max_skipped_prompts`` were skipped in the run, else the run fails. A prompt that
 exhausts its infra budget is dropped while no more than ``max_consecutive_dropped_prompts`` were dropped in
 a row (any committed or filtered group resets the streak), else the run fails. Filtered groups never
-consume these budgets. Budgets are run-scoped and not checkpointed.
+consume these budgets. Budgets are run-scoped: an async checkpoint saves them (:meth:`FailureBudgets.state_dict`)
+so a resumed run keeps spending the same budget.
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ class PromptAttempts:
 class FailureBudgets:
     """Per-prompt retry decisions and the run-level skip / consecutive-drop budgets."""
 
+    _COUNTERS = ("skipped", "consecutive_drops", "max_consecutive_seen", "infra_retries", "data_retries")
+
     def __init__(self, settings: FailureSettings) -> None:
         self.settings = settings
         self.skipped = 0
@@ -157,6 +160,15 @@ class FailureBudgets:
             ) from error
         self.skipped += 1
         return None
+
+    def state_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self._COUNTERS}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if set(state) != set(self._COUNTERS):
+            raise ValueError(f"failure budget state must have the keys {list(self._COUNTERS)}, got {sorted(state)}")
+        for name in self._COUNTERS:
+            setattr(self, name, int(state[name]))
 
     def on_progress(self) -> None:
         """A group committed or was filtered: the fleet works, the consecutive-drop streak ends."""

@@ -9,7 +9,10 @@ Each reserved slot (one attempt at one prompt; its id is the group id) gets exac
   ``charged``, ``uncharged``, or ``fatal`` (the run stopped on it);
 * ``evicted`` — a ready group no sampler could select any more (``step`` = trainer version then);
 * ``aborted`` — an in-flight attempt cancelled as stale at weight sync (``charged`` / ``uncharged``);
-* ``pending`` — still in flight or buffered when the run ended.
+* ``pending`` — still in flight or buffered when the run ended; with resolution ``requeued``: in flight at the
+  checkpoint a run resumed from, so its prompt was dispatched again (a later attempt carries its fate).
+
+``epoch`` is the loader epoch the prompt came from (None when the prompt source does not say).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Fate = Literal["trained", "filtered", "failed", "evicted", "aborted", "pending"]
-Resolution = Literal["retried", "replaced", "charged", "uncharged", "fatal"]
+Resolution = Literal["retried", "replaced", "charged", "uncharged", "fatal", "requeued"]
 TERMINAL_RESOLUTIONS = frozenset({"replaced", "charged", "uncharged", "fatal"})
 
 
@@ -33,6 +36,7 @@ class FateRecord:
     step: int | None = None
     resolution: Resolution | None = None
     detail: str = ""
+    epoch: int | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -44,6 +48,7 @@ class FateRecord:
             "step": self.step,
             "resolution": self.resolution,
             "detail": self.detail,
+            "epoch": self.epoch,
         }
 
 
@@ -65,6 +70,21 @@ class FateCounts:
 
     def __repr__(self) -> str:
         return ", ".join(f"{fate} {n}" for fate, n in sorted(self.by_fate.items())) or "none"
+
+    def state_dict(self) -> dict[str, object]:
+        """The counts as JSON-able data (a resumed run keeps counting where the checkpoint stopped)."""
+        return {
+            "total": self.total,
+            "by_resolution": [[fate, res, n] for (fate, res), n in sorted(self.by_resolution.items(), key=str)],
+        }
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.by_fate.clear()
+        self.by_resolution.clear()
+        for fate, resolution, n in state["by_resolution"]:  # type: ignore[union-attr]
+            self.by_resolution[(fate, resolution)] += n
+            self.by_fate[fate] += n
+        self.total = int(state["total"])  # type: ignore[arg-type]
 
     def as_dict(self) -> dict[str, int]:
         out = {f"fates/{fate}": n for fate, n in sorted(self.by_fate.items())}

@@ -11,13 +11,15 @@ that does not stamp) goes to the first step ``≥`` the one being assembled that
 *pinned* loss (stamped, or an explicit custom decision) stays on its step. A step closes when
 ``selected + charged == P`` (asserted: a violation is a bug), or — for closes-short samplers at
 exhaustion — with ``selected ≥ floor``, ``floor = ceil(P × min_step_batch_fraction)``.
-Ledgers live in memory; a resumed run starts them empty.
+An async checkpoint saves the open steps' records (:meth:`StepLedger.state_dict`); closed history is not
+saved (metrics.jsonl holds it).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 
 class LedgerInvariantError(AssertionError):
@@ -172,6 +174,31 @@ class StepLedger:
     def pending(self) -> list[StepRecord]:
         """Records of steps not closed yet (e.g. losses floated beyond the last trained step)."""
         return [self._open[s] for s in sorted(self._open) if self._open[s].selected or self._open[s].charged]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The step being assembled, the late-loss count and every open step's record, as JSON-able data."""
+        return {
+            "assembling": self.assembling,
+            "late_losses": self.late_losses,
+            "open": [asdict(self._open[step]) for step in sorted(self._open)],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` into a ledger built for the same P at the same first step."""
+        if state["assembling"] != self.assembling:
+            raise ValueError(
+                f"ledger state is assembling step {state['assembling']} but this ledger starts at step "
+                f"{self.assembling}; resume with start_step equal to the checkpoint's step"
+            )
+        records = [StepRecord(**entry) for entry in state["open"]]
+        for rec in records:
+            if rec.step < self.assembling or rec.closed or rec.selected + rec.charged > self.prompts_per_step:
+                raise ValueError(
+                    f"ledger state holds an impossible open step {rec} for P {self.prompts_per_step} at step "
+                    f"{self.assembling}; the checkpoint is corrupted or was written for another prompts_per_step"
+                )
+        self._open = {rec.step: rec for rec in records}
+        self.late_losses = int(state["late_losses"])
 
     def shortfalls(self) -> dict[int, int]:
         """``{step: charged}`` over closed and open steps with at least one charged loss."""

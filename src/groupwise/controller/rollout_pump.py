@@ -13,13 +13,18 @@ given up after its failure budget — takes a spare (per-slot ``max_replacement_
 first promotes a later step's ready group into its own step and re-aims itself at the lender) or charges the
 loss through the sampler's drop accounting. Filtered groups never consume failure budgets and reset the
 consecutive-drop streak. Every reserved slot gets exactly one fate record.
+
+Snapshots (:meth:`RolloutPump.unsettled`): a slot's :class:`SlotState` always names the prompt it works on, its
+stamp, its attempt number and budgets, so a checkpoint can re-dispatch it under the same stamp after a resume
+(:meth:`RolloutPump.restore_unsettled`); prompts of a batch still waiting at the gate go back to where they came
+from (the loader front, or the spare pool front during the end-of-data drain).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from groupwise.controller.context import PumpContext
@@ -35,6 +40,19 @@ class _Attempt:
     task: asyncio.Task[Group]
     start_version: int
     aborted: bool = False
+
+
+@dataclass
+class SlotState:
+    """One unsettled dispatch slot: what it works on now, and what a resumed run needs to re-dispatch it."""
+
+    item: Any
+    target: int | None = None
+    attempt: int = 0  # the number of the attempt running now, or of the next one after a failure
+    attempts: PromptAttempts = field(default_factory=PromptAttempts)
+    replacements_used: int = 0
+    group_id: int | None = None  # the buffer slot of the attempt running now (None between attempts)
+    start_version: int | None = None  # the generator version that attempt started under
 
 
 @dataclass
@@ -67,9 +85,11 @@ class RolloutPump:
         self._on_error = on_error
         self._tasks: set[asyncio.Task[None]] = set()
         self._attempts: dict[int, _Attempt] = {}
-        self._slot_items: dict[asyncio.Task[None], Any] = {}
+        self._slot_states: dict[asyncio.Task[None], SlotState] = {}
         self._in_admit = False
-        self._unlaunched: list[Any] = []
+        self._unlaunched: list[SlotState] = []
+        self._batch_admitted = False  # whether the batch in ``_unlaunched`` passed the gate (holds its stamp)
+        self._batch_from_pool = False
 
     # -- state the train pump and controller read ---------------------------------------------------
 
@@ -84,8 +104,28 @@ class RolloutPump:
 
     def inflight_items(self) -> list[Any]:
         """Prompts taken from the loader or pool and not yet settled: those of unsettled dispatch slots, then
-        those of the batch being admitted or launched (put them back into the loader on resume)."""
-        return list(self._slot_items.values()) + list(self._unlaunched)
+        those of the batch being admitted or launched."""
+        return [slot.item for slot in self._slot_states.values()] + [slot.item for slot in self._unlaunched]
+
+    def unsettled(self) -> tuple[list[SlotState], list[Any], list[Any]]:
+        """The work a snapshot must save: ``(slots, loader_items, spare_items)``.
+
+        ``slots``: dispatch slots to re-dispatch under their stamps — running (in launch order), then those of an
+        admitted batch still waiting for a permit. ``loader_items`` / ``spare_items``: prompts of a batch still
+        waiting at the gate, to go back to the loader front or the spare pool front (where they came from).
+        """
+        slots = list(self._slot_states.values())
+        if self._batch_admitted:
+            return slots + list(self._unlaunched), [], []
+        waiting = [slot.item for slot in self._unlaunched]
+        return (slots, [], waiting) if self._batch_from_pool else (slots, waiting, [])
+
+    def restore_unsettled(self, slots: list[SlotState]) -> None:
+        """Re-dispatch ``slots`` (from a checkpoint) under their stamps before any new batch is admitted."""
+        if self._tasks or self._unlaunched:
+            raise RuntimeError("restore_unsettled must be called before the rollout pump runs")
+        self._unlaunched = list(slots)
+        self._batch_admitted, self._batch_from_pool = True, False
 
     def abort_stale(self, version: int) -> int:
         """Cancel in-flight attempts the sampler says can no longer be selected at ``version``."""
@@ -101,6 +141,7 @@ class RolloutPump:
 
     async def run(self) -> None:
         try:
+            await self._launch_admitted()  # slots restored from a checkpoint go first, under their stamps
             await self._dispatch_loader()
             await self._settle()
             await self._drain_spare_pool()
@@ -136,26 +177,34 @@ class RolloutPump:
                 continue
             await self._admit_and_launch(batch)
 
-    async def _admit_and_launch(self, batch: list[Any]) -> None:
-        self._unlaunched = list(batch)
+    async def _admit_and_launch(self, batch: list[Any], from_pool: bool = False) -> None:
+        self._unlaunched = [SlotState(item) for item in batch]
+        self._batch_admitted, self._batch_from_pool = False, from_pool
         self._in_admit = True
         try:
             target = await self.ctx.sampler.admit(self.ctx.clock)
         finally:
             self._in_admit = False
+        self._batch_admitted = True
         self.admitted_batches += 1
         if target is not None:
             already = self.ctx.buffer.count_for_target_step(target)
             if already:
-                # Resume top-up: restored groups already cover part of this step; the rest goes back.
+                # Resume top-up (a checkpoint without a dispatch cursor): restored groups already cover part of
+                # this step; the rest goes back.
                 keep = max(0, len(batch) - already)
-                self.loader.push_front(batch[keep:])
+                self.loader.push_front([slot.item for slot in self._unlaunched[keep:]])
                 del self._unlaunched[keep:]
+        for slot in self._unlaunched:
+            slot.target = target
+        await self._launch_admitted()
+
+    async def _launch_admitted(self) -> None:
         while self._unlaunched:
-            await self._launch(self._unlaunched[0], target)
+            await self._launch(self._unlaunched[0])
             self._unlaunched.pop(0)
 
-    async def _launch(self, item: Any, target: int | None) -> None:
+    async def _launch(self, slot: SlotState) -> None:
         await self.ctx.capacity.acquire()
         try:
             await self.inflight.acquire()
@@ -168,14 +217,14 @@ class RolloutPump:
             self.ctx.capacity.release()
             self.inflight.release()
             raise
-        task = asyncio.get_running_loop().create_task(self._dispatch(item, target))
+        task = asyncio.get_running_loop().create_task(self._dispatch(slot))
         self._tasks.add(task)
-        self._slot_items[task] = item
+        self._slot_states[task] = slot
         task.add_done_callback(self._on_slot_done)
 
     def _on_slot_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        self._slot_items.pop(task, None)
+        self._slot_states.pop(task, None)
         self.ctx.signal()
         if not task.cancelled() and task.exception() is not None:
             self._on_error(task.exception())
@@ -189,16 +238,16 @@ class RolloutPump:
         while len(self.ctx.spare_pool) >= P:
             # One whole step at a time, so a snapshot always finds each spare in the pool or in a slot.
             while len(self.ctx.spare_pool) >= P:
-                await self._admit_and_launch([self.ctx.spare_pool.take() for _ in range(P)])
+                await self._admit_and_launch([self.ctx.spare_pool.take() for _ in range(P)], from_pool=True)
             await self._settle()
         self.unused_prompts += len(self.ctx.spare_pool.discard_leftover())
 
     # -- one dispatch slot -------------------------------------------------------------------------------
 
-    async def _dispatch(self, item: Any, target: int | None) -> None:
+    async def _dispatch(self, slot: SlotState) -> None:
         ctx = self.ctx
         try:
-            await self._dispatch_slot(item, target)
+            await self._dispatch_slot(slot)
         except asyncio.CancelledError:
             ctx.capacity.release()  # an unsettled slot still holds its capacity permit
             raise
@@ -207,35 +256,32 @@ class RolloutPump:
             # Settled now, not in the done callback: a snapshot taken in between must not list it as unsettled.
             current = asyncio.current_task()
             if current is not None:
-                self._slot_items.pop(current, None)
+                self._slot_states.pop(current, None)
 
-    async def _dispatch_slot(self, item: Any, target: int | None) -> None:
+    async def _dispatch_slot(self, slot: SlotState) -> None:
         ctx = self.ctx
-        used = 0
         while True:
-            lost = await self._run_prompt(item, target)
+            lost = await self._run_prompt(slot)
             if lost is None:
-                if used:
-                    ctx.ledger.record_replaced(target if target is not None else ctx.ledger.assembling)
+                if slot.replacements_used:
+                    ctx.ledger.record_replaced(slot.target if slot.target is not None else ctx.ledger.assembling)
                 return
-            spare = None if lost.aborted else self._take_replacement(used)
+            spare = None if lost.aborted else self._take_replacement(slot.replacements_used)
             if spare is None:
                 ctx.capacity.release()
-                self._charge(lost.record, target)
+                self._charge(lost.record, slot.target)
                 return
             ctx.record_fate(_resolved(lost.record, "replaced", None))
-            used += 1
-            if target is not None and not ctx.ledger.is_closed(target):
-                lender = ctx.buffer.promote_ready_group(target)
+            # From here the slot works on the spare: a snapshot must save the spare, never the settled prompt.
+            slot.item, slot.attempt, slot.attempts = spare, 0, PromptAttempts()
+            slot.replacements_used += 1
+            if slot.target is not None and not ctx.ledger.is_closed(slot.target):
+                lender = ctx.buffer.promote_ready_group(slot.target)
                 if lender is not None:
-                    ctx.ledger.record_promoted(target)
-                    target = lender
+                    ctx.ledger.record_promoted(slot.target)
+                    slot.target = lender
                     ctx.signal()
             await ctx.rollout_permitted.wait()
-            item = spare
-            current = asyncio.current_task()
-            if current is not None:
-                self._slot_items[current] = item
 
     def _take_replacement(self, used: int) -> Any | None:
         if not self.ctx.replacement_enabled or used >= self.ctx.settings.failure.max_replacement_attempts:
@@ -250,41 +296,44 @@ class RolloutPump:
             raise
         self.ctx.record_fate(_resolved(record, "charged" if step is not None else "uncharged", step))
 
-    async def _run_prompt(self, item: Any, target: int | None) -> _Lost | None:
-        """Attempt one prompt until it commits (None) or is lost (filtered, given up, aborted)."""
+    async def _run_prompt(self, slot: SlotState) -> _Lost | None:
+        """Attempt the slot's prompt until it commits (None) or is lost (filtered, given up, aborted)."""
         ctx = self.ctx
-        attempts = PromptAttempts()
-        number = 0
-        uid = item.prompt.uid
+        item, target = slot.item, slot.target
         while True:
             start = ctx.generator_version
             slot_id = ctx.buffer.reserve(start, target, payload=item)
-            base = FateRecord(slot_id, uid, number, start, "pending")
-            task = asyncio.get_running_loop().create_task(self.rollouts.rollout(item, slot_id, number, start))
+            slot.group_id, slot.start_version = slot_id, start
+            epoch = getattr(item, "epoch", None)
+            base = FateRecord(slot_id, item.prompt.uid, slot.attempt, start, "pending", epoch=epoch)
+            task = asyncio.get_running_loop().create_task(self.rollouts.rollout(item, slot_id, slot.attempt, start))
             self._attempts[slot_id] = attempt = _Attempt(task, start)
             try:
                 group = await task
             except asyncio.CancelledError:
                 del self._attempts[slot_id]
                 ctx.buffer.remove(slot_id)
+                slot.group_id = None
                 current = asyncio.current_task()
                 if attempt.aborted and not (current is not None and current.cancelling()):
-                    return _Lost(_with(base, "aborted", None), aborted=True)
+                    return _Lost(_with(base, "aborted", None, f"stale at trainer version {ctx.clock.value}"), True)
                 ctx.record_fate(base)
                 raise
             except Exception as error:  # classified below; cancellation is handled above
                 del self._attempts[slot_id]
                 ctx.buffer.remove(slot_id)
-                delay = self._on_failure(attempts, error, base, target)
+                slot.group_id = None
+                delay = self._on_failure(slot.attempts, error, base, target)
                 if delay is None:
                     return _Lost(_with(base, "failed", None, repr(error)))
                 ctx.record_fate(_resolved(_with(base, "failed", None, repr(error)), "retried", None))
-                number += 1
+                slot.attempt += 1
                 if delay > 0:
                     await asyncio.sleep(delay)
                 await ctx.rollout_permitted.wait()
                 continue
             del self._attempts[slot_id]
+            slot.group_id = None
             return self._finish(group, slot_id, base, item, target)
 
     def _on_failure(
@@ -334,19 +383,8 @@ class RolloutPump:
 
 
 def _with(record: FateRecord, fate: str, step: int | None, detail: str = "") -> FateRecord:
-    return FateRecord(
-        record.group_id, record.prompt_uid, record.attempt, record.start_version, fate, step, None, detail
-    )  # type: ignore[arg-type]
+    return replace(record, fate=fate, step=step, resolution=None, detail=detail)  # type: ignore[arg-type]
 
 
 def _resolved(record: FateRecord, resolution: str, step: int | None) -> FateRecord:
-    return FateRecord(
-        record.group_id,
-        record.prompt_uid,
-        record.attempt,
-        record.start_version,
-        record.fate,
-        step if step is not None else record.step,
-        resolution,
-        record.detail,
-    )  # type: ignore[arg-type]
+    return replace(record, resolution=resolution, step=step if step is not None else record.step)  # type: ignore[arg-type]

@@ -4,12 +4,15 @@ Tally rule: a finished group (kept or filtered) counts toward its ``target_step`
 step is still open; a stamped group whose step already closed counts toward the step being assembled and
 is reported in ``ds/late_tallied_groups``; an unstamped group counts toward the step being assembled when it
 finished (approximate by design: it may train in a later step, or be evicted). Trained groups count
-toward the step that trains them. Tallies are emitted and dropped when their step closes.
+toward the step that trains them. Tallies are emitted and dropped when their step closes. The open steps'
+tallies are part of an async checkpoint, so a resumed step's metrics include what was generated before it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
 
 from groupwise.algo.filter import zero_variance_kind
 from groupwise.algo.tally import StepTally
@@ -49,6 +52,17 @@ class StepTallyBook:
 
     def record_trained(self, step: int, groups: Sequence[Group]) -> None:
         self.tally(step).record_trained(groups)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Open steps' tallies and late counts as JSON-able data (lists of ``[step, value]`` pairs)."""
+        return {
+            "tallies": [[step, asdict(tally)] for step, tally in sorted(self._tallies.items())],
+            "late": [[step, n] for step, n in sorted(self._late.items())],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._tallies = {int(step): StepTally(**data) for step, data in state["tallies"]}
+        self._late = {int(step): int(n) for step, n in state["late"]}
 
     def pop_metrics(self, step: int) -> dict[str, float]:
         """The step's tally metrics plus ``ds/late_tallied_groups``; forgets the step."""

@@ -116,6 +116,7 @@ class TrainPump:
                         slot.start_version,
                         "trained",
                         step,
+                        epoch=_epoch(slot.group),
                     )
                 )
             ctx.tally.record_trained(step, chunk)
@@ -136,6 +137,7 @@ class TrainPump:
                         slot.start_version,
                         "evicted",
                         version,
+                        epoch=_epoch(slot.group),
                     )
                 )
             self.evicted_total += len(slots)
@@ -218,3 +220,7 @@ class TrainPump:
 
 def _uid(group: Any) -> str:
     return group.prompt.uid if group is not None else "?"
+
+
+def _epoch(group: Any) -> int | None:
+    return group.epoch if group is not None else None

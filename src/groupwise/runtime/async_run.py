@@ -10,6 +10,7 @@ import torch
 
 from groupwise.controller.controller import build_controller
 from groupwise.controller.settings import ControllerSettings
+from groupwise.runtime.async_checkpoint import ItemDecoder, boundary_snapshot, controller_state
 from groupwise.runtime.embedded import EmbeddedRollouts, EmbeddedTrainer
 from groupwise.session import Session
 from groupwise.types import Group
@@ -37,25 +38,87 @@ def run_async(session: Session) -> Any:
 
 async def _run(session: Session) -> Any:
     cfg = session.cfg
-    rollouts = EmbeddedRollouts(session.rollouts, session.policy.model, cfg.generation.micro_batch_groups)
-    trainer = EmbeddedTrainer(session.learner, cfg.grpo)
+    rollouts, trainer = _runtime_clients(session)
 
     meter = _StepMeter(rollouts, trainer)
 
     async def on_step_end(step: int, metrics: dict[str, float], groups: list[Group]) -> None:
         rows = trainer.take_step_rows()
         metrics.update(meter.step_metrics())
+        metrics.update(faults.step_metrics())
         session.state.step = step + 1
+        # The rollout pump keeps running while end_step writes a checkpoint in a thread: capture what the
+        # checkpoint needs of the controller, loader and fates now, in one synchronous block.
+        session.boundary_snapshot = boundary_snapshot(step + 1, controller, session.loader, session.fates)
         # Evaluation uses the engine: hold it so no rollout batch runs on it meanwhile.
         async with rollouts.engine_lock:
             await asyncio.to_thread(session.end_step, step, metrics, rows)
 
     settings = ControllerSettings.from_config(cfg, start_step=session.state.step)
-    controller = build_controller(settings, session.loader, rollouts, trainer, on_step_end=on_step_end)
+    controller = build_controller(
+        settings,
+        session.loader,
+        rollouts,
+        trainer,
+        on_step_end=on_step_end,
+        on_fate=session.fates.write_controller_record,
+        state=_resume_state(session),
+        decode=ItemDecoder(session.task.train_prompts()),
+    )
+    for note in controller.resume_notes:
+        session.events.event(note)
+    faults = _FaultMeter(controller.ctx.budgets, rollouts)
     try:
         return await controller.run()
     finally:
         await rollouts.close()
+
+
+def _resume_state(session: Session) -> dict[str, Any] | None:
+    """The controller state of the checkpoint this session resumed from (None for a fresh start)."""
+    state = controller_state(session.restored_extra)
+    if state is None and session.state.step > 0:
+        session.events.event(
+            f"resume at step {session.state.step}: the checkpoint holds no async controller state (written by a sync "
+            "run?); the controller starts with an empty buffer and spare pool"
+        )
+        if session.state.carried:
+            session.fates.write_groups(
+                session.state.carried, "pending", session.state.step, detail="carried by a sync run; unused in async"
+            )
+    return state
+
+
+def _runtime_clients(session: Session) -> tuple[Any, Any]:
+    """The controller's rollout and trainer clients on the configured ``runtime.backend``."""
+    cfg = session.cfg
+    if cfg.runtime.backend == "ray":
+        from groupwise.runtime.ray_session import ray_clients  # Ray is imported only when chosen
+
+        return ray_clients(session)
+    rollouts = EmbeddedRollouts(session.rollouts, session.policy.model, cfg.generation.micro_batch_groups)
+    return rollouts, EmbeddedTrainer(session.learner, cfg.grpo)
+
+
+class _FaultMeter:
+    """``rollout/redispatches`` (infra retries the controller made) and ``rollout/worker_restarts`` (replacement
+    generation workers) since the previous step closed."""
+
+    def __init__(self, budgets: Any, rollouts: Any):
+        self.budgets, self.rollouts = budgets, rollouts
+        self.redispatches, self.restarts = budgets.infra_retries, self._restarts()
+
+    def _restarts(self) -> int:
+        return getattr(self.rollouts, "worker_restarts", 0)  # the embedded engine is never restarted
+
+    def step_metrics(self) -> dict[str, float]:
+        redispatches, restarts = self.budgets.infra_retries, self._restarts()
+        metrics = {
+            "rollout/redispatches": float(redispatches - self.redispatches),
+            "rollout/worker_restarts": float(restarts - self.restarts),
+        }
+        self.redispatches, self.restarts = redispatches, restarts
+        return metrics
 
 
 class _StepMeter:

@@ -1,0 +1,213 @@
+"""``fates.jsonl``: where every dispatched prompt attempt ended, one JSON line each (DESIGN invariant 4, auditable).
+
+One line per decision, appended as it is made::
+
+    {"group_id": 17, "prompt_uid": "addition/train/42", "epoch": 0, "attempt": 0, "start_version": 3,
+     "fate": "trained", "step": 4, "resolution": null, "detail": "", "mode": "async"}
+
+``fate`` is one of
+
+* ``trained`` — trained in RL step ``step`` (0-based: the step's optimizer update makes weight version step + 1);
+* ``filtered`` — zero reward variance under dynamic sampling; ``resolution`` says what became of its dispatch
+  slot in async mode (``replaced`` by a spare, ``charged`` as a loss to ``step``, ``uncharged``);
+* ``failed`` — the attempt raised (``detail`` = error class and message); ``retried`` (another attempt of the same
+  prompt follows), ``replaced``, ``charged`` (lost for good, charged to ``step``), ``uncharged`` or ``fatal``;
+* ``evicted`` — a ready group no sampler could select any more (``step`` = trainer version then);
+* ``aborted`` — an in-flight attempt cancelled as stale (``detail`` names the trainer version; charged or not);
+* ``discarded`` / ``carried`` — sync mode: a valid group beyond P, discarded, or carried into the next step
+  (where a later ``trained`` line for the same group id supersedes it);
+* ``pending`` — still in flight or buffered when the run stopped. Written at shutdown; with resolution
+  ``requeued`` it marks an attempt that was in flight at the checkpoint a resumed run started from: its prompt
+  was dispatched again, and a later attempt carries the prompt's fate.
+
+Crash safety: each line is one ``os.write`` on an ``O_APPEND`` descriptor, so a kill leaves whole lines (at worst
+a torn last one, which :func:`read_fates` skips). A checkpoint stores :meth:`FatesWriter.offset` (the file size,
+fsynced); resuming from it calls :meth:`FatesWriter.rollback`, which cuts the file back to that size: the lines
+after it describe a timeline the resume undid (the model rolled back too), and keeping them would show the prompts
+trained again after the resume as trained twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from groupwise.types import Group
+
+FATES = ("trained", "filtered", "failed", "evicted", "aborted", "discarded", "carried", "pending")
+FIELDS = (
+    "group_id", "prompt_uid", "epoch", "attempt", "start_version", "fate", "step", "resolution", "detail", "mode",
+)  # fmt: skip
+
+
+def is_interim(line: Mapping[str, Any]) -> bool:
+    """True for a line that does not settle its prompt: a later line or attempt must follow.
+
+    ``failed``+``retried`` (the next attempt follows), ``pending``+``requeued`` (dispatched again after a resume)
+    and ``carried`` (trained, carried again or discarded in the next step). A prompt whose last line is interim
+    when the run has finished was dispatched and has no fate.
+    """
+    fate, resolution = line["fate"], line.get("resolution")
+    return (
+        (fate == "failed" and resolution == "retried")
+        or (fate == "pending" and resolution == "requeued")
+        or fate == "carried"
+    )
+
+
+@dataclass(frozen=True)
+class RollbackResult:
+    """What :meth:`FatesWriter.rollback` did: bytes and whole lines dropped, or how many bytes were missing."""
+
+    dropped_bytes: int
+    dropped_lines: int
+    missing_bytes: int
+
+
+class FatesWriter:
+    """Appends fate lines to ``path`` (created on the first line)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.lines_written = 0
+
+    def write(self, line: Mapping[str, Any]) -> None:
+        """Append one fate line; ``line`` needs every key of :data:`FIELDS` and a known ``fate``."""
+        missing = [name for name in FIELDS if name not in line]
+        if missing or line["fate"] not in FATES:
+            raise ValueError(
+                f"fate line {dict(line)!r} is missing {missing} or has an unknown fate; a line needs every key of "
+                f"{list(FIELDS)} and a fate from {list(FATES)}"
+            )
+        data = (json.dumps({name: line[name] for name in FIELDS}, allow_nan=False) + "\n").encode("utf-8")
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            written = os.write(fd, data)
+            while written < len(data):  # a short write is rare (signals, full disk); finish the line
+                written += os.write(fd, data[written:])
+        finally:
+            os.close(fd)
+        self.lines_written += 1
+
+    def write_controller_record(self, record: Any, mode: str = "async") -> None:
+        """Append a :class:`groupwise.controller.fates.FateRecord` (the async controller's ``on_fate``)."""
+        self.write({**record.as_dict(), "mode": mode})
+
+    def write_groups(self, groups: Iterable[Group], fate: str, step: int | None, detail: str = "") -> None:
+        """Append one sync-mode line per group, all with the same fate and step."""
+        for group in groups:
+            self.write(
+                {
+                    "group_id": group.group_id,
+                    "prompt_uid": group.prompt.uid,
+                    "epoch": group.epoch,
+                    "attempt": group.attempt,
+                    "start_version": group.start_version,
+                    "fate": fate,
+                    "step": step,
+                    "resolution": None,
+                    "detail": detail,
+                    "mode": "sync",
+                }
+            )
+
+    def offset(self) -> int:
+        """The file's size in bytes after an fsync: what a checkpoint records to roll back to."""
+        if not self.path.exists():
+            return 0
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
+    def rollback(self, offset: int) -> RollbackResult:
+        """Cut the file back to ``offset`` bytes (a checkpoint's :meth:`offset`); see the module docstring.
+
+        A file shorter than ``offset`` (lost to a machine crash after the checkpoint) is left alone and the
+        shortfall reported, so the caller can log it; the audit then reports the prompts whose fates were lost.
+        """
+        if offset < 0:
+            raise ValueError(f"fates rollback offset must be >= 0, got {offset}")
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if size <= offset:
+            return RollbackResult(0, 0, offset - size)
+        with self.path.open("rb") as handle:
+            handle.seek(offset)
+            tail = handle.read()
+        with self.path.open("r+b") as handle:
+            handle.truncate(offset)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return RollbackResult(size - offset, tail.count(b"\n"), 0)
+
+
+def read_fates(path: str | Path) -> list[dict[str, Any]]:
+    """The fate lines of ``path`` in file order. A torn last line (no newline, not JSON: the writer was killed
+    mid-line) is skipped with a warning; any other bad line raises, naming the file and line number."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    pieces = text.split("\n")
+    lines: list[dict[str, Any]] = []
+    for number, piece in enumerate(pieces, start=1):
+        if not piece.strip():
+            continue
+        try:
+            line = json.loads(piece)
+        except json.JSONDecodeError as err:
+            if number == len(pieces):  # after the last newline: a torn write
+                warnings.warn(f"{path}: ignoring torn last line {number} ({err})", stacklevel=2)
+                continue
+            raise ValueError(f"{path} line {number} is not valid JSON ({err}); the file is corrupted") from err
+        missing = [name for name in FIELDS if name not in line] if isinstance(line, dict) else list(FIELDS)
+        if missing or line["fate"] not in FATES:
+            raise ValueError(
+                f"{path} line {number} is not a fate line (missing {missing} or unknown fate): {piece[:200]!r}"
+            )
+        lines.append(line)
+    return lines
+
+
+def write_sync_step_fates(
+    writer: FatesWriter, step: int, generated: Sequence[Group], trained: Sequence[Group], surplus: Sequence[Group],
+    surplus_carried: bool, dynamic_sampling: bool, zero_variance_tol: float,
+) -> None:  # fmt: skip
+    """The fates of one trained sync step: every trained group (carried-in ones included), the surplus (carried or
+    discarded), and every generated group that was neither (filtered: zero variance under dynamic sampling)."""
+    from groupwise.algo.filter import is_zero_variance  # lazy: the algo package imports torch; the audit must not
+
+    settled = {g.group_id for g in trained} | {g.group_id for g in surplus}
+    writer.write_groups(trained, "trained", step)
+    writer.write_groups(surplus, "carried" if surplus_carried else "discarded", step)
+    filtered = [g for g in generated if g.group_id not in settled]
+    for group in filtered:
+        if not (dynamic_sampling and is_zero_variance(group.raw_rewards, zero_variance_tol)):
+            raise AssertionError(
+                f"sync step {step}: group {group.group_id} was generated with reward variance (or with dynamic "
+                "sampling off) but was neither trained nor surplus; the step's accounting is broken"
+            )
+    writer.write_groups(filtered, "filtered", step, detail="zero variance: raw rewards all equal")
+
+
+def write_untrained_step_fates(
+    writer: FatesWriter, step: int, generated: Sequence[Group], carried_in: Sequence[Group],
+    dynamic_sampling: bool, zero_variance_tol: float, reason: str,
+) -> None:  # fmt: skip
+    """The fates of a sync step that was never trained (the data ran out, or dynamic sampling gave up): the
+    zero-variance groups are ``filtered``, the rest (carried-in groups included) stay ``pending``."""
+    from groupwise.algo.filter import is_zero_variance
+
+    generated_ids = {group.group_id for group in generated}
+    for group in [*carried_in, *generated]:
+        zero_variance = is_zero_variance(group.raw_rewards, zero_variance_tol)
+        filtered = dynamic_sampling and group.group_id in generated_ids and zero_variance
+        if filtered:
+            writer.write_groups([group], "filtered", step, detail="zero variance: raw rewards all equal")
+        else:
+            writer.write_groups([group], "pending", step, detail=f"step {step} was not trained: {reason}")

@@ -1,0 +1,88 @@
+"""Async checkpoints: the controller's state, taken at a step boundary, inside the run's atomic checkpoint.
+
+An async checkpoint is the sync one (policy, optimizer + scheduler, RNG states, trainer counters; written by
+``groupwise.checkpoint`` into a temp dir, manifest, rename) plus:
+
+* ``trainer_state.json``: the loader position **at the step boundary** and ``fates_offset`` (the size of
+  ``fates.jsonl`` then: a resume cuts the file back to it, see :mod:`groupwise.fates`);
+* ``extra/controller.json``: :meth:`Controller.state_dict` — spare pool, READY buffered groups with their versions
+  and stamps, unsettled dispatch slots, open steps' ledger entries and tallies, the sampler's dispatch cursor and
+  whether it stamps, run counters and failure budgets (:mod:`groupwise.controller.snapshot`).
+
+The rollout pump keeps running while the checkpoint is written (in a worker thread), so the loader position, the
+controller state and the fates offset are captured together, synchronously on the event loop, by
+:func:`boundary_snapshot`; the session writes that snapshot with the weights of the same step.
+
+In-flight groups are not saved. On resume each unsettled slot's prompt is dispatched again first, under its stamp
+(so ``in_order`` steps fill exactly as before and stamps continue from the restored cursor); prompts of a batch
+still waiting at the gate go back to the loader front (or the spare pool front at the end-of-data drain). Nothing
+taken from the loader is lost, and nothing trained before the checkpoint is trained again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from groupwise.data.loader import LoadedPrompt
+from groupwise.types import Prompt
+
+CONTROLLER_PIECE = "controller"
+
+
+class ResumeError(RuntimeError):
+    """A checkpoint cannot be resumed the way this run is configured."""
+
+
+def encode_item(item: LoadedPrompt) -> dict[str, Any]:
+    """A loader item as plain data: the prompt's uid and where the loader yielded it."""
+    return {"uid": item.prompt.uid, "epoch": item.epoch, "index_in_epoch": item.index_in_epoch}
+
+
+class ItemDecoder:
+    """Turns :func:`encode_item` data back into loader items over the run's training prompts."""
+
+    def __init__(self, prompts: Sequence[Prompt]) -> None:
+        self._by_uid = {prompt.uid: prompt for prompt in prompts}
+
+    def __call__(self, data: dict[str, Any]) -> LoadedPrompt:
+        prompt = self._by_uid.get(data["uid"])
+        if prompt is None:
+            raise ResumeError(
+                f"the checkpoint holds prompt {data['uid']!r}, which the training data no longer has; resume with the "
+                "dataset the run started with (same data section and seed)"
+            )
+        return LoadedPrompt(prompt=prompt, epoch=int(data["epoch"]), index_in_epoch=int(data["index_in_epoch"]))
+
+
+def boundary_snapshot(step: int, controller: Any, loader: Any, fates: Any) -> dict[str, Any]:
+    """Everything of the async run a checkpoint of ``step`` needs beyond weights and optimizer.
+
+    Call synchronously on the event loop inside ``on_step_end`` (nothing else may run in between).
+    ``step`` is the number of optimizer steps done (the checkpoint's step).
+    """
+    state = controller.state_dict(encode_item)
+    if state["step"] != step:
+        raise AssertionError(f"controller snapshot is at step {state['step']}, the checkpoint at step {step}")
+    return {
+        "step": step,
+        "trainer": {"loader": loader.state_dict(), "fates_offset": fates.offset()},
+        "extra": {CONTROLLER_PIECE: state},
+    }
+
+
+def controller_state(extra: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The controller state of a loaded checkpoint's ``extra`` pieces (None: not an async checkpoint)."""
+    return (extra or {}).get(CONTROLLER_PIECE)
+
+
+def check_sync_resume(extra: dict[str, Any] | None, path: Any) -> None:
+    """Refuse to resume an async checkpoint in sync mode: its buffered groups and in-flight prompts would be lost."""
+    state = controller_state(extra)
+    if state is None:
+        return
+    held = len(state["buffer"]["groups"]) + len(state.get("inflight_slots", [])) + len(state["inflight_prompts"])
+    raise ResumeError(
+        f"checkpoint {path} was written by an async run (its controller holds {held} buffered groups and unsettled "
+        "prompts, which the sync trainer cannot take over); resume it with mode: async"
+    )

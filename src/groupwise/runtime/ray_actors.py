@@ -1,0 +1,121 @@
+"""The two Ray actors of a run: a generation worker (engine + its own model copy + scoring) and the learner
+(policy + optimizer).
+
+Both build their parts from the run config exactly as the embedded runtime does (same seed, same loaders), so
+the same config gives the same models, samples and updates wherever they run. Plain classes: the runtime turns
+them into actors with :func:`start_actor`, which sets each one's CPU and GPU reservation.
+
+The learner publishes its weights with one ``ray.put`` per version and returns the reference wrapped in a list
+(a bare returned reference would be resolved); every generation worker then loads that single stored copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from groupwise.batch import RowBatch
+from groupwise.builder import build_components, frozen_copy, load_policy_from_config
+from groupwise.learner import Learner, LearnerSettings
+from groupwise.runtime.ray_cluster import ActorResources, ray
+from groupwise.types import Completion, GenerationRequest, Group, SamplingParams
+
+
+def _where() -> dict[str, Any]:
+    return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
+
+
+def _cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
+
+
+class GenerationWorker:
+    """An engine with its own model copy, and the reward function: turns prompts into scored groups."""
+
+    def __init__(self, cfg: Any, index: int):
+        torch.manual_seed(cfg.run.seed)
+        parts = build_components(cfg)
+        self.index = index
+        self.engine = parts.engine
+        self.rollouts = parts.rollouts
+
+    def ready(self) -> dict[str, Any]:
+        return {"index": self.index, "version": self.engine.version, **_where()}
+
+    def generate_groups(
+        self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int] | None = None
+    ) -> list[Group]:
+        return self.rollouts.generate_groups(items, group_ids, attempts)
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
+        return self.engine.generate(requests, sampling)
+
+    def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> int:
+        self.engine.load_weights(state, version)
+        return version
+
+
+class LearnerWorker:
+    """The policy being trained, its optimizer and LR schedule (a :class:`~groupwise.learner.Learner`)."""
+
+    def __init__(self, cfg: Any):
+        torch.manual_seed(cfg.run.seed)
+        policy = load_policy_from_config(cfg)
+        reference = frozen_copy(policy.model) if cfg.model.reference == "initial" else None
+        self.learner = Learner(policy.model, LearnerSettings.from_config(cfg), reference=reference)
+
+    def ready(self) -> dict[str, Any]:
+        return {"version": self.learner.version, **_where()}
+
+    def train_step(self, rows: RowBatch) -> tuple[dict[str, float], int]:
+        metrics = self.learner.train_step(rows)
+        return metrics, self.learner.version
+
+    def train_chunk(self, rows: RowBatch) -> None:
+        self.learner.train_chunk(rows)
+
+    def finish_step(self) -> tuple[dict[str, float], int]:
+        metrics = self.learner.finish_step()
+        return metrics, self.learner.version
+
+    def publish_weights(self) -> tuple[list[Any], int]:
+        """Put the current weights in the object store once: ``([reference], version)``."""
+        return [ray.put(_cpu_state(self.learner.model))], self.learner.version
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        return _cpu_state(self.learner.model)
+
+    def load_model_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            self.learner.model.load_state_dict(state)
+
+    def optimizer_state(self) -> dict[str, Any]:
+        return self.learner.state_dict()
+
+    def load_optimizer_state(self, state: Mapping[str, Any]) -> int:
+        self.learner.load_state_dict(state)
+        return self.learner.version
+
+
+def start_actor(cls: type, resources: ActorResources, *args: Any) -> Any:
+    """Create ``cls(*args)`` as a Ray actor reserving ``resources``; returns its handle (it starts in the
+    background: wait on its ``ready`` call)."""
+    # No restarts by Ray: a lost generation worker is replaced by the runtime (which counts it and reloads the
+    # current weights), and a lost learner ends the run (its optimizer state is gone).
+    return _remote_class(cls).options(**resources.options()).remote(*args)
+
+
+@functools.cache
+def _remote_class(cls: type) -> Any:
+    return ray.remote(max_restarts=0, max_task_retries=0)(cls)
+
+
+def kill_actor(handle: Any) -> None:
+    """Stop an actor; one that is already dead (or a cluster already gone) is fine."""
+    with contextlib.suppress(Exception):
+        ray.kill(handle)

@@ -1,0 +1,301 @@
+"""The async controller's clients on Ray, and the driver's handle on the learner actor.
+
+* :class:`RayRolloutClient` (``RolloutClient``): rollout requests wait in a queue; each idle generation worker
+  takes up to ``generation.micro_batch_groups`` of them as one actor call, and the controller's pumps await
+  the call's object reference. A worker that dies mid-batch fails every group of the batch with
+  :class:`~groupwise.runtime.ray_pool.GenerationWorkerLost`, an infra error, so the controller retries each
+  group (on another worker, under the infra budget) while a replacement worker starts with the current weights.
+* :class:`RayTrainer` (``TrainerClient``): advantages per chunk of whole groups in the driver, then the rows go
+  to the learner actor.
+* :class:`RayLearner`: what the session calls ``learner`` (and, through :class:`LearnerModel`, the policy's
+  ``model``): blocking calls to the learner actor. A lost learner raises :class:`LearnerFailed`: the run stops,
+  and the newest complete checkpoint stays the place to resume from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from groupwise.batch import RowBatch
+from groupwise.rows import build_rows, group_row_advantages
+from groupwise.runtime.ray_cluster import ray
+from groupwise.runtime.ray_errors import UnschedulableError
+from groupwise.runtime.ray_pool import GenerationPool, GenerationWorkerLost, WorkerSlot
+from groupwise.types import Group
+
+
+class LearnerFailed(RuntimeError):
+    """The learner actor died: its policy and optimizer state are gone, so the run cannot go on."""
+
+
+def _learner_failed(what: str, err: BaseException) -> LearnerFailed:
+    return LearnerFailed(
+        f"the learner actor died while {what} ({type(err).__name__}); its policy and optimizer state are lost, so "
+        f"the run stops here. The newest complete checkpoint is kept: continue with `groupwise train ... --resume`"
+    )
+
+
+class RayLearner:
+    """The session's ``learner``: the learner actor, called synchronously. ``version`` mirrors the actor's."""
+
+    def __init__(self, handle: Any, version: int = 0):
+        self.handle = handle
+        self.version = version
+
+    def call(self, what: str, ref: Any) -> Any:
+        """``ray.get(ref)``, with a lost learner reported as :class:`LearnerFailed` (``what`` it was doing)."""
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as err:
+            raise _learner_failed(what, err) from err
+
+    def train_step(self, rows: RowBatch) -> dict[str, float]:
+        metrics, self.version = self.call("training a step", self.handle.train_step.remote(rows))
+        return metrics
+
+    def train_chunk(self, rows: RowBatch) -> None:
+        self.call("training a chunk", self.handle.train_chunk.remote(rows))
+
+    def finish_step(self) -> dict[str, float]:
+        metrics, self.version = self.call("finishing a step", self.handle.finish_step.remote())
+        return metrics
+
+    def publish_weights(self) -> tuple[list[Any], int]:
+        """Put the weights in the object store (once): ``([reference], version)``."""
+        return self.call("publishing weights", self.handle.publish_weights.remote())
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.call("saving the optimizer state", self.handle.optimizer_state.remote())
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.version = self.call("loading the optimizer state", self.handle.load_optimizer_state.remote(state))
+
+
+@dataclass
+class LearnerModel:
+    """The policy's ``model`` as the session sees it on Ray: its state lives in the learner actor."""
+
+    learner: RayLearner
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.learner.call("saving the model", self.learner.handle.model_state.remote())
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.learner.call("loading the model", self.learner.handle.load_model_state.remote(dict(state)))
+
+
+@dataclass
+class RayTrainer:
+    """``TrainerClient`` over the learner actor; keeps each step's rows for the ``train_data`` file."""
+
+    learner: RayLearner
+    grpo: Any
+    step_rows: list[RowBatch] = field(default_factory=list)
+    busy_seconds: float = 0.0
+
+    async def train_chunk(self, step: int, groups: list[Group], first_chunk: bool) -> None:
+        if first_chunk:
+            self.step_rows = []
+        advantages = group_row_advantages(
+            groups,
+            baseline=self.grpo.baseline,
+            normalize=self.grpo.normalize_advantages,
+            clip_low=self.grpo.advantage_clip_low,
+            clip_high=self.grpo.advantage_clip_high,
+        )
+        rows = build_rows(groups, advantages)
+        self.step_rows.append(rows)
+        await self._call(f"training a chunk of step {step}", self.learner.handle.train_chunk.remote(rows))
+
+    async def finish_step(self, step: int) -> dict[str, float]:
+        metrics, self.learner.version = await self._call(
+            f"finishing step {step}", self.learner.handle.finish_step.remote()
+        )
+        return metrics
+
+    async def _call(self, what: str, ref: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return await ref
+        except ray.exceptions.RayActorError as err:
+            raise _learner_failed(what, err) from err
+        finally:
+            self.busy_seconds += time.perf_counter() - start
+
+    def take_step_rows(self) -> RowBatch:
+        rows = RowBatch.concat(self.step_rows) if len(self.step_rows) > 1 else self.step_rows[0]
+        self.step_rows = []
+        return rows
+
+
+@dataclass
+class _Pending:
+    item: Any
+    group_id: int
+    attempt: int
+    future: asyncio.Future
+
+
+class RayRolloutClient:
+    """``RolloutClient`` over the generation worker actors (see the module docstring).
+
+    ``busy_seconds`` is worker-seconds of generation divided by the number of workers (so ``perf/gen_seconds``
+    is the mean worker's busy time); ``worker_restarts`` counts replacement workers started.
+    """
+
+    def __init__(self, pool: GenerationPool, max_batch_groups: int, publish: Callable[[], tuple[list[Any], int]]):
+        self.pool = pool
+        self.max_batch_groups = max(1, max_batch_groups)
+        self.publish = publish
+        self.engine_lock = asyncio.Lock()  # held by the runtime around evaluation and checkpoints
+        self.generated_tokens = 0
+        self.busy_seconds = 0.0
+        self.replacement_error: BaseException | None = None
+        self._pending: list[_Pending] = []
+        self._wake = asyncio.Event()
+        self._dispatcher: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._replacing = 0
+
+    @property
+    def worker_restarts(self) -> int:
+        return self.pool.restarts
+
+    async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int) -> Group:
+        if self._dispatcher is None or self._dispatcher.done():
+            self._dispatcher = asyncio.get_running_loop().create_task(self._dispatch(), name="ray-generation")
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(prompt, group_id, attempt, future))
+        self._wake.set()
+        return await future
+
+    async def _dispatch(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            self._pending = [p for p in self._pending if not p.future.done()]
+            if self._pending and not self.pool.workers and self._replacing == 0:
+                self._no_worker_alive()
+            while self._pending and (slot := self.pool.idle_worker()) is not None:
+                batch = self._pending[: self.max_batch_groups]
+                del self._pending[: len(batch)]
+                slot.busy = True
+                self._spawn(self._run_batch(slot, batch), f"ray-batch-worker-{slot.index}")
+
+    def _no_worker_alive(self) -> None:
+        """Every worker is gone and no replacement is starting: fail the waiting groups (infra: the controller
+        retries them with backoff) and try to start a worker again."""
+        cause = self.replacement_error
+        error = GenerationWorkerLost(f"no generation worker is alive (last replacement failure: {cause!r})")
+        for p in self._pending:
+            p.future.set_exception(error)
+        self._pending = []
+        self._start_replacement(None)
+
+    def _spawn(self, coroutine: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_batch(self, slot: WorkerSlot, batch: list[_Pending]) -> None:
+        start = time.perf_counter()
+        ids = [p.group_id for p in batch]
+        try:
+            groups = await slot.handle.generate_groups.remote(
+                [p.item for p in batch], ids, [p.attempt for p in batch]
+            )
+        except ray.exceptions.RayActorError as err:
+            lost = GenerationWorkerLost(f"generation worker {slot.index} died while generating groups {ids}: {err}")
+            lost.__cause__ = err
+            self._fail(batch, lost)
+            self._start_replacement(slot)
+            return
+        except Exception as err:  # noqa: BLE001 — e.g. the reward function raised: every group of the batch gets it
+            self._fail(batch, err)
+            return
+        finally:
+            self.busy_seconds += (time.perf_counter() - start) / max(1, len(self.pool.workers))
+            slot.busy = False
+            self._wake.set()
+        self.generated_tokens += sum(g.num_completion_tokens for g in groups)
+        for p, group in zip(batch, groups, strict=True):
+            if not p.future.done():
+                p.future.set_result(group)
+
+    @staticmethod
+    def _fail(batch: list[_Pending], error: BaseException) -> None:
+        for p in batch:
+            if not p.future.done():
+                p.future.set_exception(error)
+
+    def _start_replacement(self, dead: WorkerSlot | None) -> None:
+        if dead is not None and not self.pool.remove(dead):
+            return  # someone else is already replacing it
+        self._replacing += 1
+        self._spawn(self._replace(dead), "ray-replace-worker")
+
+    async def _replace(self, dead: WorkerSlot | None) -> None:
+        if dead is not None:
+            self.pool.on_event(f"generation worker {dead.index} died; starting a replacement")
+        slot, ready = self.pool.create_replacement()
+        try:
+            await self._bring_up(slot, ready)
+            self.pool.add_replacement(slot, dead.index if dead is not None else None)
+            self.replacement_error = None
+        except Exception as err:  # noqa: BLE001 — kept for the next rollout's error; the run goes on retrying
+            self.pool.discard_replacement(slot)
+            self.replacement_error = err
+            self.pool.on_event(f"starting replacement generation worker {slot.index} failed: {err!r}")
+        finally:
+            self._replacing -= 1
+            self._wake.set()
+
+    async def _bring_up(self, slot: WorkerSlot, ready: Any) -> None:
+        """Wait (cancellably) for a new worker to start, then load the newest weights into it."""
+        timeout = self.pool.startup_timeout_s
+        try:
+            await asyncio.wait_for(ready, timeout)
+        except asyncio.TimeoutError as err:
+            raise UnschedulableError(
+                f"replacement generation worker {slot.index} did not start within {timeout:g} s (see `ray status`: "
+                "the cluster may have lost the node or the resources it needs)"
+            ) from err
+        while slot.version < self.pool.version:  # also the versions synced while it started
+            version = self.pool.version
+            await slot.handle.load_weights.remote(self.pool.weights[0], version)
+            slot.version = version
+
+    async def sync_weights(self, version: int) -> None:
+        """The learner puts its weights in the object store once; every worker loads them (queued after the batch
+        it is running, so each batch runs under one version)."""
+        weights, learner_version = await asyncio.to_thread(self.publish)
+        if learner_version != version:
+            raise RuntimeError(f"weight sync for version {version} but the learner is at version {learner_version}")
+        self.pool.set_weights(weights, version)
+        slots = list(self.pool.workers)
+        results = await asyncio.gather(
+            *(slot.handle.load_weights.remote(weights[0], version) for slot in slots), return_exceptions=True
+        )
+        for slot, result in zip(slots, results, strict=True):
+            if isinstance(result, ray.exceptions.RayActorError):
+                self._start_replacement(slot)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                slot.version = version
+
+    async def close(self) -> None:
+        tasks = [t for t in (self._dispatcher, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for p in self._pending:
+            p.future.cancel()
+        self._pending = []

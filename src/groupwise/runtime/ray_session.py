@@ -1,0 +1,173 @@
+"""A training session on Ray (``runtime.backend: ray``): the learner and the generation engines are actors.
+
+:func:`build_ray_session` returns a :class:`RaySession`: the same :class:`~groupwise.session.Session` the sync
+loop and the async runtime drive, with Ray-backed parts that have the methods they call — ``learner``
+(:class:`~groupwise.runtime.ray_runtime.RayLearner`), ``rollouts``
+(:class:`~groupwise.runtime.ray_pool.RaySyncRollouts`), ``engine``
+(:class:`~groupwise.runtime.ray_pool.RemoteEngine`) and ``policy`` (:class:`RayPolicy`, whose model state
+lives in the learner actor). Only ``publish_weights`` differs: the learner puts its weights in the object
+store itself and the workers load them, so the weights never pass through the driver. Checkpoints fetch the
+model and optimizer state from the learner actor; resuming sends them back.
+
+The driver keeps the tokenizer, the task, the reward function (evaluation scores here), the prompt loader, the
+run directory and one CPU copy of the policy, which it refreshes from the learner only to write ``final/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from groupwise.builder import build_components
+from groupwise.config import ConfigError, ConfigIssue
+from groupwise.data.loader import PromptLoader
+from groupwise.logging.metrics import MetricsWriter
+from groupwise.model.loading import Policy
+from groupwise.rundir import RunDir
+from groupwise.runtime.ray_actors import LearnerWorker, kill_actor, start_actor
+from groupwise.runtime.ray_cluster import (
+    RayCluster,
+    check_schedulable,
+    connect_cluster,
+    learner_resources,
+    run_resources,
+    wait_until_started,
+)
+from groupwise.runtime.ray_pool import GenerationPool, RaySyncRollouts, RemoteEngine
+from groupwise.runtime.ray_runtime import LearnerModel, RayLearner, RayRolloutClient, RayTrainer
+from groupwise.session import Session
+
+DEFAULT_STARTUP_TIMEOUT_S = 300.0
+
+
+@dataclass
+class RayPolicy:
+    """The policy as the driver sees it: the tokenizer here, the trained weights in the learner actor."""
+
+    model: LearnerModel
+    tokenizer: Any
+    local: Policy  # a CPU copy, refreshed from the learner only to save
+
+    def save(self, directory: str | Path) -> Path:
+        with torch.no_grad():
+            self.local.model.load_state_dict(self.model.state_dict())
+        return self.local.save(directory)
+
+
+@dataclass
+class RaySession(Session):
+    """A :class:`~groupwise.session.Session` whose learner and generators are Ray actors. Call :meth:`close`
+    when done (it stops the actors, and the cluster if this session started it)."""
+
+    cluster: RayCluster | None = None
+    pool: GenerationPool | None = None
+    _closed: bool = field(default=False, repr=False)
+
+    def publish_weights(self) -> None:
+        """The learner stores version v+1 once; every generation worker loads it."""
+        weights, version = self.learner.publish_weights()
+        self.pool.publish(weights, version)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.pool.shutdown()
+        kill_actor(self.learner.handle)
+        self.cluster.shutdown()
+
+
+def check_device_resources(cfg: Any) -> None:
+    """A CUDA ``model.device`` needs GPUs reserved: Ray hides every GPU from an actor that reserves none."""
+    if not cfg.model.device.startswith("cuda"):
+        return
+    r = cfg.runtime.ray
+    issues = [
+        ConfigIssue(key, value, f"model.device={cfg.model.device!r} needs a GPU in every actor, and Ray shows an "
+                    "actor only the GPUs it reserves", f"set {key} to 1 (or a fraction to share a GPU), or "
+                    "model.device: auto to run actors without GPUs on CPU")
+        for key, value in (("runtime.ray.gpus_per_generation_worker", r.gpus_per_generation_worker),
+                           ("runtime.ray.learner_gpus", r.learner_gpus))
+        if value == 0
+    ]  # fmt: skip
+    if issues:
+        raise ConfigError(issues)
+
+
+def build_ray_session(
+    cfg: Any,
+    *,
+    resume: bool = False,
+    resume_from: Path | None = None,
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+) -> RaySession:
+    """Join the cluster, start the learner and the generation workers, and wire a :class:`RaySession`."""
+    if cfg.runtime.backend != "ray":
+        raise ValueError(f"build_ray_session needs runtime.backend: ray, got {cfg.runtime.backend!r}")
+    check_device_resources(cfg)
+    cluster = connect_cluster(cfg.runtime.ray.address)
+    learner_handle, pool = None, None
+    try:
+        check_schedulable(run_resources(cfg.runtime.ray))
+        # Start every actor first: it overlaps their model loading with the driver's own set-up.
+        learner_handle = start_actor(LearnerWorker, learner_resources(cfg.runtime.ray), cfg)
+        pool = GenerationPool(cfg, startup_timeout_s)
+        ready = {"learner": learner_handle.ready.remote(), **pool.launch(cfg.runtime.ray.num_generation_workers)}
+        torch.manual_seed(cfg.run.seed)
+        driver_cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"device": "cpu"})})
+        parts = build_components(driver_cfg)
+        wait_until_started(ready, startup_timeout_s)
+        return _assemble(cfg, cluster, pool, RayLearner(learner_handle), parts, resume, resume_from)
+    except BaseException:
+        if pool is not None:
+            pool.shutdown()
+        if learner_handle is not None:
+            kill_actor(learner_handle)
+        cluster.shutdown()
+        raise
+
+
+def _assemble(
+    cfg: Any, cluster: RayCluster, pool: GenerationPool, learner: RayLearner, parts: Any, resume: bool, resume_from: Any
+) -> RaySession:
+    resuming = resume or resume_from is not None
+    run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resuming)
+    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
+    pool.on_event = writer.event
+    rollouts = RaySyncRollouts(pool, parts.rollouts)
+    loader = PromptLoader(
+        parts.task.train_prompts(), seed=cfg.run.seed, shuffle=cfg.data.shuffle, max_epochs=cfg.run.max_epochs
+    )
+    session = RaySession(
+        cfg=cfg,
+        run_dir=run_dir,
+        policy=RayPolicy(LearnerModel(learner), parts.policy.tokenizer, parts.policy),
+        engine=RemoteEngine(pool),
+        learner=learner,
+        rollouts=rollouts,
+        loader=loader,
+        task=parts.task,
+        reward_fn=parts.reward_fn,
+        events=writer,
+        cluster=cluster,
+        pool=pool,
+    )
+    where = f"Ray cluster {cluster.address}: learner + {len(pool.workers)} generation worker(s)"
+    if resuming:
+        session.restore(resume_from)
+    else:
+        # Workers built their own copy from the same config and seed; loading the learner's makes it certain.
+        session.publish_weights()
+        writer.event(f"run started: {run_dir.path}")
+    writer.event(where)
+    return session
+
+
+def ray_clients(session: RaySession) -> tuple[RayRolloutClient, RayTrainer]:
+    """The async controller's rollout and trainer clients for a :class:`RaySession`."""
+    learner = session.learner
+    rollouts = RayRolloutClient(session.pool, session.cfg.generation.micro_batch_groups, learner.publish_weights)
+    return rollouts, RayTrainer(learner, session.cfg.grpo)

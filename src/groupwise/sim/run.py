@@ -1,0 +1,158 @@
+"""``groupwise simulate``: run a config in virtual time and write a run directory like a real run's.
+
+Writes ``config.yaml`` (resolved), ``metrics.jsonl`` (one line per optimizer step, the keys a real run of the
+same mode logs, with simulated ``perf/*``), ``events.log``, ``tensorboard/`` (when ``logging.tensorboard``),
+``fates.jsonl`` (async, when ``sim.write_fates``: one line per dispatched attempt) and ``sim/summary.json``
+(:mod:`groupwise.sim.summary`). There is no model: no checkpoints, ``train_data/`` or ``final/``.
+
+The simulation reads ``mode``, ``run`` (name, output_dir, seed, max_steps, max_epochs), ``data.shuffle``,
+``grpo`` (P, G, dynamic sampling), ``async`` and ``sim``; the model, generation, loss, optimizer, eval and
+checkpoint sections describe a real run and are not simulated. The same config and seed give the same
+``summary.json`` and ``metrics.jsonl`` byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from groupwise.config import ConfigError
+from groupwise.controller.settings import ControllerSettings
+from groupwise.fates import FIELDS as FATE_FIELDS
+from groupwise.fates import FatesWriter
+from groupwise.logging.metrics import MetricsWriter
+from groupwise.rundir import RunDir, write_text_atomic
+from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
+from groupwise.sim.summary import summarize
+from groupwise.sim.sync_schedule import SyncSettings, check_sync_workload
+from groupwise.sim.workload import SimWorkload
+from groupwise.types import Group
+
+
+@dataclass
+class SimulationResult:
+    """The run directory written, its summary, and the in-memory run (parts, controller, meter)."""
+
+    run_dir: RunDir
+    summary: dict[str, Any]
+    run: SimRun
+
+
+def summary_identity(cfg: Any) -> dict[str, Any]:
+    """The identity fields of a summary: mode, sampler and knobs (async), seed, P, G."""
+    sampler: dict[str, Any] = cfg.async_.sampler.model_dump(mode="json") if cfg.mode == "async" else {}
+    return {
+        "mode": cfg.mode,
+        "sampler": sampler.pop("name", None),
+        "sampler_knobs": sampler,
+        "seed": cfg.run.seed,
+        "prompts_per_step": cfg.grpo.num_prompts_per_step,
+        "group_size": cfg.grpo.num_generations_per_prompt,
+    }
+
+
+def simulate(cfg: Any) -> SimulationResult:
+    """Simulate ``cfg`` (a ``RunConfig``) and write its run directory (see the module docstring).
+
+    Raises :class:`ConfigError` for a setup the simulation refuses (failures injected in mode sync) and
+    ``FileExistsError`` when the run directory exists; a run that stops with a named error still writes
+    everything and reports ``outcome: failed`` with the error in the summary.
+    """
+    workload = SimWorkload.from_config(cfg)
+    if cfg.mode == "sync":
+        issues = check_sync_workload(workload)
+        if issues:
+            raise ConfigError(issues)
+    run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=False)
+    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
+    last_reward: list[float | None] = [None]
+
+    def on_step_end(step: int, metrics: dict[str, float], groups: list[Group]) -> None:
+        writer.log(step + 1, {**metrics, "step": step + 1, "weight_version": step + 1})
+        reward = metrics.get("reward/unfiltered_mean")
+        last_reward[0] = reward if reward is not None and math.isfinite(reward) else None
+
+    writer.event(f"simulate: mode {cfg.mode}, seed {cfg.run.seed}, up to {cfg.run.max_steps} steps (virtual time)")
+    fates = BufferedFatesWriter(run_dir.fates_path) if cfg.sim.write_fates else None
+    try:
+        if cfg.mode == "async":
+            run = simulate_async(
+                ControllerSettings.from_config(cfg), workload, max_epochs=cfg.run.max_epochs,
+                shuffle=cfg.data.shuffle, on_step_end=on_step_end,
+                on_fate=fates.write_controller_record if fates is not None else None,
+                max_virtual_seconds=cfg.sim.max_virtual_seconds,
+            )  # fmt: skip
+        else:
+            run = simulate_sync(
+                SyncSettings.from_config(cfg), workload, max_epochs=cfg.run.max_epochs, shuffle=cfg.data.shuffle,
+                on_step_end=on_step_end, fates=fates, max_virtual_seconds=cfg.sim.max_virtual_seconds,
+            )  # fmt: skip
+    finally:
+        if fates is not None:
+            fates.close()
+    summary = summarize(run, summary_identity(cfg), last_reward[0])
+    run_dir.sim_summary_path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(run_dir.sim_summary_path, json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    if run.error is not None:
+        writer.event(f"simulated run failed after {run.steps_trained} steps: {summary['error']}")
+    writer.event(f"simulated run {summary['outcome']}: {format_summary(summary, one_line=True)}")
+    writer.close()
+    return SimulationResult(run_dir=run_dir, summary=summary, run=run)
+
+
+class BufferedFatesWriter(FatesWriter):
+    """``fates.jsonl`` in the format of :mod:`groupwise.fates`, through one buffered handle.
+
+    A real run appends each line with its own ``os.write`` so a crash keeps whole lines; a simulation writes up
+    to millions of lines, has no crash to survive, and rewrites its directory from scratch, so it buffers.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(path)
+        self._handle: TextIO = open(self.path, "w", encoding="utf-8", buffering=1 << 20)  # noqa: SIM115
+
+    def write(self, line: Mapping[str, Any]) -> None:
+        self._handle.write(json.dumps({name: line[name] for name in FATE_FIELDS}, allow_nan=False) + "\n")
+        self.lines_written += 1
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+SUMMARY_LINES = (
+    ("steps", "steps"),
+    ("wall_seconds", "virtual wall time (s)"),
+    ("trained_groups_per_hour", "trained groups / h"),
+    ("generated_groups", "generated groups"),
+    ("filtered_groups", "filtered groups"),
+    ("trained_groups", "trained groups"),
+    ("dropped_groups", "dropped groups"),
+    ("replaced_groups", "replaced groups"),
+    ("evicted_groups", "evicted groups"),
+    ("aborted_groups", "aborted groups"),
+    ("rollout_idle_fraction", "rollout idle fraction"),
+    ("rollout_slot_idle_fraction", "rollout slot idle fraction"),
+    ("trainer_idle_fraction", "trainer idle fraction"),
+    ("staleness_mean", "staleness mean"),
+    ("staleness_p99", "staleness p99"),
+    ("staleness_max", "staleness max"),
+)
+
+
+def format_summary(summary: dict[str, Any], one_line: bool = False) -> str:
+    """The headline numbers of a summary, one per line (or ``key=value`` pairs on one line)."""
+    if one_line:
+        return ", ".join(f"{key}={summary.get(key)}" for key, _ in SUMMARY_LINES)
+    width = max(len(label) for _, label in SUMMARY_LINES)
+    lines = [f"{label:<{width}}  {_cell(summary.get(key))}" for key, label in SUMMARY_LINES]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "—"
+    return f"{value:,.3f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)

@@ -1,0 +1,183 @@
+"""One simulated run, async or sync, in virtual time — no files (``groupwise.sim.run`` writes those).
+
+``simulate_async`` runs the REAL controller (``groupwise.controller.controller.build_controller``: pumps,
+buffer, sampler, ledger, spare pool, failure budgets) with a real :class:`~groupwise.data.loader.PromptLoader`
+over the simulated prompts, against :class:`~groupwise.sim.generator.SimulatedRollouts` and
+:class:`~groupwise.sim.learner.SimulatedTrainer`. ``simulate_sync`` runs the sync loop's schedule
+(:mod:`groupwise.sim.sync_schedule`) on the same simulated workload.
+
+A run ends normally (``max_steps`` or the end of data), or with one of :data:`NAMED_FAILURES` — the errors a
+real run stops with, kept in ``error`` — or with :class:`SimulationTimeout` when it outlives its virtual-time
+bound. Any other exception is a bug and propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from groupwise.algo.accumulator import DynamicSamplingExhausted
+from groupwise.controller.controller import Controller, RunSummary, build_controller
+from groupwise.controller.failures import RolloutDataFailure, RolloutRedispatchExhausted
+from groupwise.controller.fates import FateRecord
+from groupwise.controller.ledger import StepBelowFloorError
+from groupwise.controller.settings import ControllerSettings
+from groupwise.controller.train_pump import ControllerStalled, RolloutExhaustedError
+from groupwise.data.loader import PromptLoader
+from groupwise.fates import FatesWriter
+from groupwise.sim.generator import SimulatedDataFailure, SimulatedInfraFailure, SimulatedRollouts
+from groupwise.sim.learner import SimulatedTrainer
+from groupwise.sim.meter import StepMeter
+from groupwise.sim.sync_schedule import SyncRunResult, SyncSettings, run_sync_schedule
+from groupwise.sim.virtual_time import SimulationTimeout, run_in_virtual_time
+from groupwise.sim.workload import LearningCurve, SimWorkload, make_sim_prompts
+from groupwise.types import Group
+
+#: Errors that end a run the way they would end a real one: reported, not raised, by the simulate functions.
+NAMED_FAILURES: tuple[type[BaseException], ...] = (
+    StepBelowFloorError,
+    ControllerStalled,
+    RolloutExhaustedError,
+    RolloutDataFailure,
+    RolloutRedispatchExhausted,
+    DynamicSamplingExhausted,
+    SimulatedDataFailure,
+    SimulatedInfraFailure,
+    SimulationTimeout,
+)
+
+StepCallback = Callable[[int, dict[str, float], list[Group]], None]
+
+
+@dataclass
+class SimParts:
+    """The simulated generator and learner of one run, sharing one learning curve."""
+
+    workload: SimWorkload
+    prompts: list[Any]
+    rollouts: SimulatedRollouts
+    trainer: SimulatedTrainer
+
+    @classmethod
+    def build(cls, workload: SimWorkload) -> SimParts:
+        curve = LearningCurve(workload.initial_success_logit, workload.learning_rate_groups)
+        prompts, difficulty = make_sim_prompts(workload)
+        return cls(workload, prompts, SimulatedRollouts(workload, curve, difficulty), SimulatedTrainer(workload, curve))
+
+    def loader(self, max_epochs: int | None, shuffle: bool = True) -> PromptLoader:
+        return PromptLoader(self.prompts, seed=self.workload.seed, shuffle=shuffle, max_epochs=max_epochs)
+
+
+@dataclass
+class SimRun:
+    """A finished simulated run: its parts, how it ended, and its virtual wall time."""
+
+    mode: str
+    parts: SimParts
+    wall_seconds: float = 0.0
+    steps_trained: int = 0
+    stop_reason: str | None = None
+    error: BaseException | None = None
+    meter: StepMeter | None = None
+    controller: Controller | None = None
+    controller_summary: RunSummary | None = None
+    sync_result: SyncRunResult | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def completed(self) -> bool:
+        return self.error is None
+
+
+def simulate_async(
+    settings: ControllerSettings,
+    workload: SimWorkload,
+    *,
+    max_epochs: int | None = None,
+    shuffle: bool = True,
+    on_step_end: StepCallback | None = None,
+    on_fate: Callable[[FateRecord], None] | None = None,
+    max_virtual_seconds: float = 1.0e7,
+) -> SimRun:
+    """The real controller against the simulated generator and learner (see the module docstring)."""
+    if settings.group_size != workload.group_size:
+        raise ValueError(
+            f"controller group_size {settings.group_size} != simulated group_size {workload.group_size}; "
+            "build both from the same config"
+        )
+    parts = SimParts.build(workload)
+    run = SimRun(mode="async", parts=parts)
+
+    async def step_end(step: int, metrics: dict[str, float], groups: list[Group]) -> None:
+        assert run.meter is not None
+        run.meter.record_trained(step, groups)
+        metrics.update(run.meter.step_metrics(async_mode=True))
+        run.steps_trained = step + 1 - settings.start_step
+        if on_step_end is not None:
+            on_step_end(step, metrics, groups)
+
+    loader = parts.loader(max_epochs, shuffle)
+    run.controller = controller = build_controller(
+        settings, loader, parts.rollouts, parts.trainer, on_step_end=step_end, on_fate=on_fate
+    )
+
+    async def main() -> None:
+        run.meter = _meter(parts)
+        try:
+            run.controller_summary = await controller.run()
+            run.stop_reason = run.controller_summary.stop_reason
+        except NAMED_FAILURES as error:
+            run.error = error
+
+    _run_bounded(run, main, max_virtual_seconds)
+    return run
+
+
+def simulate_sync(
+    settings: SyncSettings,
+    workload: SimWorkload,
+    *,
+    max_epochs: int | None = None,
+    shuffle: bool = True,
+    on_step_end: StepCallback | None = None,
+    fates: FatesWriter | None = None,
+    max_virtual_seconds: float = 1.0e7,
+) -> SimRun:
+    """The sync loop's schedule on the simulated workload (see :mod:`groupwise.sim.sync_schedule`)."""
+    parts = SimParts.build(workload)
+    run = SimRun(mode="sync", parts=parts)
+    loader = parts.loader(max_epochs, shuffle)
+
+    def step_end(step: int, metrics: dict[str, float], groups: list[Group]) -> None:
+        assert run.meter is not None
+        run.meter.record_trained(step, groups)
+        metrics.update(run.meter.step_metrics(async_mode=False, gen_seconds=metrics["perf/gen_seconds"]))
+        run.steps_trained = step + 1
+        if on_step_end is not None:
+            on_step_end(step, metrics, groups)
+
+    async def main() -> None:
+        run.meter = _meter(parts)
+        try:
+            run.sync_result = await run_sync_schedule(
+                settings, loader, parts.rollouts, parts.trainer, step_end, fates
+            )
+            run.stop_reason = run.sync_result.stop_reason
+        except NAMED_FAILURES as error:
+            run.error = error
+
+    _run_bounded(run, main, max_virtual_seconds)
+    return run
+
+
+def _meter(parts: SimParts) -> StepMeter:
+    return StepMeter(parts.rollouts, parts.trainer, asyncio.get_running_loop().time)
+
+
+def _run_bounded(run: SimRun, main: Callable[[], Any], max_virtual_seconds: float) -> None:
+    try:
+        _, run.wall_seconds = run_in_virtual_time(main, max_virtual_seconds)
+    except SimulationTimeout as error:
+        run.error, run.wall_seconds = error, max_virtual_seconds

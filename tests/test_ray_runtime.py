@@ -1,0 +1,297 @@
+"""The Ray runtime end to end on a local 2-CPU Ray cluster (one per test session), on a tiny model.
+
+Invariants pinned:
+- sync mode on Ray with one generation worker trains bit-identical parameters to the embedded runtime, with the
+  same per-step metrics and evaluation (Ray is only a placement, never a change of the algorithm);
+- the controller contract holds on both runtimes (parametrised): every step trains exactly P groups, every
+  dispatched attempt has one fate, the metrics lines carry the same keys, and (in_order, no lookahead) both
+  runtimes train the same prompts in the same steps;
+- killing a generation worker mid-group: the run completes, the lost groups are redispatched and counted
+  (``rollout/redispatches`` = the failed-and-retried fates), one replacement worker is counted
+  (``rollout/worker_restarts``), and no group is lost or trained twice;
+- a dead learner ends the run with a clear error and a valid last checkpoint, and resuming from it on Ray gives
+  the same parameters as an uninterrupted embedded run;
+- requests the cluster cannot place fail at once (naming the key to change), and an actor that never starts
+  fails after the timeout, naming it — never a silent hang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from groupwise.builder import build_session, load_policy_from_config  # noqa: E402
+from groupwise.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
+from groupwise.commands import run_train  # noqa: E402
+from groupwise.config import config_from_dict  # noqa: E402
+from groupwise.logging.metrics import read_metrics  # noqa: E402
+from groupwise.runtime.async_run import run_async  # noqa: E402
+from groupwise.sync_loop import run_sync  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+TESTS_DIR = Path(__file__).parent
+P = 4  # prompts per step
+SYNC_STEPS = 3
+ASYNC_STEPS = 3
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local cluster with 2 CPUs; actors reserve fractions, so nothing can starve. Workers import the test
+    reward functions from this directory."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    yield
+    ray.shutdown()
+
+
+def kill_once_reward(prompt, completion, kill_flag: str = "") -> float:
+    """``scripted_rewards.marker_reward``, except that the first call to find ``kill_flag`` claims it and kills its
+    own process (SIGKILL): a generation worker lost mid-group, while scoring a batch it has generated."""
+    if kill_flag:
+        try:
+            os.rename(kill_flag, kill_flag + ".claimed")
+        except FileNotFoundError:
+            pass
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
+    from scripted_rewards import marker_reward
+
+    return marker_reward(prompt, completion)
+
+
+def tiny_config(root: Path, name: str, *, backend: str = "embedded", mode: str = "sync", **sections):
+    data = {
+        "mode": mode,
+        "run": {"name": name, "output_dir": str(root / "runs"), "seed": 5, "max_steps": SYNC_STEPS},
+        "model": {
+            "source": "tiny",
+            "tiny": {"num_layers": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64,
+                     "max_position_embeddings": 32},
+        },
+        "data": {"task": "addition", "addition": {"min_digits": 1, "max_digits": 2, "num_eval": 8}},
+        "generation": {"max_new_tokens": 4},
+        "grpo": {"num_prompts_per_step": P, "num_generations_per_prompt": 4},
+        "reward": {"function": "scripted_rewards:marker_reward"},
+        "logging": {"progress": False, "tensorboard": False},
+        "eval": {"at_start": False, "at_end": False},
+        "runtime": {"backend": backend},
+    }  # fmt: skip
+    if mode == "sync":
+        data["grpo"]["dynamic_sampling"] = {"max_gen_rounds": 6, "min_step_batch_fraction": 0.25}
+    else:
+        data["async"] = {
+            "sampler": {"name": "in_order", "max_lookahead_versions": 0},
+            "max_inflight_prompts": 8,
+            "max_buffered_rollouts": 8,
+            "rollout_failure": {"backoff_base_s": 0.05, "max_backoff_s": 0.1, "max_replacement_attempts": 8,
+                                "replacement_reserve_prompts": 4},
+        }  # fmt: skip
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value}
+    return config_from_dict(data)
+
+
+def build(cfg, **kwargs):
+    if cfg.runtime.backend == "ray":
+        from groupwise.runtime.ray_session import build_ray_session
+
+        return build_ray_session(cfg, startup_timeout_s=120, **kwargs)
+    return build_session(cfg, **kwargs)
+
+
+def params(session) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().cpu().clone() for name, tensor in session.policy.model.state_dict().items()}
+
+
+def metrics_of(session) -> list[dict]:
+    return read_metrics(session.run_dir.path / "metrics.jsonl")
+
+
+def trained_uids_per_step(run_dir: Path) -> list[list[str]]:
+    steps = sorted(run_dir.glob("train_data/step_*.jsonl"), key=lambda p: int(p.stem.split("_")[1]))
+    out = []
+    for path in steps:
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        out.append(list(dict.fromkeys(row["prompt_uid"] for row in rows)))
+    return out
+
+
+# --- sync mode ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def embedded_sync(tmp_path_factory):
+    root = tmp_path_factory.mktemp("embedded")
+    session = build(tiny_config(root, "straight", eval={"at_end": True, "num_prompts": 8}))
+    run_sync(session)
+    return session
+
+
+def test_sync_on_ray_trains_the_same_parameters_as_embedded(ray_cluster, embedded_sync, tmp_path):
+    session = build(tiny_config(tmp_path, "straight", backend="ray", eval={"at_end": True, "num_prompts": 8}))
+    try:
+        run_sync(session)
+        trained = params(session)
+        initial = load_policy_from_config(session.cfg).model.state_dict()
+    finally:
+        session.close()
+    reference = params(embedded_sync)
+    assert any(not torch.equal(initial[name], reference[name]) for name in reference), "training changed nothing"
+    for name, tensor in reference.items():
+        assert torch.equal(trained[name], tensor), name
+    ray_metrics, embedded_metrics = metrics_of(session), metrics_of(embedded_sync)
+    assert [m["step"] for m in ray_metrics] == [m["step"] for m in embedded_metrics]
+    assert any("eval/accuracy" in m for m in ray_metrics), "the final evaluation (on a generation worker) is missing"
+    for key in ("reward/unfiltered_mean", "loss/total", "ds/groups_generated", "weight_version", "eval/accuracy"):
+        assert [m.get(key) for m in ray_metrics] == [m.get(key) for m in embedded_metrics], key
+    assert trained_uids_per_step(session.run_dir.path) == trained_uids_per_step(embedded_sync.run_dir.path)
+
+
+def learner_dies_after_first_step(monkeypatch) -> None:
+    from groupwise.runtime.ray_session import RaySession
+
+    real_end_step = RaySession.end_step
+
+    def end_step_then_kill_learner(self, step, metrics, rows):
+        real_end_step(self, step, metrics, rows)
+        if step == 0:
+            ray.kill(self.learner.handle)
+
+    monkeypatch.setattr(RaySession, "end_step", end_step_then_kill_learner)
+
+
+def test_learner_failure_ends_the_run_with_a_valid_checkpoint(
+    ray_cluster, embedded_sync, tmp_path, monkeypatch, capsys
+):
+    cfg = tiny_config(tmp_path, "straight", backend="ray", checkpoint={"every": 1})
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text(cfg.to_yaml())
+    learner_dies_after_first_step(monkeypatch)
+    args = argparse.Namespace(file=str(config_file), overrides=[], resume=False, resume_from=None)
+    assert run_train(args) == 1
+    err = capsys.readouterr().err
+    assert "learner actor died" in err and "--resume" in err
+    run_dir = tmp_path / "runs" / "straight"
+    kept = latest_checkpoint(run_dir)
+    assert kept is not None and kept.name == "step_1" and kept.name in err
+    assert load_checkpoint(kept)["trainer"]["step"] == 1
+    monkeypatch.undo()
+    resumed = build(cfg, resume=True)
+    try:
+        assert resumed.state.step == 1
+        run_sync(resumed)
+        final = params(resumed)
+    finally:
+        resumed.close()
+    for name, tensor in params(embedded_sync).items():
+        assert torch.equal(final[name], tensor), name
+
+
+# --- async mode: the controller contract on both runtimes ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def async_runs(ray_cluster, tmp_path_factory):
+    runs = {}
+    for backend in ("embedded", "ray"):
+        root = tmp_path_factory.mktemp(f"async-{backend}")
+        session = build(tiny_config(root, "contract", backend=backend, mode="async", run={"max_steps": ASYNC_STEPS}))
+        try:
+            runs[backend] = (session, run_async(session))
+        finally:
+            if backend == "ray":
+                session.close()
+    return runs
+
+
+def assert_contract(session, summary) -> None:
+    """Steps balance, every trained group is in exactly one step's train data, every loss has a resolution."""
+    assert summary.stop_reason == "max_steps" and summary.steps_trained == ASYNC_STEPS
+    ledger = summary.ledger_history
+    assert [record.selected + record.charged for record in ledger] == [P] * ASYNC_STEPS
+    assert summary.step_sizes == [record.selected for record in ledger]
+    assert summary.fates["trained"] == sum(summary.step_sizes)
+    uids = trained_uids_per_step(session.run_dir.path)
+    assert [len(step) for step in uids] == summary.step_sizes
+    flat = [uid for step in uids for uid in step]
+    assert len(flat) == len(set(flat)), "a prompt was trained twice"
+    for (fate, resolution), count in summary.fates.by_resolution.items():
+        assert fate in ("trained", "pending") or resolution is not None, (fate, count)
+
+
+@pytest.mark.parametrize("backend", ["embedded", "ray"])
+def test_controller_contract_holds_on_both_runtimes(async_runs, backend):
+    session, summary = async_runs[backend]
+    assert_contract(session, summary)
+    lines = metrics_of(session)
+    assert all(line["rollout/redispatches"] == 0 and line["rollout/worker_restarts"] == 0 for line in lines)
+
+
+def test_both_runtimes_emit_the_same_metrics_and_fates(async_runs):
+    (embedded, embedded_summary), (on_ray, ray_summary) = async_runs["embedded"], async_runs["ray"]
+    assert [set(m) for m in metrics_of(on_ray)] == [set(m) for m in metrics_of(embedded)]
+    assert ray_summary.fates.as_dict() == embedded_summary.fates.as_dict()
+    assert trained_uids_per_step(on_ray.run_dir.path) == trained_uids_per_step(embedded.run_dir.path)
+
+
+def test_killed_generation_worker_is_replaced_and_its_groups_redispatched(ray_cluster, tmp_path):
+    flag = tmp_path / "kill-a-worker"
+    flag.touch()
+    cfg = tiny_config(
+        tmp_path, "killed", backend="ray", mode="async", run={"max_steps": ASYNC_STEPS},
+        reward={"function": "test_ray_runtime:kill_once_reward", "kwargs": {"kill_flag": str(flag)}},
+    )  # fmt: skip
+    session = build(cfg)
+    try:
+        summary = run_async(session)
+    finally:
+        session.close()
+    assert not flag.exists() and flag.with_name(flag.name + ".claimed").exists(), "no worker was killed"
+    assert_contract(session, summary)
+    lines = metrics_of(session)
+    retried = summary.fates.by_resolution[("failed", "retried")]
+    assert retried >= 1  # the killed batch's groups, each dispatched again
+    assert sum(line["rollout/redispatches"] for line in lines) == retried == summary.fates["failed"]
+    assert sum(line["rollout/worker_restarts"] for line in lines) == 1
+    events = (session.run_dir.path / "events.log").read_text()
+    assert "generation worker 0 died" in events and "generation worker 1 started in place of worker 0" in events
+
+
+# --- placement --------------------------------------------------------------------------------------------------
+
+
+def test_unplaceable_run_fails_at_once_naming_the_key(ray_cluster, tmp_path):
+    from groupwise.runtime.ray_errors import UnschedulableError
+
+    cfg = tiny_config(tmp_path, "too-big", backend="ray", runtime={"ray": {"learner_cpus": 64}})
+    with pytest.raises(UnschedulableError, match=r"learner asks for 64 CPU.*runtime\.ray\.learner_cpus"):
+        build(cfg)
+    assert not (tmp_path / "runs" / "too-big").exists()
+
+
+def test_actor_that_never_starts_times_out_by_name(ray_cluster):
+    from groupwise.runtime.ray_cluster import wait_until_started
+    from groupwise.runtime.ray_errors import UnschedulableError
+
+    @ray.remote(num_cpus=3)  # more than the 2-CPU cluster has: Ray keeps it pending for ever
+    class Stuck:
+        def ready(self) -> bool:
+            return True
+
+    stuck = Stuck.remote()
+    try:
+        with pytest.raises(UnschedulableError, match="stuck worker did not start within 1 s"):
+            wait_until_started({"stuck worker": stuck.ready.remote()}, timeout_s=1.0)
+    finally:
+        ray.kill(stuck)
