@@ -212,11 +212,8 @@ def test_resume_after_k_steps_loses_and_repeats_nothing(name, tmp_path):
 def test_in_order_resume_equals_continuing_and_stamps_continue(tmp_path):
     scenario = SCENARIOS["in_order_charge"]
     full = RecordingTrainer()
-    run_virtual(
-        build_controller(
-            settings(scenario), make_loader(N_PROMPTS), ScriptedRollouts(G, script=latencies(0, scenario["script"])), full
-        ).run
-    )
+    rollouts = ScriptedRollouts(G, script=latencies(0, scenario["script"]))
+    run_virtual(build_controller(settings(scenario), make_loader(N_PROMPTS), rollouts, full).run)
     loaded, _, first = first_part(scenario, tmp_path)
     controller, _, _, second = resume(scenario, loaded)
     run_virtual(controller.run)

@@ -65,22 +65,22 @@ def collect_step(session: Session, step: int) -> StepOutcome | None:
             break
     if data_exhausted and not accumulator.is_complete:
         session.events.event(f"step {step}: the data ran out (max_epochs reached) before the step filled; stopping")
-        _untrained_fates(session, step, generated, "the data ran out (max_epochs) before the step filled")
+        _untrained_fates(session, step, generated, "the data ran out (max_epochs) before the step filled", [])
         return None
     try:
         selection = accumulator.finish()
     except DynamicSamplingExhausted as err:
-        _untrained_fates(session, step, generated, "dynamic sampling exhausted its rounds; the run failed")
+        reason = "dynamic sampling exhausted its rounds; the run failed"
+        _untrained_fates(session, step, generated, reason, session.state.carried)
         session.fail(step, err)
         raise
     return StepOutcome(selection=selection, gen_seconds=gen_seconds, gen_tokens=gen_tokens, generated=generated)
 
 
-def _untrained_fates(session: Session, step: int, generated: list, reason: str) -> None:
+def _untrained_fates(session: Session, step: int, generated: list, reason: str, carried: list) -> None:
+    """Fates of a step that is never trained (carried groups: only when run_sync will not write them at the end)."""
     ds = session.cfg.grpo.dynamic_sampling
-    write_untrained_step_fates(
-        session.fates, step, generated, session.state.carried, ds.enabled, ds.zero_variance_tol, reason
-    )
+    write_untrained_step_fates(session.fates, step, generated, carried, ds.enabled, ds.zero_variance_tol, reason)
 
 
 def train_one_step(session: Session, step: int) -> bool:
@@ -124,3 +124,5 @@ def run_sync(session: Session) -> None:
                 break
             progress.update(session.state.step, session.last_metrics)
     session.finish()
+    # After the last checkpoint (a resume rolls these lines back and trains the carried groups after all).
+    session.fates.write_groups(session.state.carried, "pending", session.state.step, detail="carried at the end")

@@ -156,7 +156,7 @@ def restore_controller(
     if same_sampler and state["dispatch_index"] is not None:
         ctx.ledger.load_state_dict(state["ledger"])
         ctx.sampler.set_dispatch_index(int(state["dispatch_index"]) + 1)
-        loader.push_front([slot.item for slot in slots])  # MUTANT
+        controller.rollout_pump.restore_unsettled(slots)
     else:
         loader.push_front([slot.item for slot in slots])
         if same_sampler:
