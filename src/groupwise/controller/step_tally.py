@@ -65,7 +65,11 @@ class StepTallyBook:
         self._late = {int(step): int(n) for step, n in state["late"]}
 
     def pop_metrics(self, step: int) -> dict[str, float]:
-        """The step's tally metrics plus ``ds/late_tallied_groups``; forgets the step."""
+        """The step's tally metrics plus ``ds/late_tallied_groups``; forgets the step.
+
+        ``ds/gen_rounds`` is dropped: async mode has no generation rounds, and a 0 there would read as "no
+        generation happened"."""
         metrics = self._tallies.pop(step, StepTally()).metrics()
+        metrics.pop("ds/gen_rounds", None)
         metrics["ds/late_tallied_groups"] = float(self._late.pop(step, 0))
         return metrics
