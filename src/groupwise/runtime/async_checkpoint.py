@@ -58,15 +58,18 @@ class ItemDecoder:
 def boundary_snapshot(step: int, controller: Any, loader: Any, fates: Any) -> dict[str, Any]:
     """Everything of the async run a checkpoint of ``step`` needs beyond weights and optimizer.
 
-    Call synchronously on the event loop inside ``on_step_end`` (nothing else may run in between).
-    ``step`` is the number of optimizer steps done (the checkpoint's step).
+    Call synchronously on the event loop inside ``on_step_end`` (nothing else may run in between), at every step:
+    a run that stops at the end of data saves its final checkpoint from the last one. Its cost grows with the
+    buffered groups' tokens (copied into plain lists), small next to an RL step. ``step`` is the number of
+    optimizer steps done (the checkpoint's step).
     """
     state = controller.state_dict(encode_item)
     if state["step"] != step:
         raise AssertionError(f"controller snapshot is at step {state['step']}, the checkpoint at step {step}")
     return {
         "step": step,
-        "trainer": {"loader": loader.state_dict(), "fates_offset": fates.offset()},
+        # No fsync here (every step, on the event loop): the session fsyncs fates.jsonl when it writes a checkpoint.
+        "trainer": {"loader": loader.state_dict(), "fates_offset": fates.offset(sync=False)},
         "extra": {CONTROLLER_PIECE: state},
     }
 

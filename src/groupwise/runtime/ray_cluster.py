@@ -98,31 +98,40 @@ def unschedulable_reasons(
     """Why ``requests`` cannot all be placed: empty when they can.
 
     *Infeasible*: a request needs more CPUs or GPUs than any single alive node has in total (an actor lives on
-    one node). *Busy*: the requests together need more than the cluster has free now (``available``).
+    one node). Otherwise *busy*: the requests together need more than the cluster has free now (``available``).
     """
-    reasons = []
-    largest_cpu = max((n.get("CPU", 0.0) for n in node_totals), default=0.0)
-    largest_gpu = max((n.get("GPU", 0.0) for n in node_totals), default=0.0)
-    for r in requests:
-        fits = any(
-            r.cpus <= n.get("CPU", 0.0) + _EPSILON and r.gpus <= n.get("GPU", 0.0) + _EPSILON for n in node_totals
-        )
-        if not fits:
-            reasons.append(
-                f"{r.role} asks for {r.cpus:g} CPU and {r.gpus:g} GPU, but no node has that much (the largest has "
-                f"{largest_cpu:g} CPU, {largest_gpu:g} GPU); lower {r.cpu_key} / {r.gpu_key} or add a bigger node"
-            )
-    for resource, attribute, keys in (("CPU", "cpus", "cpu_key"), ("GPU", "gpus", "gpu_key")):
+    reasons = [reason for r in requests if (reason := _infeasible(r, node_totals))]
+    if reasons:
+        return reasons
+    for resource, attribute, key in (("CPU", "cpus", "cpu_key"), ("GPU", "gpus", "gpu_key")):
         need = sum(getattr(r, attribute) for r in requests)
         free = available.get(resource, 0.0)
+        total = sum(n.get(resource, 0.0) for n in node_totals)
         if need > free + _EPSILON:
-            settings = sorted({getattr(r, keys) for r in requests if getattr(r, attribute) > 0})
+            settings = sorted({getattr(r, key) for r in requests if getattr(r, attribute) > 0})
+            held = "; other actors or jobs hold the rest" if free < total - _EPSILON else ""
             reasons.append(
-                f"the run reserves {need:g} {resource} in all but the cluster has {free:g} free "
-                f"({sum(n.get(resource, 0.0) for n in node_totals):g} in total; other actors or jobs hold the rest); "
-                f"lower {', '.join(settings)} or runtime.ray.num_generation_workers"
+                f"the run reserves {need:g} {resource} in all but the cluster has {free:g} free ({total:g} in total"
+                f"{held}); lower {', '.join(settings)} or runtime.ray.num_generation_workers"
             )
     return reasons
+
+
+def _infeasible(r: ActorResources, node_totals: Sequence[Mapping[str, float]]) -> str | None:
+    def fits(need: float, node: Mapping[str, float], resource: str) -> bool:
+        return need <= node.get(resource, 0.0) + _EPSILON
+
+    if any(fits(r.cpus, n, "CPU") and fits(r.gpus, n, "GPU") for n in node_totals):
+        return None
+    cpu_short = not any(fits(r.cpus, n, "CPU") for n in node_totals)
+    gpu_short = not any(fits(r.gpus, n, "GPU") for n in node_totals)
+    # Neither alone too large: no single node has both at once.
+    keys = [key for key, short in ((r.cpu_key, cpu_short), (r.gpu_key, gpu_short)) if short] or [r.cpu_key, r.gpu_key]
+    largest = ", ".join(f"{max((n.get(x, 0.0) for n in node_totals), default=0.0):g} {x}" for x in ("CPU", "GPU"))
+    return (
+        f"{r.role} asks for {r.cpus:g} CPU and {r.gpus:g} GPU, but no node has that much (the largest have "
+        f"{largest}); lower {' / '.join(keys)} or add a bigger node"
+    )
 
 
 def check_schedulable(requests: Sequence[ActorResources]) -> None:

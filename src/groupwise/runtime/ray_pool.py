@@ -61,12 +61,12 @@ class GenerationPool:
         """Create ``count`` workers; returns role → ready reference (wait on them with the learner's)."""
         refs = {}
         for _ in range(count):
-            slot, ready = self._create(self.allocate_index())
+            slot, ready = self._create(self._allocate_index())
             self.workers.append(slot)
             refs[f"generation worker {slot.index}"] = ready
         return refs
 
-    def allocate_index(self) -> int:
+    def _allocate_index(self) -> int:
         with self._lock:
             index, self._next_index = self._next_index, self._next_index + 1
         return index
@@ -80,7 +80,7 @@ class GenerationPool:
         """Start a new worker in the background: ``(slot, ready reference)``. It joins the pool only through
         :meth:`add_replacement`, after it has loaded the current weights; until then :meth:`shutdown` still
         stops it."""
-        slot, ready = self._create(self.allocate_index())
+        slot, ready = self._create(self._allocate_index())
         with self._lock:
             self._starting.append(slot)
         return slot, ready
@@ -107,11 +107,13 @@ class GenerationPool:
         kill_actor(slot.handle)
 
     def remove(self, slot: WorkerSlot) -> bool:
-        """Take a dead worker out; False when someone already did (then they also replace it)."""
+        """Take a lost worker out (and make sure it is stopped, should it only be unreachable); False when someone
+        already did (then they also replace it)."""
         with self._lock:
             if slot not in self.workers:
                 return False
             self.workers.remove(slot)
+        kill_actor(slot.handle)
         return True
 
     def add_replacement(self, slot: WorkerSlot, replaced: int | None) -> None:
