@@ -8,6 +8,7 @@ Advantages are computed here, per group, on the groups that are actually trained
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -86,3 +87,32 @@ def pad_right(rows: Sequence[Sequence[float]], width: int, value: float = 0.0) -
         if row:
             out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
     return out
+
+
+class StepRows:
+    """The rows of one RL step assembled from chunks (async trainers): advantages per chunk of whole groups,
+    rows kept until the step closes so its ``train_data`` file can be written."""
+
+    def __init__(self, grpo: Any):
+        self.grpo = grpo
+        self._chunks: list[RowBatch] = []
+
+    def add_chunk(self, groups: Sequence[Group], first_chunk: bool) -> RowBatch:
+        if first_chunk:
+            self._chunks = []
+        advantages = group_row_advantages(
+            groups,
+            baseline=self.grpo.baseline,
+            normalize=self.grpo.normalize_advantages,
+            clip_low=self.grpo.advantage_clip_low,
+            clip_high=self.grpo.advantage_clip_high,
+        )
+        rows = build_rows(groups, advantages)
+        self._chunks.append(rows)
+        return rows
+
+    def take(self) -> RowBatch:
+        """Every row of the step, chunks in training order; forgets them."""
+        rows = RowBatch.concat(self._chunks) if len(self._chunks) > 1 else self._chunks[0]
+        self._chunks = []
+        return rows

@@ -18,7 +18,7 @@ import torch
 
 from groupwise.batch import RowBatch
 from groupwise.rollout import RolloutWorker
-from groupwise.rows import build_rows, group_row_advantages
+from groupwise.rows import StepRows
 from groupwise.types import Group
 
 
@@ -107,21 +107,14 @@ class EmbeddedTrainer:
 
     learner: Any
     grpo: Any
-    step_rows: list[RowBatch] = field(default_factory=list)
+    step_rows: StepRows = field(init=False)
     busy_seconds: float = 0.0
 
+    def __post_init__(self) -> None:
+        self.step_rows = StepRows(self.grpo)
+
     async def train_chunk(self, step: int, groups: list[Group], first_chunk: bool) -> None:
-        if first_chunk:
-            self.step_rows = []
-        advantages = group_row_advantages(
-            groups,
-            baseline=self.grpo.baseline,
-            normalize=self.grpo.normalize_advantages,
-            clip_low=self.grpo.advantage_clip_low,
-            clip_high=self.grpo.advantage_clip_high,
-        )
-        rows = build_rows(groups, advantages)
-        self.step_rows.append(rows)
+        rows = self.step_rows.add_chunk(groups, first_chunk)
         start = time.perf_counter()
         await asyncio.to_thread(self.learner.train_chunk, rows)
         self.busy_seconds += time.perf_counter() - start
@@ -133,6 +126,4 @@ class EmbeddedTrainer:
         return metrics
 
     def take_step_rows(self) -> RowBatch:
-        rows = RowBatch.concat(self.step_rows) if len(self.step_rows) > 1 else self.step_rows[0]
-        self.step_rows = []
-        return rows
+        return self.step_rows.take()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from groupwise.batch import RowBatch
-from groupwise.rows import build_rows, group_row_advantages
+from groupwise.rows import StepRows
 from groupwise.runtime.ray_cluster import ray
 from groupwise.runtime.ray_errors import UnschedulableError
 from groupwise.runtime.ray_pool import GenerationPool, GenerationWorkerLost, WorkerSlot
@@ -95,21 +95,14 @@ class RayTrainer:
 
     learner: RayLearner
     grpo: Any
-    step_rows: list[RowBatch] = field(default_factory=list)
+    step_rows: StepRows = field(init=False)
     busy_seconds: float = 0.0
 
+    def __post_init__(self) -> None:
+        self.step_rows = StepRows(self.grpo)
+
     async def train_chunk(self, step: int, groups: list[Group], first_chunk: bool) -> None:
-        if first_chunk:
-            self.step_rows = []
-        advantages = group_row_advantages(
-            groups,
-            baseline=self.grpo.baseline,
-            normalize=self.grpo.normalize_advantages,
-            clip_low=self.grpo.advantage_clip_low,
-            clip_high=self.grpo.advantage_clip_high,
-        )
-        rows = build_rows(groups, advantages)
-        self.step_rows.append(rows)
+        rows = self.step_rows.add_chunk(groups, first_chunk)
         await self._call(f"training a chunk of step {step}", self.learner.handle.train_chunk.remote(rows))
 
     async def finish_step(self, step: int) -> dict[str, float]:
@@ -128,9 +121,7 @@ class RayTrainer:
             self.busy_seconds += time.perf_counter() - start
 
     def take_step_rows(self) -> RowBatch:
-        rows = RowBatch.concat(self.step_rows) if len(self.step_rows) > 1 else self.step_rows[0]
-        self.step_rows = []
-        return rows
+        return self.step_rows.take()
 
 
 @dataclass
