@@ -83,7 +83,8 @@ def trial_config(mode: str, sampler: str, name: str, output_dir: Path, max_steps
     knobs = {"in_order": {"max_lookahead_versions": 1}, "windowed": {"max_staleness_versions": 2}}
     failure: dict[str, Any] = {"min_step_batch_fraction": 0.25}
     if sampler != "windowed":  # windowed keeps no spare pool: a lost group is made up by later ones
-        failure.update(on_dropped_prompt="replace", replacement_reserve_prompts=16, max_replacement_attempts=8)
+        # About half the groups of this job are zero-variance: a deep pool keeps a step from losing all of its slots.
+        failure.update(on_dropped_prompt="replace", replacement_reserve_prompts=32, max_replacement_attempts=16)
     config["async"] = {
         "sampler": {"name": sampler, **knobs.get(sampler, {"max_staleness_versions": 1})},
         "max_buffered_rollouts": 16,

@@ -2,9 +2,13 @@
 
 Both sample at temperature 1 with no top-k/top-p filter, EOS stops a row, and only generated
 tokens are counted (through the first EOS). Prints one table row per (model, setting, method):
-tokens/s (best of ``--repeats`` after a warm-up, the two methods alternating) and peak memory
-above the pre-run baseline (torch's peak on CUDA; on CPU the process RSS sampled every 2 ms by a
-background thread, after ``malloc_trim`` returned freed heap memory).
+decode steps run (the longest completion), ms per step, tokens/s (best of ``--repeats`` after a
+warm-up, the two methods alternating) and peak memory above the pre-run baseline (torch's peak on
+CUDA; on CPU the process RSS sampled every 2 ms by a background thread, after ``malloc_trim``
+returned freed heap memory).
+
+The two methods draw different random numbers, so their rows hit EOS at different times and they
+generate different token counts; ms/step compares the cost of a decode step directly.
 
     python bench/generation.py --models tiny,smollm2 --device cpu --dtype float32
 """
@@ -36,6 +40,7 @@ SETTINGS = {"tiny": [(64, 64), (256, 64)], "smollm2": [(16, 32)]}
 @dataclass
 class Measurement:
     tokens: int
+    steps: int  # decode steps run: the longest completion (both stop once every row has finished)
     seconds: float
     peak_mib: float
 
@@ -109,13 +114,14 @@ def count_generated(rows: list[list[int]], eos: set[int]) -> int:
     return total
 
 
-def run_engine(engine: Engine, prompts: list[list[int]], new_tokens: int) -> int:
+def run_engine(engine: Engine, prompts: list[list[int]], new_tokens: int) -> tuple[int, int]:
     requests = [GenerationRequest(tuple(p), 1, seed=index) for index, p in enumerate(prompts)]
     sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
-    return sum(c.num_tokens for per in engine.generate(requests, sampling) for c in per)
+    lengths = [c.num_tokens for per in engine.generate(requests, sampling) for c in per]
+    return sum(lengths), max(lengths)
 
 
-def run_hf(model, tokenizer, prompts: list[list[int]], new_tokens: int, eos: list[int]) -> int:
+def run_hf(model, tokenizer, prompts: list[list[int]], new_tokens: int, eos: list[int]) -> tuple[int, int]:
     batch = tokenizer.pad({"input_ids": prompts}, padding=True, padding_side="left", return_tensors="pt")
     device = next(model.parameters()).device
     with torch.inference_mode():
@@ -131,22 +137,24 @@ def run_hf(model, tokenizer, prompts: list[list[int]], new_tokens: int, eos: lis
             pad_token_id=tokenizer.pad_token_id,
         )
     generated = output[:, batch["input_ids"].shape[1] :].tolist()
-    return count_generated(generated, set(eos))
+    return count_generated(generated, set(eos)), len(generated[0])
 
 
-def timed(fn: Callable[[], int], device: torch.device) -> Measurement:
+def timed(fn: Callable[[], tuple[int, int]], device: torch.device) -> Measurement:
     with PeakMemory(device) as peak:
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        tokens = fn()
+        tokens, steps = fn()
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-    return Measurement(tokens, seconds, peak.peak_bytes / 2**20)
+    return Measurement(tokens, steps, seconds, peak.peak_bytes / 2**20)
 
 
-def compare(methods: dict[str, Callable[[], int]], device: torch.device, repeats: int) -> dict[str, Measurement]:
+def compare(
+    methods: dict[str, Callable[[], tuple[int, int]]], device: torch.device, repeats: int
+) -> dict[str, Measurement]:
     """Best-of-``repeats`` per method after one warm-up each; methods alternate so load spikes hit both."""
     for fn in methods.values():
         fn()
@@ -170,8 +178,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"# torch {torch.__version__}, {platform.machine()}, {psutil.cpu_count()} CPUs, threads={args.threads}, "
           f"device={args.device}, dtype={args.dtype}, load average before: {psutil.getloadavg()[0]:.2f}")
-    print("| model | rows x new | method | tokens | seconds | tok/s | peak MiB | speed-up |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | rows x new | method | tokens | steps | seconds | ms/step | tok/s | peak MiB | speed-up (tok/s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
         if name == "tiny":
             policy = load_policy("tiny", tiny=TINY_1M, device=args.device, dtype=args.dtype)
@@ -192,8 +200,8 @@ def main() -> None:
             baseline = results["HF generate"].tokens / results["HF generate"].seconds
             for method, m in results.items():
                 rate = m.tokens / m.seconds
-                print(f"| {name} | {rows} x {new_tokens} | {method} | {m.tokens} | {m.seconds:.3f} | "
-                      f"{rate:,.0f} | {m.peak_mib:.0f} | {rate / baseline:.2f}x |")
+                print(f"| {name} | {rows} x {new_tokens} | {method} | {m.tokens} | {m.steps} | {m.seconds:.3f} | "
+                      f"{1000 * m.seconds / m.steps:.1f} | {rate:,.0f} | {m.peak_mib:.0f} | {rate / baseline:.2f}x |")
     print(f"# load average after: {psutil.getloadavg()[0]:.2f}")
 
 

@@ -4,7 +4,8 @@ Invariants pinned, for every trial:
 - the run finishes after its kills (the last `--resume` exits 0) with one metrics line per step 1..max_steps;
 - `groupwise audit` exits 0: no prompt trained twice in an epoch, no dispatched prompt without a fate;
 - no complete-looking checkpoint (COMPLETE manifest) fails to load, checked after every kill;
-- the kills really happened: one at a random moment and one while a checkpoint was being written.
+- the kills really happened: one at a random moment and one while a checkpoint was being written;
+- a process killed while pruning an old checkpoint leaves no complete-looking checkpoint that fails to load.
 
 The CI tier runs one async `in_order` trial with 2 kills (~30 s on 2 cores); the slow tier runs every sampler and
 the sync trainer with 3 kills each (`bench/chaos.py` runs the full 30-trial goal).
@@ -44,6 +45,28 @@ def test_two_kills_then_resume_loses_and_repeats_nothing(tmp_path):
     check(result)
     assert (result.kills_random, result.kills_in_write) == (1, 1), result
     assert result.lives == 3
+
+
+def test_a_kill_while_pruning_leaves_no_broken_complete_checkpoint(tmp_path, monkeypatch):
+    from groupwise import checkpoint
+
+    for step in (1, 2):
+        checkpoint.save_checkpoint(tmp_path, step, {"trainer": {"step": step}, "extra": {"a": [step]}}, keep_last=5)
+    real_rmtree = checkpoint.shutil.rmtree
+
+    def die_after_one_file(path, ignore_errors=False):  # deletes one file of the pruned step, then the process dies
+        next(p for p in Path(path).rglob("*.json") if p.name != "COMPLETE").unlink()
+        raise KeyboardInterrupt("killed while pruning")
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", die_after_one_file)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save_checkpoint(tmp_path, 3, {"trainer": {"step": 3}}, keep_last=2)
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", real_rmtree)
+    complete = [path for _, path in checkpoint.list_checkpoints(tmp_path) if (path / "COMPLETE").is_file()]
+    assert [p.name for p in complete] == ["step_2", "step_3"]
+    for path in complete:
+        checkpoint.load_checkpoint(path)
+    assert checkpoint.latest_checkpoint(tmp_path).name == "step_3"
 
 
 @pytest.mark.slow

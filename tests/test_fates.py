@@ -10,6 +10,8 @@ Invariants pinned:
   filtered zero-variance groups; a group with reward variance that is none of these is a loud accounting error;
 - a sync run killed after its step-2 checkpoint (lines of a half-done step 3 on disk) and resumed writes exactly
   the fates file of an uninterrupted run, whose audit is clean with P trained groups per step;
+- carried groups that fill a whole sync step are trained without a new generation round (found by the chaos
+  bench), each `carried` line followed by that group's `trained`, `carried` or end-of-run `pending` line;
 - the async controller stamps every fate record with the loader epoch of its prompt.
 """
 
@@ -141,6 +143,24 @@ def test_sync_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_fates(t
     assert {s: trained_steps.count(s) for s in set(trained_steps)} == {0: 4, 1: 4, 2: 4, 3: 4}
     fates = {entry["fate"] for entry in read_fates(straight.fates.path)}
     assert {"trained", "filtered"} <= fates  # the scripted reward makes some groups zero-variance
+
+
+def test_carried_groups_that_fill_a_step_train_without_a_round_and_keep_their_fates(tmp_path):
+    from groupwise.logging.metrics import read_metrics
+
+    ds = {"batch_multiplier": 3.0, "surplus": "carry", "max_gen_rounds": 6, "min_step_batch_fraction": 0.25}
+    no_eval = {"at_start": False, "at_end": False}
+    session = run(tiny_config(tmp_path, run={"max_steps": 4}, eval=no_eval, grpo={"dynamic_sampling": ds}))
+    assert session.state.step == 4
+    rounds = [r["ds/gen_rounds"] for r in read_metrics(session.run_dir.metrics_path) if "ds/gen_rounds" in r]
+    assert 0.0 in rounds  # a step made only of carried groups
+    lines = read_fates(session.fates.path)
+    for i, entry in enumerate(lines):
+        if entry["fate"] == "carried":
+            later = [x["fate"] for x in lines[i + 1 :] if x["group_id"] == entry["group_id"]]
+            assert later and later[0] in ("trained", "carried", "pending"), entry
+    report = audit_run(session.run_dir.path)
+    assert report.ok, report.format()
 
 
 def test_async_fate_records_carry_the_loader_epoch():

@@ -355,4 +355,8 @@ def _prune(parent: Path, current_step: int, keep_last: int) -> None:
     ]
     for step, path in complete[:-keep_last]:
         logger.info("pruning checkpoint step %d (keep_last=%d)", step, keep_last)
-        shutil.rmtree(path, ignore_errors=True)
+        # Rename first (atomic), then delete: a process killed mid-delete must not leave a step_<N> whose manifest
+        # survives its files. The next save removes the leftover .tmp-* directory.
+        doomed = parent / f".tmp-pruned-{path.name}-{os.getpid()}"
+        path.rename(doomed)
+        shutil.rmtree(doomed, ignore_errors=True)

@@ -50,7 +50,8 @@ def collect_step(session: Session, step: int) -> StepOutcome | None:
     accumulator = new_accumulator(session)
     gen_seconds, gen_tokens, data_exhausted = 0.0, 0, False
     generated = []
-    while True:
+    # Not `while True`: groups carried in from the previous step may already fill this one (no round needed).
+    while accumulator.can_generate_more:
         items = session.loader.take(round_size(session))
         if not items:
             data_exhausted = True

@@ -77,5 +77,5 @@ class SimSection(Section):
     """A simulated run still going after this many virtual seconds stops with ``SimulationTimeout`` (> 0; a
     guard against a hang, never reached by a healthy run of sensible length)."""
     write_fates: bool = True
-    """Write ``fates.jsonl`` (one line per dispatched prompt attempt, async mode); turn off for runs of millions
-    of groups."""
+    """Write ``fates.jsonl`` (the fate of every generated group or dispatched attempt, as a real run of the same
+    mode does); turn off for runs of millions of groups."""

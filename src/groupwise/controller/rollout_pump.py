@@ -37,7 +37,7 @@ from groupwise.types import Group
 
 @dataclass
 class _Attempt:
-    task: asyncio.Task[Group]
+    task: asyncio.Task[None]  # the dispatch slot's task, which runs the attempt
     start_version: int
     aborted: bool = False
 
@@ -306,16 +306,18 @@ class RolloutPump:
             slot.group_id, slot.start_version = slot_id, start
             epoch = getattr(item, "epoch", None)
             base = FateRecord(slot_id, item.prompt.uid, slot.attempt, start, "pending", epoch=epoch)
-            task = asyncio.get_running_loop().create_task(self.rollouts.rollout(item, slot_id, slot.attempt, start))
-            self._attempts[slot_id] = attempt = _Attempt(task, start)
+            # The rollout runs in this slot's task (no task per attempt: a simulated million-group run pays for
+            # every task); an abort cancels the slot task, and uncancel() tells an abort from a shutdown.
+            current = asyncio.current_task()
+            assert current is not None, "a dispatch slot runs in its own task"
+            self._attempts[slot_id] = attempt = _Attempt(current, start)
             try:
-                group = await task
+                group = await self.rollouts.rollout(item, slot_id, slot.attempt, start)
             except asyncio.CancelledError:
                 del self._attempts[slot_id]
                 ctx.buffer.remove(slot_id)
                 slot.group_id = None
-                current = asyncio.current_task()
-                if attempt.aborted and not (current is not None and current.cancelling()):
+                if attempt.aborted and current.uncancel() == 0:  # only the abort asked: the slot lives on
                     return _Lost(_with(base, "aborted", None, f"stale at trainer version {ctx.clock.value}"), True)
                 ctx.record_fate(base)
                 raise
@@ -334,6 +336,8 @@ class RolloutPump:
                 continue
             del self._attempts[slot_id]
             slot.group_id = None
+            if attempt.aborted:  # the client swallowed the abort's cancellation and returned: balance the count
+                current.uncancel()
             return self._finish(group, slot_id, base, item, target)
 
     def _on_failure(

@@ -20,7 +20,6 @@ flight keep running meanwhile (the ``RolloutClient`` contract allows it).
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +66,11 @@ class GeneratorCounters:
     zero_variance_groups: int = 0
 
 
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class SimulatedRollouts:
     """The simulated generator (see the module docstring). ``difficulty`` maps prompt uid → hidden difficulty."""
 
@@ -80,19 +84,19 @@ class SimulatedRollouts:
         self.workload = workload
         self.curve = curve
         self.difficulty = difficulty
-        self.variates = variates if variates is not None else VariateStream(workload.seed)
+        self.variates = variates or VariateStream(workload.seed, workload.length_median_tokens, workload.length_sigma)
         self.slots = EngineSlots(workload.rollout_slots)
         self.counters = GeneratorCounters()
         self.weight_version = 0
         self.sync_seconds = 0.0
         self._blank: dict[int, Completion] = {}
-        self._sigma = workload.length_sigma
+        self._logits: dict[int, float] = {}  # weight version → success logit (before difficulty)
 
     async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int) -> Group:
         w, counters = self.workload, self.counters
         G = w.group_size
         counters.attempts += 1
-        lengths = self._lengths(self.variates.normals(G))
+        lengths = self.variates.lengths(G)
         draws = self.variates.uniforms(G + FATE_DRAWS)
         infra, fail_at, data, straggler = draws[G:]
         scale = w.straggler_factor if straggler < w.straggler_rate else 1.0
@@ -101,11 +105,15 @@ class SimulatedRollouts:
         if failing:
             scale *= fail_at
         loop = asyncio.get_running_loop()
-        now = loop.time()
-        end = self.slots.book(now, [(w.prefill_s + length * w.per_token_s) * scale for length in lengths])
+        prefill, per_token = w.prefill_s * scale, w.per_token_s * scale
+        end = self.slots.book(loop.time(), [prefill + length * per_token for length in lengths])
+        # asyncio.sleep without its extra coroutine frame: one timer, one future (cheaper per simulated group).
+        done = loop.create_future()
+        timer = loop.call_at(end, _resolve, done)
         try:
-            await asyncio.sleep(end - now)
+            await done
         except asyncio.CancelledError:
+            timer.cancel()
             counters.cancelled += 1
             raise
         uid = prompt.prompt.uid
@@ -115,18 +123,22 @@ class SimulatedRollouts:
         if data < w.data_failure_rate:
             counters.data_failures += 1
             raise SimulatedDataFailure(f"simulated data failure of {uid!r} attempt {attempt} (scoring raised)")
-        p = sigmoid(self.curve.success_logit(start_version) - self.difficulty[uid])
+        logit = self._logits.get(start_version)
+        if logit is None:  # one learning-curve lookup per weight version, not per attempt
+            logit = self._logits[start_version] = self.curve.success_logit(start_version)
+        p = sigmoid(logit - self.difficulty[uid])
         rewards = [1.0 if u < p else 0.0 for u in draws[:G]]
         tokens = sum(lengths)
         correct = sum(rewards)
         counters.zero_variance_groups += correct == 0 or correct == G
         counters.returned_groups += 1
         counters.returned_tokens += tokens
+        blank = self._blank.get(start_version) or self._blank_completion(start_version)
         return SimulatedGroup(
             group_id=group_id,
             prompt=prompt.prompt,
             prompt_token_ids=(),
-            completions=[self._blank_completion(start_version)] * G,
+            completions=[blank] * G,
             raw_rewards=rewards,
             rewards=list(rewards),
             start_version=start_version,
@@ -142,10 +154,6 @@ class SimulatedRollouts:
             await asyncio.sleep(self.workload.weight_sync_s)
             self.sync_seconds += self.workload.weight_sync_s
         self.weight_version = version
-
-    def _lengths(self, normals: list[float]) -> list[int]:
-        median, sigma, exp = self.workload.length_median_tokens, self._sigma, math.exp
-        return [max(1, round(median * exp(sigma * z))) for z in normals]
 
     def _blank_completion(self, version: int) -> Completion:
         blank = self._blank.get(version)

@@ -45,17 +45,15 @@ class EngineSlots:
         self._last_booking = arrival
         if arrival > self._busy_until:
             self._idle_gaps += arrival - self._busy_until
-        free_at = self._free_at
+        free_at, replace = self._free_at, heapq.heapreplace
         end = arrival
         for duration in durations:
             start = free_at[0]
-            if start < arrival:
-                start = arrival
-            finish = start + duration
-            heapq.heapreplace(free_at, finish)
+            finish = (start if start > arrival else arrival) + duration
+            replace(free_at, finish)
             if finish > end:
                 end = finish
-            self.booked_seconds += duration
+        self.booked_seconds += sum(durations)
         if end > self._busy_until:
             self._busy_until = end
         return end

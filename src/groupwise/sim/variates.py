@@ -17,23 +17,29 @@ BLOCK = 16384
 
 
 class VariateStream:
-    """Standard normals and uniforms in [0, 1) from one seeded generator."""
+    """Completion lengths ``max(1, round(median · exp(σ · z)))``, z ~ Normal(0, 1), and uniforms in [0, 1), from
+    one seeded generator."""
 
-    def __init__(self, seed: int, block: int = BLOCK) -> None:
+    def __init__(self, seed: int, length_median: float, length_sigma: float, block: int = BLOCK) -> None:
         if block < 1:
             raise ValueError(f"block must be >= 1, got {block}")
+        if not (length_median > 0 and length_sigma >= 0):
+            raise ValueError(f"need length_median > 0 and length_sigma >= 0, got {length_median}, {length_sigma}")
         self._rng = np.random.default_rng(derive_seed("sim-variates", seed))
         self._block = block
-        self._normals: list[float] = []
+        self._median, self._sigma = length_median, length_sigma
+        self._lengths: list[int] = []
         self._uniforms: list[float] = []
         self._n = self._u = 0
 
-    def normals(self, count: int) -> list[float]:
-        """The next ``count`` standard normal draws."""
-        if self._n + count > len(self._normals):
-            self._normals = self._normals[self._n :] + self._rng.standard_normal(max(self._block, count)).tolist()
+    def lengths(self, count: int) -> list[int]:
+        """The next ``count`` completion lengths in tokens (log-normal, at least 1)."""
+        if self._n + count > len(self._lengths):
+            z = self._rng.standard_normal(max(self._block, count))
+            fresh = np.maximum(1, np.rint(self._median * np.exp(self._sigma * z))).astype(np.int64).tolist()
+            self._lengths = self._lengths[self._n :] + fresh
             self._n = 0
-        out = self._normals[self._n : self._n + count]
+        out = self._lengths[self._n : self._n + count]
         self._n += count
         return out
 
