@@ -1,6 +1,7 @@
 """Controller and simulator at scale: bookkeeping cost per group, a million-group simulated run, throughput.
 
     .venv/bin/python bench/controller.py [--part bookkeeping|million|throughput|all] [--groups 1000000]
+    .venv/bin/python bench/controller.py --part evidence [--out runs/sim-evidence]   # docs/samplers.md evidence
 
 * **bookkeeping** — the controller's own work per group, with 10^2, 10^4 and 10^6 groups buffered: one batch
   admitted (``sampler.admit``), P slots reserved and committed (tally, buffer), then evict → select → ledger
@@ -13,6 +14,8 @@
   pool, so there are more attempts than trained groups). Target ≤ 60 s of CPU.
 * **throughput** — ``examples/sim/*.yaml`` (generation ≈ 70 % of a sync step) and the same workload at the
   ``sim`` defaults' training cost: trained groups per hour of each async sampler ÷ sync.
+* **evidence** — ``groupwise simulate`` of the four ``examples/sim`` configs into ``--out``, then ``groupwise
+  compare`` of them plus rows from their ``sim/summary.json``: the evidence section of ``docs/samplers.md``.
 
 CPU time is ``time.process_time()`` around the measured call (imports excluded).
 """
@@ -160,11 +163,51 @@ def throughput_table() -> list[str]:
     return lines
 
 
+EVIDENCE_ROWS = (
+    ("generation_wall_fraction", "generation share of wall time (sync)"),
+    ("rollout_slot_idle_fraction", "engine slot capacity unused"),
+    ("attempts", "rollout attempts"),
+    ("lost_groups", "groups lost for good"),
+    ("spare_substitutions", "spare-pool substitutions"),
+    ("staleness_p50", "staleness p50"),
+    ("staleness_p99", "staleness p99"),
+    ("staleness_max", "staleness max"),
+    ("final_success_logit", "final success logit"),
+)
+
+
+def evidence(out_dir: Path) -> list[str]:
+    """Simulate the four example configs into ``out_dir``, then print ``groupwise compare`` and summary rows."""
+    import json
+    import shutil
+
+    from groupwise.report import fmt, run_compare
+    from groupwise.sim.run import simulate
+
+    names = ("sync", "in_order", "ready_first", "windowed")
+    for name in names:
+        shutil.rmtree(out_dir / f"sim-{name}", ignore_errors=True)
+        simulate(load_config(ROOT / f"examples/sim/{name}.yaml", [f"run.output_dir={out_dir}"]))
+    runs = [out_dir / f"sim-{name}" for name in names]
+    lines = run_compare(runs).splitlines()
+    summaries = [json.loads((run / "sim" / "summary.json").read_text()) for run in runs]
+    lines += ["", "| from sim/summary.json | " + " | ".join(f"sim-{n}" for n in names) + " |",
+              "|---|" + "---|" * len(names)]  # fmt: skip
+    for key, label in EVIDENCE_ROWS:
+        lines.append(f"| {label} | " + " | ".join(fmt(s[key]) for s in summaries) + " |")
+    print("\n".join(lines), flush=True)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=["bookkeeping", "million", "throughput", "all"], default="all")
+    parser.add_argument("--part", choices=["bookkeeping", "million", "throughput", "evidence", "all"], default="all")
     parser.add_argument("--groups", type=int, default=1_000_000, help="trained groups in the million-group run")
+    parser.add_argument("--out", type=Path, default=Path("runs/sim-evidence"), help="run dirs of --part evidence")
     args = parser.parse_args()
+    if args.part == "evidence":  # the docs/samplers.md evidence: markdown only
+        evidence(args.out)
+        return
     print(f"# {time.strftime('%Y-%m-%d')}, Python {platform.python_version()}, {sys.platform}", flush=True)
     if args.part in ("bookkeeping", "all"):
         print("\nController bookkeeping per group (admit → commit → select → close), P = 64:", flush=True)

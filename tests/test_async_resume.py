@@ -11,6 +11,8 @@ Invariants pinned:
   as an uninterrupted run, stamps continue from the restored cursor, and for every sampler the fates of the first
   part (cut at the snapshot, as a resume cuts fates.jsonl) plus the resumed part audit clean — no prompt trained
   twice, none dispatched without a fate;
+- a sampler without a readable dispatch cursor (custom) restarts its cursor at the resumed step, gets its unsettled
+  prompts back at the loader front, and tops each restored step up to exactly P with the restored charges;
 - a checkpoint of another P is refused with a message naming both values; another sampler drops the buffered
   groups with `evicted` fates, a note, and sends every unsettled prompt back to the loader;
 - a crash during an async checkpoint write leaves the previous checkpoint as the one resumed; the resumed run's
@@ -221,6 +223,25 @@ def test_in_order_resume_equals_continuing_and_stamps_continue(tmp_path):
     assert second.groups_per_step()[1] == 2  # the loss charged before the snapshot still shrinks step 1
     for chunk in second.chunks:  # in_order: each step trains only groups stamped for it, old stamps and new
         assert {g.target_step for g in chunk.groups} == {chunk.step}
+
+
+def test_without_a_dispatch_cursor_the_restored_steps_are_topped_up_exactly(tmp_path):
+    scenario = SCENARIOS["in_order_charge"]
+    loaded, first_fates, first = first_part(scenario, tmp_path)
+    loaded["controller"]["dispatch_index"] = None  # what a custom sampler without `dispatch_index` saves
+    controller, loader, fates, second = resume(scenario, loaded)
+    slots = loaded["controller"]["inflight_slots"]
+    assert [e["uid"] for e in loader.state_dict()["returned"]][: len(slots)] == [s["prompt"]["uid"] for s in slots]
+    run_virtual(controller.run)
+    assert second.groups_per_step()[1] == 2  # 1 restored + 1 topped up + 1 charge restored = P
+    assert not [r for r in fates if r.fate == "evicted"]  # nothing launched beyond what a step can take
+    full = RecordingTrainer()
+    rollouts = ScriptedRollouts(G, script=latencies(0, scenario["script"]))
+    run_virtual(build_controller(settings(scenario), make_loader(N_PROMPTS), rollouts, full).run)
+    assert {**first.uids_per_step(), **second.uids_per_step()} == full.uids_per_step()
+    report = audit_fates(as_lines(first_fates + fates), [p.uid for p in make_prompts(N_PROMPTS)])
+    assert report.ok, report.format()
+    assert all({g.target_step for g in c.groups} == {c.step} for c in second.chunks)
 
 
 def test_another_prompts_per_step_is_refused(tmp_path):

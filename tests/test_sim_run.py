@@ -4,7 +4,7 @@ Invariants pinned:
 - the run directory holds config.yaml, metrics.jsonl (one line per optimizer step, steps 1..N, known keys only),
   events.log, fates.jsonl (one line per dispatched attempt) and sim/summary.json, whose counts agree with the
   metrics and the fates;
-- the same config and seed give byte-identical summary.json and metrics.jsonl; another seed does not;
+- the same config and seed give byte-identical summary.json, metrics.jsonl and fates.jsonl; another seed does not;
 - sync mode alternates strictly: with instant weight syncs, trainer idle time equals generation time;
   async overlaps them and trains the same groups in less virtual time;
 - in_order with lookahead 0, full batches and dynamic sampling off trains the same prompts per step as sync
@@ -84,7 +84,7 @@ def test_same_seed_identical_files_other_seed_different(tmp_path):
     first = simulate(sim_config(tmp_path, "first", **overrides)).run_dir.path
     second = simulate(sim_config(tmp_path, "second", **overrides)).run_dir.path
     other = simulate(sim_config(tmp_path, "other", run={"seed": 1}, **overrides)).run_dir.path
-    for name in ("sim/summary.json", "metrics.jsonl"):
+    for name in ("sim/summary.json", "metrics.jsonl", "fates.jsonl"):
         assert (first / name).read_bytes() == (second / name).read_bytes()
         assert (first / name).read_bytes() != (other / name).read_bytes()
 

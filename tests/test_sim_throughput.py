@@ -3,8 +3,8 @@
 Invariants pinned:
 - the four example configs describe the same workload (identical ``sim`` and ``grpo`` sections, same seed);
 - on it, generation is about 70 % of a sync step (0.65..0.75 of sync's virtual wall time);
-- the best async sampler with staleness ≤ 2 trains at least 2.8× the groups per hour of sync, and the bounded
-  samplers keep their bound (in_order ≤ lookahead, windowed ≤ window); ready_first is not bounded by its knob.
+- the best async sampler with staleness ≤ 2 (in_order, windowed: bounded by their knob of 2, which they keep;
+  ready_first's selection is unbounded) trains at least 2.8× the groups per hour of sync.
 """
 
 from __future__ import annotations

@@ -83,7 +83,8 @@ class RolloutPump:
         self.unused_prompts = 0
         self.groups_finished = 0  # committed or filtered: progress for a stall watchdog
         self._on_error = on_error
-        self._tasks: set[asyncio.Task[None]] = set()
+        # Launch order (a dict, not a set): shutdown cancels slots in a reproducible order, so their fates too.
+        self._tasks: dict[asyncio.Task[None], None] = {}
         self._attempts: dict[int, _Attempt] = {}
         self._slot_states: dict[asyncio.Task[None], SlotState] = {}
         self._in_admit = False
@@ -188,10 +189,10 @@ class RolloutPump:
         self._batch_admitted = True
         self.admitted_batches += 1
         if target is not None:
-            already = self.ctx.buffer.count_for_target_step(target)
+            # Only after a resume without a dispatch cursor: restored groups, or restored losses charged to this
+            # step, already cover part of it; the rest of the batch goes back.
+            already = self.ctx.buffer.count_for_target_step(target) + self.ctx.ledger.peek(target).charged
             if already:
-                # Resume top-up (a checkpoint without a dispatch cursor): restored groups already cover part of
-                # this step; the rest goes back.
                 keep = max(0, len(batch) - already)
                 self.loader.push_front([slot.item for slot in self._unlaunched[keep:]])
                 del self._unlaunched[keep:]
@@ -218,12 +219,12 @@ class RolloutPump:
             self.inflight.release()
             raise
         task = asyncio.get_running_loop().create_task(self._dispatch(slot))
-        self._tasks.add(task)
+        self._tasks[task] = None
         self._slot_states[task] = slot
         task.add_done_callback(self._on_slot_done)
 
     def _on_slot_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
+        self._tasks.pop(task, None)
         self._slot_states.pop(task, None)
         self.ctx.signal()
         if not task.cancelled() and task.exception() is not None:

@@ -2,13 +2,14 @@
 
 Writes ``config.yaml`` (resolved), ``metrics.jsonl`` (one line per optimizer step, the keys a real run of the
 same mode logs, with simulated ``perf/*``), ``events.log``, ``tensorboard/`` (when ``logging.tensorboard``),
-``fates.jsonl`` (async, when ``sim.write_fates``: one line per dispatched attempt) and ``sim/summary.json``
+``fates.jsonl`` (when ``sim.write_fates``; the lines of :mod:`groupwise.fates`, as a real run of the same mode
+writes them) and ``sim/summary.json``
 (:mod:`groupwise.sim.summary`). There is no model: no checkpoints, ``train_data/`` or ``final/``.
 
 The simulation reads ``mode``, ``run`` (name, output_dir, seed, max_steps, max_epochs), ``data.shuffle``,
 ``grpo`` (P, G, dynamic sampling), ``async`` and ``sim``; the model, generation, loss, optimizer, eval and
 checkpoint sections describe a real run and are not simulated. The same config and seed give the same
-``summary.json`` and ``metrics.jsonl`` byte for byte.
+``summary.json``, ``metrics.jsonl`` and ``fates.jsonl`` byte for byte.
 """
 
 from __future__ import annotations

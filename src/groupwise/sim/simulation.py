@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from groupwise.algo.accumulator import DynamicSamplingExhausted
@@ -84,7 +84,6 @@ class SimRun:
     controller: Controller | None = None
     controller_summary: RunSummary | None = None
     sync_result: SyncRunResult | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def completed(self) -> bool:
