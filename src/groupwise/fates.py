@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from groupwise.journal import read_json_lines
 from groupwise.types import Group
 
 FATES = ("trained", "filtered", "failed", "evicted", "aborted", "discarded", "carried", "pending")
@@ -153,20 +153,8 @@ class FatesWriter:
 def read_fates(path: str | Path) -> list[dict[str, Any]]:
     """The fate lines of ``path`` in file order. A torn last line (no newline, not JSON: the writer was killed
     mid-line) is skipped with a warning; any other bad line raises, naming the file and line number."""
-    path = Path(path)
-    text = path.read_text(encoding="utf-8")
-    pieces = text.split("\n")
     lines: list[dict[str, Any]] = []
-    for number, piece in enumerate(pieces, start=1):
-        if not piece.strip():
-            continue
-        try:
-            line = json.loads(piece)
-        except json.JSONDecodeError as err:
-            if number == len(pieces):  # after the last newline: a torn write
-                warnings.warn(f"{path}: ignoring torn last line {number} ({err})", stacklevel=2)
-                continue
-            raise ValueError(f"{path} line {number} is not valid JSON ({err}); the file is corrupted") from err
+    for number, piece, line in read_json_lines(path):
         missing = [name for name in FIELDS if name not in line] if isinstance(line, dict) else list(FIELDS)
         if missing or line["fate"] not in FATES:
             raise ValueError(

@@ -17,11 +17,11 @@ import math
 import numbers
 import os
 import time
-import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from groupwise.journal import read_json_lines
 from groupwise.rundir import RunDir
 
 _DEFAULT_KEYS = object()
@@ -186,20 +186,8 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     A torn last line (no newline and not valid JSON: the process died mid-write) is ignored with a
     warning; any other unreadable line raises, naming the file and line number.
     """
-    path = Path(path)
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")
     records: list[dict[str, Any]] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            if number == len(lines):  # the last piece has no trailing newline: a torn write
-                warnings.warn(f"{path}: ignoring torn last line {number} ({err})", stacklevel=2)
-                continue
-            raise ValueError(f"{path} line {number} is not valid JSON ({err}); the file is corrupted") from err
+    for number, line, record in read_json_lines(path):
         if not isinstance(record, dict) or not isinstance(record.get("step"), int):
             raise ValueError(f"{path} line {number} is not a metrics object with an integer 'step': {line[:200]!r}")
         records.append(record)
