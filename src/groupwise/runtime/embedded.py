@@ -19,15 +19,8 @@ import torch
 from groupwise.batch import RowBatch
 from groupwise.rollout import RolloutWorker
 from groupwise.rows import StepRows
+from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue
 from groupwise.types import Group
-
-
-@dataclass
-class _Pending:
-    item: Any
-    group_id: int
-    attempt: int
-    future: asyncio.Future
 
 
 class EmbeddedRollouts:
@@ -37,33 +30,25 @@ class EmbeddedRollouts:
         self.worker = worker
         self.source_model = source_model
         self.max_batch_groups = max(1, max_batch_groups)
-        self._pending: list[_Pending] = []
+        self._queue = RolloutQueue(self._run_batches, "embedded-generation")
         self.engine_lock = asyncio.Lock()
-        self._batcher: asyncio.Task | None = None
-        self._wake = asyncio.Event()
         self.generated_tokens = 0
         self.busy_seconds = 0.0
 
     async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int) -> Group:
-        if self._batcher is None or self._batcher.done():
-            self._batcher = asyncio.get_running_loop().create_task(self._run_batches(), name="embedded-generation")
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(prompt, group_id, attempt, future))
-        self._wake.set()
-        return await future
+        return await self._queue.submit(prompt, group_id, attempt)
 
     async def _run_batches(self) -> None:
         while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._pending:
-                batch = self._pending[: self.max_batch_groups]
-                del self._pending[: len(batch)]
+            await self._queue.wake.wait()
+            self._queue.wake.clear()
+            while self._queue.items:
+                batch = self._queue.take(self.max_batch_groups)
                 batch = [p for p in batch if not p.future.cancelled()]
                 if batch:
                     await self._generate(batch)
 
-    async def _generate(self, batch: list[_Pending]) -> None:
+    async def _generate(self, batch: list[PendingRollout]) -> None:
         async with self.engine_lock:
             start = time.perf_counter()
             try:
@@ -91,10 +76,10 @@ class EmbeddedRollouts:
             self.worker.generator.load_weights(self.source_model.state_dict(), version)
 
     async def close(self) -> None:
-        if self._batcher is not None:
-            self._batcher.cancel()
+        if self._queue.task is not None:
+            self._queue.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._batcher
+                await self._queue.task
 
 
 @dataclass

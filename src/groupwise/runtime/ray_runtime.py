@@ -26,6 +26,7 @@ from groupwise.rows import StepRows
 from groupwise.runtime.ray_cluster import ray
 from groupwise.runtime.ray_errors import UnschedulableError
 from groupwise.runtime.ray_pool import GenerationPool, GenerationWorkerLost, WorkerSlot
+from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue
 from groupwise.types import Group
 
 
@@ -124,14 +125,6 @@ class RayTrainer:
         return self.step_rows.take()
 
 
-@dataclass
-class _Pending:
-    item: Any
-    group_id: int
-    attempt: int
-    future: asyncio.Future
-
-
 class RayRolloutClient:
     """``RolloutClient`` over the generation worker actors (see the module docstring).
 
@@ -147,9 +140,7 @@ class RayRolloutClient:
         self.generated_tokens = 0
         self.busy_seconds = 0.0
         self.replacement_error: BaseException | None = None
-        self._pending: list[_Pending] = []
-        self._wake = asyncio.Event()
-        self._dispatcher: asyncio.Task | None = None
+        self._queue = RolloutQueue(self._dispatch, "ray-generation")
         self._tasks: set[asyncio.Task] = set()
         self._replacing = 0
 
@@ -158,23 +149,17 @@ class RayRolloutClient:
         return self.pool.restarts
 
     async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int) -> Group:
-        if self._dispatcher is None or self._dispatcher.done():
-            self._dispatcher = asyncio.get_running_loop().create_task(self._dispatch(), name="ray-generation")
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(prompt, group_id, attempt, future))
-        self._wake.set()
-        return await future
+        return await self._queue.submit(prompt, group_id, attempt)
 
     async def _dispatch(self) -> None:
         while True:
-            await self._wake.wait()
-            self._wake.clear()
-            self._pending = [p for p in self._pending if not p.future.done()]
-            if self._pending and not self.pool.workers and self._replacing == 0:
+            await self._queue.wake.wait()
+            self._queue.wake.clear()
+            self._queue.items = [p for p in self._queue.items if not p.future.done()]
+            if self._queue.items and not self.pool.workers and self._replacing == 0:
                 self._no_worker_alive()
-            while self._pending and (slot := self.pool.idle_worker()) is not None:
-                batch = self._pending[: self.max_batch_groups]
-                del self._pending[: len(batch)]
+            while self._queue.items and (slot := self.pool.idle_worker()) is not None:
+                batch = self._queue.take(self.max_batch_groups)
                 slot.busy = True
                 self._spawn(self._run_batch(slot, batch), f"ray-batch-worker-{slot.index}")
 
@@ -183,9 +168,9 @@ class RayRolloutClient:
         retries them with backoff) and try to start a worker again."""
         cause = self.replacement_error
         error = GenerationWorkerLost(f"no generation worker is alive (last replacement failure: {cause!r})")
-        for p in self._pending:
+        for p in self._queue.items:
             p.future.set_exception(error)
-        self._pending = []
+        self._queue.items = []
         self._start_replacement(None)
 
     def _spawn(self, coroutine: Any, name: str) -> None:
@@ -193,7 +178,7 @@ class RayRolloutClient:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run_batch(self, slot: WorkerSlot, batch: list[_Pending]) -> None:
+    async def _run_batch(self, slot: WorkerSlot, batch: list[PendingRollout]) -> None:
         start = time.perf_counter()
         ids = [p.group_id for p in batch]
         try:
@@ -212,14 +197,14 @@ class RayRolloutClient:
         finally:
             self.busy_seconds += (time.perf_counter() - start) / max(1, len(self.pool.workers))
             slot.busy = False
-            self._wake.set()
+            self._queue.wake.set()
         self.generated_tokens += sum(g.num_completion_tokens for g in groups)
         for p, group in zip(batch, groups, strict=True):
             if not p.future.done():
                 p.future.set_result(group)
 
     @staticmethod
-    def _fail(batch: list[_Pending], error: BaseException) -> None:
+    def _fail(batch: list[PendingRollout], error: BaseException) -> None:
         for p in batch:
             if not p.future.done():
                 p.future.set_exception(error)
@@ -244,7 +229,7 @@ class RayRolloutClient:
             self.pool.on_event(f"starting replacement generation worker {slot.index} failed: {err!r}")
         finally:
             self._replacing -= 1
-            self._wake.set()
+            self._queue.wake.set()
 
     async def _bring_up(self, slot: WorkerSlot, ready: Any) -> None:
         """Wait (cancellably) for a new worker to start, then load the newest weights into it."""
@@ -281,12 +266,12 @@ class RayRolloutClient:
                 slot.version = version
 
     async def close(self) -> None:
-        tasks = [t for t in (self._dispatcher, *self._tasks) if t is not None]
+        tasks = [t for t in (self._queue.task, *self._tasks) if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        for p in self._pending:
+        for p in self._queue.items:
             p.future.cancel()
-        self._pending = []
+        self._queue.items = []
