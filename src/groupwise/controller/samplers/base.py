@@ -18,6 +18,7 @@ lost group is charged to. :func:`drop_accounting` gives the gated defaults other
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -97,8 +98,9 @@ def check_knob(name: str, value: int) -> int:
     return value
 
 
-class BaseSampler:
-    """Shared behaviour: dispatch cursor, ungated admit, default eviction below a start-version window."""
+class BaseSampler(ABC):
+    """Shared behaviour: dispatch cursor, ungated admit, default eviction below a start-version window.
+    Each sampler defines its own :meth:`select`."""
 
     window: int = 0
 
@@ -115,8 +117,9 @@ class BaseSampler:
         self._dispatch_index += 1
         return None
 
+    @abstractmethod
     def select(self, version: int, min_groups: int, max_groups: int) -> list[Slot] | None:
-        raise NotImplementedError
+        """The slots to train now (removed from the buffer), or None when fewer than ``min_groups`` qualify."""
 
     def window_low(self, version: int) -> int:
         """Oldest start version inside the window: ``max(0, v − window)``."""
