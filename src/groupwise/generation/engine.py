@@ -13,6 +13,10 @@ How a call runs:
    rows stop costing compute without a cache copy every step. For sdpa/eager attention the masks
    are 4D masks we build (once per chunk, sliced per step), so transformers' mask construction
    is skipped; other attention kernels (flash-attention) get the 2D padding mask (untested here).
+4. Decode steps of Llama-family models skip transformers' module tree: :mod:`groupwise.generation.llama_decode`
+   does the same arithmetic from the live weights, after a probe at the first ``generate`` shows its logits
+   match the model's own forward. Other models, or ``fast_decode=False``, call the model's ``forward``;
+   ``engine.decode_path`` says which path is in use and why.
 
 Determinism: a row's draws depend only on (request seed, sample index, position) — see
 :mod:`groupwise.generation.sampling` for the counter RNG and its documented limit.
@@ -31,6 +35,7 @@ from torch import Tensor
 from transformers.cache_utils import Cache
 
 from groupwise.generation.kv_cache import new_kv_cache, select_cache_rows
+from groupwise.generation.llama_decode import LlamaDecoder, fast_decoder_for
 from groupwise.generation.sampling import (
     check_sampling_params,
     counter_uniforms,
@@ -80,6 +85,7 @@ class Engine:
         eos_token_ids: Sequence[int],
         version: int = 0,
         max_batch_rows: int = 256,
+        fast_decode: bool = True,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("eos_token_ids is empty; pass groupwise.model.eos_token_ids(tokenizer, model)")
@@ -94,6 +100,10 @@ class Engine:
         # `past_key_values`. We own the cache object and never read it back from the output.
         forward_parameters = inspect.signature(type(model).forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward_parameters else "past_key_values"
+        # Decided at the first generate (the probe runs the model): the fast step or why not.
+        self._fast_decode = fast_decode
+        self._decoder: LlamaDecoder | None = None
+        self.decode_path = "undecided (set at the first generate)" if fast_decode else "transformers forward (off)"
 
     @property
     def version(self) -> int:
@@ -136,6 +146,18 @@ class Engine:
             for r, text in zip(results, texts, strict=True)
         ]
 
+    def _fast_decoder(self) -> LlamaDecoder | None:
+        """The fast decode step for this model, probed once against the module path (see llama_decode)."""
+        if self._fast_decode and self.decode_path.startswith("undecided"):
+            self._decoder, why = fast_decoder_for(self.model, self._forward, new_kv_cache, self._as_model_mask)
+            self.decode_path = why if self._decoder is not None else f"transformers forward ({why})"
+        return self._decoder
+
+    def _as_model_mask(self, allowed: Tensor) -> Tensor:
+        """A boolean mask as the model's attention takes it (sdpa: boolean; eager: additive)."""
+        attention = getattr(self.model.config, "_attn_implementation", "sdpa")
+        return _as_mask(allowed, torch.bool if attention == "sdpa" else self.model.dtype)
+
     def _forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: Cache) -> Tensor:
         """Last-position logits ``[B, V]``; the cache is updated in place."""
         outputs = self.model(
@@ -153,6 +175,9 @@ class Engine:
         max_new = sampling.max_new_tokens
         prompt_width = max(len(row.prompt) for row in rows)
         cache = new_kv_cache(capacity=prompt_width + max_new)
+        decoder = self._fast_decoder()
+        if decoder is not None:
+            decoder.prepare(prompt_width + max_new)
         logits, batch = self._prefill(rows, cache, device, max_new)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
         tokens_out = torch.zeros((len(rows), max_new), dtype=torch.long, device=device)
@@ -181,7 +206,10 @@ class Engine:
                 batch, tokens = batch.select(keep), tokens[keep]
                 select_cache_rows(cache, keep)
             step_mask = batch.key_mask[..., : prompt_width + step + 1]
-            logits = self._forward(tokens.unsqueeze(1), step_mask, batch.positions.unsqueeze(1), cache)
+            if decoder is not None:
+                logits = decoder.step(tokens, batch.positions, step_mask, cache)
+            else:
+                logits = self._forward(tokens.unsqueeze(1), step_mask, batch.positions.unsqueeze(1), cache)
             batch.positions += 1
         last_is_eos = torch.isin(tokens_out.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1), eos)
         return _collect(tokens_out, logprobs_out, lengths, stopped & last_is_eos, stopped)
@@ -209,8 +237,7 @@ class Engine:
         position_ids = (padding.long().cumsum(dim=1) - 1).clamp_(min=0)
         attention = getattr(self.model.config, "_attn_implementation", "sdpa")
         takes_4d = attention in _4D_MASK_ATTENTION
-        mask_dtype = torch.bool if attention == "sdpa" else self.model.dtype
-        prefill_mask = _as_mask(_prefill_allowed(padding), mask_dtype)[:, None] if takes_4d else padding.long()
+        prefill_mask = self._as_model_mask(_prefill_allowed(padding))[:, None] if takes_4d else padding.long()
         logits = self._forward(input_ids, prefill_mask, position_ids, cache)
         row_to_prompt = torch.tensor([unique_index[row.request_index] for row in rows], dtype=torch.long, device=device)
         if len(prompts) != len(rows):
@@ -218,7 +245,7 @@ class Engine:
         # Key mask for every position the loop can reach, built once; each step takes a prefix view.
         key_mask = torch.cat([padding[row_to_prompt], padding.new_ones((len(rows), max_new))], dim=1)
         if takes_4d:
-            key_mask = _as_mask(key_mask, mask_dtype)[:, None, None, :]
+            key_mask = self._as_model_mask(key_mask)[:, None, None, :]
         batch = _Batch(
             rows=torch.arange(len(rows), device=device),
             live=torch.ones(len(rows), dtype=torch.bool, device=device),
