@@ -7,10 +7,14 @@ warm-up, the two methods alternating) and peak memory above the pre-run baseline
 CUDA; on CPU the process RSS sampled every 2 ms by a background thread, after ``malloc_trim``
 returned freed heap memory).
 
+Settings are ``ROWSxNEW[/G]``: with ``/G`` the rows are ROWS/G prompts with G samples each, the shape of
+a GRPO generation call. The engine gets one request per prompt (and prefills it once); HF generate gets
+the prompt repeated in G rows, which is what its ``num_return_sequences`` does internally.
+
 The two methods draw different random numbers, so their rows hit EOS at different times and they
 generate different token counts; ms/step compares the cost of a decode step directly.
 
-    python bench/generation.py --models tiny,smollm2 --device cpu --dtype float32
+    python bench/generation.py --models tiny,smollm2 --device cpu --dtype float32 [--settings 64x64,64x64/8]
 """
 
 from __future__ import annotations
@@ -33,8 +37,28 @@ from groupwise.model import eos_token_ids, load_policy
 from groupwise.types import GenerationRequest, SamplingParams
 
 TINY_1M = {"vocab": "full", "num_layers": 4, "hidden_size": 128, "num_heads": 4, "intermediate_size": 512}
-# (rows, new tokens) per model; SmolLM2-135M on two CPU cores runs ~100 tok/s, so it gets a smaller setting.
-SETTINGS = {"tiny": [(64, 64), (256, 64)], "smollm2": [(16, 32)]}
+# ROWSxNEW[/G]: ROWS sequences of NEW tokens; G > 1 makes them ROWS/G prompts with G samples each (a GRPO group).
+SETTINGS = {"tiny": "64x64,256x64,64x64/8", "smollm2": "64x64,64x64/8"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    rows: int
+    new_tokens: int
+    group_size: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> Setting:
+        shape, _, group = text.partition("/")
+        rows, new_tokens = (int(part) for part in shape.split("x"))
+        setting = cls(rows, new_tokens, int(group or 1))
+        if setting.rows % setting.group_size:
+            raise SystemExit(f"setting {text!r}: rows {setting.rows} is not a multiple of the group size")
+        return setting
+
+    def __str__(self) -> str:
+        return f"{self.rows} x {self.new_tokens}" + (f" ({self.rows // self.group_size} prompts x {self.group_size})"
+                                                    if self.group_size > 1 else "")
 
 
 @dataclass
@@ -114,14 +138,17 @@ def count_generated(rows: list[list[int]], eos: set[int]) -> int:
     return total
 
 
-def run_engine(engine: Engine, prompts: list[list[int]], new_tokens: int) -> tuple[int, int]:
-    requests = [GenerationRequest(tuple(p), 1, seed=index) for index, p in enumerate(prompts)]
+def run_engine(engine: Engine, prompts: list[list[int]], new_tokens: int, group_size: int) -> tuple[int, int]:
+    """One request per distinct prompt with ``group_size`` samples (the engine prefills each prompt once)."""
+    distinct = prompts[::group_size]
+    requests = [GenerationRequest(tuple(p), group_size, seed=index) for index, p in enumerate(distinct)]
     sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
     lengths = [c.num_tokens for per in engine.generate(requests, sampling) for c in per]
     return sum(lengths), max(lengths)
 
 
 def run_hf(model, tokenizer, prompts: list[list[int]], new_tokens: int, eos: list[int]) -> tuple[int, int]:
+    """The whole batch, a group's prompt repeated in its rows (what ``num_return_sequences`` does inside)."""
     batch = tokenizer.pad({"input_ids": prompts}, padding=True, padding_side="left", return_tensors="pt")
     device = next(model.parameters()).device
     with torch.inference_mode():
@@ -174,6 +201,7 @@ def main() -> None:
     parser.add_argument("--models", default="tiny", help="comma-separated: tiny, smollm2")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--settings", help="comma-separated ROWSxNEW[/G] for every model (default: per model)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"# torch {torch.__version__}, {platform.machine()}, {psutil.cpu_count()} CPUs, threads={args.threads}, "
@@ -190,18 +218,21 @@ def main() -> None:
         eos = list(eos_token_ids(policy.tokenizer, policy.model))
         engine = Engine(policy.model, policy.tokenizer, eos, max_batch_rows=256)
         device = next(policy.model.parameters()).device
-        for rows, new_tokens in SETTINGS[name]:
-            prompts = prompts_for(policy.tokenizer, rows, chat=name == "smollm2")
+        for setting in map(Setting.parse, (args.settings or SETTINGS[name]).split(",")):
+            distinct = prompts_for(policy.tokenizer, setting.rows // setting.group_size, chat=name == "smollm2")
+            prompts = [prompt for prompt in distinct for _ in range(setting.group_size)]
+            new_tokens = setting.new_tokens
             methods = {
-                "groupwise Engine": partial(run_engine, engine, prompts, new_tokens),
+                "groupwise Engine": partial(run_engine, engine, prompts, new_tokens, setting.group_size),
                 "HF generate": partial(run_hf, policy.model, policy.tokenizer, prompts, new_tokens, eos),
             }
             results = compare(methods, device, args.repeats)
             baseline = results["HF generate"].tokens / results["HF generate"].seconds
             for method, m in results.items():
                 rate = m.tokens / m.seconds
-                print(f"| {name} | {rows} x {new_tokens} | {method} | {m.tokens} | {m.steps} | {m.seconds:.3f} | "
+                print(f"| {name} | {setting} | {method} | {m.tokens} | {m.steps} | {m.seconds:.3f} | "
                       f"{1000 * m.seconds / m.steps:.1f} | {rate:,.0f} | {m.peak_mib:.0f} | {rate / baseline:.2f}x |")
+        print(f"# {name}: the engine's decode path: {engine.decode_path}")
     print(f"# load average after: {psutil.getloadavg()[0]:.2f}")
 
 

@@ -38,7 +38,8 @@ from groupwise.generation.kv_cache import new_kv_cache, select_cache_rows
 from groupwise.generation.llama_decode import LlamaDecoder, fast_decoder_for
 from groupwise.generation.sampling import (
     check_sampling_params,
-    counter_uniforms,
+    counter_keys,
+    keyed_uniforms,
     sample_tokens,
     seed_to_int64,
     tempered_logprobs_of,
@@ -186,7 +187,7 @@ class Engine:
         stopped = torch.zeros(len(rows), dtype=torch.bool, device=device)
         stop_watch = _StopWatch(self.tokenizer, sampling.stop, len(rows)) if sampling.stop else None
         for step in range(max_new):
-            uniforms = counter_uniforms(batch.seeds, batch.sample_indices, step)
+            uniforms = keyed_uniforms(batch.keys, step)
             tokens = sample_tokens(logits, uniforms, sampling.temperature, sampling.top_k, sampling.top_p)
             # Finished rows still in the batch write past their length; _collect never reads there.
             tokens_out[batch.rows, step] = tokens
@@ -249,8 +250,10 @@ class Engine:
         batch = _Batch(
             rows=torch.arange(len(rows), device=device),
             live=torch.ones(len(rows), dtype=torch.bool, device=device),
-            seeds=torch.tensor([seed_to_int64(row.seed) for row in rows], dtype=torch.long, device=device),
-            sample_indices=torch.tensor([row.sample_index for row in rows], dtype=torch.long, device=device),
+            keys=counter_keys(
+                torch.tensor([seed_to_int64(row.seed) for row in rows], dtype=torch.long, device=device),
+                torch.tensor([row.sample_index for row in rows], dtype=torch.long, device=device),
+            ),
             positions=torch.tensor([len(row.prompt) for row in rows], dtype=torch.long, device=device),
             key_mask=key_mask,
         )
@@ -268,8 +271,7 @@ class _Batch:
 
     rows: Tensor  # index of the row in the chunk
     live: Tensor  # still generating
-    seeds: Tensor  # int64 request seeds
-    sample_indices: Tensor
+    keys: Tensor  # int64 counter-RNG key per row, from (request seed, sample index)
     positions: Tensor  # position id of the next token fed
     key_mask: Tensor  # [B, K] 0/1, or [B, 1, 1, K] additive
 

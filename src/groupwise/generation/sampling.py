@@ -68,8 +68,17 @@ def counter_uniforms(seeds: Tensor, sample_indices: Tensor, positions: Tensor | 
     (float64, 53 random bits). ``seeds``/``sample_indices`` are int64 ``[N]``; ``positions`` is an
     int or int64 ``[N]`` (the index of the token within its completion).
     """
-    h = splitmix64(splitmix64(splitmix64(seeds) ^ sample_indices) ^ positions)
-    return _shift_right_logical(h, 11).to(torch.float64) * (2.0**-53)
+    return keyed_uniforms(counter_keys(seeds, sample_indices), positions)
+
+
+def counter_keys(seeds: Tensor, sample_indices: Tensor) -> Tensor:
+    """A row's key ``k = splitmix64(splitmix64(seed) ^ sample_index)``, fixed for its whole completion."""
+    return splitmix64(splitmix64(seeds) ^ sample_indices)
+
+
+def keyed_uniforms(keys: Tensor, positions: Tensor | int) -> Tensor:
+    """``u = (splitmix64(k ^ position) >>> 11) · 2^-53``: :func:`counter_uniforms` with the key computed once."""
+    return _shift_right_logical(splitmix64(keys ^ positions), 11).to(torch.float64) * (2.0**-53)
 
 
 def logprob_temperature(temperature: float) -> float:
