@@ -29,17 +29,28 @@ from typing import Any
 
 from groupwise.controller.context import PumpContext
 from groupwise.controller.failures import PromptAttempts
-from groupwise.controller.fates import FateRecord
+from groupwise.controller.fates import Fate, FateRecord
 from groupwise.controller.interfaces import PromptSource, RolloutClient
 from groupwise.controller.permits import Permits
+from groupwise.controller.workers import WorkerPool
 from groupwise.types import Group
 
 
 @dataclass
 class _Attempt:
-    task: asyncio.Task[None]  # the dispatch slot's task, which runs the attempt
+    """One attempt in flight; its fate record is built only when the attempt does not commit (a committed
+    group's record is written by the train pump), one allocation fewer per simulated group."""
+
+    task: asyncio.Task[None]  # the worker task running the dispatch slot, and so the attempt
     start_version: int
+    group_id: int
+    item: Any
+    number: int  # the slot's attempt counter when this attempt started
     aborted: bool = False
+
+    def record(self, fate: Fate = "pending", detail: str = "") -> FateRecord:
+        uid, epoch = self.item.prompt.uid, getattr(self.item, "epoch", None)
+        return FateRecord(self.group_id, uid, self.number, self.start_version, fate, detail=detail, epoch=epoch)
 
 
 @dataclass
@@ -83,10 +94,9 @@ class RolloutPump:
         self.unused_prompts = 0
         self.groups_finished = 0  # committed or filtered: progress for a stall watchdog
         self._on_error = on_error
-        # Launch order (a dict, not a set): shutdown cancels slots in a reproducible order, so their fates too.
-        self._tasks: dict[asyncio.Task[None], None] = {}
+        # Unsettled slots in launch order: shutdown cancels them in a reproducible order, so their fates too.
+        self._slots: WorkerPool[SlotState] = WorkerPool(self._dispatch, self._on_slot_settled)
         self._attempts: dict[int, _Attempt] = {}
-        self._slot_states: dict[asyncio.Task[None], SlotState] = {}
         self._in_admit = False
         self._unlaunched: list[SlotState] = []
         self._batch_admitted = False  # whether the batch in ``_unlaunched`` passed the gate (holds its stamp)
@@ -97,7 +107,7 @@ class RolloutPump:
     @property
     def active_slots(self) -> int:
         """Dispatch slots not yet settled (in flight, backing off, or waiting to substitute a spare)."""
-        return len(self._tasks)
+        return len(self._slots)
 
     def parked(self) -> bool:
         """True while the pump waits on something only the train pump can give (the gate or capacity)."""
@@ -106,7 +116,7 @@ class RolloutPump:
     def inflight_items(self) -> list[Any]:
         """Prompts taken from the loader or pool and not yet settled: those of unsettled dispatch slots, then
         those of the batch being admitted or launched."""
-        return [slot.item for slot in self._slot_states.values()] + [slot.item for slot in self._unlaunched]
+        return [slot.item for slot in self._slots.items()] + [slot.item for slot in self._unlaunched]
 
     def unsettled(self) -> tuple[list[SlotState], list[Any], list[Any]]:
         """The work a snapshot must save: ``(slots, loader_items, spare_items)``.
@@ -115,7 +125,7 @@ class RolloutPump:
         admitted batch still waiting for a permit. ``loader_items`` / ``spare_items``: prompts of a batch still
         waiting at the gate, to go back to the loader front or the spare pool front (where they came from).
         """
-        slots = list(self._slot_states.values())
+        slots = self._slots.items()
         if self._batch_admitted:
             return slots + list(self._unlaunched), [], []
         waiting = [slot.item for slot in self._unlaunched]
@@ -123,7 +133,7 @@ class RolloutPump:
 
     def restore_unsettled(self, slots: list[SlotState]) -> None:
         """Re-dispatch ``slots`` (from a checkpoint) under their stamps before any new batch is admitted."""
-        if self._tasks or self._unlaunched:
+        if self._slots or self._unlaunched:
             raise RuntimeError("restore_unsettled must be called before the rollout pump runs")
         self._unlaunched = list(slots)
         self._batch_admitted, self._batch_from_pool = True, False
@@ -154,11 +164,7 @@ class RolloutPump:
 
     async def cancel_slots(self) -> None:
         """Cancel every unsettled dispatch slot and wait for them (their attempts record ``pending``)."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._slots.cancel_all()
 
     async def _dispatch_loader(self) -> None:
         P = self.ctx.settings.prompts_per_step
@@ -218,21 +224,15 @@ class RolloutPump:
             self.ctx.capacity.release()
             self.inflight.release()
             raise
-        task = asyncio.get_running_loop().create_task(self._dispatch(slot))
-        self._tasks[task] = None
-        self._slot_states[task] = slot
-        task.add_done_callback(self._on_slot_done)
+        self._slots.submit(slot)
 
-    def _on_slot_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.pop(task, None)
-        self._slot_states.pop(task, None)
+    def _on_slot_settled(self, error: BaseException | None) -> None:
         self.ctx.signal()
-        if not task.cancelled() and task.exception() is not None:
-            self._on_error(task.exception())
+        if error is not None:
+            self._on_error(error)
 
     async def _settle(self) -> None:
-        while self._tasks:
-            await asyncio.wait(set(self._tasks))
+        await self._slots.wait_idle()
 
     async def _drain_spare_pool(self) -> None:
         P = self.ctx.settings.prompts_per_step
@@ -254,10 +254,6 @@ class RolloutPump:
             raise
         finally:
             self.inflight.release()
-            # Settled now, not in the done callback: a snapshot taken in between must not list it as unsettled.
-            current = asyncio.current_task()
-            if current is not None:
-                self._slot_states.pop(current, None)
 
     async def _dispatch_slot(self, slot: SlotState) -> None:
         ctx = self.ctx
@@ -305,13 +301,11 @@ class RolloutPump:
             start = ctx.generator_version
             slot_id = ctx.buffer.reserve(start, target, payload=item)
             slot.group_id, slot.start_version = slot_id, start
-            epoch = getattr(item, "epoch", None)
-            base = FateRecord(slot_id, item.prompt.uid, slot.attempt, start, "pending", epoch=epoch)
-            # The rollout runs in this slot's task (no task per attempt: a simulated million-group run pays for
-            # every task); an abort cancels the slot task, and uncancel() tells an abort from a shutdown.
+            # The rollout runs in the slot's worker task (no task per attempt: a simulated million-group run pays
+            # for every task); an abort cancels that task, and uncancel() tells an abort from a shutdown.
             current = asyncio.current_task()
-            assert current is not None, "a dispatch slot runs in its own task"
-            self._attempts[slot_id] = attempt = _Attempt(current, start)
+            assert current is not None, "a dispatch slot runs in a worker task"
+            self._attempts[slot_id] = attempt = _Attempt(current, start, slot_id, item, slot.attempt)
             try:
                 group = await self.rollouts.rollout(item, slot_id, slot.attempt, start)
             except asyncio.CancelledError:
@@ -319,17 +313,17 @@ class RolloutPump:
                 ctx.buffer.remove(slot_id)
                 slot.group_id = None
                 if attempt.aborted and current.uncancel() == 0:  # only the abort asked: the slot lives on
-                    return _Lost(_with(base, "aborted", None, f"stale at trainer version {ctx.clock.value}"), True)
-                ctx.record_fate(base)
+                    return _Lost(attempt.record("aborted", f"stale at trainer version {ctx.clock.value}"), True)
+                ctx.record_fate(attempt.record())
                 raise
             except Exception as error:  # classified below; cancellation is handled above
                 del self._attempts[slot_id]
                 ctx.buffer.remove(slot_id)
                 slot.group_id = None
-                delay = self._on_failure(slot.attempts, error, base, target)
+                delay = self._on_failure(slot.attempts, error, attempt, target)
                 if delay is None:
-                    return _Lost(_with(base, "failed", None, repr(error)))
-                ctx.record_fate(_resolved(_with(base, "failed", None, repr(error)), "retried", None))
+                    return _Lost(attempt.record("failed", repr(error)))
+                ctx.record_fate(_resolved(attempt.record("failed", repr(error)), "retried", None))
                 slot.attempt += 1
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -339,37 +333,38 @@ class RolloutPump:
             slot.group_id = None
             if attempt.aborted:  # the client swallowed the abort's cancellation and returned: balance the count
                 current.uncancel()
-            return self._finish(group, slot_id, base, item, target)
+            return self._finish(group, attempt, target)
 
     def _on_failure(
-        self, attempts: PromptAttempts, error: Exception, base: FateRecord, target: int | None
+        self, attempts: PromptAttempts, error: Exception, attempt: _Attempt, target: int | None
     ) -> float | None:
         context = (
-            f"rollout of prompt {base.prompt_uid!r} (group {base.group_id}, attempt {base.attempt}, "
+            f"rollout of prompt {attempt.item.prompt.uid!r} (group {attempt.group_id}, attempt {attempt.number}, "
             f"target step {target}) while step {self.ctx.ledger.assembling} was being assembled"
         )
         try:
             return self.ctx.budgets.on_failure(attempts, error, context)
         except BaseException as fatal:
-            self.ctx.record_fate(_resolved(_with(base, "failed", None, repr(error)), "fatal", None))
+            self.ctx.record_fate(_resolved(attempt.record("failed", repr(error)), "fatal", None))
             _add_note(fatal, context)
             raise
 
-    def _finish(self, group: Group, slot_id: int, base: FateRecord, item: Any, target: int | None) -> _Lost | None:
+    def _finish(self, group: Group, attempt: _Attempt, target: int | None) -> _Lost | None:
         ctx = self.ctx
-        self._check_group(group, slot_id, base.prompt_uid)
-        group.start_version = base.start_version
+        slot_id = attempt.group_id
+        self._check_group(group, slot_id, attempt.item.prompt.uid)
+        group.start_version = attempt.start_version
         group.end_version = ctx.generator_version
         group.target_step = target
-        group.attempt = base.attempt
-        group.epoch = getattr(item, "epoch", group.epoch)
+        group.attempt = attempt.number
+        group.epoch = getattr(attempt.item, "epoch", group.epoch)
         step, zero_variance = ctx.tally.record_generated(group, filtering=ctx.settings.dynamic_sampling)
         ctx.budgets.on_progress()
         self.groups_finished += 1
         if ctx.settings.dynamic_sampling and zero_variance:
             ctx.buffer.remove(slot_id)
             ctx.signal()
-            return _Lost(_with(base, "filtered", None, f"tallied to step {step}; raw rewards {group.raw_rewards}"))
+            return _Lost(attempt.record("filtered", f"tallied to step {step}; raw rewards {group.raw_rewards}"))
         ctx.buffer.commit(slot_id, group, group.end_version)
         ctx.signal()
         return None
@@ -385,10 +380,6 @@ class RolloutPump:
                 f"rollout client returned {group.size} completions for prompt {uid!r} (group {slot_id}); "
                 f"the run is configured for group_size {self.ctx.settings.group_size}"
             )
-
-
-def _with(record: FateRecord, fate: str, step: int | None, detail: str = "") -> FateRecord:
-    return replace(record, fate=fate, step=step, resolution=None, detail=detail)  # type: ignore[arg-type]
 
 
 def _resolved(record: FateRecord, resolution: str, step: int | None) -> FateRecord:
