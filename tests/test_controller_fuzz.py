@@ -123,8 +123,12 @@ def check_invariants(sc, controller, rollouts, trainer, fates, summary, error):
     reserved = set(range(controller.ctx.buffer.next_slot_id))
     called = [call.group_id for call in rollouts.calls]
     assert len(set(called)) == len(called) and set(called) <= reserved
-    fate_ids = Counter(r.group_id for r in fates)
+    fate_ids = Counter(r.group_id for r in fates if r.group_id is not None)
     assert set(fate_ids) == reserved and all(n == 1 for n in fate_ids.values())
+    # Slot-less lines: only a prompt backing off before a retry when the run stopped, after its failed/retried line.
+    retried = {r.prompt_uid for r in fates if r.fate == "failed" and r.resolution == "retried"}
+    slotless = [r for r in fates if r.group_id is None]
+    assert all(r.fate == "pending" and r.start_version is None and r.prompt_uid in retried for r in slotless)
     # No group trained twice; trained fates match the trainer and the ledger.
     trained_ids = [gid for chunk in trainer.chunks for gid in chunk.group_ids]
     assert len(set(trained_ids)) == len(trained_ids)

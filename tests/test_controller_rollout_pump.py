@@ -6,10 +6,11 @@ back to the loader); replace: a spare stands in (no shortfall, replaced {0: 1}, 
 partial leftover pool is not trained but counted); a failing replacement falls back to a charge within the
 per-slot budget; borrow: a later step's READY group is promoted into the short step and the lender repaid by
 the spare; nothing to borrow (lender in flight) → replace in place; never borrow without a spare (shrink);
-windowed aborts only out-of-window in-flight attempts at sync; a fatal failure cancels every other rollout and
-surfaces with the prompt named; filtered groups consume no failure budget and reset the consecutive-drop
-streak; ready_first diverts batches to the spare pool, windowed never does; a rollout client that returns
-the wrong group id is refused.
+windowed aborts only out-of-window in-flight attempts at sync; a prompt backing off before a retry when the
+run stops gets a slot-less ``pending`` line, so its last line settles it (audit: pending, no conflict); a
+fatal failure cancels every other rollout and surfaces with the prompt named; filtered groups consume no
+failure budget and reset the consecutive-drop streak; ready_first diverts batches to the spare pool, windowed
+never does; a rollout client that returns the wrong group id is refused.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, run_virtual
 from fakes.rollouts import ScriptedDataError
 
+from groupwise.audit import audit_fates, prompt_outcome
 from groupwise.controller.buffer import GroupBuffer
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
@@ -256,6 +258,27 @@ def test_fatal_failure_cancels_every_other_rollout_and_names_the_prompt():
     assert rollouts.finished == []  # every other rollout was cancelled, none ran to completion
     assert sorted(r.prompt_uid for r in fates if r.fate == "pending") == ["p0", "p1", "p3", "p4", "p5", "p6", "p7"]
     assert [(r.prompt_uid, r.resolution) for r in fates if r.fate == "failed"] == [("p2", "fatal")]
+
+
+def test_a_prompt_backing_off_when_the_run_stops_ends_pending_without_a_slot():
+    fates: list[FateRecord] = []
+    # p2 (step 1's batch) fails with an infra error; its backoff outlasts step 0, which is the last step.
+    script = {"p2": [Outcome(latency=1.0, fail="infra")]}
+    failure = FailureSettings(backoff_base_s=1000.0, max_backoff_s=1000.0, max_infra_attempts_per_prompt=5)
+    controller, _, trainer = make(
+        "in_order", {"max_lookahead_versions": 1}, 2, 8, script=script, fates=fates, failure=failure, max_steps=1
+    )
+    run_virtual(controller.run)
+    assert [c.step for c in trainer.chunks] == [0]
+    p2 = [r for r in fates if r.prompt_uid == "p2"]
+    assert [(r.fate, r.resolution, r.group_id is None) for r in p2] == [
+        ("failed", "retried", False),
+        ("pending", None, True),
+    ]
+    assert p2[1].attempt == 1 and p2[1].start_version is None and "waiting to retry" in p2[1].detail
+    lines = [{**r.as_dict(), "mode": "async"} for r in fates]
+    assert prompt_outcome([line for line in lines if line["prompt_uid"] == "p2"]) == ("pending", 0)
+    assert audit_fates(lines, [f"p{i}" for i in range(8)]).conflicting_groups == []
 
 
 def test_filtered_groups_use_no_failure_budget_and_reset_the_drop_streak():

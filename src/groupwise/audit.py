@@ -136,6 +136,8 @@ def audit_fates(lines: Sequence[dict[str, Any]], dataset_uids: Sequence[str], so
     conflicting: set[int] = set()
     for line in lines:
         by_prompt[(line["epoch"], line["prompt_uid"])].append(line)
+        if line["group_id"] is None:  # a slot-less line (a prompt waiting to retry at the stop) names no group
+            continue
         seen = group_uid.setdefault(line["group_id"], line["prompt_uid"])
         if seen != line["prompt_uid"]:
             conflicting.add(line["group_id"])

@@ -18,7 +18,9 @@ One line per decision, appended as it is made::
   (where a later ``trained`` line for the same group id supersedes it);
 * ``pending`` — still in flight or buffered when the run stopped. Written at shutdown; with resolution
   ``requeued`` it marks an attempt that was in flight at the checkpoint a resumed run started from: its prompt
-  was dispatched again, and a later attempt carries the prompt's fate.
+  was dispatched again, and a later attempt carries the prompt's fate. A prompt backing off after a
+  ``failed``/``retried`` attempt when the run stopped gets a ``pending`` line with ``group_id`` and
+  ``start_version`` null: no attempt was running and no group was reserved.
 
 Crash safety: each line is one ``os.write`` on an ``O_APPEND`` descriptor, so a kill leaves whole lines (at worst
 a torn last one, which :func:`read_fates` skips). A checkpoint stores :meth:`FatesWriter.offset` (the file size,

@@ -12,6 +12,10 @@ Each reserved slot (one attempt at one prompt; its id is the group id) gets exac
 * ``pending`` — still in flight or buffered when the run ended; with resolution ``requeued``: in flight at the
   checkpoint a run resumed from, so its prompt was dispatched again (a later attempt carries its fate).
 
+The one record not tied to a slot: a prompt backing off after a ``failed``/``retried`` attempt when the run stops
+has no attempt running and no slot reserved; it gets ``pending`` with ``group_id`` and ``start_version`` None, so
+its last line settles it.
+
 ``epoch`` is the loader epoch the prompt came from (None when the prompt source does not say).
 """
 
@@ -28,10 +32,10 @@ TERMINAL_RESOLUTIONS = frozenset({"replaced", "charged", "uncharged", "fatal"})
 
 @dataclass(frozen=True)
 class FateRecord:
-    group_id: int
+    group_id: int | None  # None: a slot-less record (a prompt waiting to retry when the run stopped)
     prompt_uid: str
     attempt: int
-    start_version: int
+    start_version: int | None  # None with group_id None: no attempt was running
     fate: Fate
     step: int | None = None
     resolution: Resolution | None = None

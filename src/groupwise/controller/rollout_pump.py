@@ -325,15 +325,30 @@ class RolloutPump:
                     return _Lost(attempt.record("failed", repr(error)))
                 ctx.record_fate(_resolved(attempt.record("failed", repr(error)), "retried", None))
                 slot.attempt += 1
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                await ctx.rollout_permitted.wait()
+                await self._wait_to_retry(slot, delay)
                 continue
             del self._attempts[slot_id]
             slot.group_id = None
             if attempt.aborted:  # the client swallowed the abort's cancellation and returned: balance the count
                 current.uncancel()
             return self._finish(group, attempt, target)
+
+    async def _wait_to_retry(self, slot: SlotState, delay: float) -> None:
+        """Back off, then wait for the gate; a shutdown meanwhile leaves a slot-less ``pending`` line.
+
+        The prompt's last line so far is ``failed``/``retried``, which promises another attempt; without this
+        line a run stopping during the backoff would leave the prompt with no fate (``groupwise audit``).
+        """
+        ctx = self.ctx
+        try:
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await ctx.rollout_permitted.wait()
+        except asyncio.CancelledError:
+            uid, epoch = slot.item.prompt.uid, getattr(slot.item, "epoch", None)
+            detail = f"waiting to retry (attempt {slot.attempt}) when the run stopped; no attempt was running"
+            ctx.record_fate(FateRecord(None, uid, slot.attempt, None, "pending", detail=detail, epoch=epoch))
+            raise
 
     def _on_failure(
         self, attempts: PromptAttempts, error: Exception, attempt: _Attempt, target: int | None
