@@ -6,7 +6,8 @@
 - freshness: weights changed in place after the first call (an optimizer step in sync mode, where
   the engine shares the learner's model) are used by the next call — no stale packed copy;
 - refusal: a model outside its scope (another architecture, biased projections) or one whose probe
-  logits disagree with its ``forward`` keeps the module path, and ``decode_path`` says why.
+  logits disagree with its ``forward`` keeps the module path, and ``decode_path`` says why;
+- the config key ``generation.fast_decode`` reaches the engine the builder makes (false: the module path).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from groupwise.builder import build_components
+from groupwise.config import config_from_dict
 from groupwise.generation import Engine
 from groupwise.model import load_policy
 from groupwise.types import GenerationRequest, SamplingParams
@@ -105,3 +108,14 @@ def test_a_failed_probe_keeps_the_module_path(tokenizer) -> None:
     fast, got, _, expected = _both_paths(model, tokenizer, sampling)
     assert fast.decode_path.startswith("transformers forward (probe logits differ from the model's forward by")
     _assert_same(got, expected, tolerance=0.0)
+
+
+@pytest.mark.parametrize("fast_decode", [True, False])
+def test_the_config_key_reaches_the_built_engine(fast_decode) -> None:
+    cfg = config_from_dict({
+        "model": {"source": "tiny", "tiny": {"num_layers": 1, "hidden_size": 32, "num_heads": 2}},
+        "generation": {"max_new_tokens": 4, "fast_decode": fast_decode},
+    })  # fmt: skip
+    engine = build_components(cfg).engine
+    engine.generate([GenerationRequest((5, 6, 7), 2, seed=0)], SamplingParams(max_new_tokens=4))
+    assert engine.decode_path == (FAST if fast_decode else "transformers forward (off)")

@@ -64,7 +64,12 @@ def build_components(cfg: Any, *, separate_engine_model: bool = False, group_siz
     # Sync mode alternates generation and training, so the engine can sample from the learner's own model.
     # Async mode generates while training: the engine needs its own copy, refreshed at weight sync.
     engine_model = frozen_copy(policy.model) if separate_engine_model else policy.model
-    engine = Engine(engine_model, policy.tokenizer, eos_token_ids(policy.tokenizer, policy.model))
+    engine = Engine(
+        engine_model,
+        policy.tokenizer,
+        eos_token_ids(policy.tokenizer, policy.model),
+        fast_decode=cfg.generation.fast_decode,
+    )
     task = build_task(cfg.data.task, cfg.data, cfg.run.seed)
     reward_fn = load_reward_fn(cfg.reward.function, task.default_reward)
     rollouts = RolloutWorker(

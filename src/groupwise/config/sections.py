@@ -172,6 +172,10 @@ class GenerationSection(Section):
     """Extra stop strings (non-empty); generation also stops at EOS."""
     micro_batch_groups: int = Field(64, ge=1)
     """Prompt groups per generation-engine call (≥ 1); bounds generation memory."""
+    fast_decode: bool = True
+    """Decode Llama-family models with the engine's fast step (same arithmetic as the model's forward, checked
+    on a probe at the first call; other models always use their forward). false forces the model's forward.
+    See docs/generation.md."""
 
     @field_validator("stop")
     @classmethod
