@@ -36,6 +36,7 @@ from transformers.cache_utils import Cache
 
 from groupwise.generation.kv_cache import new_kv_cache, select_cache_rows
 from groupwise.generation.llama_decode import LlamaDecoder, fast_decoder_for
+from groupwise.generation.masks import as_mask, prefill_allowed
 from groupwise.generation.sampling import (
     check_sampling_params,
     counter_keys,
@@ -157,7 +158,7 @@ class Engine:
     def _as_model_mask(self, allowed: Tensor) -> Tensor:
         """A boolean mask as the model's attention takes it (sdpa: boolean; eager: additive)."""
         attention = getattr(self.model.config, "_attn_implementation", "sdpa")
-        return _as_mask(allowed, torch.bool if attention == "sdpa" else self.model.dtype)
+        return as_mask(allowed, torch.bool if attention == "sdpa" else self.model.dtype)
 
     def _forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: Cache) -> Tensor:
         """Last-position logits ``[B, V]``; the cache is updated in place."""
@@ -238,7 +239,7 @@ class Engine:
         position_ids = (padding.long().cumsum(dim=1) - 1).clamp_(min=0)
         attention = getattr(self.model.config, "_attn_implementation", "sdpa")
         takes_4d = attention in _4D_MASK_ATTENTION
-        prefill_mask = self._as_model_mask(_prefill_allowed(padding))[:, None] if takes_4d else padding.long()
+        prefill_mask = self._as_model_mask(prefill_allowed(padding))[:, None] if takes_4d else padding.long()
         logits = self._forward(input_ids, prefill_mask, position_ids, cache)
         row_to_prompt = torch.tensor([unique_index[row.request_index] for row in rows], dtype=torch.long, device=device)
         if len(prompts) != len(rows):
@@ -315,26 +316,6 @@ def _expand_rows(requests: Sequence[GenerationRequest]) -> list[_Row]:
         prompt = tuple(int(token_id) for token_id in request.prompt_token_ids)
         rows.extend(_Row(index, sample, request.seed, prompt) for sample in range(request.num_samples))
     return rows
-
-
-def _as_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
-    """``allowed`` itself for a boolean mask, else an additive one: 0 where allowed, the dtype's minimum where not."""
-    if dtype == torch.bool:
-        return allowed
-    additive = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return additive.masked_fill_(~allowed, torch.finfo(dtype).min)
-
-
-def _prefill_allowed(padding: Tensor) -> Tensor:
-    """``[U, P, P]``: query q sees key k iff k is a real token and k <= q.
-
-    A padded query also sees itself: a fully masked row would give NaN, and NaN values leak into
-    real rows through 0 · NaN in the next layer's attention.
-    """
-    width = padding.shape[1]
-    causal = torch.ones((width, width), dtype=torch.bool, device=padding.device).tril()
-    diagonal = torch.eye(width, dtype=torch.bool, device=padding.device)
-    return (causal & padding[:, None, :]) | diagonal
 
 
 def _collect(

@@ -2,9 +2,10 @@
 
 Why: at the sizes this project trains on a CPU, a decode step through transformers' module tree is
 mostly Python — module calls, keyword plumbing, mask and position bookkeeping — around a few small
-matmuls. The same maths written as ~15 tensor ops per layer does the identical arithmetic with far
-less dispatch. It reads the model's *live* parameters (no copies), so weights updated in place by an
-optimizer or by ``load_state_dict`` are used as they are.
+matmuls. The same maths written as ~15 tensor ops per layer needs far less dispatch. Its projection
+weights are packed copies that follow the model: they are rebuilt whenever a parameter changes (an
+optimizer step, ``load_state_dict``), see :class:`LlamaDecoder`. Results agree with the module path to
+float rounding (the matmuls run on a different layout), not bit for bit.
 
 Scope and safety: only ``LlamaForCausalLM`` without biases, with SiLU MLPs and a rotary embedding whose
 frequencies do not depend on the sequence length. Anything else — or a model whose one-step logits on
@@ -29,6 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from groupwise.generation.masks import prefill_allowed
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,7 @@ class LlamaDecoder:
         self.hidden_size = config.hidden_size
         self.intermediate_size = config.intermediate_size
         self.eps = config.rms_norm_eps
+        self.scaling = model.model.layers[0].self_attn.scaling  # head_dim^-0.5 for Llama; read, not assumed
         self._cos_sin: Tensor | None = None  # [positions, 2·D]: cos | signed sin
         self._layers: list[_LayerWeights] = []
         self._signature: tuple[tuple[int, int], ...] = ()
@@ -125,7 +129,7 @@ class LlamaDecoder:
         value = qkv[:, (heads + kv_heads) * dim :].view(rows, kv_heads, 1, dim)
         keys, values = cache_layer.update(query_key[:, heads:], value)
         attended = F.scaled_dot_product_attention(
-            query_key[:, :heads], keys, values, attn_mask=key_mask, scale=dim**-0.5, enable_gqa=heads != kv_heads
+            query_key[:, :heads], keys, values, attn_mask=key_mask, scale=self.scaling, enable_gqa=heads != kv_heads
         )
         return torch.addmm(x, attended.reshape(rows, heads * dim), weights.out)
 
@@ -217,15 +221,13 @@ def _probe_difference(
     prompt = torch.randint(0, model.config.vocab_size, (2, 6), generator=generator).to(device)
     padding = torch.ones((2, 5), dtype=torch.bool, device=device)
     padding[1, :2] = False  # row 1 is a shorter, left-padded prompt
-    prefill_allowed = padding[:, None, None, :] & torch.ones((5, 5), dtype=torch.bool, device=device).tril()
-    prefill_allowed |= torch.eye(5, dtype=torch.bool, device=device)  # padded queries see themselves (no NaN)
     positions = (padding.long().cumsum(1) - 1).clamp(min=0)
     step_mask = as_mask(torch.cat([padding, padding.new_ones((2, 1))], dim=1)[:, None, None, :])
     token, next_position = prompt[:, 5], positions[:, -1] + 1
     logits = []
     for fast in (False, True):
         cache = new_cache(6)
-        forward(prompt[:, :5], as_mask(prefill_allowed), positions, cache)
+        forward(prompt[:, :5], as_mask(prefill_allowed(padding))[:, None], positions, cache)
         if fast:
             decoder.prepare(6)
             logits.append(decoder.step(token, next_position, step_mask, cache))
