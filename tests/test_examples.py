@@ -5,7 +5,8 @@ Invariants pinned:
 - the shipped warm-start model loads with plain transformers and sits well below mastery on the held-out
   split (greedy accuracy in [0.2, 0.6]), leaving room for RL;
 - a short RL run from the warm start raises held-out greedy accuracy (the learning test, < 1 minute);
-- (slow) the SmolLM2 GGUF example starts and takes one optimizer step on CPU.
+- (slow) the SmolLM2 GGUF example starts and takes one optimizer step on CPU, sampling with the fast Llama
+  decode step (the pretrained model passes its probe).
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def test_smollm2_example_takes_a_step_on_cpu(tmp_path):
     cfg = load_config(
         ROOT / "examples" / "smollm2_countdown.yaml",
         [
-            f"run.output_dir={tmp_path}", "run.name=smol", "run.max_steps=1", "model.device=cpu",
+            f"run.output_dir={tmp_path}", "run.name=smol", "run.max_steps=1", "optimizer.warmup_steps=0",
+            "model.device=cpu",
             "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2", "generation.max_new_tokens=8",
             "grpo.dynamic_sampling={enabled: false}", "eval.at_start=false", "eval.at_end=false",
             "logging.progress=false", "checkpoint.save_final=false",
@@ -72,3 +74,4 @@ def test_smollm2_example_takes_a_step_on_cpu(tmp_path):
     records = [r for r in read_metrics(session.run_dir.metrics_path) if "loss/total" in r]
     assert [r["step"] for r in records] == [1]
     assert records[0]["weight_version"] == 1
+    assert session.engine.decode_path == "fast Llama decode step"  # the real pretrained model passes the probe
