@@ -334,20 +334,16 @@ class RolloutPump:
             return self._finish(group, attempt, target)
 
     async def _wait_to_retry(self, slot: SlotState, delay: float) -> None:
-        """Back off, then wait for the gate; a shutdown meanwhile leaves a slot-less ``pending`` line.
-
-        The prompt's last line so far is ``failed``/``retried``, which promises another attempt; without this
-        line a run stopping during the backoff would leave the prompt with no fate (``groupwise audit``).
-        """
-        ctx = self.ctx
+        """Back off, then wait for the gate. A shutdown meanwhile writes a slot-less ``pending`` line: the prompt's
+        last line, ``failed``/``retried``, promises an attempt that will not come (``groupwise audit``)."""
         try:
             if delay > 0:
                 await asyncio.sleep(delay)
-            await ctx.rollout_permitted.wait()
+            await self.ctx.rollout_permitted.wait()
         except asyncio.CancelledError:
             uid, epoch = slot.item.prompt.uid, getattr(slot.item, "epoch", None)
             detail = f"waiting to retry (attempt {slot.attempt}) when the run stopped; no attempt was running"
-            ctx.record_fate(FateRecord(None, uid, slot.attempt, None, "pending", detail=detail, epoch=epoch))
+            self.ctx.record_fate(FateRecord(None, uid, slot.attempt, None, "pending", detail=detail, epoch=epoch))
             raise
 
     def _on_failure(
