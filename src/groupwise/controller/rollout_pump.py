@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from groupwise.controller.context import PumpContext
@@ -394,4 +394,7 @@ class RolloutPump:
 
 
 def _resolved(record: FateRecord, resolution: str, step: int | None) -> FateRecord:
-    return replace(record, resolution=resolution, step=step if step is not None else record.step)  # type: ignore[arg-type]
+    """``record`` with its resolution (and step) set; built directly, ``dataclasses.replace`` costs ~3× as much."""
+    r = record
+    step = step if step is not None else r.step
+    return FateRecord(r.group_id, r.prompt_uid, r.attempt, r.start_version, r.fate, step, resolution, r.detail, r.epoch)  # type: ignore[arg-type]
