@@ -14,9 +14,9 @@ How a call runs:
    are 4D masks we build (once per chunk, sliced per step), so transformers' mask construction
    is skipped; other attention kernels (flash-attention) get the 2D padding mask (untested here).
 4. Decode steps of Llama-family models skip transformers' module tree: :mod:`groupwise.generation.llama_decode`
-   does the same arithmetic from the live weights, after a probe at the first ``generate`` shows its logits
-   match the model's own forward. Other models, or ``fast_decode=False``, call the model's ``forward``;
-   ``engine.decode_path`` says which path is in use and why.
+   does the same maths from packed copies of the weights (rebuilt whenever the weights change), after a probe
+   at the first ``generate`` shows its logits match the model's own forward. Other models, or
+   ``fast_decode=False``, call the model's ``forward``; ``engine.decode_path`` says which path is in use and why.
 
 Determinism: a row's draws depend only on (request seed, sample index, position) — see
 :mod:`groupwise.generation.sampling` for the counter RNG and its documented limit.
