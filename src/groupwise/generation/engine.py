@@ -103,7 +103,7 @@ class Engine:
         forward_parameters = inspect.signature(type(model).forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward_parameters else "past_key_values"
         # Decided at the first generate (the probe runs the model): the fast step or why not.
-        self._fast_decode = fast_decode
+        self._decode_path_pending = fast_decode
         self._decoder: LlamaDecoder | None = None
         self.decode_path = "undecided (set at the first generate)" if fast_decode else "transformers forward (off)"
 
@@ -150,9 +150,10 @@ class Engine:
 
     def _fast_decoder(self) -> LlamaDecoder | None:
         """The fast decode step for this model, probed once against the module path (see llama_decode)."""
-        if self._fast_decode and self.decode_path.startswith("undecided"):
+        if self._decode_path_pending:
             self._decoder, why = fast_decoder_for(self.model, self._forward, new_kv_cache, self._as_model_mask)
             self.decode_path = why if self._decoder is not None else f"transformers forward ({why})"
+            self._decode_path_pending = False
         return self._decoder
 
     def _as_model_mask(self, allowed: Tensor) -> Tensor:
