@@ -57,8 +57,10 @@ class Setting:
         return setting
 
     def __str__(self) -> str:
-        return f"{self.rows} x {self.new_tokens}" + (f" ({self.rows // self.group_size} prompts x {self.group_size})"
-                                                    if self.group_size > 1 else "")
+        shape = f"{self.rows} x {self.new_tokens}"
+        if self.group_size == 1:
+            return shape
+        return f"{shape} ({self.rows // self.group_size} prompts x {self.group_size})"
 
 
 @dataclass
