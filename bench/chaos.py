@@ -43,8 +43,8 @@ POLL_S = 0.005
 
 def child_main(argv: list[str]) -> int:
     """Run the groupwise CLI with every checkpoint file write slowed down (a wide window to kill inside)."""
-    import groupwise.checkpoint as checkpoint
-    from groupwise.cli import main
+    import groupwise.run.checkpoint as checkpoint
+    from groupwise.cli.main import main
 
     delay = float(os.environ.get(WRITE_DELAY_ENV, "0"))
     real_write, real_fsync = checkpoint._write_file_synced, checkpoint._fsync_file
@@ -188,7 +188,7 @@ class Trial:
         return self.writing_checkpoint()
 
     def check_checkpoints(self) -> None:
-        from groupwise.checkpoint import CheckpointError, load_checkpoint
+        from groupwise.run.checkpoint import CheckpointError, load_checkpoint
 
         for path in self.complete_checkpoints():
             try:
@@ -207,8 +207,8 @@ class Trial:
             self.result.notes.append("the last life timed out")
 
     def audit(self) -> None:
-        from groupwise.audit import audit_run
-        from groupwise.logging.metrics import read_metrics
+        from groupwise.run.audit import audit_run
+        from groupwise.run.metrics import read_metrics
 
         command = [sys.executable, "-m", "groupwise.cli", "audit", str(self.run_dir)]
         audited = subprocess.run(command, capture_output=True, text=True, cwd=REPO)

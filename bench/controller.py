@@ -33,7 +33,7 @@ from typing import Any
 from groupwise.config import load_config
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
-from groupwise.controller.fates import FateRecord
+from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.settings import ControllerSettings
 from groupwise.sim.simulation import simulate_async, simulate_sync
 from groupwise.sim.sync_schedule import SyncSettings
@@ -181,7 +181,7 @@ def evidence(out_dir: Path) -> list[str]:
     import json
     import shutil
 
-    from groupwise.report import fmt, run_compare
+    from groupwise.run.report import fmt, run_compare
     from groupwise.sim.run import simulate
 
     names = ("sync", "in_order", "ready_first", "windowed")

@@ -17,9 +17,9 @@ from collections import defaultdict
 
 import torch
 
-from groupwise.builder import build_session
 from groupwise.config import load_config
-from groupwise.sync_loop import train_one_step
+from groupwise.trainer.builder import build_session
+from groupwise.trainer.sync_loop import train_one_step
 
 TIMERS: dict[str, float] = defaultdict(float)
 

@@ -7,7 +7,7 @@ cap); shaping adds the penalty row by row; non-finite rewards and bad parameters
 
 import pytest
 
-from groupwise.algo.rewards import check_finite_rewards, overlong_penalty, scale_rewards, shape_rewards
+from groupwise.algo.reward_shaping import check_finite_rewards, overlong_penalty, scale_rewards, shape_rewards
 
 
 def test_scale_rewards_clamps_then_maps_linearly():

@@ -29,13 +29,13 @@ import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, make_prompts, run_virtual
 from test_sync_trainer import tiny_config
 
-from groupwise.audit import audit_fates, audit_run
-from groupwise.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
 from groupwise.controller.settings import ControllerSettings
 from groupwise.controller.snapshot import sampler_stamps
-from groupwise.runtime.async_checkpoint import ItemDecoder, encode_item
+from groupwise.run.async_checkpoint import ItemDecoder, encode_item
+from groupwise.run.audit import audit_fates, audit_run
+from groupwise.run.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 
 G = 2
 ZERO = (1.0, 1.0)
@@ -302,11 +302,11 @@ def async_config(tmp_path: Path, name: str, max_steps: int):
 
 
 def test_crash_during_an_async_checkpoint_write_resumes_the_previous_one(tmp_path, monkeypatch):
-    from groupwise import checkpoint
-    from groupwise.builder import build_session
     from groupwise.config import config_from_dict
-    from groupwise.logging.metrics import read_metrics
+    from groupwise.run import checkpoint
+    from groupwise.run.metrics import read_metrics
     from groupwise.runtime.async_run import run_async
+    from groupwise.trainer.builder import build_session
 
     session = build_session(config_from_dict(async_config(tmp_path, "crash", 3)))
     real_write = checkpoint._write_file_synced
@@ -335,7 +335,7 @@ def test_crash_during_an_async_checkpoint_write_resumes_the_previous_one(tmp_pat
 def test_cli_train_resume_continues_an_async_run(tmp_path):
     import yaml
 
-    from groupwise.cli import main
+    from groupwise.cli.main import main
 
     path = tmp_path / "async.yaml"
     path.write_text(yaml.safe_dump(async_config(tmp_path, "cli", 2)))

@@ -15,11 +15,11 @@ import json
 import torch
 from test_sync_trainer import tiny_config
 
-from groupwise.builder import build_session
 from groupwise.config import config_from_dict
-from groupwise.logging.metrics import read_metrics
+from groupwise.run.metrics import read_metrics
 from groupwise.runtime.async_run import run_async
-from groupwise.sync_loop import run_sync
+from groupwise.trainer.builder import build_session
+from groupwise.trainer.sync_loop import run_sync
 
 
 def _trained_order(run_dir):

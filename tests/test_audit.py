@@ -18,10 +18,10 @@ from __future__ import annotations
 import pytest
 from test_sync_trainer import tiny_config
 
-from groupwise.audit import audit_fates, prompt_outcome
-from groupwise.cli import main
+from groupwise.cli.main import main
 from groupwise.data.registry import build_task
-from groupwise.fates import FatesWriter
+from groupwise.run.audit import audit_fates, prompt_outcome
+from groupwise.run.fates_file import FatesWriter
 
 DATASET = [f"p{i}" for i in range(6)]
 

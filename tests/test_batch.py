@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from groupwise.batch import RowBatch
-from groupwise.jsonl import write_rows_jsonl
+from groupwise.run.jsonl import write_rows_jsonl
 from groupwise.types import Completion, Group, Prompt
 
 

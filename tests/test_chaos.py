@@ -48,7 +48,7 @@ def test_two_kills_then_resume_loses_and_repeats_nothing(tmp_path):
 
 
 def test_a_kill_while_pruning_leaves_no_broken_complete_checkpoint(tmp_path, monkeypatch):
-    from groupwise import checkpoint
+    from groupwise.run import checkpoint
 
     for step in (1, 2):
         checkpoint.save_checkpoint(tmp_path, step, {"trainer": {"step": step}, "extra": {"a": [step]}}, keep_last=5)

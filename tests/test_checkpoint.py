@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from groupwise.checkpoint import (
+from groupwise.run.checkpoint import (
     CheckpointError,
     capture_rng_state,
     latest_checkpoint,
@@ -29,7 +29,7 @@ from groupwise.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from groupwise.rundir import RunDir
+from groupwise.run.rundir import RunDir
 
 
 class TiedLM(torch.nn.Module):
@@ -149,7 +149,7 @@ def test_leftovers_and_corruption_are_skipped(run: RunDir, caplog: pytest.LogCap
     # A complete step whose file was truncated.
     truncated = save_checkpoint(run, 3, _small_state(3), keep_last=5)
     (truncated / "trainer_state.json").write_text("{")
-    with caplog.at_level(logging.WARNING, logger="groupwise.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="groupwise.run.checkpoint"):
         assert latest_checkpoint(run) == run.checkpoint_path(2)
     log = caplog.text
     assert "step 5" in log and "COMPLETE" in log and "step 4" in log and "sha256" in log and "bytes" in log

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from groupwise.cli import build_parser, main
+from groupwise.cli.main import build_parser, main
 from groupwise.config import config_from_dict, load_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -271,6 +271,6 @@ def test_docs_match_the_schema():
 
 
 def test_config_and_cli_import_without_torch():
-    code = "import sys, groupwise.config, groupwise.cli; sys.exit(1 if 'torch' in sys.modules else 0)"
+    code = "import sys, groupwise.config, groupwise.cli.main; sys.exit(1 if 'torch' in sys.modules else 0)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr or "groupwise.config imported torch"

@@ -21,7 +21,7 @@ from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, run_
 
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
-from groupwise.controller.fates import FateRecord
+from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.ledger import StepBelowFloorError
 from groupwise.controller.settings import ControllerSettings
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
-from groupwise.controller.fates import TERMINAL_RESOLUTIONS, FateRecord
+from groupwise.controller.fate_records import TERMINAL_RESOLUTIONS, FateRecord
 from groupwise.controller.ledger import StepBelowFloorError
 from groupwise.controller.settings import ControllerSettings
 

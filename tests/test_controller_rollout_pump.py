@@ -21,12 +21,12 @@ import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, run_virtual
 from fakes.rollouts import ScriptedDataError
 
-from groupwise.audit import audit_fates, prompt_outcome
 from groupwise.controller.buffer import GroupBuffer
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
-from groupwise.controller.fates import FateRecord
+from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.settings import ControllerSettings
+from groupwise.run.audit import audit_fates, prompt_outcome
 from groupwise.types import Completion, Group
 
 G = 2

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from groupwise.builder import build_session
 from groupwise.config import load_config
-from groupwise.logging.metrics import read_metrics
-from groupwise.sync_loop import run_sync
+from groupwise.run.metrics import read_metrics
+from groupwise.trainer.builder import build_session
+from groupwise.trainer.sync_loop import run_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted([*ROOT.glob("examples/**/*.yaml"), *ROOT.glob("recipes/*.yaml")])

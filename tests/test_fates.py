@@ -23,11 +23,11 @@ import pytest
 from fakes import RecordingTrainer, ScriptedRollouts, make_prompts, run_virtual
 from test_sync_trainer import run, tiny_config
 
-from groupwise.audit import audit_run
 from groupwise.controller.controller import build_controller
 from groupwise.controller.settings import ControllerSettings
 from groupwise.data.loader import PromptLoader
-from groupwise.fates import FIELDS, FatesWriter, is_interim, read_fates, write_sync_step_fates
+from groupwise.run.audit import audit_run
+from groupwise.run.fates_file import FIELDS, FatesWriter, is_interim, read_fates, write_sync_step_fates
 from groupwise.types import Completion, Group, Prompt
 
 
@@ -146,7 +146,7 @@ def test_sync_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_fates(t
 
 
 def test_carried_groups_that_fill_a_step_train_without_a_round_and_keep_their_fates(tmp_path):
-    from groupwise.logging.metrics import read_metrics
+    from groupwise.run.metrics import read_metrics
 
     ds = {"batch_multiplier": 3.0, "surplus": "carry", "max_gen_rounds": 6, "min_step_batch_fraction": 0.25}
     no_eval = {"at_start": False, "at_end": False}

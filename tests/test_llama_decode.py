@@ -16,10 +16,10 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from groupwise.builder import build_components
 from groupwise.config import config_from_dict
 from groupwise.generation import Engine
 from groupwise.model import load_policy
+from groupwise.trainer.builder import build_components
 from groupwise.types import GenerationRequest, SamplingParams
 
 EOS = 2

@@ -23,8 +23,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from groupwise.logging import METRIC_KEYS, MetricsWriter, RunProgress, read_metrics
-from groupwise.rundir import RunDir
+from groupwise.cli.progress import RunProgress
+from groupwise.run.metric_keys import METRIC_KEYS
+from groupwise.run.metrics import MetricsWriter, read_metrics
+from groupwise.run.rundir import RunDir
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 

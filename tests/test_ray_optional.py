@@ -48,7 +48,7 @@ try:
 except Exception as err:
     result["ray_runtime_error"] = [type(err).__name__, str(err)]
 
-from groupwise.cli import main
+from groupwise.cli.main import main
 stderr = io.StringIO()
 with contextlib.redirect_stderr(stderr):
     result["cli_exit"] = main(["train", sys.argv[1], "runtime.backend=ray"])

@@ -29,14 +29,14 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from groupwise.audit import audit_run  # noqa: E402
-from groupwise.builder import build_session, load_policy_from_config  # noqa: E402
-from groupwise.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
-from groupwise.commands import run_train  # noqa: E402
+from groupwise.cli.commands import run_train  # noqa: E402
 from groupwise.config import config_from_dict  # noqa: E402
-from groupwise.logging.metrics import read_metrics  # noqa: E402
+from groupwise.run.audit import audit_run  # noqa: E402
+from groupwise.run.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
+from groupwise.run.metrics import read_metrics  # noqa: E402
 from groupwise.runtime.async_run import run_async  # noqa: E402
-from groupwise.sync_loop import run_sync  # noqa: E402
+from groupwise.trainer.builder import build_session, load_policy_from_config  # noqa: E402
+from groupwise.trainer.sync_loop import run_sync  # noqa: E402
 
 pytestmark = pytest.mark.ray
 

@@ -20,9 +20,9 @@ import pytest
 import yaml
 from matplotlib.image import imread
 
-from groupwise.logging import MetricsWriter
-from groupwise.report import run_compare, run_report, trailing_rate
-from groupwise.rundir import RunDir
+from groupwise.run.metrics import MetricsWriter
+from groupwise.run.report import run_compare, run_report, trailing_rate
+from groupwise.run.rundir import RunDir
 
 SYNC_CONFIG = {"mode": "sync", "run": {"seed": 7},
                "grpo": {"num_generations_per_prompt": 4, "dynamic_sampling": {"enabled": True}}}

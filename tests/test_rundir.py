@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from groupwise.rundir import RunDir
+from groupwise.run.rundir import RunDir
 
 
 def test_create_named_run_writes_config(tmp_path: Path) -> None:
@@ -116,7 +116,8 @@ def test_artifact_layout(tmp_path: Path) -> None:
 
 def test_edge_modules_import_without_torch() -> None:
     code = (
-        "import sys, groupwise.rundir, groupwise.logging, groupwise.checkpoint, groupwise.report;"
+        "import sys, groupwise.run.rundir, groupwise.run.metrics, groupwise.run.metric_keys, groupwise.run.checkpoint,"
+        " groupwise.run.report, groupwise.run.audit, groupwise.run.fates_file;"
         "assert 'torch' not in sys.modules, 'torch imported'; assert 'ray' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -16,7 +16,7 @@ import pytest
 
 from groupwise.algo.accumulator import DynamicSamplingAccumulator
 from groupwise.batch import RowBatch
-from groupwise.jsonl import write_rows_jsonl
+from groupwise.run.jsonl import write_rows_jsonl
 from groupwise.types import Completion, Group, Prompt
 
 

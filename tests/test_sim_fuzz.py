@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from groupwise.controller.failures import FailureSettings
-from groupwise.controller.fates import TERMINAL_RESOLUTIONS, FateRecord
+from groupwise.controller.fate_records import TERMINAL_RESOLUTIONS, FateRecord
 from groupwise.controller.settings import ControllerSettings
 from groupwise.sim.simulation import simulate_async
 from groupwise.sim.virtual_time import SimulationTimeout

@@ -23,8 +23,8 @@ import pytest
 
 from groupwise.controller.failures import classify_failure
 from groupwise.data.loader import LoadedPrompt
-from groupwise.sim.generator import SimulatedDataFailure, SimulatedInfraFailure, SimulatedRollouts
-from groupwise.sim.learner import SimulatedTrainer, TrainerProtocolError
+from groupwise.sim.simulated_learner import SimulatedTrainer, TrainerProtocolError
+from groupwise.sim.simulated_rollouts import SimulatedDataFailure, SimulatedInfraFailure, SimulatedRollouts
 from groupwise.sim.slots import EngineSlots
 from groupwise.sim.variates import VariateStream
 from groupwise.sim.virtual_time import SimulationTimeout, run_in_virtual_time

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from groupwise.cli import main
+from groupwise.cli.main import main
 from groupwise.config import ConfigError, config_from_dict
-from groupwise.fates import read_fates
-from groupwise.logging import METRIC_KEYS
-from groupwise.logging.metrics import read_metrics
-from groupwise.report import compare_values, load_run
+from groupwise.run.fates_file import read_fates
+from groupwise.run.metric_keys import METRIC_KEYS
+from groupwise.run.metrics import read_metrics
+from groupwise.run.report import compare_values, load_run
 from groupwise.sim.run import simulate
 
 WORKLOAD = {"rollout_slots": 16, "length_median_tokens": 40, "per_token_s": 0.01, "train_s_per_token": 0.0005,

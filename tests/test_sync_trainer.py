@@ -22,11 +22,11 @@ import pytest
 import scripted_rewards
 import torch
 
-from groupwise.builder import build_session
-from groupwise.checkpoint import latest_checkpoint
 from groupwise.config import config_from_dict
-from groupwise.logging.metrics import read_metrics
-from groupwise.sync_loop import run_sync
+from groupwise.run.checkpoint import latest_checkpoint
+from groupwise.run.metrics import read_metrics
+from groupwise.trainer.builder import build_session
+from groupwise.trainer.sync_loop import run_sync
 
 REQUIRED_KEYS = {
     "step", "weight_version", "reward/unfiltered_mean", "reward/trained_mean", "ds/groups_generated",
@@ -158,7 +158,7 @@ def test_resume_equals_continuing(tmp_path):
 def test_killed_checkpoint_write_resumes_from_previous(tmp_path, monkeypatch):
     common = {"eval": {"at_start": False, "at_end": False}, "checkpoint": {"every": 1, "keep_last": 5}}
     session = run(tiny_config(tmp_path, run={"name": "crash", "max_steps": 2}, **common))
-    import groupwise.checkpoint as ckpt
+    import groupwise.run.checkpoint as ckpt
 
     real_write, writes = ckpt._write_file_synced, []
 

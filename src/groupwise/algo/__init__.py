@@ -10,7 +10,7 @@ from groupwise.algo.accumulator import (
 from groupwise.algo.advantages import clip_advantages, flat_group_advantages, group_advantages, group_baselines
 from groupwise.algo.filter import is_zero_variance, zero_variance_kind
 from groupwise.algo.loss import LossStats, global_denominator, policy_loss
-from groupwise.algo.rewards import check_finite_rewards, overlong_penalty, scale_rewards, shape_rewards
+from groupwise.algo.reward_shaping import check_finite_rewards, overlong_penalty, scale_rewards, shape_rewards
 from groupwise.algo.tally import StepTally
 
 __all__ = [

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from groupwise.algo.filter import zero_variance_kind
-from groupwise.algo.rewards import check_finite_rewards
+from groupwise.algo.reward_shaping import check_finite_rewards
 from groupwise.algo.tally import StepTally
 from groupwise.types import Group
 

@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
-from groupwise.algo.rewards import check_finite_rewards
+from groupwise.algo.reward_shaping import check_finite_rewards
 
 BaselineKind = Literal["mean", "leave_one_out"]
 

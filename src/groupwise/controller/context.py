@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from groupwise.controller.buffer import GroupBuffer
 from groupwise.controller.clock import VersionClock
 from groupwise.controller.failures import FailureBudgets
-from groupwise.controller.fates import FateCounts, FateRecord
+from groupwise.controller.fate_records import FateCounts, FateRecord
 from groupwise.controller.ledger import StepLedger
 from groupwise.controller.permits import Permits
 from groupwise.controller.samplers import DropAccounting, Sampler

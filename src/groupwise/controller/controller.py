@@ -18,7 +18,7 @@ from groupwise.controller.buffer import GroupBuffer
 from groupwise.controller.clock import VersionClock
 from groupwise.controller.context import PumpContext
 from groupwise.controller.failures import FailureBudgets
-from groupwise.controller.fates import FateCounts, FateRecord
+from groupwise.controller.fate_records import FateCounts, FateRecord
 from groupwise.controller.interfaces import PromptSource, RolloutClient, TrainerClient
 from groupwise.controller.ledger import StepLedger, StepRecord
 from groupwise.controller.permits import Permits

@@ -29,7 +29,7 @@ from typing import Any
 
 from groupwise.controller.context import PumpContext
 from groupwise.controller.failures import PromptAttempts
-from groupwise.controller.fates import Fate, FateRecord
+from groupwise.controller.fate_records import Fate, FateRecord
 from groupwise.controller.interfaces import PromptSource, RolloutClient
 from groupwise.controller.permits import Permits
 from groupwise.controller.workers import WorkerPool

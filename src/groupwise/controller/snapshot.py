@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from groupwise.controller.failures import PromptAttempts
-from groupwise.controller.fates import FateRecord
+from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.rollout_pump import SlotState
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from groupwise.controller.context import PumpContext
-from groupwise.controller.fates import FateRecord
+from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.interfaces import RolloutClient, TrainerClient
 from groupwise.controller.ledger import LedgerInvariantError, StepRecord
 from groupwise.controller.rollout_pump import RolloutPump

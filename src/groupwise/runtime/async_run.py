@@ -10,9 +10,9 @@ import torch
 
 from groupwise.controller.controller import build_controller
 from groupwise.controller.settings import ControllerSettings
-from groupwise.runtime.async_checkpoint import ItemDecoder, boundary_snapshot, controller_state
+from groupwise.run.async_checkpoint import ItemDecoder, boundary_snapshot, controller_state
 from groupwise.runtime.embedded import EmbeddedRollouts, EmbeddedTrainer
-from groupwise.session import Session
+from groupwise.trainer.session import Session
 from groupwise.types import Group
 
 

@@ -17,14 +17,14 @@ from typing import Any
 import torch
 
 from groupwise.batch import RowBatch
-from groupwise.rollout import RolloutWorker
 from groupwise.rows import StepRows
 from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue
+from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import Group
 
 
 class EmbeddedRollouts:
-    """``RolloutClient`` over an in-process :class:`~groupwise.rollout.RolloutWorker`."""
+    """``RolloutClient`` over an in-process :class:`~groupwise.trainer.rollout.RolloutWorker`."""
 
     def __init__(self, worker: RolloutWorker, source_model: torch.nn.Module, max_batch_groups: int):
         self.worker = worker
@@ -84,7 +84,7 @@ class EmbeddedRollouts:
 
 @dataclass
 class EmbeddedTrainer:
-    """``TrainerClient`` over an in-process :class:`~groupwise.learner.Learner`.
+    """``TrainerClient`` over an in-process :class:`~groupwise.trainer.learner.Learner`.
 
     Advantages are computed per chunk: chunks hold whole groups, so group baselines are exact. The rows of
     every chunk are kept until the step closes so the runtime can write the step's ``train_data`` file.

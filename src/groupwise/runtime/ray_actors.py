@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from groupwise.batch import RowBatch
-from groupwise.builder import build_components, frozen_copy, load_policy_from_config
-from groupwise.learner import Learner, LearnerSettings
 from groupwise.runtime.ray_cluster import ActorResources, ray
+from groupwise.trainer.builder import build_components, frozen_copy, load_policy_from_config
+from groupwise.trainer.learner import Learner, LearnerSettings
 from groupwise.types import Completion, GenerationRequest, Group, SamplingParams
 
 
@@ -61,7 +61,7 @@ class GenerationWorker:
 
 
 class LearnerWorker:
-    """The policy being trained, its optimizer and LR schedule (a :class:`~groupwise.learner.Learner`)."""
+    """The policy being trained, its optimizer and LR schedule (a :class:`~groupwise.trainer.learner.Learner`)."""
 
     def __init__(self, cfg: Any):
         torch.manual_seed(cfg.run.seed)

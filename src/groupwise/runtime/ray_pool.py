@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from groupwise.controller.failures import InfraError
-from groupwise.rollout import RolloutWorker
 from groupwise.runtime.ray_actors import GenerationWorker, kill_actor, start_actor
 from groupwise.runtime.ray_cluster import generation_worker_resources, ray, wait_until_started
+from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import Completion, GenerationRequest, Group, SamplingParams
 
 # Sync mode: how many times one call may replace a lost worker before giving up.
@@ -217,7 +217,7 @@ class RaySyncRollouts:
     def generate_groups(
         self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int] | None = None
     ) -> list[Group]:
-        """Like :meth:`groupwise.rollout.RolloutWorker.generate_groups`, on the worker actors."""
+        """Like :meth:`groupwise.trainer.rollout.RolloutWorker.generate_groups`, on the worker actors."""
         items, group_ids = list(items), list(group_ids)
         attempts = list(attempts) if attempts is not None else [0] * len(items)
         if not len(items) == len(group_ids) == len(attempts):

@@ -1,6 +1,6 @@
 """A training session on Ray (``runtime.backend: ray``): the learner and the generation engines are actors.
 
-:func:`build_ray_session` returns a :class:`RaySession`: the same :class:`~groupwise.session.Session` the sync
+:func:`build_ray_session` returns a :class:`RaySession`: the same :class:`~groupwise.trainer.session.Session` the sync
 loop and the async runtime drive, with Ray-backed parts that have the methods they call — ``learner``
 (:class:`~groupwise.runtime.ray_runtime.RayLearner`), ``rollouts``
 (:class:`~groupwise.runtime.ray_pool.RaySyncRollouts`), ``engine``
@@ -21,12 +21,11 @@ from typing import Any
 
 import torch
 
-from groupwise.builder import build_components
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.data.loader import PromptLoader
-from groupwise.logging.metrics import MetricsWriter
 from groupwise.model.loading import Policy
-from groupwise.rundir import RunDir
+from groupwise.run.metrics import MetricsWriter
+from groupwise.run.rundir import RunDir
 from groupwise.runtime.ray_actors import LearnerWorker, kill_actor, start_actor
 from groupwise.runtime.ray_cluster import (
     RayCluster,
@@ -38,7 +37,8 @@ from groupwise.runtime.ray_cluster import (
 )
 from groupwise.runtime.ray_pool import GenerationPool, RaySyncRollouts, RemoteEngine
 from groupwise.runtime.ray_runtime import LearnerModel, RayLearner, RayRolloutClient, RayTrainer
-from groupwise.session import Session
+from groupwise.trainer.builder import build_components
+from groupwise.trainer.session import Session
 
 DEFAULT_STARTUP_TIMEOUT_S = 300.0
 
@@ -59,7 +59,7 @@ class RayPolicy:
 
 @dataclass
 class RaySession(Session):
-    """A :class:`~groupwise.session.Session` whose learner and generators are Ray actors. Call :meth:`close`
+    """A :class:`~groupwise.trainer.session.Session` whose learner and generators are Ray actors. Call :meth:`close`
     when done (it stops the actors, and the cluster if this session started it)."""
 
     cluster: RayCluster | None = None

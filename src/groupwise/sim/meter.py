@@ -18,8 +18,8 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from groupwise.sim.generator import SimulatedRollouts
-from groupwise.sim.learner import SimulatedTrainer
+from groupwise.sim.simulated_learner import SimulatedTrainer
+from groupwise.sim.simulated_rollouts import SimulatedRollouts
 from groupwise.types import Group
 
 

@@ -2,7 +2,7 @@
 
 Writes ``config.yaml`` (resolved), ``metrics.jsonl`` (one line per optimizer step, the keys a real run of the
 same mode logs, with simulated ``perf/*``), ``events.log``, ``tensorboard/`` (when ``logging.tensorboard``),
-``fates.jsonl`` (when ``sim.write_fates``; the lines of :mod:`groupwise.fates`, as a real run of the same mode
+``fates.jsonl`` (when ``sim.write_fates``; the lines of :mod:`groupwise.run.fates_file`, as a real run of the same mode
 writes them) and ``sim/summary.json``
 (:mod:`groupwise.sim.summary`). There is no model: no checkpoints, ``train_data/`` or ``final/``.
 
@@ -23,10 +23,10 @@ from typing import Any, TextIO
 
 from groupwise.config import ConfigError
 from groupwise.controller.settings import ControllerSettings
-from groupwise.fates import FIELDS as FATE_FIELDS
-from groupwise.fates import FatesWriter
-from groupwise.logging.metrics import MetricsWriter
-from groupwise.rundir import RunDir, write_text_atomic
+from groupwise.run.fates_file import FIELDS as FATE_FIELDS
+from groupwise.run.fates_file import FatesWriter
+from groupwise.run.metrics import MetricsWriter
+from groupwise.run.rundir import RunDir, write_text_atomic
 from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
 from groupwise.sim.summary import summarize
 from groupwise.sim.sync_schedule import SyncSettings, check_sync_workload
@@ -106,7 +106,7 @@ def simulate(cfg: Any) -> SimulationResult:
 
 
 class BufferedFatesWriter(FatesWriter):
-    """``fates.jsonl`` in the format of :mod:`groupwise.fates`, through one buffered handle.
+    """``fates.jsonl`` in the format of :mod:`groupwise.run.fates_file`, through one buffered handle.
 
     A real run appends each line with its own ``os.write`` so a crash keeps whole lines; a simulation writes up
     to millions of lines, has no crash to survive, and rewrites its directory from scratch, so it buffers.

@@ -2,8 +2,8 @@
 
 ``simulate_async`` runs the REAL controller (``groupwise.controller.controller.build_controller``: pumps,
 buffer, sampler, ledger, spare pool, failure budgets) with a real :class:`~groupwise.data.loader.PromptLoader`
-over the simulated prompts, against :class:`~groupwise.sim.generator.SimulatedRollouts` and
-:class:`~groupwise.sim.learner.SimulatedTrainer`. ``simulate_sync`` runs the sync loop's schedule
+over the simulated prompts, against :class:`~groupwise.sim.simulated_rollouts.SimulatedRollouts` and
+:class:`~groupwise.sim.simulated_learner.SimulatedTrainer`. ``simulate_sync`` runs the sync loop's schedule
 (:mod:`groupwise.sim.sync_schedule`) on the same simulated workload.
 
 A run ends normally (``max_steps`` or the end of data), or with one of :data:`NAMED_FAILURES` — the errors a
@@ -21,15 +21,15 @@ from typing import Any
 from groupwise.algo.accumulator import DynamicSamplingExhausted
 from groupwise.controller.controller import Controller, RunSummary, build_controller
 from groupwise.controller.failures import RolloutDataFailure, RolloutRedispatchExhausted
-from groupwise.controller.fates import FateRecord
+from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.ledger import StepBelowFloorError
 from groupwise.controller.settings import ControllerSettings
 from groupwise.controller.train_pump import ControllerStalled, RolloutExhaustedError
 from groupwise.data.loader import PromptLoader
-from groupwise.fates import FatesWriter
-from groupwise.sim.generator import SimulatedDataFailure, SimulatedInfraFailure, SimulatedRollouts
-from groupwise.sim.learner import SimulatedTrainer
+from groupwise.run.fates_file import FatesWriter
 from groupwise.sim.meter import StepMeter
+from groupwise.sim.simulated_learner import SimulatedTrainer
+from groupwise.sim.simulated_rollouts import SimulatedDataFailure, SimulatedInfraFailure, SimulatedRollouts
 from groupwise.sim.sync_schedule import SyncRunResult, SyncSettings, run_sync_schedule
 from groupwise.sim.virtual_time import SimulationTimeout, run_in_virtual_time
 from groupwise.sim.workload import LearningCurve, SimWorkload, make_sim_prompts

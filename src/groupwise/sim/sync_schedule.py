@@ -1,6 +1,6 @@
 """The sync loop's schedule in virtual time: generate a round, wait for all of it, filter, train, sync weights.
 
-Step ``s`` mirrors :mod:`groupwise.sync_loop`: rounds of ``ceil(P × batch_multiplier)`` prompts are sent to
+Step ``s`` mirrors :mod:`groupwise.trainer.sync_loop`: rounds of ``ceil(P × batch_multiplier)`` prompts are sent to
 the simulated engine together and the round ends when its slowest group ends; the real
 :class:`~groupwise.algo.accumulator.DynamicSamplingAccumulator` keeps groups with variance until P (or
 ``max_gen_rounds``, then ``on_exhausted``), surplus is discarded or carried; then the simulated learner
@@ -21,9 +21,9 @@ from typing import Any
 
 from groupwise.algo.accumulator import DynamicSamplingAccumulator, DynamicSamplingExhausted
 from groupwise.config.issues import ConfigIssue
-from groupwise.fates import FatesWriter, write_sync_step_fates, write_untrained_step_fates
-from groupwise.sim.generator import SimulatedRollouts
-from groupwise.sim.learner import SimulatedTrainer
+from groupwise.run.fates_file import FatesWriter, write_sync_step_fates, write_untrained_step_fates
+from groupwise.sim.simulated_learner import SimulatedTrainer
+from groupwise.sim.simulated_rollouts import SimulatedRollouts
 from groupwise.sim.workload import SimWorkload
 from groupwise.types import Group
 
@@ -61,7 +61,7 @@ class SyncSettings:
 
     @property
     def round_size(self) -> int:
-        """``ceil(P × batch_multiplier)`` with dynamic sampling, else P (as ``groupwise.sync_loop.round_size``)."""
+        """``ceil(P × batch_multiplier)`` with dynamic sampling, else P (as the sync loop's ``round_size``)."""
         multiplier = self.batch_multiplier if self.dynamic_sampling else 1.0
         return math.ceil(round(self.prompts_per_step * multiplier, 9))
 
@@ -104,7 +104,7 @@ async def run_sync_schedule(
 ) -> SyncRunResult:
     """Run the sync loop's schedule until ``max_steps`` or the end of data (see the module docstring).
 
-    ``fates`` receives the same ``fates.jsonl`` lines as a real sync run writes (``groupwise.fates``).
+    ``fates`` receives the same ``fates.jsonl`` lines as a real sync run writes (``groupwise.run.fates_file``).
     """
     result = SyncRunResult(stop_reason="max_steps")
     loop = asyncio.get_running_loop()

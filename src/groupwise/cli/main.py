@@ -15,7 +15,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from groupwise.commands import RUN_COMMAND_PARSERS
+from groupwise.cli.commands import RUN_COMMAND_PARSERS
 from groupwise.config import ConfigError, load_config
 
 EXIT_OK = 0

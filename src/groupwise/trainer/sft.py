@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from groupwise.builder import build_components
-from groupwise.evaluation import evaluate_policy
-from groupwise.logging.metrics import MetricsWriter
 from groupwise.model.loading import eos_token_ids
 from groupwise.model.logprobs import completion_logprobs
-from groupwise.rundir import RunDir
+from groupwise.run.metrics import MetricsWriter
+from groupwise.run.rundir import RunDir
 from groupwise.seeding import derive_seed
+from groupwise.trainer.builder import build_components
+from groupwise.trainer.evaluation import evaluate_policy
 
 
 def demonstration_ids(tokenizer: Any, text: str, eos_id: int) -> list[int]:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from groupwise.algo.rewards import overlong_penalty, scale_rewards
+from groupwise.algo.reward_shaping import overlong_penalty, scale_rewards
 from groupwise.data.loader import LoadedPrompt
 from groupwise.data.scoring import score_completions
 from groupwise.generation.base import Generator

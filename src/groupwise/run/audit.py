@@ -8,7 +8,7 @@ file order (every attempt and group of that prompt in that epoch):
 * otherwise the prompt's last line decides: ``filtered``; ``evicted/aborted``; ``charged`` (failed, lost for good
   and charged to a step); ``failed`` (failed and replaced, uncharged or fatal); ``discarded`` (sync surplus);
   ``pending`` (in flight or buffered when the run stopped, or carried at the end of a sync run);
-* ``no fate`` — the last line is interim (:func:`groupwise.fates.is_interim`: a retry, a requeue at resume, a
+* ``no fate`` — the last line is interim (:func:`groupwise.run.fates_file.is_interim`: a retry, a requeue at resume, a
   carry) and nothing follows it: the prompt was dispatched and then lost track of, a violation.
 
 ``never dispatched`` counts the dataset's prompts with no line in an epoch that has lines. Fate lines naming a
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from groupwise.fates import is_interim, read_fates
+from groupwise.run.fates_file import is_interim, read_fates
 
 CATEGORIES = ("trained", "filtered", "charged", "evicted/aborted", "failed", "discarded", "pending", "no fate")
 _SHOWN = 10  # offending prompts listed per kind
@@ -170,7 +170,7 @@ def audit_run(run_dir: str | Path) -> AuditReport:
 
     from groupwise.config import config_from_dict
     from groupwise.data.registry import build_task
-    from groupwise.rundir import RunDir
+    from groupwise.run.rundir import RunDir
 
     run = RunDir.of(Path(run_dir))
     for path, what in ((run.config_path, "config.yaml"), (run.fates_path, "fates.jsonl")):

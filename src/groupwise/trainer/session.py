@@ -16,19 +16,19 @@ import torch
 
 from groupwise.algo.accumulator import StepSelection
 from groupwise.batch import RowBatch
-from groupwise.checkpoint import (
+from groupwise.cli.progress import RunProgress
+from groupwise.run.checkpoint import (
     capture_rng_state,
     latest_checkpoint,
     load_checkpoint,
     restore_rng_state,
     save_checkpoint,
 )
-from groupwise.evaluation import evaluate_policy
-from groupwise.fates import FatesWriter
-from groupwise.jsonl import write_rows_jsonl
-from groupwise.logging.metrics import MetricsWriter
-from groupwise.logging.progress import RunProgress
-from groupwise.rundir import RunDir
+from groupwise.run.fates_file import FatesWriter
+from groupwise.run.jsonl import write_rows_jsonl
+from groupwise.run.metrics import MetricsWriter
+from groupwise.run.rundir import RunDir
+from groupwise.trainer.evaluation import evaluate_policy
 from groupwise.types import group_from_dict, group_to_dict
 
 TRAIN_DATA_COLUMNS = (
@@ -94,7 +94,7 @@ class StepOutcome:
 
 @dataclass
 class Session:
-    """A run's components. Build one with :func:`groupwise.builder.build_session`."""
+    """A run's components. Build one with :func:`groupwise.trainer.builder.build_session`."""
 
     cfg: Any
     run_dir: RunDir
@@ -108,9 +108,9 @@ class Session:
     events: MetricsWriter
     state: TrainerState = field(default_factory=TrainerState)
     last_metrics: dict[str, float] = field(default_factory=dict)
-    fates: FatesWriter | None = None  # fates.jsonl (groupwise.fates); created from run_dir when not given
+    fates: FatesWriter | None = None  # fates.jsonl (groupwise.run.fates_file); created from run_dir when not given
     # Async runs: loader position, fates offset and controller state captured together at the last step boundary
-    # (groupwise.runtime.async_checkpoint.boundary_snapshot); checkpoints of that step use it.
+    # (groupwise.run.async_checkpoint.boundary_snapshot); checkpoints of that step use it.
     boundary_snapshot: dict[str, Any] | None = None
     restored_extra: dict[str, Any] = field(default_factory=dict)  # the resumed checkpoint's extra pieces
     _last_eval_step: int = -1
@@ -203,7 +203,7 @@ class Session:
             raise FileNotFoundError(f"no complete checkpoint under {self.run_dir.path / 'checkpoints'} to resume from")
         state = load_checkpoint(path)
         if self.cfg.mode == "sync":
-            from groupwise.runtime.async_checkpoint import check_sync_resume
+            from groupwise.run.async_checkpoint import check_sync_resume
 
             check_sync_resume(state.get("extra"), path)
         with torch.no_grad():

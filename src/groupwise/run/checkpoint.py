@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from groupwise.rundir import RunDir
+from groupwise.run.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 

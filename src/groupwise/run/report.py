@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from groupwise.logging.metrics import read_metrics
-from groupwise.rundir import RunDir, write_text_atomic
+from groupwise.run.metrics import read_metrics
+from groupwise.run.rundir import RunDir, write_text_atomic
 
 MISSING = "—"
 SUMMARY_COLUMNS = ("run", "steps", "final accuracy", "best accuracy", "zero-variance fraction", "groups generated",

@@ -1,10 +1,10 @@
 """Async checkpoints: the controller's state, taken at a step boundary, inside the run's atomic checkpoint.
 
 An async checkpoint is the sync one (policy, optimizer + scheduler, RNG states, trainer counters; written by
-``groupwise.checkpoint`` into a temp dir, manifest, rename) plus:
+``groupwise.run.checkpoint`` into a temp dir, manifest, rename) plus:
 
 * ``trainer_state.json``: the loader position **at the step boundary** and ``fates_offset`` (the size of
-  ``fates.jsonl`` then: a resume cuts the file back to it, see :mod:`groupwise.fates`);
+  ``fates.jsonl`` then: a resume cuts the file back to it, see :mod:`groupwise.run.fates_file`);
 * ``extra/controller.json``: :meth:`Controller.state_dict` — spare pool, READY buffered groups with their versions
   and stamps, unsettled dispatch slots, open steps' ledger entries and tallies, the sampler's dispatch cursor and
   whether it stamps, run counters and failure budgets (:mod:`groupwise.controller.snapshot`).

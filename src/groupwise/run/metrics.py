@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from groupwise.journal import read_json_lines
-from groupwise.rundir import RunDir
+from groupwise.run.journal import read_json_lines
+from groupwise.run.rundir import RunDir
 
 _DEFAULT_KEYS = object()
 
@@ -30,7 +30,7 @@ _DEFAULT_KEYS = object()
 class MetricsWriter:
     """Writes the metrics of one run. ``tensorboard=False`` skips TensorBoard (and its ~2 s import).
 
-    ``known_keys`` is the closed set of accepted metric keys (default: ``groupwise.logging.METRIC_KEYS``,
+    ``known_keys`` is the closed set of accepted metric keys (default: ``groupwise.run.metric_keys.METRIC_KEYS``,
     each defined in ``docs/metrics.md``); ``None`` accepts any key. Log all of a step's metrics in one
     :meth:`log` call where possible; a later call for the same step merges into that step's line.
     """
@@ -44,7 +44,7 @@ class MetricsWriter:
         self.tensorboard_dir: Path = run_dir.tensorboard_dir
         self.tensorboard = tensorboard
         if known_keys is _DEFAULT_KEYS:
-            from groupwise.logging import METRIC_KEYS
+            from groupwise.run.metric_keys import METRIC_KEYS
 
             known_keys = METRIC_KEYS
         self.known_keys: frozenset[str] | None = None if known_keys is None else frozenset(known_keys)  # type: ignore[arg-type]
@@ -121,8 +121,8 @@ class MetricsWriter:
     def _checked_value(self, key: str, value: Any) -> float | int | None:
         if self.known_keys is not None and key not in self.known_keys:
             raise ValueError(
-                f"unknown metric key {key!r}; every key must be listed in groupwise.logging.METRIC_KEYS and defined "
-                "in docs/metrics.md — add it to both, or fix the spelling"
+                f"unknown metric key {key!r}; every key must be listed in groupwise.run.metric_keys.METRIC_KEYS and "
+                "defined in docs/metrics.md — add it to both, or fix the spelling"
             )
         if isinstance(value, bool):
             return int(value)

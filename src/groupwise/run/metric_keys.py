@@ -1,13 +1,10 @@
-"""Metrics sinks (metrics.jsonl, TensorBoard, events.log) and the console progress display.
+"""The closed list of metric keys.
 
 ``METRIC_KEYS`` is the closed list of keys a metrics line may hold; each one is defined exactly once in
 ``docs/metrics.md`` (a test pins that). Adding a metric means adding it here and defining it there.
 """
 
 from __future__ import annotations
-
-from groupwise.logging.metrics import MetricsWriter, read_metrics
-from groupwise.logging.progress import RunProgress
 
 METRIC_KEYS: tuple[str, ...] = (
     # identity of the line
@@ -73,5 +70,3 @@ METRIC_KEYS: tuple[str, ...] = (
     # supervised warm start (groupwise sft)
     "sft/loss",
 )
-
-__all__ = ["METRIC_KEYS", "MetricsWriter", "RunProgress", "read_metrics"]

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from groupwise.journal import read_json_lines
+from groupwise.run.journal import read_json_lines
 from groupwise.types import Group
 
 FATES = ("trained", "filtered", "failed", "evicted", "aborted", "discarded", "carried", "pending")
@@ -97,7 +97,7 @@ class FatesWriter:
         self.lines_written += 1
 
     def write_controller_record(self, record: Any, mode: str = "async") -> None:
-        """Append a :class:`groupwise.controller.fates.FateRecord` (the async controller's ``on_fate``)."""
+        """Append a :class:`groupwise.controller.fate_records.FateRecord` (the async controller's ``on_fate``)."""
         self.write({**record.as_dict(), "mode": mode})
 
     def write_groups(self, groups: Iterable[Group], fate: str, step: int | None, detail: str = "") -> None:

@@ -17,9 +17,9 @@ import math
 import time
 
 from groupwise.algo.accumulator import DynamicSamplingAccumulator, DynamicSamplingExhausted
-from groupwise.fates import write_sync_step_fates, write_untrained_step_fates
 from groupwise.rows import build_rows, group_row_advantages
-from groupwise.session import Session, StepOutcome
+from groupwise.run.fates_file import write_sync_step_fates, write_untrained_step_fates
+from groupwise.trainer.session import Session, StepOutcome
 
 
 def round_size(session: Session) -> int:

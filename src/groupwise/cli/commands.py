@@ -1,6 +1,6 @@
 """The run commands of the CLI: ``train``, ``eval``, ``sft``, ``report``, ``compare``, ``simulate``, ``audit``.
 
-Each is an ``add_<cmd>_parser`` / ``run_<cmd>`` pair registered in :mod:`groupwise.cli`. Heavy imports stay
+Each is an ``add_<cmd>_parser`` / ``run_<cmd>`` pair registered in :mod:`groupwise.cli.main`. Heavy imports stay
 inside the ``run_*`` functions. A run that fails at run time exits 1 with what failed and what was kept (the
 newest complete checkpoint), never a bare traceback for an expected failure.
 """
@@ -40,8 +40,8 @@ def add_train_parser(subparsers) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.file, args.overrides)
-    from groupwise.checkpoint import latest_checkpoint
-    from groupwise.runtime.async_checkpoint import ResumeError
+    from groupwise.run.async_checkpoint import ResumeError
+    from groupwise.run.checkpoint import latest_checkpoint
     from groupwise.runtime.ray_errors import RayNotInstalledError, RaySetupError
 
     try:
@@ -51,7 +51,7 @@ def run_train(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         if cfg.mode == "sync":
-            from groupwise.sync_loop import run_sync
+            from groupwise.trainer.sync_loop import run_sync
 
             run_sync(session)
         else:
@@ -77,7 +77,7 @@ def _build_train_session(cfg, args: argparse.Namespace):
         from groupwise.runtime.ray_session import build_ray_session
 
         return build_ray_session(cfg, resume=args.resume, resume_from=args.resume_from)
-    from groupwise.builder import build_session
+    from groupwise.trainer.builder import build_session
 
     return build_session(cfg, resume=args.resume, resume_from=args.resume_from)
 
@@ -98,8 +98,8 @@ def run_eval(args: argparse.Namespace) -> int:
         cfg = run_dir_config(path, args.overrides)
     else:
         cfg = load_config(path, args.overrides)
-    from groupwise.builder import build_components
-    from groupwise.evaluation import evaluate_policy
+    from groupwise.trainer.builder import build_components
+    from groupwise.trainer.evaluation import evaluate_policy
 
     parts = build_components(cfg)
     result = evaluate_policy(parts.engine, parts.rollouts, parts.task.eval_prompts(), cfg)
@@ -140,7 +140,7 @@ def add_sft_parser(subparsers) -> None:
 
 def run_sft(args: argparse.Namespace) -> int:
     cfg = load_config(args.file, args.overrides)
-    from groupwise.sft import run_sft as fine_tune
+    from groupwise.trainer.sft import run_sft as fine_tune
 
     final = fine_tune(cfg)
     print(f"done: {final}")
@@ -157,7 +157,7 @@ def add_report_parser(subparsers) -> None:
 
 
 def run_report_command(args: argparse.Namespace) -> int:
-    from groupwise.report import run_report
+    from groupwise.run.report import run_report
 
     print(f"wrote {run_report(args.run_dirs)}")
     return EXIT_OK
@@ -170,7 +170,7 @@ def add_compare_parser(subparsers) -> None:
 
 
 def run_compare_command(args: argparse.Namespace) -> int:
-    from groupwise.report import run_compare
+    from groupwise.run.report import run_compare
 
     print(run_compare(args.run_dirs))
     return EXIT_OK
@@ -223,7 +223,7 @@ def add_audit_parser(subparsers) -> None:
 
 def run_audit(args: argparse.Namespace) -> int:
     """Print the per-epoch audit; exit 1 if a prompt was trained twice in an epoch or lacks a fate."""
-    from groupwise.audit import audit_run
+    from groupwise.run.audit import audit_run
 
     try:
         report = audit_run(args.run_dir)

@@ -3,11 +3,11 @@
 One place names every file so the trainer, the checkpointer, the report and the tests agree::
 
     config.yaml              resolved config (rewritten on resume; a changed one is kept beside it)
-    metrics.jsonl            one JSON object per optimizer step        (groupwise.logging.metrics)
-    events.log               timestamped human-readable events         (groupwise.logging.metrics)
+    metrics.jsonl            one JSON object per optimizer step        (groupwise.run.metrics)
+    events.log               timestamped human-readable events         (groupwise.run.metrics)
     train_data/step_<N>.jsonl  one line per trained row of step N
     fates.jsonl              the fate of every dispatched prompt attempt
-    checkpoints/step_<N>/    atomic checkpoints                        (groupwise.checkpoint)
+    checkpoints/step_<N>/    atomic checkpoints                        (groupwise.run.checkpoint)
     tensorboard/             TensorBoard event files
     final/                   the trained policy in Hugging Face format
     report.md, plots/        written by ``groupwise report`` / ``groupwise compare``

@@ -1,4 +1,4 @@
-"""Build a :class:`~groupwise.session.Session` from a validated config."""
+"""Build a :class:`~groupwise.trainer.session.Session` from a validated config."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from groupwise.data.loader import PromptLoader
 from groupwise.data.registry import build_task
 from groupwise.data.rewards import load_reward_fn
 from groupwise.generation.engine import Engine
-from groupwise.learner import Learner, LearnerSettings
-from groupwise.logging.metrics import MetricsWriter
 from groupwise.model.loading import eos_token_ids, load_policy
-from groupwise.rollout import RewardPipeline, RolloutWorker
-from groupwise.rundir import RunDir
-from groupwise.session import Session
+from groupwise.run.metrics import MetricsWriter
+from groupwise.run.rundir import RunDir
+from groupwise.trainer.learner import Learner, LearnerSettings
+from groupwise.trainer.rollout import RewardPipeline, RolloutWorker
+from groupwise.trainer.session import Session
 from groupwise.types import SamplingParams
 
 
