@@ -29,9 +29,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from groupwise.controller.dispatch_slot import SlotState
 from groupwise.controller.failures import PromptAttempts
 from groupwise.controller.fate_records import FateRecord
-from groupwise.controller.rollout_pump import SlotState
 
 if TYPE_CHECKING:
     from groupwise.controller.controller import Controller

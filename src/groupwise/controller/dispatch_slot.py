@@ -1,0 +1,244 @@
+"""One dispatch slot: a prompt's attempts until its group is buffered, or it is replaced, or its loss is charged.
+
+Each attempt reserves a fresh buffer slot at the generator's current version, runs ``rollouts.rollout``, then
+either commits the group, or — filtered by dynamic sampling or given up after its failure budget — takes a spare
+(per-slot ``max_replacement_attempts``; an ``in_order`` slot first promotes a later step's ready group into its own
+step and re-aims itself at the lender) or charges the loss through the sampler's drop accounting. Filtered groups
+never consume failure budgets and reset the consecutive-drop streak. Every reserved slot gets exactly one fate
+record.
+
+A slot's :class:`SlotState` always names the prompt it works on, its stamp, its attempt number and budgets, so a
+checkpoint can re-dispatch it under the same stamp after a resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from groupwise.controller.context import PumpContext
+from groupwise.controller.failures import PromptAttempts
+from groupwise.controller.fate_records import Fate, FateRecord
+from groupwise.controller.interfaces import RolloutClient
+from groupwise.controller.permits import Permits
+from groupwise.types import Group
+
+
+@dataclass
+class _Attempt:
+    """One attempt in flight; its fate record is built only when the attempt does not commit (a committed
+    group's record is written by the train pump), one allocation fewer per simulated group."""
+
+    task: asyncio.Task[None]  # the worker task running the dispatch slot, and so the attempt
+    start_version: int
+    group_id: int
+    item: Any
+    number: int  # the slot's attempt counter when this attempt started
+    aborted: bool = False
+
+    def record(self, fate: Fate = "pending", detail: str = "") -> FateRecord:
+        uid, epoch = self.item.prompt.uid, getattr(self.item, "epoch", None)
+        return FateRecord(self.group_id, uid, self.number, self.start_version, fate, detail=detail, epoch=epoch)
+
+
+@dataclass
+class SlotState:
+    """One unsettled dispatch slot: what it works on now, and what a resumed run needs to re-dispatch it."""
+
+    item: Any
+    target: int | None = None
+    attempt: int = 0  # the number of the attempt running now, or of the next one after a failure
+    attempts: PromptAttempts = field(default_factory=PromptAttempts)
+    replacements_used: int = 0
+    group_id: int | None = None  # the buffer slot of the attempt running now (None between attempts)
+    start_version: int | None = None  # the generator version that attempt started under
+
+
+@dataclass
+class _Lost:
+    """An attempt that did not commit; its fate is recorded once the slot decides what happens next."""
+
+    record: FateRecord
+    aborted: bool = False
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+
+
+class DispatchSlots:
+    """Runs dispatch slots (see the module docstring); the rollout pump submits them to its worker pool."""
+
+    def __init__(self, ctx: PumpContext, rollouts: RolloutClient, inflight: Permits) -> None:
+        self.ctx = ctx
+        self.rollouts = rollouts
+        self.inflight = inflight
+        self.groups_finished = 0  # committed or filtered: progress for a stall watchdog
+        self._attempts: dict[int, _Attempt] = {}
+
+    def abort_stale(self, version: int) -> int:
+        """Cancel in-flight attempts the sampler says can no longer be selected at ``version``."""
+        count = 0
+        for attempt in self._attempts.values():
+            if not attempt.aborted and self.ctx.sampler.should_abort_inflight(attempt.start_version, version):
+                attempt.aborted = True
+                attempt.task.cancel()
+                count += 1
+        return count
+
+    async def run(self, slot: SlotState) -> None:
+        """The worker pool's job: one slot from its first attempt until it settles."""
+        ctx = self.ctx
+        try:
+            await self._dispatch_slot(slot)
+        except asyncio.CancelledError:
+            ctx.capacity.release()  # an unsettled slot still holds its capacity permit
+            raise
+        finally:
+            self.inflight.release()
+
+    async def _dispatch_slot(self, slot: SlotState) -> None:
+        ctx = self.ctx
+        while True:
+            lost = await self._run_prompt(slot)
+            if lost is None:
+                if slot.replacements_used:
+                    ctx.ledger.record_replaced(slot.target if slot.target is not None else ctx.ledger.assembling)
+                return
+            spare = None if lost.aborted else self._take_replacement(slot.replacements_used)
+            if spare is None:
+                ctx.capacity.release()
+                self._charge(lost.record, slot.target)
+                return
+            ctx.record_fate(_resolved(lost.record, "replaced", None))
+            # From here the slot works on the spare: a snapshot must save the spare, never the settled prompt.
+            slot.item, slot.attempt, slot.attempts = spare, 0, PromptAttempts()
+            slot.replacements_used += 1
+            if slot.target is not None and not ctx.ledger.is_closed(slot.target):
+                lender = ctx.buffer.promote_ready_group(slot.target)
+                if lender is not None:
+                    ctx.ledger.record_promoted(slot.target)
+                    slot.target = lender
+                    ctx.signal()
+            await ctx.rollout_permitted.wait()
+
+    def _take_replacement(self, used: int) -> Any | None:
+        if not self.ctx.replacement_enabled or used >= self.ctx.settings.failure.max_replacement_attempts:
+            return None
+        return self.ctx.spare_pool.take()
+
+    def _charge(self, record: FateRecord, target: int | None) -> None:
+        try:
+            step = self.ctx.charge_loss(target)
+        except BaseException:
+            self.ctx.record_fate(_resolved(record, "fatal", None))
+            raise
+        self.ctx.record_fate(_resolved(record, "charged" if step is not None else "uncharged", step))
+
+    async def _run_prompt(self, slot: SlotState) -> _Lost | None:
+        """Attempt the slot's prompt until it commits (None) or is lost (filtered, given up, aborted)."""
+        ctx = self.ctx
+        item, target = slot.item, slot.target
+        while True:
+            start = ctx.generator_version
+            slot_id = ctx.buffer.reserve(start, target, payload=item)
+            slot.group_id, slot.start_version = slot_id, start
+            # The rollout runs in the slot's worker task (no task per attempt: a simulated million-group run pays
+            # for every task); an abort cancels that task, and uncancel() tells an abort from a shutdown.
+            current = asyncio.current_task()
+            assert current is not None, "a dispatch slot runs in a worker task"
+            self._attempts[slot_id] = attempt = _Attempt(current, start, slot_id, item, slot.attempt)
+            try:
+                group = await self.rollouts.rollout(item, slot_id, slot.attempt, start)
+            except asyncio.CancelledError:
+                del self._attempts[slot_id]
+                ctx.buffer.remove(slot_id)
+                slot.group_id = None
+                if attempt.aborted and current.uncancel() == 0:  # only the abort asked: the slot lives on
+                    return _Lost(attempt.record("aborted", f"stale at trainer version {ctx.clock.value}"), True)
+                ctx.record_fate(attempt.record())
+                raise
+            except Exception as error:  # classified below; cancellation is handled above
+                del self._attempts[slot_id]
+                ctx.buffer.remove(slot_id)
+                slot.group_id = None
+                delay = self._on_failure(slot.attempts, error, attempt, target)
+                if delay is None:
+                    return _Lost(attempt.record("failed", repr(error)))
+                ctx.record_fate(_resolved(attempt.record("failed", repr(error)), "retried", None))
+                slot.attempt += 1
+                await self._wait_to_retry(slot, delay)
+                continue
+            del self._attempts[slot_id]
+            slot.group_id = None
+            if attempt.aborted:  # the client swallowed the abort's cancellation and returned: balance the count
+                current.uncancel()
+            return self._finish(group, attempt, target)
+
+    async def _wait_to_retry(self, slot: SlotState, delay: float) -> None:
+        """Back off, then wait for the gate. A shutdown meanwhile writes a slot-less ``pending`` line: the prompt's
+        last line, ``failed``/``retried``, promises an attempt that will not come (``groupwise audit``)."""
+        try:
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await self.ctx.rollout_permitted.wait()
+        except asyncio.CancelledError:
+            uid, epoch = slot.item.prompt.uid, getattr(slot.item, "epoch", None)
+            detail = f"waiting to retry (attempt {slot.attempt}) when the run stopped; no attempt was running"
+            self.ctx.record_fate(FateRecord(None, uid, slot.attempt, None, "pending", detail=detail, epoch=epoch))
+            raise
+
+    def _on_failure(
+        self, attempts: PromptAttempts, error: Exception, attempt: _Attempt, target: int | None
+    ) -> float | None:
+        context = (
+            f"rollout of prompt {attempt.item.prompt.uid!r} (group {attempt.group_id}, attempt {attempt.number}, "
+            f"target step {target}) while step {self.ctx.ledger.assembling} was being assembled"
+        )
+        try:
+            return self.ctx.budgets.on_failure(attempts, error, context)
+        except BaseException as fatal:
+            self.ctx.record_fate(_resolved(attempt.record("failed", repr(error)), "fatal", None))
+            _add_note(fatal, context)
+            raise
+
+    def _finish(self, group: Group, attempt: _Attempt, target: int | None) -> _Lost | None:
+        ctx = self.ctx
+        slot_id = attempt.group_id
+        self._check_group(group, slot_id, attempt.item.prompt.uid)
+        group.start_version = attempt.start_version
+        group.end_version = ctx.generator_version
+        group.target_step = target
+        group.attempt = attempt.number
+        group.epoch = getattr(attempt.item, "epoch", group.epoch)
+        step, zero_variance = ctx.tally.record_generated(group, filtering=ctx.settings.dynamic_sampling)
+        ctx.budgets.on_progress()
+        self.groups_finished += 1
+        if ctx.settings.dynamic_sampling and zero_variance:
+            ctx.buffer.remove(slot_id)
+            ctx.signal()
+            return _Lost(attempt.record("filtered", f"tallied to step {step}; raw rewards {group.raw_rewards}"))
+        ctx.buffer.commit(slot_id, group, group.end_version)
+        ctx.signal()
+        return None
+
+    def _check_group(self, group: Group, slot_id: int, uid: str) -> None:
+        if group.group_id != slot_id:
+            raise ValueError(
+                f"rollout client returned group_id {group.group_id} for prompt {uid!r}; it must return the "
+                f"group_id it was given ({slot_id})"
+            )
+        if group.size != self.ctx.settings.group_size:
+            raise ValueError(
+                f"rollout client returned {group.size} completions for prompt {uid!r} (group {slot_id}); "
+                f"the run is configured for group_size {self.ctx.settings.group_size}"
+            )
+
+
+def _resolved(record: FateRecord, resolution: str, step: int | None) -> FateRecord:
+    """``record`` with its resolution (and step) set; built directly, ``dataclasses.replace`` costs ~3× as much."""
+    r = record
+    step = step if step is not None else r.step
+    return FateRecord(r.group_id, r.prompt_uid, r.attempt, r.start_version, r.fate, step, resolution, r.detail, r.epoch)  # type: ignore[arg-type]
