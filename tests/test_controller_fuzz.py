@@ -129,10 +129,14 @@ def check_invariants(sc, controller, rollouts, trainer, fates, summary, error):
     retried = {r.prompt_uid for r in fates if r.fate == "failed" and r.resolution == "retried"}
     slotless = [r for r in fates if r.group_id is None]
     assert all(r.fate == "pending" and r.start_version is None and r.prompt_uid in retried for r in slotless)
-    # No group trained twice; trained fates match the trainer and the ledger.
+    # No group trained twice; trained fates are exactly the groups of steps whose optimizer step ran, and the
+    # groups of a step that never got its optimizer step are pending, saying so.
     trained_ids = [gid for chunk in trainer.chunks for gid in chunk.group_ids]
     assert len(set(trained_ids)) == len(trained_ids)
-    assert sorted(trained_ids) == sorted(r.group_id for r in fates if r.fate == "trained")
+    stepped = [gid for chunk in trainer.chunks if chunk.step in trainer.finished for gid in chunk.group_ids]
+    assert sorted(stepped) == sorted(r.group_id for r in fates if r.fate == "trained")
+    never_stepped = {r.group_id for r in fates if r.fate == "pending" and "optimizer step never ran" in r.detail}
+    assert never_stepped == set(trained_ids) - set(stepped)
     closed_selected = sum(rec.selected for rec in ledger.history)
     open_selected = sum(rec.selected for rec in ledger.pending())
     assert len(trained_ids) == closed_selected + open_selected

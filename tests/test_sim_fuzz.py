@@ -133,10 +133,17 @@ def check_invariants(cfg, workload, max_epochs, run, fates, closes, trained_ids,
     assert all(r.fate == "pending" and r.start_version is None for r in fates if r.group_id is None)
     assert set(fate_ids) == set(range(controller.ctx.buffer.next_slot_id))
     assert all(n == 1 for n in fate_ids.values())
-    trained_fates = [r.group_id for r in fates if r.fate == "trained"]  # recorded at selection
-    assert len(trained_fates) == len(set(trained_fates))
-    assert set(trained_ids) <= set(trained_fates)  # closed steps' groups (a failed run may leave one step open)
-    assert len(trained_fates) == sum(r.selected for r in [*ledger.history, *ledger.pending()])
+    # ``trained`` only after the step's optimizer step: exactly the groups of the steps the learner stepped (a run
+    # may fail after a step's optimizer step and before its report); a step selected but never stepped leaves its
+    # groups pending, saying so; the in-memory counts agree with the records.
+    stepped = run.parts.trainer.curve.latest_version  # optimizer steps that ran
+    trained_fates = [r.group_id for r in fates if r.fate == "trained"]
+    assert len(trained_fates) == len(set(trained_fates)) == controller.fates["trained"]
+    assert set(trained_ids) <= set(trained_fates) and all(r.step < stepped for r in fates if r.fate == "trained")
+    records = [*ledger.history, *ledger.pending()]
+    assert len(trained_fates) == sum(r.selected for r in records if r.step < stepped)
+    never_stepped = [r for r in fates if r.fate == "pending" and "optimizer step never ran" in r.detail]
+    assert len(never_stepped) == sum(r.selected for r in records if r.step >= stepped)
     # Staleness bounds per sampler.
     assert all(s >= 0 for s in staleness)
     window = cfg.sampler_knobs.get("max_lookahead_versions", cfg.sampler_knobs.get("max_staleness_versions"))

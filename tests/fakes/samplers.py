@@ -72,3 +72,13 @@ class HoardingSampler(PlainReadyFirst):
 
     def required_buffer_capacity(self, prompts_per_step: int) -> int | None:
         return None
+
+
+class GatedClosesShort(PlainReadyFirst):
+    """Gated, keeps the spare pool, and closes its last step short at the end of data."""
+
+    uses_replacement_pool = True
+    closes_short_at_exhaustion = True
+
+    def charge_step_for_lost_group(self, target_step: int | None, assembling_step: int) -> int | None:
+        return assembling_step

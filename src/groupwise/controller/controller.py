@@ -28,7 +28,7 @@ from groupwise.controller.settings import ControllerSettings
 from groupwise.controller.snapshot import controller_state, restore_controller
 from groupwise.controller.spare_pool import SparePool
 from groupwise.controller.step_tally import StepTallyBook
-from groupwise.controller.train_pump import StepEndHook, TrainPump
+from groupwise.controller.train_pump import StepEndHook, TrainPump, untrained_record
 
 WEIGHT_FIFO_WITH_DS = (
     "dynamic sampling (grpo.dynamic_sampling.enabled) cannot be combined with async.sampler.name='weight_fifo'. "
@@ -108,6 +108,7 @@ class Controller:
         rollout_task = loop.create_task(self.rollout_pump.run(), name="groupwise-rollout-pump")
         train_task = loop.create_task(self.train_pump.run(), name="groupwise-train-pump")
         waiting = {rollout_task, train_task, self._failure}
+        stopped_by: BaseException | None = None
         try:
             while train_task in waiting:
                 done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
@@ -116,11 +117,16 @@ class Controller:
                     if task.exception() is not None:  # a crashed pump or slot: stop everything, surface it
                         raise task.exception()  # type: ignore[misc]
             stop_reason = train_task.result()
+        except BaseException as error:
+            stopped_by = error
+            raise
         finally:
-            await self._shutdown(rollout_task, train_task)
+            await self._shutdown(rollout_task, train_task, stopped_by)
         return self._summary(stop_reason)
 
-    async def _shutdown(self, rollout_task: asyncio.Task[None], train_task: asyncio.Task[str]) -> None:
+    async def _shutdown(
+        self, rollout_task: asyncio.Task[None], train_task: asyncio.Task[str], stopped_by: BaseException | None
+    ) -> None:
         for task in (train_task, rollout_task):
             if not task.done():
                 task.cancel()
@@ -130,6 +136,10 @@ class Controller:
             self._failure.cancel()
         elif self._failure is not None and not self._failure.cancelled():
             self._failure.exception()  # retrieved: no "never retrieved" warning
+        reason = "the run stopped" if stopped_by is None else f"the run stopped on {_brief(stopped_by)}"
+        for record in self.train_pump.selected:  # selected, but the step's optimizer step never ran
+            self.ctx.record_fate(untrained_record(record, reason))
+        self.train_pump.selected = []
         for slot_id in self.ctx.buffer.ready_slot_ids():
             slot = self.ctx.buffer.remove(slot_id)
             group = slot.group
@@ -162,6 +172,11 @@ class Controller:
             skipped_prompts=ctx.budgets.skipped,
             late_losses=ctx.ledger.late_losses,
         )
+
+
+def _brief(error: BaseException, limit: int = 200) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def build_controller(

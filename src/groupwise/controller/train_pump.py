@@ -6,14 +6,18 @@ Per step ``s`` (= the trainer version ``v``; reference §4.6 adapted to the ledg
 2. while the ledger has open slots: ``select`` a chunk of at least ``min(streaming_min, open)`` groups —
    synchronously, and record it in the ledger in the same step, so no loss can be charged against it —
    release their capacity, train the chunk (``train_chunk``); if nothing is selectable, wait for progress;
-3. close the step (ledger asserts ``selected + charged == P``), ``finish_step`` (one optimizer step),
-   advance the version clock, abort stale in-flight attempts, ``sync_weights``, emit metrics.
+3. close the step (ledger asserts ``selected + charged == P``), ``finish_step`` (one optimizer step), and only
+   then write the step's ``trained`` fates; advance the version clock, abort stale in-flight attempts,
+   ``sync_weights``, emit metrics. Groups selected for a step whose optimizer step never ran (the run stopped
+   first) get ``pending`` fates saying so (:func:`untrained_record`, written by the controller at shutdown).
 
 At the end of data: a step with nothing selected and an empty buffer ends the run cleanly; a closes-short
 sampler closes its last step short (above the floor); anything else raises
 :class:`RolloutExhaustedError`. When the rollout pump is parked on the gate or on capacity with nothing in
 flight and nothing is selectable, no event can ever arrive: :class:`ControllerStalled` names the state
-instead of hanging (the seed-002 weight_fifo hang is reported this way).
+instead of hanging (weight_fifo's bucket mismatch is reported this way). The check runs whenever the train
+pump wakes, and the rollout pump parking wakes it (``VersionClock.on_park``, ``Permits.on_park``), so a pump
+that parks after everything else settled is always seen.
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ class TrainPump:
         self.evicted_total = 0
         self.aborted_total = 0
         self.step_sizes: list[int] = []
+        # ``trained`` records of the step being assembled, written once its optimizer step has run.
+        self.selected: list[FateRecord] = []
 
     async def run(self) -> str:
         """Train until ``max_steps`` or the end of data; return the stop reason."""
@@ -107,18 +113,8 @@ class TrainPump:
             ctx.ledger.record_selected(step, len(slots))
             ctx.capacity.release(len(slots))
             chunk = [slot.group for slot in slots if slot.group is not None]
-            for slot in slots:
-                ctx.record_fate(
-                    FateRecord(
-                        slot.slot_id,
-                        _uid(slot.group),
-                        slot.group.attempt if slot.group else 0,
-                        slot.start_version,
-                        "trained",
-                        step,
-                        epoch=_epoch(slot.group),
-                    )
-                )
+            # ``trained`` is a promise that the step's optimizer step ran: recorded by _finish after it did.
+            self.selected.extend(_selected_record(slot, step) for slot in slots)
             ctx.tally.record_trained(step, chunk)
             first = not groups
             groups.extend(chunk)
@@ -161,6 +157,9 @@ class TrainPump:
         ctx = self.ctx
         record = ctx.ledger.close_short(step) if short else ctx.ledger.close(step)
         trainer_metrics = await self.trainer.finish_step(step)
+        for selected in self.selected:
+            ctx.record_fate(selected)
+        self.selected = []
         aborted = await self._sync_weights()
         self.steps_trained += 1
         self.step_sizes.append(len(groups))
@@ -216,6 +215,19 @@ class TrainPump:
             f"capacity={ctx.capacity.in_use}/{ctx.capacity.total}. Sampler {ctx.settings.sampler!r} selects "
             "nothing from this buffer and the rollout pump waits for the trainer, so nothing can change"
         )
+
+
+def _selected_record(slot: Any, step: int) -> FateRecord:
+    group = slot.group
+    attempt = group.attempt if group else 0
+    return FateRecord(slot.slot_id, _uid(group), attempt, slot.start_version, "trained", step, epoch=_epoch(group))
+
+
+def untrained_record(record: FateRecord, reason: str) -> FateRecord:
+    """The ``pending`` record of a group selected for a step whose optimizer step never ran."""
+    detail = f"selected for step {record.step}, whose optimizer step never ran: {reason}"
+    return FateRecord(record.group_id, record.prompt_uid, record.attempt, record.start_version, "pending",
+                      record.step, detail=detail, epoch=record.epoch)  # fmt: skip
 
 
 def _uid(group: Any) -> str:

@@ -1,0 +1,140 @@
+"""How an async run stops: never a silent hang at the end of data, never a ``trained`` fate without its step.
+
+Pinned:
+- weight_fifo (window 1, P = 2, DS off, ``replace``, 4 reserve prompts, 10 prompts) with one data failure that is
+  retried under a newer version: the end-of-data spare-pool drain parks at the gate with every slot settled, and
+  the run stops with ``ControllerStalled`` naming the per-version buffer — in virtual time well inside its bound,
+  instead of hanging (the rollout pump parking wakes the train pump, which re-runs its stall check);
+- the same class in the simulator (the configuration that used to run to the 10^7-virtual-second bound) stops
+  with ``ControllerStalled`` after 3 steps;
+- a custom gated sampler that closes short at exhaustion and keeps the spare pool finishes: its partial last
+  batch waits in the pool, the drain dispatches whole steps first and the leftover last, as one short step;
+- ``trained`` is written only after the step's optimizer step: a step that failed after selection leaves its
+  selected groups ``pending`` with a detail naming the step and the error, and the fate counts (the simulator's
+  ``trained_groups`` included) equal the groups of the steps that were stepped.
+"""
+
+from __future__ import annotations
+
+import pytest
+from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, run_virtual
+
+from groupwise.config import config_from_dict
+from groupwise.controller.controller import build_controller
+from groupwise.controller.failures import FailureSettings
+from groupwise.controller.settings import ControllerSettings
+from groupwise.controller.train_pump import ControllerStalled
+from groupwise.sim.simulation import simulate_async
+from groupwise.sim.summary import summarize
+from groupwise.sim.workload import SimWorkload
+
+G = 2
+
+
+def weight_fifo_settings() -> ControllerSettings:
+    failure = FailureSettings(
+        on_dropped_prompt="replace",
+        max_replacement_attempts=1,
+        replacement_reserve_prompts=4,
+        max_data_attempts_per_prompt=2,
+        min_step_batch_fraction=0.5,
+    )
+    return ControllerSettings(
+        prompts_per_step=2, group_size=G, sampler="weight_fifo", sampler_knobs={"max_staleness_versions": 1},
+        dynamic_sampling=False, max_buffered_rollouts=16, failure=failure,
+    )  # fmt: skip
+
+
+def test_weight_fifo_end_of_data_drain_stalls_loudly_instead_of_hanging():
+    # p0's first attempt fails after 2 s and is retried: its group lands in the newer version's bucket.
+    script = {"p0": [Outcome(2.0, fail="data"), Outcome(1.0)]}
+    fates = []
+    controller = build_controller(
+        weight_fifo_settings(), make_loader(10), ScriptedRollouts(G, script=script), RecordingTrainer(),
+        on_fate=fates.append,
+    )  # fmt: skip
+    with pytest.raises(ControllerStalled, match=r"per_start_weight=\{0: '1 ready/1 slots', 1: '3 ready/3 slots'\}"):
+        run_virtual(controller.run, timeout=1_000.0)
+    assert controller.rollout_pump.active_slots == 0 and len(controller.ctx.spare_pool) == 2
+    # Every reserved slot still has exactly one fate.
+    reserved = list(range(controller.ctx.buffer.next_slot_id))
+    assert sorted(r.group_id for r in fates if r.group_id is not None) == reserved
+
+
+ISSUE_SIM_CONFIG = {
+    "mode": "async",
+    "model": {"source": "tiny"},
+    "loss": {"importance_sampling": True},
+    "sim": {"rollout_slots": 32, "length_median_tokens": 32, "length_p99_over_p50": 4.0},
+}
+ISSUE_SIM_OVERRIDES = [
+    "run.seed=407244", "grpo.num_prompts_per_step=14", "grpo.num_generations_per_prompt=8",
+    "grpo.dynamic_sampling.enabled=false", "async.sampler.name=weight_fifo", "async.sampler.max_staleness_versions=3",
+    "async.max_buffered_rollouts=83", "async.max_inflight_prompts=140", "async.min_groups_for_streaming_train=5",
+    "async.rollout_failure.on_dropped_prompt=replace", "async.rollout_failure.max_replacement_attempts=1",
+    "async.rollout_failure.replacement_reserve_prompts=27", "async.rollout_failure.min_step_batch_fraction=0.25",
+    "async.rollout_failure.max_infra_attempts_per_prompt=2", "async.rollout_failure.max_data_attempts_per_prompt=2",
+    "async.rollout_failure.max_skipped_prompts=1000", "async.rollout_failure.max_consecutive_dropped_prompts=1000",
+    "async.rollout_failure.backoff_base_s=0.5", "async.rollout_failure.max_backoff_s=2.0",
+    "sim.data_failure_rate=0.02", "sim.initial_success_logit=-3.0", "sim.difficulty_spread=3.0",
+    "sim.train_s_per_token=0.0001", "sim.num_prompts=66", "run.max_epochs=2", "run.max_steps=11",
+]
+
+
+def test_simulated_weight_fifo_stall_ends_with_a_named_error_and_honest_counts():
+    cfg = config_from_dict(ISSUE_SIM_CONFIG, ISSUE_SIM_OVERRIDES)
+    fates = []
+    run = simulate_async(
+        ControllerSettings.from_config(cfg), SimWorkload.from_config(cfg), max_epochs=cfg.run.max_epochs,
+        on_fate=fates.append, max_virtual_seconds=cfg.sim.max_virtual_seconds,
+    )  # fmt: skip
+    assert isinstance(run.error, ControllerStalled), run.error
+    assert run.steps_trained == 3 and run.wall_seconds < 100.0
+    # Step 3 had groups selected when it stalled: they are pending, not trained; the summary agrees.
+    summary = summarize(run, {}, None)
+    assert summary["trained_groups"] == 3 * 14 == sum(1 for r in fates if r.fate == "trained")
+    never_stepped = [r for r in fates if r.fate == "pending" and "optimizer step never ran" in r.detail]
+    assert never_stepped and {r.step for r in never_stepped} == {3}
+    assert all("step 3" in r.detail and "ControllerStalled" in r.detail for r in never_stepped)
+
+
+def test_gated_closes_short_sampler_with_a_spare_pool_finishes_with_a_short_last_step():
+    failure = FailureSettings(on_dropped_prompt="replace", max_replacement_attempts=1, replacement_reserve_prompts=2,
+                              min_step_batch_fraction=0.25)  # fmt: skip
+    settings = ControllerSettings(
+        prompts_per_step=2, group_size=G, sampler="custom",
+        sampler_knobs={"target": "fakes.samplers:GatedClosesShort", "kwargs": {"window": 0}},
+        dynamic_sampling=False, max_buffered_rollouts=16, failure=failure,
+    )  # fmt: skip
+    trainer = RecordingTrainer()
+    controller = build_controller(settings, make_loader(5), ScriptedRollouts(G), trainer)
+    summary = run_virtual(controller.run, timeout=1_000.0)
+    # p2, p3 went to the pool, then the partial batch p4; the drain trains p2+p3, then p4 alone (closed short).
+    assert summary.stop_reason == "exhausted"
+    assert trainer.uids_per_step() == {0: ["p0", "p1"], 1: ["p2", "p3"], 2: ["p4"]}
+    assert [rec.unfilled for rec in controller.ledger.history] == [0, 0, 1]
+
+
+class FailingOptimizerStep(RecordingTrainer):
+    async def finish_step(self, step):
+        if step == 1:
+            raise RuntimeError("optimizer step of step 1 failed")
+        return await super().finish_step(step)
+
+
+def test_groups_of_a_step_whose_optimizer_step_failed_are_pending_not_trained():
+    settings = ControllerSettings(prompts_per_step=2, group_size=G, sampler="in_order",
+                                  sampler_knobs={"max_lookahead_versions": 1}, dynamic_sampling=False)  # fmt: skip
+    fates = []
+    trainer = FailingOptimizerStep()
+    controller = build_controller(settings, make_loader(12), ScriptedRollouts(G), trainer, on_fate=fates.append)
+    with pytest.raises(RuntimeError, match="optimizer step of step 1 failed"):
+        run_virtual(controller.run)
+    trained = [r for r in fates if r.fate == "trained"]
+    assert [r.step for r in trained] == [0, 0] and controller.fates["trained"] == 2
+    step_one = set(trainer.chunks[-1].group_ids)
+    assert trainer.chunks[-1].step == 1 and len(step_one) == 2
+    untrained = [r for r in fates if r.group_id in step_one]
+    assert [(r.fate, r.step) for r in untrained] == [("pending", 1), ("pending", 1)]
+    assert all("selected for step 1, whose optimizer step never ran" in r.detail for r in untrained)
+    assert all("RuntimeError: optimizer step of step 1 failed" in r.detail for r in untrained)
