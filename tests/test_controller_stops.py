@@ -11,7 +11,10 @@ Pinned:
   batch waits in the pool, the drain dispatches whole steps first and the leftover last, as one short step;
 - ``trained`` is written only after the step's optimizer step: a step that failed after selection leaves its
   selected groups ``pending`` with a detail naming the step and the error, and the fate counts (the simulator's
-  ``trained_groups`` included) equal the groups of the steps that were stepped.
+  ``trained_groups`` included) equal the groups of the steps that were stepped;
+- a ``RolloutExhaustedError`` with selectable ready groups fewer than the open slots says exactly that (not that
+  the sampler cannot select them); a ``StepBelowFloorError`` raised while a dispatch slot charges its loss carries
+  a note naming the prompt, its group and attempt, its target step and the step being assembled.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, run_
 from groupwise.config import config_from_dict
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
+from groupwise.controller.ledger import StepBelowFloorError
 from groupwise.controller.settings import ControllerSettings
-from groupwise.controller.train_pump import ControllerStalled
+from groupwise.controller.train_pump import ControllerStalled, RolloutExhaustedError
 from groupwise.sim.simulation import simulate_async
 from groupwise.sim.summary import summarize
 from groupwise.sim.workload import SimWorkload
@@ -138,3 +142,36 @@ def test_groups_of_a_step_whose_optimizer_step_failed_are_pending_not_trained():
     assert [(r.fate, r.step) for r in untrained] == [("pending", 1), ("pending", 1)]
     assert all("selected for step 1, whose optimizer step never ran" in r.detail for r in untrained)
     assert all("RuntimeError: optimizer step of step 1 failed" in r.detail for r in untrained)
+
+
+def test_exhaustion_with_selectable_groups_fewer_than_the_open_slots_says_so():
+    # p2 and p4 fail for good (data, skipped) and shrink the steps being assembled, so the last step is short.
+    script = {
+        "p0": [Outcome(3.0)], "p1": [Outcome(7.0)], "p2": [Outcome(0.5, fail="data")], "p3": [Outcome(3.0)],
+        "p4": [Outcome(1.0, fail="data")], "p5": [Outcome(7.0)],
+    }  # fmt: skip
+    failure = FailureSettings(on_dropped_prompt="shrink", max_data_attempts_per_prompt=1, max_skipped_prompts=5,
+                              min_step_batch_fraction=0.25)  # fmt: skip
+    settings = ControllerSettings(prompts_per_step=2, group_size=G, sampler="weight_fifo",
+                                  sampler_knobs={"max_staleness_versions": 1}, dynamic_sampling=False,
+                                  max_buffered_rollouts=16, failure=failure)  # fmt: skip
+    controller = build_controller(settings, make_loader(6), ScriptedRollouts(G, script=script), RecordingTrainer())
+    with pytest.raises(RolloutExhaustedError) as info:
+        run_virtual(controller.run)
+    message = str(info.value)
+    assert "only 1 ready group(s) are left for its 2 open slot(s)" in message
+    assert "cannot select" not in message and "selects none" not in message
+
+
+def test_a_loss_that_breaks_the_floor_names_its_prompt_and_steps():
+    failure = FailureSettings(on_dropped_prompt="shrink", max_data_attempts_per_prompt=1, max_skipped_prompts=5,
+                              min_step_batch_fraction=1.0)  # fmt: skip
+    settings = ControllerSettings(prompts_per_step=2, group_size=G, sampler="in_order",
+                                  sampler_knobs={"max_lookahead_versions": 0}, dynamic_sampling=False,
+                                  failure=failure)  # fmt: skip
+    script = {"p1": [Outcome(1.0, fail="data")]}
+    controller = build_controller(settings, make_loader(4), ScriptedRollouts(G, script=script), RecordingTrainer())
+    with pytest.raises(StepBelowFloorError, match="step 0 lost 1 of its 2") as info:
+        run_virtual(controller.run)
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "prompt 'p1' (group 1, attempt 0, target step 0) while step 0 was being assembled" in notes

@@ -82,3 +82,17 @@ class GatedClosesShort(PlainReadyFirst):
 
     def charge_step_for_lost_group(self, target_step: int | None, assembling_step: int) -> int | None:
         return assembling_step
+
+
+class ChargeAnything(PlainReadyFirst):
+    """Charges every loss to whatever ``charge`` says (2.5, "next", ...): the controller must refuse bad values."""
+
+    uses_replacement_pool = False
+    closes_short_at_exhaustion = False
+
+    def __init__(self, buffer: GroupBuffer, window: int = 1, charge: object = None) -> None:
+        super().__init__(buffer, window)
+        self.charge = charge
+
+    def charge_step_for_lost_group(self, target_step: int | None, assembling_step: int) -> object:
+        return self.charge

@@ -24,6 +24,7 @@ from groupwise.controller.ledger import StepLedger, StepRecord
 from groupwise.controller.permits import Permits
 from groupwise.controller.rollout_pump import RolloutPump
 from groupwise.controller.samplers import build_sampler, drop_accounting
+from groupwise.controller.samplers.base import checked_step
 from groupwise.controller.settings import ControllerSettings
 from groupwise.controller.snapshot import controller_state, restore_controller
 from groupwise.controller.spare_pool import SparePool
@@ -200,7 +201,8 @@ def build_controller(
     buffer = GroupBuffer()
     sampler = build_sampler(settings.sampler, dict(settings.sampler_knobs), buffer)
     sampler.set_dispatch_index(settings.start_step)
-    needed = sampler.required_buffer_capacity(settings.prompts_per_step)
+    needed = checked_step(sampler.required_buffer_capacity(settings.prompts_per_step), sampler,
+                          f"required_buffer_capacity({settings.prompts_per_step})", "a group count")  # fmt: skip
     if needed is not None and settings.max_buffered_rollouts < needed:
         raise ValueError(
             f"max_buffered_rollouts={settings.max_buffered_rollouts} is below what sampler {settings.sampler!r} "

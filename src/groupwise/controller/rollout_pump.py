@@ -21,6 +21,7 @@ from groupwise.controller.context import PumpContext
 from groupwise.controller.dispatch_slot import DispatchSlots, SlotState
 from groupwise.controller.interfaces import PromptSource, RolloutClient
 from groupwise.controller.permits import Permits
+from groupwise.controller.samplers.base import checked_step
 from groupwise.controller.workers import WorkerPool
 
 
@@ -138,7 +139,7 @@ class RolloutPump:
         self._batch_admitted, self._batch_from_pool = False, from_pool
         self._in_admit = True
         try:
-            target = await self.ctx.sampler.admit(self.ctx.clock)
+            target = checked_step(await self.ctx.sampler.admit(self.ctx.clock), self.ctx.sampler, "admit(clock)")
         finally:
             self._in_admit = False
         self._batch_admitted = True

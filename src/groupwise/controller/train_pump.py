@@ -100,7 +100,7 @@ class TrainPump:
             slots = ctx.sampler.select(step, min_groups, remaining)
             if slots is None:
                 if self.rollout.exhausted:
-                    return self._at_exhaustion(step, groups, evicted)
+                    return self._at_exhaustion(step, groups, evicted, min_groups)
                 if self.rollout.parked() and self.rollout.active_slots == 0:
                     raise ControllerStalled(self._stall_report(step))
                 await ctx.progress.wait()
@@ -139,18 +139,28 @@ class TrainPump:
             self.evicted_total += len(slots)
         return len(slots)
 
-    def _at_exhaustion(self, step: int, groups: list[Group], evicted: int) -> tuple[list[Group], int, bool] | None:
+    def _at_exhaustion(
+        self, step: int, groups: list[Group], evicted: int, min_groups: int
+    ) -> tuple[list[Group], int, bool] | None:
         ctx = self.ctx
         record = ctx.ledger.peek(step)
-        if record.selected == 0 and ctx.buffer.ready_count == 0:
+        ready = ctx.buffer.ready_count
+        if record.selected == 0 and ready == 0:
             return None
         if ctx.accounting.closes_short_at_exhaustion and record.selected > 0:
             return groups, evicted, True
+        open_slots = ctx.ledger.open_slots(step)
+        if ready < min_groups:
+            why = f"only {ready} ready group(s) are left for its {open_slots} open slot(s)"
+        else:
+            why = (
+                f"{ready} ready group(s) are left, but sampler {ctx.settings.sampler!r} selects none of them at "
+                f"version {step} (it takes at least {min_groups} at once)"
+            )
         raise RolloutExhaustedError(
             f"rollout exhausted before step {step} was assembled: selected {record.selected} + charged "
-            f"{record.charged} of P {ctx.settings.prompts_per_step} groups, with {ctx.buffer.ready_count} ready "
-            f"group(s) left that sampler {ctx.settings.sampler!r} cannot select at version {step}. Provide more "
-            "prompts (max_epochs), or choose a sampler that closes short (windowed)"
+            f"{record.charged} of P {ctx.settings.prompts_per_step} groups; {why}. Provide more prompts "
+            "(run.max_epochs), or choose a sampler that closes short (windowed)"
         )
 
     async def _finish(self, step: int, groups: list[Group], evicted: int, short: bool) -> None:
