@@ -19,6 +19,16 @@ EXIT_RUN_FAILED = 1
 EXIT_USAGE = 2
 
 
+def print_config_warnings(cfg) -> list[str]:
+    """Print the config's hazards (:mod:`groupwise.config.hazards`) to stderr; return them as one-line texts."""
+    from groupwise.config.issues import format_warning, warning_line
+
+    warnings = cfg.warnings()
+    for issue in warnings:
+        print(format_warning(issue), file=sys.stderr)
+    return [warning_line(issue) for issue in warnings]
+
+
 def _config_arguments(parser: argparse.ArgumentParser, what: str = "FILE") -> None:
     parser.add_argument("file", metavar=what, help="YAML config file" if what == "FILE" else "config file or run dir")
     parser.add_argument(
@@ -40,6 +50,7 @@ def add_train_parser(subparsers) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.file, args.overrides)
+    warnings = print_config_warnings(cfg)
     from groupwise.run.async_checkpoint import ResumeError
     from groupwise.run.checkpoint import latest_checkpoint
     from groupwise.runtime.ray_errors import RayNotInstalledError, RaySetupError
@@ -49,6 +60,8 @@ def run_train(args: argparse.Namespace) -> int:
     except (FileExistsError, FileNotFoundError, ResumeError, RayNotInstalledError, RaySetupError) as err:
         print(f"groupwise train: {err}", file=sys.stderr)
         return EXIT_USAGE
+    for warning in warnings:
+        session.events.event(warning)
     try:
         if cfg.mode == "sync":
             from groupwise.trainer.sync_loop import run_sync
@@ -193,6 +206,7 @@ def add_simulate_parser(subparsers) -> None:
 
 def run_simulate(args: argparse.Namespace) -> int:
     cfg = load_config(args.file, args.overrides)
+    print_config_warnings(cfg)
     from groupwise.sim.run import format_summary, simulate
 
     try:

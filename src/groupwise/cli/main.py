@@ -15,7 +15,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from groupwise.cli.commands import RUN_COMMAND_PARSERS
+from groupwise.cli.commands import RUN_COMMAND_PARSERS, print_config_warnings
 from groupwise.config import ConfigError, load_config
 
 EXIT_OK = 0
@@ -53,14 +53,15 @@ def add_config_parser(subparsers: Subparsers) -> None:
 def run_config_show(args: argparse.Namespace) -> int:
     """Print the resolved config; a ``ConfigError`` propagates to :func:`main` (exit 2)."""
     config = load_config(args.file, args.overrides)
+    print_config_warnings(config)  # stderr: the YAML on stdout stays loadable
     sys.stdout.write(config.to_yaml())
     return EXIT_OK
 
 
 def run_config_check(args: argparse.Namespace) -> int:
     """Print ``ok: FILE`` when the config is valid; a ``ConfigError`` propagates to :func:`main` (exit 2)."""
-    load_config(args.file, args.overrides)
-    print(f"ok: {args.file}")
+    warnings = print_config_warnings(load_config(args.file, args.overrides))
+    print(f"ok: {args.file}" + (f" ({len(warnings)} warning(s) above)" if warnings else ""))
     return EXIT_OK
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from groupwise.config import ConfigError
+from groupwise.config.issues import warning_line
 from groupwise.controller.settings import ControllerSettings
 from groupwise.run.fates_file import FIELDS as FATE_FIELDS
 from groupwise.run.fates_file import FatesWriter
@@ -78,6 +79,8 @@ def simulate(cfg: Any) -> SimulationResult:
         last_reward[0] = reward if reward is not None and math.isfinite(reward) else None
 
     writer.event(f"simulate: mode {cfg.mode}, seed {cfg.run.seed}, up to {cfg.run.max_steps} steps (virtual time)")
+    for issue in cfg.warnings():
+        writer.event(warning_line(issue))
     fates = BufferedFatesWriter(run_dir.fates_path) if cfg.sim.write_fates else None
     try:
         if cfg.mode == "async":
