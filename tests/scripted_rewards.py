@@ -22,3 +22,11 @@ def marker_reward(prompt: Prompt, completion: Completion) -> float:
         reward = float(completion.token_ids[0] % 2)
     CALLS.append((prompt.uid, completion.text, reward))
     return reward
+
+
+def fails_on_answers_ending_in(prompt: Prompt, completion: Completion, digits: str = "7") -> float:
+    """Raises for prompts whose answer ends in one of ``digits`` (a verifier bug tied to the data); otherwise
+    ``marker_reward``."""
+    if prompt.answer[-1:] in digits:
+        raise ValueError(f"verifier cannot parse answers ending in {prompt.answer[-1]} (answer {prompt.answer})")
+    return marker_reward(prompt, completion)

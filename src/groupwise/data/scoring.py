@@ -30,6 +30,10 @@ class RewardError(RuntimeError):
         self.prompt_uid = prompt_uid
         self.completion_index = completion_index
 
+    def __reduce__(self) -> tuple[type[RewardError], tuple[str, str, int]]:
+        # rebuilt from its fields when it crosses a process (a Ray generation worker returns it to the driver)
+        return (type(self), (str(self), self.prompt_uid, self.completion_index))
+
 
 def score_completions(
     reward_fn: RewardFn,

@@ -2,7 +2,8 @@
 
 Generation runs concurrently with training: the engine has its own model copy and runs in a worker thread
 (PyTorch releases the GIL inside its kernels), the learner runs chunks in another. Rollout requests that
-arrive while the engine is busy are batched into its next call, so many groups share one decode loop.
+arrive while the engine is busy are batched into its next call, so many groups share one decode loop; they share
+an engine failure, never a reward failure (that fails only the prompt whose completion raised it).
 Weight sync copies the learner's parameters into the engine's model between engine calls.
 """
 
@@ -18,7 +19,7 @@ import torch
 
 from groupwise.batch import RowBatch
 from groupwise.rows import StepRows
-from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue
+from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, settle_outcomes
 from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import Group
 
@@ -52,23 +53,20 @@ class EmbeddedRollouts:
         async with self.engine_lock:
             start = time.perf_counter()
             try:
-                groups = await asyncio.to_thread(
-                    self.worker.generate_groups,
+                outcomes = await asyncio.to_thread(
+                    self.worker.generate_group_outcomes,
                     [p.item for p in batch],
                     [p.group_id for p in batch],
                     [p.attempt for p in batch],
                 )
-            except Exception as err:  # noqa: BLE001 — every waiting rollout gets the engine's error
+            except Exception as err:  # noqa: BLE001 — the engine call failed: every waiting rollout gets its error
                 for p in batch:
                     if not p.future.done():
                         p.future.set_exception(err)
                 return
             finally:
                 self.busy_seconds += time.perf_counter() - start
-        self.generated_tokens += sum(g.num_completion_tokens for g in groups)
-        for p, group in zip(batch, groups, strict=True):
-            if not p.future.done():
-                p.future.set_result(group)
+        self.generated_tokens += settle_outcomes(batch, outcomes)
 
     async def sync_weights(self, version: int) -> None:
         """Copy the learner's parameters into the engine's model, between two engine calls."""

@@ -5,6 +5,7 @@
   the call's object reference. A worker that dies mid-batch fails every group of the batch with
   :class:`~groupwise.runtime.ray_pool.GenerationWorkerLost`, an infra error, so the controller retries each
   group (on another worker, under the infra budget) while a replacement worker starts with the current weights.
+  A reward failure fails only the prompt whose completion raised it: the worker returns it in that group's place.
 * :class:`RayTrainer` (``TrainerClient``): advantages per chunk of whole groups in the driver, then the rows go
   to the learner actor.
 * :class:`RayLearner`: what the session calls ``learner`` (and, through :class:`LearnerModel`, the policy's
@@ -26,7 +27,7 @@ from groupwise.rows import StepRows
 from groupwise.runtime.ray_cluster import ray
 from groupwise.runtime.ray_errors import UnschedulableError
 from groupwise.runtime.ray_pool import GenerationPool, GenerationWorkerLost, WorkerSlot
-from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue
+from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, settle_outcomes
 from groupwise.types import Group
 
 
@@ -182,7 +183,7 @@ class RayRolloutClient:
         start = time.perf_counter()
         ids = [p.group_id for p in batch]
         try:
-            groups = await slot.handle.generate_groups.remote(
+            outcomes = await slot.handle.generate_group_outcomes.remote(
                 [p.item for p in batch], ids, [p.attempt for p in batch]
             )
         except ray.exceptions.RayActorError as err:
@@ -191,17 +192,14 @@ class RayRolloutClient:
             self._fail(batch, lost)
             self._start_replacement(slot)
             return
-        except Exception as err:  # noqa: BLE001 — e.g. the reward function raised: every group of the batch gets it
+        except Exception as err:  # noqa: BLE001 — the worker's engine call failed: every group of the batch gets it
             self._fail(batch, err)
             return
         finally:
             self.busy_seconds += (time.perf_counter() - start) / max(1, len(self.pool.workers))
             slot.busy = False
             self._queue.wake.set()
-        self.generated_tokens += sum(g.num_completion_tokens for g in groups)
-        for p, group in zip(batch, groups, strict=True):
-            if not p.future.done():
-                p.future.set_result(group)
+        self.generated_tokens += settle_outcomes(batch, outcomes)
 
     @staticmethod
     def _fail(batch: list[PendingRollout], error: BaseException) -> None:

@@ -49,3 +49,18 @@ class RolloutQueue:
         batch = self.items[:n]
         del self.items[: len(batch)]
         return batch
+
+
+def settle_outcomes(batch: list[PendingRollout], outcomes: list[Any]) -> int:
+    """Hand each request its own outcome: its group, or the error that failed only it (a reward failure of that
+    prompt's completions). Returns the completion tokens generated, for throughput metrics."""
+    tokens = 0
+    for pending, outcome in zip(batch, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            if not pending.future.done():
+                pending.future.set_exception(outcome)
+            continue
+        tokens += outcome.num_completion_tokens
+        if not pending.future.done():
+            pending.future.set_result(outcome)
+    return tokens
