@@ -11,6 +11,7 @@ import torch
 
 from groupwise.data.loader import PromptLoader
 from groupwise.data.registry import build_task
+from groupwise.data.reward_timeout import with_timeout
 from groupwise.data.rewards import load_reward_fn
 from groupwise.generation.engine import Engine
 from groupwise.model.loading import eos_token_ids, load_policy
@@ -71,7 +72,7 @@ def build_components(cfg: Any, *, separate_engine_model: bool = False, group_siz
         fast_decode=cfg.generation.fast_decode,
     )
     task = build_task(cfg.data.task, cfg.data, cfg.run.seed)
-    reward_fn = load_reward_fn(cfg.reward.function, task.default_reward)
+    reward_fn = with_timeout(load_reward_fn(cfg.reward.function, task.default_reward), cfg.reward.timeout_s)
     rollouts = RolloutWorker(
         generator=engine,
         tokenizer=policy.tokenizer,
