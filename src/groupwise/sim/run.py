@@ -70,6 +70,7 @@ def simulate(cfg: Any) -> SimulationResult:
         if issues:
             raise ConfigError(issues)
     run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=False)
+    run_dir.sim_summary_path.parent.mkdir()  # first: marks the directory as a simulation's (groupwise audit)
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
     last_reward: list[float | None] = [None]
 
@@ -99,7 +100,6 @@ def simulate(cfg: Any) -> SimulationResult:
         if fates is not None:
             fates.close()
     summary = summarize(run, summary_identity(cfg), last_reward[0])
-    run_dir.sim_summary_path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(run_dir.sim_summary_path, json.dumps(summary, indent=2, allow_nan=False) + "\n")
     if run.error is not None:
         writer.event(f"simulated run failed after {run.steps_trained} steps: {summary['error']}")
