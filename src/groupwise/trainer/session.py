@@ -29,6 +29,7 @@ from groupwise.run.jsonl import write_rows_jsonl
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
 from groupwise.trainer.evaluation import evaluate_policy
+from groupwise.trainer.finite import check_finite_weights
 from groupwise.types import group_from_dict, group_to_dict
 
 TRAIN_DATA_COLUMNS = (
@@ -159,6 +160,7 @@ class Session:
         if self._last_checkpoint_step != step:
             self.save_checkpoint()
         if self.cfg.checkpoint.save_final:
+            check_finite_weights(self.policy.model.state_dict(), f"the final policy ({self.run_dir.final_dir})")
             self.policy.save(self.run_dir.final_dir)
             self.events.event(f"saved the trained policy to {self.run_dir.final_dir}")
         self.events.close()
@@ -189,9 +191,9 @@ class Session:
         return state
 
     def save_checkpoint(self) -> Path:
-        path = save_checkpoint(
-            self.run_dir.path, self.state.step, self.checkpoint_state(), self.cfg.checkpoint.keep_last
-        )
+        state = self.checkpoint_state()
+        check_finite_weights(state["model"], f"the checkpoint of step {self.state.step}")
+        path = save_checkpoint(self.run_dir.path, self.state.step, state, self.cfg.checkpoint.keep_last)
         self._last_checkpoint_step = self.state.step
         self.events.event(f"checkpoint written: {path}")
         return path

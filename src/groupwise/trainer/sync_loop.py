@@ -100,7 +100,12 @@ def train_one_step(session: Session, step: int) -> bool:
         clip_high=grpo.advantage_clip_high,
     )
     rows = build_rows(selection.trained, advantages)
-    metrics = session.learner.train_step(rows)
+    try:
+        metrics = session.learner.train_step(rows)
+    except Exception as err:  # the step's optimizer step never ran: its groups are pending, saying why
+        reason = f"its optimizer step failed ({type(err).__name__})"
+        _untrained_fates(session, step, outcome.generated, reason, session.state.carried)
+        raise
     ds = grpo.dynamic_sampling
     write_sync_step_fates(
         session.fates, step, outcome.generated, selection.trained, selection.surplus, selection.surplus_carried,
