@@ -6,6 +6,7 @@ groups zero-variance on purpose, and record every call so a test can recompute t
 
 from __future__ import annotations
 
+import threading
 import time
 
 from groupwise.types import Completion, Prompt
@@ -40,3 +41,9 @@ def hangs_on_answers_ending_in(prompt: Prompt, completion: Completion, digits: s
     if prompt.answer[-1:] in digits:
         time.sleep(2.0)
     return marker_reward(prompt, completion)
+
+
+def waits_forever(prompt: Prompt, completion: Completion) -> float:
+    """Never returns (a wedged verifier): the stall watchdog must stop the run. Blocks without busy-waiting."""
+    threading.Event().wait()
+    return 0.0

@@ -28,6 +28,7 @@ from groupwise.controller.samplers.base import checked_step
 from groupwise.controller.settings import ControllerSettings
 from groupwise.controller.snapshot import controller_state, restore_controller
 from groupwise.controller.spare_pool import SparePool
+from groupwise.controller.state_report import describe_state
 from groupwise.controller.step_tally import StepTallyBook
 from groupwise.controller.train_pump import StepEndHook, TrainPump, untrained_record
 
@@ -94,6 +95,14 @@ class Controller:
         :mod:`groupwise.controller.snapshot`. ``encode`` turns a loader item into plain data.
         """
         return controller_state(self, encode)
+
+    def describe_state(self) -> str:
+        """Where the controller stands, on one line (:mod:`groupwise.controller.state_report`)."""
+        return describe_state(self.ctx, self.rollout_pump)
+
+    def progress_marker(self) -> tuple[int, int, int]:
+        """Changes whenever anything progresses: (optimizer steps, groups committed or filtered, fate records)."""
+        return (self.ctx.clock.value, self.rollout_pump.groups_finished, self.ctx.fates.total)
 
     def _on_slot_error(self, error: BaseException) -> None:
         if self._failure is not None and not self._failure.done():

@@ -31,6 +31,7 @@ from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.interfaces import RolloutClient, TrainerClient
 from groupwise.controller.ledger import LedgerInvariantError, StepRecord
 from groupwise.controller.rollout_pump import RolloutPump
+from groupwise.controller.state_report import describe_state
 from groupwise.types import Group
 
 StepEndHook = Callable[[int, dict[str, float], list[Group]], "Awaitable[None] | None"]
@@ -215,15 +216,10 @@ class TrainPump:
         return metrics
 
     def _stall_report(self, step: int) -> str:
-        ctx = self.ctx
-        buckets = {v: f"{ready} ready/{n} slots" for v, (ready, n) in ctx.buffer.slots_per_start_version().items()}
         return (
-            f"the controller cannot make progress at step {step}: trainer_v={ctx.clock.value} "
-            f"dispatch_index={getattr(ctx.sampler, 'dispatch_index', '?')} gate_window="
-            f"{getattr(ctx.sampler, 'window', '?')} inflight=0 buffer_len={len(ctx.buffer)} "
-            f"per_start_weight={buckets} spare_pool={len(ctx.spare_pool)} open_slots={ctx.ledger.open_slots(step)} "
-            f"capacity={ctx.capacity.in_use}/{ctx.capacity.total}. Sampler {ctx.settings.sampler!r} selects "
-            "nothing from this buffer and the rollout pump waits for the trainer, so nothing can change"
+            f"the controller cannot make progress at step {step}: {describe_state(self.ctx, self.rollout)}. Sampler "
+            f"{self.ctx.settings.sampler!r} selects nothing from this buffer and the rollout pump waits for the "
+            "trainer, so nothing can change"
         )
 
 

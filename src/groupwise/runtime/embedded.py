@@ -19,6 +19,7 @@ import torch
 
 from groupwise.batch import RowBatch
 from groupwise.rows import StepRows
+from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, settle_outcomes
 from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import Group
@@ -32,9 +33,11 @@ class EmbeddedRollouts:
         self.source_model = source_model
         self.max_batch_groups = max(1, max_batch_groups)
         self._queue = RolloutQueue(self._run_batches, "embedded-generation")
+        self._engine = DaemonWorker("groupwise-generation")  # a stuck engine call never blocks the run's exit
         self.engine_lock = asyncio.Lock()
         self.generated_tokens = 0
         self.busy_seconds = 0.0
+        self.calls_returned = 0  # engine calls that returned or raised: progress for the stall watchdog
 
     async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int) -> Group:
         return await self._queue.submit(prompt, group_id, attempt)
@@ -53,19 +56,21 @@ class EmbeddedRollouts:
         async with self.engine_lock:
             start = time.perf_counter()
             try:
-                outcomes = await asyncio.to_thread(
+                outcomes = await self._engine.run(
                     self.worker.generate_group_outcomes,
                     [p.item for p in batch],
                     [p.group_id for p in batch],
                     [p.attempt for p in batch],
                 )
             except Exception as err:  # noqa: BLE001 — the engine call failed: every waiting rollout gets its error
+                self.calls_returned += 1
                 for p in batch:
                     if not p.future.done():
                         p.future.set_exception(err)
                 return
             finally:
                 self.busy_seconds += time.perf_counter() - start
+        self.calls_returned += 1
         self.generated_tokens += settle_outcomes(batch, outcomes)
 
     async def sync_weights(self, version: int) -> None:
@@ -73,11 +78,13 @@ class EmbeddedRollouts:
         async with self.engine_lock:
             self.worker.generator.load_weights(self.source_model.state_dict(), version)
 
-    async def close(self) -> None:
+    async def close(self, grace_s: float = 60.0) -> None:
+        """Stop serving; wait up to ``grace_s`` for an engine call in progress (0 after a stall: it is stuck)."""
         if self._queue.task is not None:
             self._queue.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._queue.task
+        await asyncio.to_thread(self._engine.close, grace_s)
 
 
 @dataclass
@@ -92,21 +99,26 @@ class EmbeddedTrainer:
     grpo: Any
     step_rows: StepRows = field(init=False)
     busy_seconds: float = 0.0
+    _thread: DaemonWorker = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.step_rows = StepRows(self.grpo)
+        self._thread = DaemonWorker("groupwise-learner")
 
     async def train_chunk(self, step: int, groups: list[Group], first_chunk: bool) -> None:
         rows = self.step_rows.add_chunk(groups, first_chunk)
         start = time.perf_counter()
-        await asyncio.to_thread(self.learner.train_chunk, rows)
+        await self._thread.run(self.learner.train_chunk, rows)
         self.busy_seconds += time.perf_counter() - start
 
     async def finish_step(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
-        metrics = await asyncio.to_thread(self.learner.finish_step)
+        metrics = await self._thread.run(self.learner.finish_step)
         self.busy_seconds += time.perf_counter() - start
         return metrics
 
     def take_step_rows(self) -> RowBatch:
         return self.step_rows.take()
+
+    def close(self, grace_s: float = 60.0) -> None:
+        self._thread.close(grace_s)

@@ -125,6 +125,9 @@ class RayTrainer:
     def take_step_rows(self) -> RowBatch:
         return self.step_rows.take()
 
+    def close(self, grace_s: float = 60.0) -> None:
+        """Nothing to stop here: the learner actor runs the steps (the session stops it)."""
+
 
 class RayRolloutClient:
     """``RolloutClient`` over the generation worker actors (see the module docstring).
@@ -140,6 +143,7 @@ class RayRolloutClient:
         self.engine_lock = asyncio.Lock()  # held by the runtime around evaluation and checkpoints
         self.generated_tokens = 0
         self.busy_seconds = 0.0
+        self.calls_returned = 0  # worker calls that returned or raised: progress for the stall watchdog
         self.replacement_error: BaseException | None = None
         self._queue = RolloutQueue(self._dispatch, "ray-generation")
         self._tasks: set[asyncio.Task] = set()
@@ -196,6 +200,7 @@ class RayRolloutClient:
             self._fail(batch, err)
             return
         finally:
+            self.calls_returned += 1
             self.busy_seconds += (time.perf_counter() - start) / max(1, len(self.pool.workers))
             slot.busy = False
             self._queue.wake.set()
@@ -263,7 +268,7 @@ class RayRolloutClient:
             else:
                 slot.version = version
 
-    async def close(self) -> None:
+    async def close(self, grace_s: float = 60.0) -> None:
         tasks = [t for t in (self._queue.task, *self._tasks) if t is not None]
         for task in tasks:
             task.cancel()

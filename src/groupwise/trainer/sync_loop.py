@@ -19,6 +19,8 @@ import time
 from groupwise.algo.accumulator import DynamicSamplingAccumulator, DynamicSamplingExhausted
 from groupwise.rows import build_rows, group_row_advantages
 from groupwise.run.fates_file import write_sync_step_fates, write_untrained_step_fates
+from groupwise.runtime.daemon_worker import DaemonWorker
+from groupwise.runtime.watchdog import generate_within_deadline
 from groupwise.trainer.session import Session, StepOutcome
 
 
@@ -57,7 +59,11 @@ def collect_step(session: Session, step: int) -> StepOutcome | None:
             data_exhausted = True
             break
         start = time.perf_counter()
-        groups = session.rollouts.generate_groups(items, session.state.next_group_ids(len(items)))
+        try:
+            groups = _generate_round(session, step, items, accumulator.rounds + 1)
+        except Exception as err:  # the earlier rounds' groups will never train: pending, saying why
+            _untrained_fates(session, step, generated, f"a generation round failed ({type(err).__name__})", [])
+            raise
         gen_seconds += time.perf_counter() - start
         gen_tokens += sum(g.num_completion_tokens for g in groups)
         generated += groups
@@ -76,6 +82,25 @@ def collect_step(session: Session, step: int) -> StepOutcome | None:
         session.fail(step, err)
         raise
     return StepOutcome(selection=selection, gen_seconds=gen_seconds, gen_tokens=gen_tokens, generated=generated)
+
+
+# Sync generation rounds run here, so one that never returns cannot keep the run waiting (runtime.stall_timeout_s).
+_GENERATION = DaemonWorker("groupwise-sync-generation")
+
+
+def _generate_round(session: Session, step: int, items: list, round_number: int) -> list:
+    """One round's groups, or :class:`~groupwise.runtime.watchdog.RunStalled` when it does not return in time."""
+    ids = session.state.next_group_ids(len(items))
+
+    def describe() -> str:
+        uids = [item.prompt.uid for item in items]
+        shown = ", ".join(uids[:8]) + (f" and {len(uids) - 8} more" if len(uids) > 8 else "")
+        return f"sync step {step}, generation round {round_number}: {len(items)} prompts ({shown}), group ids {ids[0]}+"
+
+    timeout = session.cfg.runtime.stall_timeout_s
+    return generate_within_deadline(
+        _GENERATION, session.rollouts.generate_groups, (items, ids), timeout, describe, session.events.event
+    )
 
 
 def _untrained_fates(session: Session, step: int, generated: list, reason: str, carried: list) -> None:
@@ -124,11 +149,14 @@ def run_sync(session: Session) -> None:
     """Train from ``session.state.step`` to ``run.max_steps`` (or until the data runs out)."""
     if session.state.step == 0 and session.cfg.eval.at_start:
         session.evaluate(step=0)
-    with session.progress() as progress:
-        while session.state.step < session.cfg.run.max_steps:
-            if not train_one_step(session, session.state.step):
-                break
-            progress.update(session.state.step, session.last_metrics)
+    try:
+        with session.progress() as progress:
+            while session.state.step < session.cfg.run.max_steps:
+                if not train_one_step(session, session.state.step):
+                    break
+                progress.update(session.state.step, session.last_metrics)
+    finally:
+        _GENERATION.close(60.0)  # idle, or a stalled call already left to its own thread
     session.finish()
     # After the last checkpoint (a resume rolls these lines back and trains the carried groups after all).
     session.fates.write_groups(session.state.carried, "pending", session.state.step, detail="carried at the end")
