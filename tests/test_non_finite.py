@@ -9,7 +9,10 @@ Pinned:
   (none ``trained``);
 - a checkpoint of non-finite weights is refused and leaves no checkpoint directory;
 - ``groupwise train`` of a diverging run (lr 1e30) exits 1 naming the error, with no ``final/``;
-- a temperature below 0.01 (0, 1e-300) is a config error naming ``generation.temperature``.
+- a temperature below 0.01 (0, 1e-300) is a config error naming ``generation.temperature``;
+- searched: a step under extreme temperatures, learning rates and advantages (hypothesis) either leaves the weights
+  unchanged (its loss or gradient was not finite) or updates them, and a checkpoint is written only of finite
+  weights.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_sync_trainer import tiny_config
 
 from groupwise.cli.main import main
@@ -105,3 +110,51 @@ def test_a_temperature_whose_logit_scaling_overflows_is_refused(temperature):
         config_from_dict({**tiny, "generation": {"temperature": temperature}})
     assert len(info.value.errors) == 1
     assert config_from_dict({**tiny, "generation": {"temperature": 0.01}}).generation.temperature == 0.01
+
+
+@pytest.fixture(scope="module")
+def stepping(tmp_path_factory):
+    """One tiny session, a fixed batch of rows, and the initial weights to restore before every example."""
+    from groupwise.rows import build_rows
+
+    root = tmp_path_factory.mktemp("nonfinite")
+    session = build_session(tiny_config(root, run={"name": "fuzz"}, checkpoint={"keep_last": 1}))
+    items = session.loader.take(2)
+    groups = session.rollouts.generate_groups(items, [0, 1])
+    initial = {name: t.detach().clone() for name, t in session.policy.model.state_dict().items()}
+    return session, groups, initial, build_rows
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    temperature=st.sampled_from([1e-300, 1e-40, 1e-8, 0.01, 1.0]),
+    lr=st.sampled_from([1e-3, 1.0, 1e20]),  # 1e38 overflows inside torch.optim.Adam itself (a config bound)
+    advantage=st.sampled_from([1.0, 1e20, 1e38]),
+    max_grad_norm=st.sampled_from([None, 1.0]),
+)
+def test_searched_steps_never_leave_non_finite_weights_on_disk(stepping, temperature, lr, advantage, max_grad_norm):
+    session, groups, initial, build_rows = stepping
+    with torch.no_grad():
+        session.policy.model.load_state_dict(initial)
+    settings_ = dataclasses.replace(session.learner.settings, temperature=temperature, lr=lr,
+                                    max_grad_norm=max_grad_norm)  # fmt: skip
+    from groupwise.trainer.learner import Learner
+
+    session.learner = Learner(session.policy.model, settings_)
+    rows = build_rows(groups, [[advantage * (i % 2 - 0.5) for i in range(len(g.completions))] for g in groups])
+    session.state.step += 1
+    try:
+        session.learner.train_step(rows)
+    except NonFiniteTrainingError:
+        for name, tensor in session.policy.model.state_dict().items():  # the NaN step changed nothing
+            assert torch.equal(tensor, initial[name]), name
+    try:
+        path = session.save_checkpoint()
+    except NonFiniteTrainingError:
+        assert latest_checkpoint(session.run_dir.path) is None or latest_checkpoint(session.run_dir.path) != (
+            session.run_dir.path / "checkpoints" / f"step_{session.state.step}")
+        return
+    from groupwise.run.checkpoint import load_checkpoint
+
+    saved = load_checkpoint(path)["model"]
+    assert all(bool(torch.isfinite(t).all()) for t in saved.values() if t.is_floating_point())
