@@ -36,7 +36,6 @@ from groupwise.controller.failures import FailureSettings
 from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.settings import ControllerSettings
 from groupwise.sim.simulation import simulate_async, simulate_sync
-from groupwise.sim.sync_schedule import SyncSettings
 from groupwise.sim.workload import SimWorkload
 from groupwise.types import Completion, Group, Prompt
 
@@ -151,7 +150,7 @@ def throughput_table() -> list[str]:
     for label, overrides in (("examples/sim (train_s_per_token 0.0005)", []),
                              ("sim defaults (train_s_per_token 0.0002)", ["sim.train_s_per_token=0.0002"])):
         cfg = load_config(ROOT / "examples/sim/sync.yaml", overrides)
-        sync = simulate_sync(SyncSettings.from_config(cfg), SimWorkload.from_config(cfg))
+        sync = simulate_sync(cfg.grpo, cfg.run.max_steps, SimWorkload.from_config(cfg))
         cells = [label, f"{sync.sync_result.gen_seconds / sync.wall_seconds:.0%}", f"{_rate(sync):,.0f}"]
         for name in ("in_order", "ready_first", "windowed"):
             cfg = load_config(ROOT / f"examples/sim/{name}.yaml", overrides)

@@ -18,8 +18,8 @@ from test_sync_trainer import tiny_config
 from groupwise.config import config_from_dict
 from groupwise.run.metrics import read_metrics
 from groupwise.runtime.async_run import run_async
+from groupwise.runtime.sync_run import run_sync
 from groupwise.trainer.builder import build_session
-from groupwise.trainer.sync_loop import run_sync
 
 
 def _trained_order(run_dir):

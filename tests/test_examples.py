@@ -17,8 +17,8 @@ import pytest
 
 from groupwise.config import load_config
 from groupwise.run.metrics import read_metrics
+from groupwise.runtime.sync_run import run_sync
 from groupwise.trainer.builder import build_session
-from groupwise.trainer.sync_loop import run_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted([*ROOT.glob("examples/**/*.yaml"), *ROOT.glob("recipes/*.yaml")])

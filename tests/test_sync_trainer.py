@@ -25,8 +25,8 @@ import torch
 from groupwise.config import config_from_dict
 from groupwise.run.checkpoint import latest_checkpoint
 from groupwise.run.metrics import read_metrics
+from groupwise.runtime.sync_run import run_sync
 from groupwise.trainer.builder import build_session
-from groupwise.trainer.sync_loop import run_sync
 
 REQUIRED_KEYS = {
     "step", "weight_version", "reward/unfiltered_mean", "reward/trained_mean", "ds/groups_generated",

@@ -51,7 +51,7 @@ def run_train(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         if cfg.mode == "sync":
-            from groupwise.trainer.sync_loop import run_sync
+            from groupwise.runtime.sync_run import run_sync
 
             run_sync(session)
         else:

@@ -17,9 +17,10 @@ saved (metrics.jsonl holds it).
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from groupwise.algo.step_size import step_floor
 
 
 class LedgerInvariantError(AssertionError):
@@ -41,13 +42,6 @@ class StepRecord:
     promoted: int = 0
     unfilled: int = 0
     closed: bool = False
-
-
-def step_floor(prompts_per_step: int, min_step_batch_fraction: float) -> int:
-    """``ceil(P × min_step_batch_fraction)``: the fewest groups a step may train."""
-    if not 0.0 < min_step_batch_fraction <= 1.0:
-        raise ValueError(f"min_step_batch_fraction must be in (0, 1], got {min_step_batch_fraction}")
-    return max(1, math.ceil(prompts_per_step * min_step_batch_fraction - 1e-9))
 
 
 class StepLedger:

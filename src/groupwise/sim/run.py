@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from groupwise.config import ConfigError
+from groupwise.config import ConfigError, ConfigIssue
 from groupwise.controller.settings import ControllerSettings
 from groupwise.run.fates_file import FIELDS as FATE_FIELDS
 from groupwise.run.fates_file import FatesWriter
@@ -29,9 +29,23 @@ from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir, write_text_atomic
 from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
 from groupwise.sim.summary import summarize
-from groupwise.sim.sync_schedule import SyncSettings, check_sync_workload
 from groupwise.sim.workload import SimWorkload
 from groupwise.types import Group
+
+
+def check_sync_workload(workload: SimWorkload) -> list[ConfigIssue]:
+    """Issues for injected failures in mode sync (the real sync loop would stop at the first one)."""
+    return [
+        ConfigIssue(
+            f"sim.{name}",
+            getattr(workload, name),
+            f"sim.{name} injects rollout failures, but the sync loop has no failure handling (a real sync run "
+            "stops at the first failed rollout), so the simulation would only show that",
+            f"set sim.{name}: 0 for a sync simulation, or simulate mode: async",
+        )
+        for name in ("infra_failure_rate", "data_failure_rate")
+        if getattr(workload, name) > 0
+    ]
 
 
 @dataclass
@@ -89,7 +103,7 @@ def simulate(cfg: Any) -> SimulationResult:
             )  # fmt: skip
         else:
             run = simulate_sync(
-                SyncSettings.from_config(cfg), workload, max_epochs=cfg.run.max_epochs, shuffle=cfg.data.shuffle,
+                cfg.grpo, cfg.run.max_steps, workload, max_epochs=cfg.run.max_epochs, shuffle=cfg.data.shuffle,
                 on_step_end=on_step_end, fates=fates, max_virtual_seconds=cfg.sim.max_virtual_seconds,
             )  # fmt: skip
     finally:

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from groupwise.algo.accumulator import StepSelection
 from groupwise.batch import RowBatch
 from groupwise.cli.progress import RunProgress
 from groupwise.run.checkpoint import (
@@ -29,7 +28,7 @@ from groupwise.run.jsonl import write_rows_jsonl
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
 from groupwise.trainer.evaluation import evaluate_policy
-from groupwise.types import group_from_dict, group_to_dict
+from groupwise.trainer.sync_loop import TrainerState
 
 TRAIN_DATA_COLUMNS = (
     "prompt_uid",
@@ -44,52 +43,6 @@ TRAIN_DATA_COLUMNS = (
     "generation_logprobs",
     "start_version",
 )
-
-
-@dataclass
-class TrainerState:
-    """Counters a checkpoint must restore for resume to equal continuing."""
-
-    step: int = 0
-    next_group_id: int = 0
-    carried: list = field(default_factory=list)
-
-    def next_group_ids(self, n: int) -> list[int]:
-        ids = list(range(self.next_group_id, self.next_group_id + n))
-        self.next_group_id += n
-        return ids
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "next_group_id": self.next_group_id,
-            "carried": [group_to_dict(g) for g in self.carried],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainerState:
-        return cls(
-            step=int(data["step"]),
-            next_group_id=int(data["next_group_id"]),
-            carried=[group_from_dict(g) for g in data.get("carried", [])],
-        )
-
-
-@dataclass
-class StepOutcome:
-    """What one step's generation produced, before training."""
-
-    selection: StepSelection
-    gen_seconds: float
-    gen_tokens: int
-    generated: list = field(default_factory=list)  # every group generated for the step (all rounds), for fates
-
-    def perf_metrics(self, step_seconds: float) -> dict[str, float]:
-        return {
-            "perf/step_seconds": step_seconds,
-            "perf/gen_seconds": self.gen_seconds,
-            "perf/gen_tokens_per_s": self.gen_tokens / self.gen_seconds if self.gen_seconds > 0 else 0.0,
-        }
 
 
 @dataclass
