@@ -25,7 +25,7 @@ from groupwise.controller.permits import Permits
 from groupwise.controller.rollout_pump import RolloutPump
 from groupwise.controller.samplers import build_sampler, drop_accounting
 from groupwise.controller.settings import ControllerSettings
-from groupwise.controller.snapshot import controller_state, restore_controller
+from groupwise.controller.snapshot import restore_snapshot, take_snapshot
 from groupwise.controller.spare_pool import SparePool
 from groupwise.controller.step_tally import StepTallyBook
 from groupwise.controller.train_pump import StepEndHook, TrainPump
@@ -92,7 +92,7 @@ class Controller:
         waiting at the gate, the open steps' ledger entries and tallies, failure budgets and run counters — see
         :mod:`groupwise.controller.snapshot`. ``encode`` turns a loader item into plain data.
         """
-        return controller_state(self, encode)
+        return take_snapshot(self, encode)
 
     def _on_slot_error(self, error: BaseException) -> None:
         if self._failure is not None and not self._failure.done():
@@ -208,5 +208,5 @@ def build_controller(
     )
     controller = Controller(ctx, loader, rollouts, trainer, on_step_end)
     if state is not None:
-        controller.resume_notes = restore_controller(controller, loader, state, decode)
+        controller.resume_notes = restore_snapshot(controller, loader, state, decode)
     return controller
