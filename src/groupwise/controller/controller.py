@@ -3,7 +3,7 @@
 ``build_controller(settings, loader, rollouts, trainer, on_step_end=..., on_fate=...)`` checks the setup
 (weight_fifo + dynamic sampling is refused, the buffer capacity must cover the sampler's need) and
 returns a :class:`Controller`; ``await controller.run()`` trains until ``max_steps`` or the end of data and
-returns a :class:`RunSummary`. A crash in either pump cancels the other; the error reaches the caller
+returns a :class:`ControllerSummary`. A crash in either pump cancels the other; the error reaches the caller
 with notes naming the step and the prompt. Only runtimes and the CLI import this module.
 """
 
@@ -39,7 +39,7 @@ WEIGHT_FIFO_WITH_DS = (
 
 
 @dataclass
-class RunSummary:
+class ControllerSummary:
     """What a run did: steps, versions, and the fate of everything dispatched."""
 
     stop_reason: str
@@ -98,7 +98,7 @@ class Controller:
         if self._failure is not None and not self._failure.done():
             self._failure.set_exception(error)
 
-    async def run(self) -> RunSummary:
+    async def run(self) -> ControllerSummary:
         """Run both pumps until the train pump stops; re-raise the first failure of either."""
         loop = asyncio.get_running_loop()
         self._failure = loop.create_future()
@@ -145,9 +145,9 @@ class Controller:
                 )
             )
 
-    def _summary(self, stop_reason: str) -> RunSummary:
+    def _summary(self, stop_reason: str) -> ControllerSummary:
         ctx, train = self.ctx, self.train_pump
-        return RunSummary(
+        return ControllerSummary(
             stop_reason=stop_reason,
             steps_trained=train.steps_trained,
             first_step=ctx.settings.start_step,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from groupwise.algo.accumulator import DynamicSamplingExhausted
-from groupwise.controller.controller import Controller, RunSummary, build_controller
+from groupwise.controller.controller import Controller, ControllerSummary, build_controller
 from groupwise.controller.failures import RolloutDataFailure, RolloutRedispatchExhausted
 from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.ledger import StepBelowFloorError
@@ -105,7 +105,7 @@ class SimRun:
     error: BaseException | None = None
     meter: StepMeter | None = None
     controller: Controller | None = None
-    controller_summary: RunSummary | None = None
+    controller_summary: ControllerSummary | None = None
     sync_result: SyncRunResult | None = None
 
     @property
