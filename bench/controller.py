@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from groupwise.config import load_config
+from groupwise.config import load_config, sampler_config
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
 from groupwise.controller.fate_records import FateRecord
@@ -56,7 +56,7 @@ async def _bookkeeping(sampler: str, buffered: int, steps: int) -> float:
     """Seconds of controller bookkeeping per group, in steady state with ``buffered`` groups in the buffer."""
     P = P_BOOKKEEPING
     settings = ControllerSettings(
-        prompts_per_step=P, group_size=2, sampler=sampler, sampler_knobs=KNOBS[sampler],
+        prompts_per_step=P, group_size=2, sampler=sampler_config(sampler, **KNOBS[sampler]),
         max_buffered_rollouts=buffered + 2 * P, max_inflight_prompts=buffered + 2 * P,
     )  # fmt: skip
     ctx = build_controller(settings, loader=None, rollouts=None, trainer=None).ctx  # type: ignore[arg-type]
@@ -101,7 +101,7 @@ def bookkeeping_table() -> list[str]:
 def million(groups: int, dynamic_sampling: bool) -> dict[str, Any]:
     P = 512
     settings = ControllerSettings(
-        prompts_per_step=P, group_size=8, sampler="ready_first", sampler_knobs={"max_staleness_versions": 1},
+        prompts_per_step=P, group_size=8, sampler=sampler_config("ready_first", max_staleness_versions=1),
         max_inflight_prompts=1024, max_buffered_rollouts=2048, dynamic_sampling=dynamic_sampling,
         max_steps=-(-groups // P),
         failure=FailureSettings(

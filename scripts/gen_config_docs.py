@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from groupwise.config import RunConfig
-from groupwise.config.async_schema import SAMPLER_CLASSES
+from groupwise.config.async_schema import SAMPLER_CONFIGS
 from groupwise.config.checks import RULES
 from groupwise.config.issues import format_value
 from groupwise.config.keys import field_key, model_types
@@ -132,7 +132,7 @@ def render() -> str:
             default = format_value(field.get_default(call_default_factory=True))
             lines.append(f"| `{key}` | {type_name(field.annotation)} | `{default}` | {description} |")
     lines.extend(sections)
-    lines.extend(["", f"Samplers: {', '.join(f'`{n}`' for n in SAMPLER_CLASSES)}.", "", *rules_list()])
+    lines.extend(["", f"Samplers: {', '.join(f'`{n}`' for n in SAMPLER_CONFIGS)}.", "", *rules_list()])
     return "\n".join(lines) + "\n"
 
 

@@ -30,6 +30,7 @@ import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, make_prompts, run_virtual
 from test_sync_trainer import tiny_config
 
+from groupwise.config import sampler_config
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
 from groupwise.controller.settings import ControllerSettings
@@ -98,8 +99,7 @@ def settings(scenario: dict, **kw) -> ControllerSettings:
     return ControllerSettings(
         prompts_per_step=3,
         group_size=G,
-        sampler=scenario["sampler"],
-        sampler_knobs=scenario["knobs"],
+        sampler=sampler_config(scenario["sampler"], **scenario["knobs"]),
         failure=scenario["failure"],
         dynamic_sampling=True,
         max_buffered_rollouts=12,
@@ -249,7 +249,7 @@ def test_another_prompts_per_step_is_refused(tmp_path):
     loaded, _, _ = first_part(SCENARIOS["in_order_charge"], tmp_path)
     with pytest.raises(ValueError, match=r"prompts_per_step .* = 3 but this run has 4.*num_prompts_per_step=3"):
         build_controller(
-            ControllerSettings(prompts_per_step=4, group_size=G, sampler="in_order", start_step=1),
+            ControllerSettings(prompts_per_step=4, group_size=G, sampler=sampler_config("in_order"), start_step=1),
             make_loader(N_PROMPTS),
             ScriptedRollouts(G),
             RecordingTrainer(),

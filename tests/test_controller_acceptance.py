@@ -19,6 +19,7 @@ import asyncio
 import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, run_virtual
 
+from groupwise.config import sampler_config
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
 from groupwise.controller.fate_records import FateRecord
@@ -38,8 +39,7 @@ def settings(sampler: str, knobs: dict, **overrides) -> ControllerSettings:
     base = dict(
         prompts_per_step=4,
         group_size=G,
-        sampler=sampler,
-        sampler_knobs=knobs,
+        sampler=sampler_config(sampler, **knobs),
         min_groups_for_streaming_train=3,
         max_buffered_rollouts=16,
         max_inflight_prompts=16,

@@ -20,6 +20,7 @@ import random
 import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, make_prompts, run_virtual
 
+from groupwise.config import sampler_config
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
 from groupwise.controller.settings import ControllerSettings
@@ -33,7 +34,7 @@ def cfg(sampler="in_order", knobs=None, P=3, **kw) -> ControllerSettings:
     kw.setdefault("failure", FailureSettings(min_step_batch_fraction=0.5))
     kw.setdefault("dynamic_sampling", False)
     kw.setdefault("max_buffered_rollouts", 16)
-    return ControllerSettings(prompts_per_step=P, group_size=G, sampler=sampler, sampler_knobs=knobs or {}, **kw)
+    return ControllerSettings(prompts_per_step=P, group_size=G, sampler=sampler_config(sampler, **(knobs or {})), **kw)
 
 
 def random_latencies(n: int, seed: int) -> dict[str, list[Outcome]]:

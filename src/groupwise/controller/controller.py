@@ -180,15 +180,15 @@ def build_controller(
     ``settings.start_step`` must equal its step and P must match. Buffered groups, stamps and ledger entries are
     restored only under the same sampler; otherwise they are dropped with notes in ``Controller.resume_notes``.
     """
-    if settings.dynamic_sampling and settings.sampler == "weight_fifo":
+    if settings.dynamic_sampling and settings.sampler.name == "weight_fifo":
         raise ValueError(WEIGHT_FIFO_WITH_DS)
     buffer = GroupBuffer()
-    sampler = build_sampler(settings.sampler, dict(settings.sampler_knobs), buffer)
+    sampler = build_sampler(settings.sampler, buffer)
     sampler.set_dispatch_index(settings.start_step)
     needed = sampler.required_buffer_capacity(settings.prompts_per_step)
     if needed is not None and settings.max_buffered_rollouts < needed:
         raise ValueError(
-            f"max_buffered_rollouts={settings.max_buffered_rollouts} is below what sampler {settings.sampler!r} "
+            f"max_buffered_rollouts={settings.max_buffered_rollouts} is below what sampler {settings.sampler.name!r} "
             f"needs ({needed} = P × (window + 1)) to avoid a backpressure deadlock; raise it to at least {needed}"
         )
     ledger = StepLedger(settings.prompts_per_step, settings.failure.min_step_batch_fraction, settings.start_step)

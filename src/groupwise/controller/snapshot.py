@@ -71,7 +71,7 @@ def take_snapshot(controller: ControllerParts, encode: Encode) -> dict[str, Any]
     return {
         "format": STATE_FORMAT,
         "step": ctx.clock.value,
-        "sampler": ctx.settings.sampler,
+        "sampler": ctx.settings.sampler.name,
         "prompts_per_step": ctx.settings.prompts_per_step,
         "stamps": sampler_stamps(ctx.sampler),
         "dispatch_index": getattr(ctx.sampler, "dispatch_index", None),
@@ -132,7 +132,7 @@ def restore_snapshot(
     _check_compatible(controller, state)
     _restore_counters(controller, state)
     notes: list[str] = []
-    same_sampler = state["sampler"] == ctx.settings.sampler and state["stamps"] == sampler_stamps(ctx.sampler)
+    same_sampler = state["sampler"] == ctx.settings.sampler.name and state["stamps"] == sampler_stamps(ctx.sampler)
     if same_sampler:
         _restore_buffer(controller, state["buffer"])
     else:
@@ -196,7 +196,7 @@ def _drop_buffer(controller: ControllerParts, state: dict[str, Any]) -> list[str
     groups = state["buffer"]["groups"]
     reason = (
         f"dropped at resume: the checkpoint's sampler {state['sampler']!r} "
-        f"(stamps={state['stamps']}) differs from this run's {ctx.settings.sampler!r}"
+        f"(stamps={state['stamps']}) differs from this run's {ctx.settings.sampler.name!r}"
     )
     for entry in groups:
         group = entry["group"]

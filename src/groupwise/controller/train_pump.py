@@ -153,7 +153,7 @@ class TrainPump:
         raise RolloutExhaustedError(
             f"rollout exhausted before step {step} was assembled: selected {record.selected} + charged "
             f"{record.charged} of P {ctx.settings.prompts_per_step} groups, with {ctx.buffer.ready_count} ready "
-            f"group(s) left that sampler {ctx.settings.sampler!r} cannot select at version {step}. Provide more "
+            f"group(s) left that sampler {ctx.settings.sampler.name!r} cannot select at version {step}. Provide more "
             "prompts (max_epochs), or choose a sampler that closes short (windowed)"
         )
 
@@ -213,7 +213,7 @@ class TrainPump:
             f"dispatch_index={getattr(ctx.sampler, 'dispatch_index', '?')} gate_window="
             f"{getattr(ctx.sampler, 'window', '?')} inflight=0 buffer_len={len(ctx.buffer)} "
             f"per_start_weight={buckets} spare_pool={len(ctx.spare_pool)} open_slots={ctx.ledger.open_slots(step)} "
-            f"capacity={ctx.capacity.in_use}/{ctx.capacity.total}. Sampler {ctx.settings.sampler!r} selects "
+            f"capacity={ctx.capacity.in_use}/{ctx.capacity.total}. Sampler {ctx.settings.sampler.name!r} selects "
             "nothing from this buffer and the rollout pump waits for the trainer, so nothing can change"
         )
 

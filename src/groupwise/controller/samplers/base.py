@@ -92,12 +92,6 @@ def check_select_bounds(min_groups: int, max_groups: int) -> None:
         )
 
 
-def check_knob(name: str, value: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"sampler knob {name} must be an integer >= 0, got {value!r}")
-    return value
-
-
 class BaseSampler(ABC):
     """Shared behaviour: dispatch cursor, ungated admit, default eviction below a start-version window.
     Each sampler defines its own :meth:`select`."""

@@ -8,14 +8,15 @@ with dynamic sampling (seed 002): a replacement lands in a newer bucket and the 
 
 from __future__ import annotations
 
+from groupwise.config.async_schema import WeightFifoSamplerConfig
 from groupwise.controller.buffer import GroupBuffer, Slot
-from groupwise.controller.samplers.base import GatedSampler, check_knob, check_select_bounds
+from groupwise.controller.samplers.base import GatedSampler, check_select_bounds
 
 
 class WeightFifoSampler(GatedSampler):
-    def __init__(self, buffer: GroupBuffer, max_staleness_versions: int = 1) -> None:
+    def __init__(self, buffer: GroupBuffer, config: WeightFifoSamplerConfig | None = None) -> None:
         super().__init__(buffer)
-        self.window = check_knob("max_staleness_versions", max_staleness_versions)
+        self.window = (config or WeightFifoSamplerConfig()).max_staleness_versions
 
     def select(self, version: int, min_groups: int, max_groups: int) -> list[Slot] | None:
         check_select_bounds(min_groups, max_groups)
