@@ -32,9 +32,9 @@ class PromptSource(Protocol):
     @property
     def exhausted(self) -> bool: ...
 
-    def take(self, n: int) -> list[Any]: ...
+    def take(self, n: int) -> list[LoaderItem]: ...
 
-    def push_front(self, items: Sequence[Any]) -> None: ...
+    def push_front(self, items: Sequence[LoaderItem]) -> None: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -43,7 +43,7 @@ class PromptSource(Protocol):
 class RolloutClient(Protocol):
     """Generation + scoring of one prompt group, and weight updates of the generator."""
 
-    async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int) -> Group:
+    async def rollout(self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int) -> Group:
         """Generate G completions of ``prompt.prompt`` under weight version ``start_version`` and score them.
 
         The returned group must carry ``group_id``; ``attempt`` (0, 1, ...) numbers the attempts at this

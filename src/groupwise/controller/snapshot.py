@@ -246,7 +246,7 @@ def _record_requeued(controller: ControllerParts, slots: list[SlotState]) -> Non
                 "pending",
                 resolution="requeued",
                 detail=f"in flight at the checkpoint of step {ctx.settings.start_step}; dispatched again on resume",
-                epoch=getattr(slot.item, "epoch", None),
+                epoch=slot.item.epoch,
             )
         )
         slot.group_id = slot.start_version = None  # that attempt is over; the slot starts a new one
