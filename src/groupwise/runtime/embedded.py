@@ -13,7 +13,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,6 +22,9 @@ from groupwise.rows import StepRows
 from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, fail_all, resolve_all
 from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import Group
+
+if TYPE_CHECKING:
+    from groupwise.config import GrpoSection
 
 
 class EmbeddedRollouts:
@@ -88,7 +91,7 @@ class EmbeddedTrainer:
     """
 
     learner: Any
-    grpo: Any
+    grpo: GrpoSection
     in_thread: bool = True  # async: train in a worker thread while generation goes on; sync: inline
     step_rows: StepRows = field(init=False)
     busy_seconds: float = 0.0

@@ -19,7 +19,7 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from groupwise.batch import RowBatch
 from groupwise.rows import StepRows
@@ -28,6 +28,9 @@ from groupwise.runtime.ray_errors import UnschedulableError
 from groupwise.runtime.ray_pool import GenerationPool, GenerationWorkerLost, WorkerSlot
 from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, fail_all, resolve_all
 from groupwise.types import Group
+
+if TYPE_CHECKING:
+    from groupwise.config import GrpoSection
 
 
 class LearnerFailed(RuntimeError):
@@ -95,7 +98,7 @@ class RayTrainer:
     """``TrainerClient`` over the learner actor; keeps each step's rows for the ``train_data`` file."""
 
     learner: RayLearner
-    grpo: Any
+    grpo: GrpoSection
     step_rows: StepRows = field(init=False)
     busy_seconds: float = 0.0
 

@@ -12,27 +12,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from groupwise.algo.accumulator import DynamicSamplingExhausted
-from groupwise.controller.interfaces import TrainerClient
+from groupwise.controller.interfaces import LoaderItem
 from groupwise.runtime.embedded import EmbeddedTrainer
 from groupwise.runtime.rollout_queue import RolloutQueue, fail_all, resolve_all
 from groupwise.trainer.session import Session
 from groupwise.trainer.sync_loop import SyncLoop, SyncStep, record_carried_at_end
 from groupwise.types import Group
 
+if TYPE_CHECKING:
+    from groupwise.runtime.ray_runtime import RayTrainer
+    from groupwise.trainer.parts import GroupRollouts
+
 
 class RoundRollouts:
     """``RolloutClient`` over a session's ``rollouts``: the requests waiting together become one
     ``generate_groups`` call, in request order (the sync loop requests a whole round at once)."""
 
-    def __init__(self, worker: Any, publish_weights: Callable[[], None]) -> None:
+    def __init__(self, worker: GroupRollouts, publish_weights: Callable[[], None]) -> None:
         self.worker = worker
         self._publish_weights = publish_weights
         self._queue = RolloutQueue(self._serve, "sync-generation")
 
-    async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int) -> Group:
+    async def rollout(self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int) -> Group:
         return await self._queue.submit(prompt, group_id, attempt)
 
     async def _serve(self) -> None:
@@ -59,10 +63,10 @@ class RoundRollouts:
                 await self._queue.task
 
 
-def sync_clients(session: Session) -> tuple[RoundRollouts, Any]:
+def sync_clients(session: Session) -> tuple[RoundRollouts, EmbeddedTrainer | RayTrainer]:
     """The sync loop's rollout and trainer clients on the configured ``runtime.backend``."""
     rollouts = RoundRollouts(session.rollouts, session.publish_weights)
-    trainer: TrainerClient
+    trainer: EmbeddedTrainer | RayTrainer
     if session.cfg.runtime.backend == "ray":
         from groupwise.runtime.ray_runtime import RayTrainer  # Ray is imported only when chosen
 

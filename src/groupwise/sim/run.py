@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.controller.settings import ControllerSettings
@@ -31,6 +31,9 @@ from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
 from groupwise.sim.summary import summarize
 from groupwise.sim.workload import SimWorkload
 from groupwise.types import Group
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
 
 
 def check_sync_workload(workload: SimWorkload) -> list[ConfigIssue]:
@@ -57,7 +60,7 @@ class SimulationResult:
     run: SimRun
 
 
-def summary_identity(cfg: Any) -> dict[str, Any]:
+def summary_identity(cfg: RunConfig) -> dict[str, Any]:
     """The identity fields of a summary: mode, sampler and knobs (async), seed, P, G."""
     sampler: dict[str, Any] = cfg.async_.sampler.model_dump(mode="json") if cfg.mode == "async" else {}
     return {
@@ -70,7 +73,7 @@ def summary_identity(cfg: Any) -> dict[str, Any]:
     }
 
 
-def simulate(cfg: Any) -> SimulationResult:
+def simulate(cfg: RunConfig) -> SimulationResult:
     """Simulate ``cfg`` (a ``RunConfig``) and write its run directory (see the module docstring).
 
     Raises :class:`ConfigError` for a setup the simulation refuses (failures injected in mode sync) and

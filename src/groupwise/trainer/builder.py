@@ -5,15 +5,15 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from groupwise.data.loader import PromptLoader
-from groupwise.data.registry import build_task
-from groupwise.data.rewards import load_reward_fn
+from groupwise.data.registry import Task, build_task
+from groupwise.data.rewards import RewardFn, load_reward_fn
 from groupwise.generation.engine import Engine
-from groupwise.model.loading import eos_token_ids, load_policy
+from groupwise.model.loading import Policy, eos_token_ids, load_policy
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
 from groupwise.trainer.learner import Learner, LearnerSettings
@@ -21,8 +21,11 @@ from groupwise.trainer.rollout import RewardPipeline, RolloutWorker
 from groupwise.trainer.session import Session
 from groupwise.types import SamplingParams
 
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
 
-def sampling_from_config(cfg: Any) -> SamplingParams:
+
+def sampling_from_config(cfg: RunConfig) -> SamplingParams:
     gen = cfg.generation
     return SamplingParams(
         max_new_tokens=gen.max_new_tokens,
@@ -33,7 +36,7 @@ def sampling_from_config(cfg: Any) -> SamplingParams:
     )
 
 
-def load_policy_from_config(cfg: Any) -> Any:
+def load_policy_from_config(cfg: RunConfig) -> Policy:
     m = cfg.model
     tiny = m.tiny.model_dump() if m.source == "tiny" else None
     return load_policy(m.source, m.path, m.gguf_file, tiny, device=m.device, dtype=m.dtype, seed=cfg.run.seed)
@@ -51,14 +54,16 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 class Components:
     """What generation and scoring need, without a run directory (``train``, ``eval`` and ``sft`` share it)."""
 
-    policy: Any
+    policy: Policy
     engine: Engine
-    task: Any
-    reward_fn: Any
+    task: Task
+    reward_fn: RewardFn
     rollouts: RolloutWorker
 
 
-def build_components(cfg: Any, *, separate_engine_model: bool = False, group_size: int | None = None) -> Components:
+def build_components(
+    cfg: RunConfig, *, separate_engine_model: bool = False, group_size: int | None = None
+) -> Components:
     """Load the policy and build the engine, task, reward function and rollout worker."""
     policy = load_policy_from_config(cfg)
     # Sync mode alternates generation and training, so the engine can sample from the learner's own model.
@@ -87,7 +92,7 @@ def build_components(cfg: Any, *, separate_engine_model: bool = False, group_siz
     return Components(policy=policy, engine=engine, task=task, reward_fn=reward_fn, rollouts=rollouts)
 
 
-def build_session(cfg: Any, *, resume: bool = False, resume_from: Path | None = None) -> Session:
+def build_session(cfg: RunConfig, *, resume: bool = False, resume_from: Path | None = None) -> Session:
     """Wire policy, engine, learner, data and run directory; restore a checkpoint when resuming."""
     torch.manual_seed(cfg.run.seed)
     resuming = resume or resume_from is not None

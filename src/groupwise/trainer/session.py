@@ -10,12 +10,16 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from groupwise.batch import RowBatch
 from groupwise.cli.progress import RunProgress
+from groupwise.data.loader import PromptLoader
+from groupwise.data.registry import Task
+from groupwise.data.rewards import RewardFn
+from groupwise.generation.base import Generator
 from groupwise.run.checkpoint import (
     capture_rng_state,
     latest_checkpoint,
@@ -28,7 +32,11 @@ from groupwise.run.jsonl import write_rows_jsonl
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
 from groupwise.trainer.evaluation import evaluate_policy
+from groupwise.trainer.parts import GroupRollouts, StepLearner, TrainedPolicy
 from groupwise.trainer.sync_loop import TrainerState
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
 
 TRAIN_DATA_COLUMNS = (
     "prompt_uid",
@@ -49,15 +57,15 @@ TRAIN_DATA_COLUMNS = (
 class Session:
     """A run's components. Build one with :func:`groupwise.trainer.builder.build_session`."""
 
-    cfg: Any
+    cfg: RunConfig
     run_dir: RunDir
-    policy: Any
-    engine: Any
-    learner: Any
-    rollouts: Any
-    loader: Any
-    task: Any
-    reward_fn: Any
+    policy: TrainedPolicy
+    engine: Generator
+    learner: StepLearner
+    rollouts: GroupRollouts
+    loader: PromptLoader
+    task: Task
+    reward_fn: RewardFn
     events: MetricsWriter
     state: TrainerState = field(default_factory=TrainerState)
     last_metrics: dict[str, float] = field(default_factory=dict)
