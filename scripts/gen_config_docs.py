@@ -50,8 +50,8 @@ followed only by comments) means that section's defaults.
 
 **Unknown keys are errors**, with the nearest valid key suggested ("did you mean `grpo.num_prompts_per_step`?").
 
-**A key with no effect is an error** (DESIGN invariant 10): a non-default value under `async` in sync mode,
-under `runtime.ray` with the embedded backend, under a disabled `reward_scaling`/`overlong_shaping`/
+**A key with no effect is an error** ([design](design.md), invariant 10): a non-default value under `async` in sync
+mode, under `runtime.ray` with the embedded backend, under a disabled `reward_scaling`/`overlong_shaping`/
 `dynamic_sampling`, under a data task or model source not chosen, and so on. Writing a key at its default
 value is always fine, which is why the output of `config show` loads back unchanged.
 

@@ -5,7 +5,7 @@ Invariants pinned here:
   and a fix; a valid neighbour of each violation loads;
 - several problems (types, ranges, unknown keys, bad overrides, cross-field rules) are reported together in one
   ConfigError, and a section that fails type validation does not hide the other sections' errors;
-- a key with no effect in the chosen setting is an error (DESIGN invariant 10);
+- a key with no effect in the chosen setting is an error (invariant 10 in docs/design.md);
 - RunConfig built directly in Python runs the same rules.
 """
 

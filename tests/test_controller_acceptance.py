@@ -1,6 +1,6 @@
-"""The reviewer's acceptance checks from seed 002, driven through the REAL controller with scripted fakes.
+"""The over-credit bug's acceptance checks (docs/design.md), driven through the REAL controller with scripted fakes.
 
-Invariants pinned (DESIGN 4, 5; reference §6.9, §6.10):
+Invariants pinned (invariants 4 and 5 in docs/design.md):
 - a loss during a non-final chunk never excuses already-selected work: two drops while step 0's first
   3-group chunk trains → shortfalls {0: 1, 1: 1}, two optimizer steps of 3 groups each, clean exhaustion;
   one drop → step 0 closes at 3, step 1 is full (4);

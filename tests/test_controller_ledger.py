@@ -1,9 +1,9 @@
-"""StepLedger, SparePool and failure handling (reference §6.1, §6.3, §6.5, §6.10; §9.6 target_groups cases).
+"""StepLedger, SparePool and failure handling.
 
 Invariants pinned:
 - open(s) = P − selected − charged; selecting beyond the open slots is an invariant error;
 - a floating loss takes the first step ≥ the assembling one with an open slot, so credits never excuse
-  selected work (the reviewer's sequence at ledger level: {0: 1, 1: 1});
+  selected work (the over-credit sequence of docs/design.md at ledger level: {0: 1, 1: 1});
 - a pinned loss stays on its step even when the assembling step has room; one for a closed step is a late
   loss (counted, no effect); one with no open slot is an invariant error; None charges nothing;
 - floor = ceil(P × fraction): 128 @ 0.9 → 12 drops fine, the 13th raises naming step, drops, floor and

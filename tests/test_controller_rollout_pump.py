@@ -1,4 +1,4 @@
-"""The rollout pump, driven through the real controller (reference §9.6 adapted to our API).
+"""The rollout pump, driven through the real controller.
 
 Covered: stamps (in_order stamps the dispatch index, weight_fifo none); capacity and in-flight bounds hold
 and every permit comes back; resume top-up of a partially restored in_order step (the surplus prompt goes

@@ -1,6 +1,6 @@
-"""Staleness samplers (reference §5.2, scenarios of §9.5 adapted) and the seed-002 weight_fifo hang.
+"""Staleness samplers and the weight_fifo hang under dynamic sampling.
 
-Covered from §9.5: protocol conformance of every built-in; admission (windowed never gates or stamps,
+Covered: protocol conformance of every built-in; admission (windowed never gates or stamps,
 in_order stamps 0,1,… and gates at W, weight_fifo gates at window 0 after one batch and never stamps,
 ready_first admits the live batch + S then opens one more per trainer step); in_order evict matches select
 (future target kept however old its weights, past target evicted, unready never evicted); factory + knob
@@ -10,7 +10,7 @@ on a partial oldest bucket, empty window → None); ready_first select (mixes ve
 evicts a straggler); in_order select ignores weights; default evict below window skips unready slots;
 dispatch-index restore; abort policy; select bounds; DropAccountingSampler hooks (in_order explicit, windowed
 overrides, ready_first and custom-without-protocol get the gated defaults).
-Seed 002: with {1: 6 ready, 2: 10 ready} at v = 2 (S = 1, P = 8) weight_fifo selects nothing, forever, while
+The weight_fifo hang: with {1: 6 ready, 2: 10 ready} at v = 2 (S = 1, P = 8) weight_fifo selects nothing, forever, while
 ready_first selects a full step from the same buffer.
 """
 
@@ -234,21 +234,21 @@ def test_drop_accounting_hooks():
         assert acc.charge_step_for_lost_group(5, 2) == 5
 
 
-def seed002_stall_buffer() -> GroupBuffer:
+def stalled_buffer() -> GroupBuffer:
     """The buffer at the observed stall: {1: 6 ready/6 slots, 2: 10 ready/10 slots}, nothing in flight."""
     buf = GroupBuffer()
     fill(buf, [(1, None, True)] * 6 + [(2, None, True)] * 10)
     return buf
 
 
-def test_weight_fifo_never_fills_the_seed002_stall_buffer_but_ready_first_does():
+def test_weight_fifo_never_fills_the_stalled_buffer_but_ready_first_does():
     P = 8
-    fifo = WeightFifoSampler(seed002_stall_buffer(), WeightFifoSamplerConfig(max_staleness_versions=1))
+    fifo = WeightFifoSampler(stalled_buffer(), WeightFifoSamplerConfig(max_staleness_versions=1))
     for _ in range(100):  # nothing can change: the gate is closed and nothing is in flight
         assert fifo.evict(2) == []
         assert fifo.select(2, P, P) is None
     assert fifo.buffer.slots_per_start_version() == {1: (6, 6), 2: (10, 10)}
-    ready_first = ReadyFirstSampler(seed002_stall_buffer(), ReadyFirstSamplerConfig(max_staleness_versions=1))
+    ready_first = ReadyFirstSampler(stalled_buffer(), ReadyFirstSamplerConfig(max_staleness_versions=1))
     first, second = ready_first.select(2, P, P), ready_first.select(2, P, P)
     assert [s.start_version for s in first] == [1] * 6 + [2] * 2
     assert [s.start_version for s in second] == [2] * 8

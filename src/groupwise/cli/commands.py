@@ -183,7 +183,7 @@ def add_simulate_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "simulate",
         help="run a config in virtual time against a simulated generator and learner (sim: section); writes a run dir",
-        description="Run the real async controller (or the sync loop's schedule) in virtual time against the "
+        description="Run the real async controller (or, in mode sync, the real sync loop) in virtual time against the "
         "simulated generator and learner described by the config's sim: section. Writes the run directory "
         "(config.yaml, metrics.jsonl, events.log, fates.jsonl, sim/summary.json) for groupwise compare.",
     )

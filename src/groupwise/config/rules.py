@@ -1,7 +1,7 @@
 """Cross-field rules of the model, data, GRPO, loss, optimizer and runtime sections (all modes).
 
 Each rule yields every violation it finds, naming the key path, the value given, the rule and the fix.
-A key that has no effect in the chosen setting is an error (DESIGN invariant 10).
+A key that has no effect in the chosen setting is an error (invariant 10 in docs/design.md).
 """
 
 from __future__ import annotations

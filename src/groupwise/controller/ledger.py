@@ -1,4 +1,4 @@
-"""`StepLedger`: which groups and which losses make up each RL step (reference §6.10, DESIGN invariant 5).
+"""`StepLedger`: which groups and which losses make up each RL step (invariant 5 in docs/design.md).
 
 Per step ``s``: ``selected`` (groups handed to the trainer), ``charged`` (groups lost for good and
 charged to ``s``), ``replaced`` and ``promoted`` (counters for metrics). The number of slots still open::
@@ -6,7 +6,7 @@ charged to ``s``), ``replaced`` and ``promoted`` (counters for metrics). The num
     open(s) = P − selected(s) − charged(s)
 
 Selection is recorded synchronously at the moment groups are selected, so a loss can never be charged
-against work already selected (the reviewer's over-credit bug in seed 002). A *floating* loss (a sampler
+against work already selected (the over-credit bug of docs/design.md). A *floating* loss (a sampler
 that does not stamp) goes to the first step ``≥`` the one being assembled that still has an open slot; a
 *pinned* loss (stamped, or an explicit custom decision) stays on its step. A step closes when
 ``selected + charged == P`` (asserted: a violation is a bug), or — for closes-short samplers at

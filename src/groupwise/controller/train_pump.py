@@ -1,6 +1,6 @@
 """`TrainPump`: assembles each RL step from streamed chunks of whole groups, then one optimizer step.
 
-Per step ``s`` (= the trainer version ``v``; reference §4.6 adapted to the ledger of §6.10):
+Per step ``s`` (= the trainer version ``v``):
 
 1. evict what the sampler says can never be selected (capacity released, fate ``evicted``);
 2. while the ledger has open slots: ``select`` a chunk of at least ``min(streaming_min, open)`` groups —
@@ -13,7 +13,7 @@ At the end of data: a step with nothing selected and an empty buffer ends the ru
 sampler closes its last step short (above the floor); anything else raises
 :class:`RolloutExhaustedError`. When the rollout pump is parked on the gate or on capacity with nothing in
 flight and nothing is selectable, no event can ever arrive: :class:`ControllerStalled` names the state
-instead of hanging (the seed-002 weight_fifo hang is reported this way).
+instead of hanging (a weight_fifo bucket that can never fill is reported this way).
 """
 
 from __future__ import annotations

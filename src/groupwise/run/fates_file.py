@@ -1,4 +1,5 @@
-"""``fates.jsonl``: where every dispatched prompt attempt ended, one JSON line each (DESIGN invariant 4, auditable).
+"""``fates.jsonl``: where every dispatched prompt attempt ended, one JSON line each (auditable: invariant 4 in
+docs/design.md).
 
 One line per decision, appended as it is made::
 

@@ -5,7 +5,8 @@ The ``ray`` module is imported here first, so a missing install fails with the i
 ``ray`` from this one.
 
 Placement is checked before anything waits on it, because Ray never fails a request it cannot place: the
-actor just stays pending and the run hangs silently (``shared/reference/feasibility.md`` §4). So:
+actor just stays pending and the run hangs silently (on 2 CPUs, two ``num_cpus=1`` actors reserve every CPU
+and any further default request waits forever, with no error). So:
 
 * a request larger than every node (:func:`unschedulable_reasons`, *infeasible*) or larger than what the
   cluster has free right now (*busy*) is refused at once with the key to change;

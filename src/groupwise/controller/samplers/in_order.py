@@ -1,4 +1,4 @@
-"""`in_order`: each admitted batch is stamped with the step that must train it (§5.2).
+"""`in_order`: each admitted batch is stamped with the step that must train it.
 
 Gated with W = ``max_lookahead_versions``; ``target_step = dispatch index``. Selection ignores weight
 versions: step v takes only ready groups stamped v, in dispatch order. Eviction removes ready groups
@@ -14,7 +14,8 @@ from groupwise.controller.samplers.base import GatedSampler, check_select_bounds
 
 class InOrderSampler(GatedSampler):
     stamps_target_steps = True
-    # Declared explicitly (seed 002): pool on, no short close, a lost group shrinks its stamped step.
+    # Declared explicitly (they equal the gated defaults): pool on, no short close, a lost group shrinks its
+    # stamped step.
     uses_replacement_pool = True
     closes_short_at_exhaustion = False
 

@@ -1,4 +1,4 @@
-"""`ready_first`: any finished group, oldest dispatch first, mixing weight versions (§5.2).
+"""`ready_first`: any finished group, oldest dispatch first, mixing weight versions.
 
 Gated with W = ``max_staleness_versions`` (an admission window only). No stamps; selection takes every
 ready group in dispatch order with no staleness bound; nothing is ever evicted. Drop accounting uses the

@@ -1,9 +1,9 @@
-"""`weight_fifo`: each step is built from groups that share one start version (§5.2).
+"""`weight_fifo`: each step is built from groups that share one start version.
 
 Gated with W = ``max_staleness_versions``, also the selection window. ``t*`` is the smallest start
 version of ANY slot (ready or in flight) inside ``[max(0, v − S), v]``; only ready groups with start version
 ``t*`` are eligible, so the sampler waits for the oldest version's bucket. This is why it cannot be combined
-with dynamic sampling (seed 002): a replacement lands in a newer bucket and the old one never fills.
+with dynamic sampling: a replacement lands in a newer bucket and the old one never fills.
 """
 
 from __future__ import annotations

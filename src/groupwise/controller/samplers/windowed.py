@@ -1,9 +1,9 @@
-"""`windowed`: ungated production, selection inside a start-version window (§5.2).
+"""`windowed`: ungated production, selection inside a start-version window.
 
 Admission never waits (only capacity and in-flight permits bound production). Step v selects ready groups
 with ``max(0, v − S) ≤ start_version ≤ v``, in dispatch order or freshest first (ascending lag, then
 dispatch order). Older ready groups are evicted; older in-flight attempts are aborted at weight sync.
-Drop accounting (seed 002): no spare pool, a lost group is charged to nobody (later groups make up for
+Drop accounting: no spare pool, a lost group is charged to nobody (later groups make up for
 it), and the last step may close short at exhaustion above the floor.
 """
 
