@@ -26,8 +26,8 @@ from groupwise.types import Group
 
 @dataclass
 class _Attempt:
-    """One attempt in flight; its fate record is built only when the attempt does not commit (a committed
-    group's record is written by the train pump), one allocation fewer per simulated group."""
+    """One attempt in flight. Its fate record is built only when the attempt does not commit (a committed
+    group's record is written by the train pump): this runs once per group, so it allocates nothing it can skip."""
 
     task: asyncio.Task[None]  # the worker task running the dispatch slot, and so the attempt
     start_version: int
@@ -144,8 +144,9 @@ class DispatchSlots:
             start = ctx.generator_version
             slot_id = ctx.buffer.reserve(start, target, payload=item)
             slot.group_id, slot.start_version = slot_id, start
-            # The rollout runs in the slot's worker task (no task per attempt: a simulated million-group run pays
-            # for every task); an abort cancels that task, and uncancel() tells an abort from a shutdown.
+            # The rollout runs in the slot's worker task, not in a task of its own (a task per attempt would be most
+            # of the controller's cost per group); an abort cancels that task, and uncancel() tells an abort from a
+            # shutdown.
             current = asyncio.current_task()
             assert current is not None, "a dispatch slot runs in a worker task"
             self._attempts[slot_id] = attempt = _Attempt(current, start, slot_id, item, slot.attempt)
