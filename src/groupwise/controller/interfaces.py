@@ -1,7 +1,8 @@
-"""What the controller talks to: a prompt source, a rollout client and a trainer client.
+"""What the controller and the sync loop talk to: a prompt source, a rollout client and a trainer client.
 
 Kept small on purpose: the embedded runtime implements them with the real generator, reward function and
-learner; the Ray runtime with actors; the tests with scripted fakes (``tests/fakes``).
+learner; the Ray runtime with actors; the simulator with simulated ones; the tests with scripted fakes
+(``tests/fakes``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The embedded runtime: the async controller's clients, in this process, on the real engine and learner.
+"""The embedded runtime: the async controller's clients, in this process, on the real engine and learner (the
+sync loop uses its trainer client inline: ``EmbeddedTrainer(in_thread=False)``).
 
 Generation runs concurrently with training: the engine has its own model copy and runs in a worker thread
 (PyTorch releases the GIL inside its kernels), the learner runs chunks in another. Rollout requests that

@@ -1,7 +1,7 @@
 """Everything one training run holds, built from a config: policy, engine, learner, data, run directory.
 
-The sync loop and the async runtime both drive a :class:`Session`; it owns the edges (metrics, train data,
-evaluation, checkpoints, the final model) so the loops stay short.
+The sync and async runtimes (``groupwise.runtime.sync_run``, ``async_run``) both drive a :class:`Session`; it owns
+the edges (metrics, train data, evaluation, checkpoints, the final model) so the loops stay short.
 """
 
 from __future__ import annotations
