@@ -135,14 +135,14 @@ def run_dir_config(run_dir: Path, overrides: list[str]):
 def add_sft_parser(subparsers) -> None:
     parser = subparsers.add_parser("sft", help="supervised fine-tuning on task demonstrations (warm starts)")
     _config_arguments(parser)
-    parser.set_defaults(handler=run_sft)
+    parser.set_defaults(handler=run_sft_command)
 
 
-def run_sft(args: argparse.Namespace) -> int:
+def run_sft_command(args: argparse.Namespace) -> int:
     cfg = load_config(args.file, args.overrides)
-    from groupwise.trainer.sft import run_sft as fine_tune
+    from groupwise.trainer.sft import run_sft
 
-    final = fine_tune(cfg)
+    final = run_sft(cfg)
     print(f"done: {final}")
     return EXIT_OK
 
