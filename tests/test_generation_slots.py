@@ -7,9 +7,12 @@
   prompt, rows finishing at many different steps (several buckets used), top-k/top-p, greedy, stop strings,
   and a Qwen2 model with biases;
 - weights: changed in place (an optimizer step on a shared model, ``load_weights``) they are used by the next
-  call with the captured steps kept (nothing captured again); rebound to new storage
+  call with the captured steps kept (nothing captured again) — also after a fused AdamW step, which bumps no
+  version counter, once the session's ``load_weights`` ran; rebound to new storage
   (``load_state_dict(assign=True)``) the steps are captured again and the new weights used — never stale;
 - buffers: a longer chunk than the slots hold reallocates them and captures again, with the same results;
+- on a CUDA machine only (skipped elsewhere): captured CUDA graphs replay exactly what the eager slot step
+  computes, also after an in-place weight change (no recapture);
 - a failed capture (here: CUDA graphs asked of a CPU-only torch) falls back to eager replays, says why in
   ``decode_path``, and samples the same tokens;
 - ``cuda_graphs`` modes: unknown values, 'on' without CUDA and graph modes without the fast step are refused
@@ -21,13 +24,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fakes.decoder_models import peaked_model
+from fakes.decoder_models import assert_same_completions, char_tokenizer, peaked_model, text_requests
 
 from groupwise.config import ConfigError, config_from_dict
 from groupwise.generation import Engine
 from groupwise.generation.slots import row_bucket
 from groupwise.generation.step_graphs import StepGraphs
-from groupwise.model import load_policy
 from groupwise.trainer.builder import build_components
 from groupwise.types import GenerationRequest, SamplingParams
 
@@ -37,26 +39,20 @@ STOPS = (EOS, *range(10, 40))
 SLOTS = "fast Llama decode step in static slots, replayed eagerly (row buckets 1..256, each captured on first use;"
 
 
+TEXTS = ["1+2=", "a much longer prompt: 81*7=", "9", "12+30=", "77-5=", "hello"]
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
-    return load_policy("tiny", tiny={"vocab": "full", "num_layers": 1, "hidden_size": 16, "num_heads": 2}).tokenizer
+    return char_tokenizer()
 
 
 def _requests(tokenizer, samples: int = 5) -> list[GenerationRequest]:
-    texts = ["1+2=", "a much longer prompt: 81*7=", "9", "12+30=", "77-5=", "hello"]
-    return [GenerationRequest(tuple(tokenizer(t)["input_ids"]), samples, seed=i) for i, t in enumerate(texts)]
+    return text_requests(tokenizer, TEXTS, samples)
 
 
 def _tokens(completions) -> list[list[tuple[int, ...]]]:
     return [[c.token_ids for c in per] for per in completions]
-
-
-def _assert_same(got, expected, tolerance: float = 1e-5) -> None:
-    assert _tokens(got) == _tokens(expected)
-    for per_got, per_expected in zip(got, expected, strict=True):
-        for a, b in zip(per_got, per_expected, strict=True):
-            assert (a.finish_reason, a.text) == (b.finish_reason, b.text)
-            assert max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)), default=0.0) <= tolerance
 
 
 def _slot_and_plain(model, tokenizer, stops=STOPS) -> tuple[Engine, Engine]:
@@ -86,7 +82,7 @@ def test_slot_path_samples_what_the_compacting_path_samples(tokenizer, kv_heads,
     assert slot.decode_path.startswith(SLOTS)
     assert len({c.num_tokens for per in got for c in per}) > 1, "rows should finish at different steps"
     assert slot.decode_graphs.captures >= min_captures, "rows finishing at different steps should use several buckets"
-    _assert_same(got, expected)
+    assert_same_completions(got, expected)
 
 
 def test_slot_path_with_stop_strings_and_qwen2_biases(tokenizer) -> None:
@@ -96,7 +92,7 @@ def test_slot_path_with_stop_strings_and_qwen2_biases(tokenizer) -> None:
     got, expected = slot.generate(_requests(tokenizer), sampling), plain.generate(_requests(tokenizer), sampling)
     assert slot.decode_path.startswith(SLOTS)
     assert {c.finish_reason for per in got for c in per} == {"stop", "length"}
-    _assert_same(got, expected)
+    assert_same_completions(got, expected)
 
 
 def test_weights_changed_in_place_are_used_without_capturing_again(tokenizer) -> None:
@@ -110,14 +106,32 @@ def test_weights_changed_in_place_are_used_without_capturing_again(tokenizer) ->
             parameter.add_(0.2 * torch.randn(parameter.shape, generator=generator))
     after = slot.generate(_requests(tokenizer), sampling)
     assert _tokens(after) != _tokens(before)
-    _assert_same(after, plain.generate(_requests(tokenizer), sampling))
+    assert_same_completions(after, plain.generate(_requests(tokenizer), sampling))
     # load_weights (the async engine's weight sync) copies in place too.
     state = {name: tensor * 0.9 for name, tensor in peaked_model(len(tokenizer), seed=4).state_dict().items()}
     slot.load_weights(state, version=1)
     synced = slot.generate(_requests(tokenizer), sampling)
     assert _tokens(synced) != _tokens(after)
-    _assert_same(synced, plain.generate(_requests(tokenizer), sampling))
+    assert_same_completions(synced, plain.generate(_requests(tokenizer), sampling))
     assert slot.decode_graphs.resets == 0, "in-place weight changes must keep the captured steps"
+
+
+def test_a_fused_optimizer_step_is_seen_after_load_weights(tokenizer) -> None:
+    # Fused AdamW writes the parameters without bumping their version counters; the sync session calls
+    # load_weights(model.state_dict()) after every optimizer step, and that copy in place is what shows the change.
+    model = peaked_model(len(tokenizer), seed=10)
+    slot = Engine(model, tokenizer, STOPS, cuda_graphs="eager")
+    sampling = SamplingParams(max_new_tokens=16, temperature=1.0)
+    before = slot.generate(_requests(tokenizer), sampling)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, fused=True)
+    sum(p.square().sum() for p in model.parameters()).backward()
+    optimizer.step()
+    slot.load_weights(model.state_dict(), version=1)
+    after = slot.generate(_requests(tokenizer), sampling)
+    assert _tokens(after) != _tokens(before)
+    fresh = Engine(model, tokenizer, STOPS, cuda_graphs="off")
+    assert_same_completions(after, fresh.generate(_requests(tokenizer), sampling))
+    assert slot.decode_graphs.resets == 0
 
 
 def test_weights_rebound_to_new_storage_are_captured_again(tokenizer) -> None:
@@ -130,7 +144,7 @@ def test_weights_rebound_to_new_storage_are_captured_again(tokenizer) -> None:
     model.load_state_dict(new_state, assign=True)  # parameters now live in new tensors
     after = slot.generate(_requests(tokenizer), sampling)
     assert _tokens(after) != _tokens(before)
-    _assert_same(after, plain.generate(_requests(tokenizer), sampling))
+    assert_same_completions(after, plain.generate(_requests(tokenizer), sampling))
     assert slot.decode_graphs.resets == 1
 
 
@@ -139,11 +153,27 @@ def test_larger_chunks_reallocate_the_slots(tokenizer) -> None:
     slot, plain = _slot_and_plain(model, tokenizer)
     small, large = SamplingParams(max_new_tokens=8, temperature=1.0), SamplingParams(max_new_tokens=80, temperature=1.0)
     first = _requests(tokenizer, samples=1)[:2]
-    _assert_same(slot.generate(first, small), plain.generate(first, small))
+    assert_same_completions(slot.generate(first, small), plain.generate(first, small))
     assert slot.decode_graphs.resets == 0
     # More rows (more slots) and more new tokens (more cache columns) than the first call allocated.
-    _assert_same(slot.generate(_requests(tokenizer), large), plain.generate(_requests(tokenizer), large))
+    assert_same_completions(slot.generate(_requests(tokenizer), large), plain.generate(_requests(tokenizer), large))
     assert slot.decode_graphs.resets == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_replays_equal_the_eager_slot_step(tokenizer) -> None:
+    model = peaked_model(len(tokenizer), seed=0).cuda()
+    graphs = Engine(model, tokenizer, STOPS, cuda_graphs="on")
+    eager = Engine(model, tokenizer, STOPS, cuda_graphs="eager")
+    sampling = SamplingParams(max_new_tokens=24, temperature=1.0, top_p=0.9)
+    for _ in range(2):
+        got, expected = graphs.generate(_requests(tokenizer), sampling), eager.generate(_requests(tokenizer), sampling)
+        assert_same_completions(got, expected, tolerance=0.0)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.mul_(1.1)
+    assert graphs.decode_path.startswith("fast Llama decode step under cuda graphs")
+    assert graphs.decode_graphs.captures >= 2 and graphs.decode_graphs.resets == 0
 
 
 def test_a_failed_capture_falls_back_to_eager_replays(tokenizer) -> None:
@@ -158,7 +188,8 @@ def test_a_failed_capture_falls_back_to_eager_replays(tokenizer) -> None:
     slot.generate(_requests(tokenizer)[:1], SamplingParams(max_new_tokens=2))  # decide the path
     slot.decode_graphs.use_graphs = True  # as on CUDA: the next capture is a real one, and fails here
     sampling = SamplingParams(max_new_tokens=12, temperature=1.0)
-    _assert_same(slot.generate(_requests(tokenizer), sampling), plain.generate(_requests(tokenizer), sampling))
+    got, expected = slot.generate(_requests(tokenizer), sampling), plain.generate(_requests(tokenizer), sampling)
+    assert_same_completions(got, expected)
     assert "replayed eagerly" in slot.decode_path and "cuda graph capture failed" in slot.decode_path
 
 

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fakes.decoder_models import peaked_model
+from fakes.decoder_models import assert_same_completions, char_tokenizer, peaked_model, text_requests
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from groupwise.config import config_from_dict
 from groupwise.generation import Engine
-from groupwise.model import load_policy
 from groupwise.trainer.builder import build_components
 from groupwise.types import GenerationRequest, SamplingParams
 
@@ -32,25 +31,16 @@ FAST = "fast Llama decode step (no cuda graphs: the model is on cpu)"
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return load_policy("tiny", tiny={"vocab": "full", "num_layers": 1, "hidden_size": 16, "num_heads": 2}).tokenizer
+    return char_tokenizer()
 
 
 def _requests(tokenizer) -> list[GenerationRequest]:
-    texts = ["1+2=", "a much longer prompt: 81*7=", "9", "12+30="]
-    return [GenerationRequest(tuple(tokenizer(t)["input_ids"]), 3, seed=i) for i, t in enumerate(texts)]
+    return text_requests(tokenizer, ["1+2=", "a much longer prompt: 81*7=", "9", "12+30="], 3)
 
 
 def _both_paths(model, tokenizer, sampling: SamplingParams):
     fast, module = Engine(model, tokenizer, STOPS), Engine(model, tokenizer, STOPS, fast_decode=False)
     return fast, fast.generate(_requests(tokenizer), sampling), module, module.generate(_requests(tokenizer), sampling)
-
-
-def _assert_same(got, expected, tolerance: float = 1e-5) -> None:
-    assert [[c.token_ids for c in per] for per in got] == [[c.token_ids for c in per] for per in expected]
-    for per_got, per_expected in zip(got, expected, strict=True):
-        for a, b in zip(per_got, per_expected, strict=True):
-            assert a.finish_reason == b.finish_reason
-            assert max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)), default=0.0) <= tolerance
 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(6, 6), (6, 2), (6, 1)])
@@ -62,7 +52,7 @@ def test_fast_step_samples_what_the_module_path_samples(tokenizer, heads, kv_hea
     assert module.decode_path.startswith("transformers forward")
     lengths = {c.num_tokens for per in got for c in per}
     assert len(lengths) > 1, "rows should finish at different steps, so the batch is compacted mid-loop"
-    _assert_same(got, expected)
+    assert_same_completions(got, expected)
 
 
 @pytest.mark.parametrize(
@@ -74,7 +64,7 @@ def test_biased_projections_and_qwen2_take_the_fast_step(tokenizer, family, over
     sampling = SamplingParams(max_new_tokens=16, temperature=1.0)
     fast, got, _, expected = _both_paths(model, tokenizer, sampling)
     assert fast.decode_path == FAST
-    _assert_same(got, expected)
+    assert_same_completions(got, expected)
 
 
 def test_fast_step_uses_weights_changed_in_place(tokenizer) -> None:
@@ -87,7 +77,7 @@ def test_fast_step_uses_weights_changed_in_place(tokenizer) -> None:
             parameter.add_(0.5 * torch.randn(parameter.shape, generator=generator))
     after, expected = fast.generate(_requests(tokenizer), sampling), module.generate(_requests(tokenizer), sampling)
     assert [[c.token_ids for c in per] for per in after] != [[c.token_ids for c in per] for per in before]
-    _assert_same(after, expected)
+    assert_same_completions(after, expected)
 
 
 def test_models_outside_the_scope_keep_the_module_path(tokenizer) -> None:
@@ -113,7 +103,7 @@ def test_a_failed_probe_keeps_the_module_path(tokenizer) -> None:
     sampling = SamplingParams(max_new_tokens=12, temperature=1.0)
     fast, got, _, expected = _both_paths(model, tokenizer, sampling)
     assert fast.decode_path.startswith("transformers forward (probe logits differ from the model's forward by")
-    _assert_same(got, expected, tolerance=0.0)
+    assert_same_completions(got, expected, tolerance=0.0)
 
 
 @pytest.mark.parametrize("fast_decode", [True, False])

@@ -27,3 +27,26 @@ def peaked_model(vocab_size: int, seed: int, family: str = "llama", **overrides)
             if name.endswith(".bias"):
                 parameter.normal_(0.0, 0.5)
     return model
+
+
+def char_tokenizer():
+    """The built-in character tokenizer (full vocabulary) of the tiny models."""
+    from groupwise.model import load_policy
+
+    return load_policy("tiny", tiny={"vocab": "full", "num_layers": 1, "hidden_size": 16, "num_heads": 2}).tokenizer
+
+
+def text_requests(tokenizer, texts, samples: int):
+    """One request per text (ragged prompts), ``samples`` completions each, seeded by position."""
+    from groupwise.types import GenerationRequest
+
+    return [GenerationRequest(tuple(tokenizer(t)["input_ids"]), samples, seed=i) for i, t in enumerate(texts)]
+
+
+def assert_same_completions(got, expected, tolerance: float = 1e-5) -> None:
+    """Same tokens, finish reasons and text per completion; logprobs within ``tolerance``."""
+    assert [[c.token_ids for c in per] for per in got] == [[c.token_ids for c in per] for per in expected]
+    for per_got, per_expected in zip(got, expected, strict=True):
+        for a, b in zip(per_got, per_expected, strict=True):
+            assert (a.finish_reason, a.text) == (b.finish_reason, b.text)
+            assert max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)), default=0.0) <= tolerance

@@ -20,11 +20,13 @@ prefilling it and loading it into a free slot.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from groupwise.generation.chunk import Prefill
 from groupwise.generation.sampling import keyed_uniforms, sample_tokens, tempered_logprobs_of
@@ -32,6 +34,10 @@ from groupwise.types import SamplingParams
 
 # Cache capacity is rounded up to a multiple of this, so nearby prompt widths reuse the same buffers and graphs.
 CAPACITY_ROUND = 64
+# On CUDA the step's attention (one query per row against C masked columns) runs on the memory-efficient kernel,
+# which takes any mask; math is the fallback. Pinned rather than left to the dispatcher, so what a graph bakes
+# in is known (elsewhere the dispatcher chooses as always).
+_CUDA_STEP_ATTENTION = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def row_bucket(rows: int) -> int:
@@ -139,13 +145,15 @@ class DecodeSlots:
         kv_heads, head_dim = self.keys[0].shape[1], self.keys[0].shape[3]
         temperature, top_k, top_p = sampling.temperature, sampling.top_k, sampling.top_p
         last_column = self.capacity - 1
+        cuda = self.device.type == "cuda"
 
         def step() -> None:
             column = columns.clamp(max=last_column).view(bucket, 1, 1, 1)  # never out of bounds, even when idle
             mask.scatter_(-1, column, True)
             column_index = column.expand(bucket, kv_heads, 1, head_dim)
             cache = _SlotCache([_SlotLayer(keys, values, column_index) for keys, values in layers])
-            logits = decoder.step(tokens, positions, mask, cache, weights)
+            with sdpa_kernel(_CUDA_STEP_ATTENTION) if cuda else contextlib.nullcontext():
+                logits = decoder.step(tokens, positions, mask, cache, weights)
             drawn = sample_tokens(logits, keyed_uniforms(rng_keys, sample_index), temperature, top_k, top_p)
             next_logprobs.copy_(tempered_logprobs_of(logits, drawn, temperature))
             next_tokens.copy_(drawn)
