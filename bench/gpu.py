@@ -192,6 +192,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         elif section == "profile":
             rows += profile_rows(shapes["smollm2-135m"], device, out.with_name(out.stem + "_profile.txt"), args.smoke)
         seconds[section] = round(time.perf_counter() - started, 1)
+        out.write_text(json.dumps({"partial": True, "rows": rows}, indent=1, default=str))  # survives a kill
     info = machine(device)
     info.update(measured_bf16_matmul_tflops=peak_measured, mfu_peak_tflops=args.peak_tflops, smoke=args.smoke,
                 seconds=round(time.perf_counter() - clock.start, 1), section_seconds=seconds)  # fmt: skip

@@ -17,7 +17,8 @@
   ``decode_path``, and samples the same tokens;
 - ``cuda_graphs`` modes: unknown values, 'on' without CUDA and graph modes without the fast step are refused
   with the fix; ``decode_path`` names the path for 'auto', 'off' and 'eager' on CPU; the config key
-  ``generation.cuda_graphs`` reaches the built engine and its cross-field rules name the key and the fix.
+  ``generation.cuda_graphs`` reaches the built engine, YAML's bare on/off (booleans) mean 'on'/'off', and its
+  cross-field rules name the key and the fix.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pytest
 import torch
 from fakes.decoder_models import assert_same_completions, char_tokenizer, peaked_model, text_requests
 
-from groupwise.config import ConfigError, config_from_dict
+from groupwise.config import ConfigError, config_from_dict, load_config
 from groupwise.generation import Engine
 from groupwise.generation.slots import row_bucket
 from groupwise.generation.step_graphs import StepGraphs
@@ -224,6 +225,13 @@ def test_the_config_key_reaches_the_built_engine(mode, path) -> None:
     engine = build_components(config_from_dict(_config(cuda_graphs=mode))).engine
     engine.generate([GenerationRequest((5, 6, 7), 2, seed=0)], SamplingParams(max_new_tokens=4))
     assert (engine.cuda_graphs, engine.decode_path) == (mode, f"fast Llama decode step ({path})")
+
+
+def test_yaml_on_and_off_mean_the_modes(tmp_path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("model: {source: tiny, device: cuda}\ngeneration: {cuda_graphs: off}\n")  # YAML: off is false
+    assert load_config(path).generation.cuda_graphs == "off"
+    assert load_config(path, ["generation.cuda_graphs=on"]).generation.cuda_graphs == "on"
 
 
 def test_config_rules_for_cuda_graphs() -> None:

@@ -78,7 +78,7 @@ def cuda_graphs_need_cuda_and_the_fast_step(cfg: Any) -> Iterator[ConfigIssue]:
         return
     if cfg.model.device == "cpu":
         if mode == "on":
-            yield ConfigIssue("generation.cuda_graphs", mode, "CUDA graphs need a CUDA device; model.device 'cpu'",
+            yield ConfigIssue("generation.cuda_graphs", mode, "CUDA graphs need a CUDA device, not model.device 'cpu'",
                               "set model.device: cuda (or auto on a GPU machine), or generation.cuda_graphs: auto")
         else:
             yield ConfigIssue("generation.cuda_graphs", mode,

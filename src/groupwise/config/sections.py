@@ -179,7 +179,13 @@ class GenerationSection(Section):
     cuda_graphs: Literal["auto", "on", "off"] = "auto"
     """Run the fast decode step as CUDA graphs, one per row bucket, from static buffers (docs/generation.md):
     ``auto`` = when the model is on a CUDA device and the fast step takes it; ``on`` = the same, and an error
-    where graphs cannot run (no CUDA device, or a model the fast step refuses); ``off`` = no graphs on CUDA."""
+    where graphs cannot run (no CUDA device, or a model the fast step refuses); ``off`` = no graphs on CUDA.
+    YAML reads a bare on/off as true/false; those mean on/off here."""
+
+    @field_validator("cuda_graphs", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: Any) -> Any:
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @field_validator("stop")
     @classmethod
