@@ -73,6 +73,28 @@ def tiny_model_positions(cfg: RunConfig) -> Iterator[ConfigIssue]:
         )
 
 
+@rule("model", "generation")
+def cuda_graphs_need_cuda_and_the_fast_step(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """generation.cuda_graphs other than auto needs a model.device that can be CUDA and generation.fast_decode."""
+    mode = cfg.generation.cuda_graphs
+    if mode == "auto":
+        return
+    if cfg.model.device == "cpu":
+        if mode == "on":
+            yield ConfigIssue("generation.cuda_graphs", mode, "CUDA graphs need a CUDA device, not model.device 'cpu'",
+                              "set model.device: cuda (or auto on a GPU machine), or generation.cuda_graphs: auto")
+        else:
+            yield ConfigIssue("generation.cuda_graphs", mode,
+                              "generation.cuda_graphs 'off' has no effect with model.device 'cpu' (a CPU uses none)",
+                              "remove generation.cuda_graphs")
+    if not cfg.generation.fast_decode:
+        yield ConfigIssue(
+            "generation.cuda_graphs", mode,
+            "CUDA graphs capture the fast decode step, which generation.fast_decode: false turns off",
+            "remove generation.cuda_graphs (no graphs without the fast step), or set generation.fast_decode: true",
+        )
+
+
 @rule("model", "loss")
 def kl_needs_reference(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """loss.kl_coef > 0 needs model.reference: initial, and the reference and KL clamps need kl_coef > 0."""

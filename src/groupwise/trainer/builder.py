@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from groupwise.config import ConfigError, ConfigIssue
 from groupwise.data.loader import PromptLoader
 from groupwise.data.registry import Task, build_task
 from groupwise.data.rewards import RewardFn, load_reward_fn
 from groupwise.generation.engine import Engine
-from groupwise.model.loading import Policy, eos_token_ids, load_policy
+from groupwise.model.loading import Policy, eos_token_ids, load_policy, resolve_device
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
 from groupwise.trainer.learner import Learner, LearnerSettings
@@ -42,6 +43,17 @@ def load_policy_from_config(cfg: RunConfig) -> Policy:
     return load_policy(m.source, m.path, m.gguf_file, tiny, device=m.device, dtype=m.dtype, seed=cfg.run.seed)
 
 
+def _check_cuda_graphs_device(cfg: RunConfig) -> None:
+    """``generation.cuda_graphs: on`` with ``model.device: auto`` on a machine without CUDA: a config error, before
+    any model is loaded (with ``model.device: cpu`` the config rules already refuse it)."""
+    if cfg.generation.cuda_graphs == "on" and resolve_device(cfg.model.device).type != "cuda":
+        raise ConfigError([ConfigIssue(
+            "generation.cuda_graphs", "on",
+            f"CUDA graphs need a CUDA device; model.device '{cfg.model.device}' is cpu on this machine",
+            "run on a machine with a CUDA GPU, or set generation.cuda_graphs: auto",
+        )])  # fmt: skip
+
+
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     clone = copy.deepcopy(model)
     clone.eval()
@@ -65,6 +77,7 @@ def build_components(
     cfg: RunConfig, *, separate_engine_model: bool = False, group_size: int | None = None
 ) -> Components:
     """Load the policy and build the engine, task, reward function and rollout worker."""
+    _check_cuda_graphs_device(cfg)
     policy = load_policy_from_config(cfg)
     # Sync mode alternates generation and training, so the engine can sample from the learner's own model.
     # Async mode generates while training: the engine needs its own copy, refreshed at weight sync.
@@ -74,6 +87,7 @@ def build_components(
         policy.tokenizer,
         eos_token_ids(policy.tokenizer, policy.model),
         fast_decode=cfg.generation.fast_decode,
+        cuda_graphs=cfg.generation.cuda_graphs,
     )
     task = build_task(cfg.data.task, cfg.data, cfg.run.seed)
     reward_fn = load_reward_fn(cfg.reward.function, task.default_reward)
