@@ -334,9 +334,9 @@ def learning_check(device: str, workdir: Path, seconds_left: Callable[[], float]
     """``recipes/warm_start_addition.yaml`` on the device, then ``examples/addition.yaml`` from its result,
     time-boxed: held-out greedy accuracy at the start of GRPO and at its end."""
     from groupwise.config import load_config
+    from groupwise.runtime.sync_run import train_steps
     from groupwise.trainer.builder import build_session
     from groupwise.trainer.sft import run_sft
-    from groupwise.trainer.sync_loop import train_one_step
 
     common = [f"model.device={device}", f"run.output_dir={workdir}", "logging.tensorboard=false"]
     small = ["data.addition.num_eval=16", "data.addition.num_train=200"] if smoke else []
@@ -359,7 +359,7 @@ def learning_check(device: str, workdir: Path, seconds_left: Callable[[], float]
         curve = [(0, session.evaluate(step=0)["eval/accuracy"])]
         reserve = 5.0 if smoke else 15.0  # the final evaluation and checkpoint
         while session.state.step < session.cfg.run.max_steps and seconds_left() > reserve:
-            if not train_one_step(session, session.state.step):
+            if train_steps(session, session.state.step + 1) == "exhausted":  # one step at a time: time-boxed
                 break
             if "eval/accuracy" in session.last_metrics and session.last_metrics["step"] == session.state.step:
                 curve.append((session.state.step, session.last_metrics["eval/accuracy"]))
