@@ -18,8 +18,8 @@ from collections import defaultdict
 import torch
 
 from groupwise.config import load_config
+from groupwise.runtime.sync_run import train_steps
 from groupwise.trainer.builder import build_session
-from groupwise.trainer.sync_loop import train_one_step
 
 TIMERS: dict[str, float] = defaultdict(float)
 
@@ -54,12 +54,10 @@ def main() -> None:
         learner.train_chunk = timed("forward + backward", learner.train_chunk)
         learner.finish_step = timed("optimizer step", learner.finish_step)
         session.end_step = timed("metrics + train_data + events", session.end_step)
-        for _ in range(args.warmup):
-            train_one_step(session, session.state.step)
+        train_steps(session, args.warmup)
         TIMERS.clear()
         start = time.perf_counter()
-        for _ in range(args.steps):
-            train_one_step(session, session.state.step)
+        train_steps(session, args.warmup + args.steps)
         total = time.perf_counter() - start
     rollout = TIMERS.pop("_rollout")
     TIMERS["score (rewards + groups)"] = rollout - TIMERS["sample (engine)"]

@@ -1,4 +1,4 @@
-"""RowBatch and the JSONL writer keep rows aligned (DESIGN invariants 1 and 2).
+"""RowBatch and the JSONL writer keep rows aligned (invariants 1 and 2 in docs/design.md).
 
 Pins: every column always has num_rows rows (construction and writes of another length raise, naming the
 column and both lengths); select/slice/concat apply one row index to every column and return new tensors;

@@ -1,4 +1,4 @@
-"""Checkpoint invariants (DESIGN invariant 8: written atomically, resume equals continuing).
+"""Checkpoint invariants (invariant 8 in docs/design.md: written atomically, resume equals continuing).
 
 - Round trip: model tensors (tied weights included), optimizer and scheduler state, RNG, trainer JSON and
   extra pieces come back equal; a model loads them strictly; an optimizer resumed from them takes the same

@@ -22,7 +22,7 @@ from __future__ import annotations
 import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, run_virtual
 
-from groupwise.config import config_from_dict
+from groupwise.config import config_from_dict, sampler_config
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
 from groupwise.controller.ledger import StepBelowFloorError
@@ -44,7 +44,7 @@ def weight_fifo_settings() -> ControllerSettings:
         min_step_batch_fraction=0.5,
     )
     return ControllerSettings(
-        prompts_per_step=2, group_size=G, sampler="weight_fifo", sampler_knobs={"max_staleness_versions": 1},
+        prompts_per_step=2, group_size=G, sampler=sampler_config("weight_fifo", max_staleness_versions=1),
         dynamic_sampling=False, max_buffered_rollouts=16, failure=failure,
     )  # fmt: skip
 
@@ -106,8 +106,8 @@ def test_gated_closes_short_sampler_with_a_spare_pool_finishes_with_a_short_last
     failure = FailureSettings(on_dropped_prompt="replace", max_replacement_attempts=1, replacement_reserve_prompts=2,
                               min_step_batch_fraction=0.25)  # fmt: skip
     settings = ControllerSettings(
-        prompts_per_step=2, group_size=G, sampler="custom",
-        sampler_knobs={"target": "fakes.samplers:GatedClosesShort", "kwargs": {"window": 0}},
+        prompts_per_step=2, group_size=G,
+        sampler=sampler_config("custom", target="fakes.samplers:GatedClosesShort", kwargs={"window": 0}),
         dynamic_sampling=False, max_buffered_rollouts=16, failure=failure,
     )  # fmt: skip
     trainer = RecordingTrainer()
@@ -127,8 +127,8 @@ class FailingOptimizerStep(RecordingTrainer):
 
 
 def test_groups_of_a_step_whose_optimizer_step_failed_are_pending_not_trained():
-    settings = ControllerSettings(prompts_per_step=2, group_size=G, sampler="in_order",
-                                  sampler_knobs={"max_lookahead_versions": 1}, dynamic_sampling=False)  # fmt: skip
+    settings = ControllerSettings(prompts_per_step=2, group_size=G, dynamic_sampling=False,
+                                  sampler=sampler_config("in_order", max_lookahead_versions=1))  # fmt: skip
     fates = []
     trainer = FailingOptimizerStep()
     controller = build_controller(settings, make_loader(12), ScriptedRollouts(G), trainer, on_fate=fates.append)
@@ -152,8 +152,8 @@ def test_exhaustion_with_selectable_groups_fewer_than_the_open_slots_says_so():
     }  # fmt: skip
     failure = FailureSettings(on_dropped_prompt="shrink", max_data_attempts_per_prompt=1, max_skipped_prompts=5,
                               min_step_batch_fraction=0.25)  # fmt: skip
-    settings = ControllerSettings(prompts_per_step=2, group_size=G, sampler="weight_fifo",
-                                  sampler_knobs={"max_staleness_versions": 1}, dynamic_sampling=False,
+    settings = ControllerSettings(prompts_per_step=2, group_size=G, dynamic_sampling=False,
+                                  sampler=sampler_config("weight_fifo", max_staleness_versions=1),
                                   max_buffered_rollouts=16, failure=failure)  # fmt: skip
     controller = build_controller(settings, make_loader(6), ScriptedRollouts(G, script=script), RecordingTrainer())
     with pytest.raises(RolloutExhaustedError) as info:
@@ -166,8 +166,8 @@ def test_exhaustion_with_selectable_groups_fewer_than_the_open_slots_says_so():
 def test_a_loss_that_breaks_the_floor_names_its_prompt_and_steps():
     failure = FailureSettings(on_dropped_prompt="shrink", max_data_attempts_per_prompt=1, max_skipped_prompts=5,
                               min_step_batch_fraction=1.0)  # fmt: skip
-    settings = ControllerSettings(prompts_per_step=2, group_size=G, sampler="in_order",
-                                  sampler_knobs={"max_lookahead_versions": 0}, dynamic_sampling=False,
+    settings = ControllerSettings(prompts_per_step=2, group_size=G, dynamic_sampling=False,
+                                  sampler=sampler_config("in_order", max_lookahead_versions=0),
                                   failure=failure)  # fmt: skip
     script = {"p1": [Outcome(1.0, fail="data")]}
     controller = build_controller(settings, make_loader(4), ScriptedRollouts(G, script=script), RecordingTrainer())

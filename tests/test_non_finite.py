@@ -31,9 +31,9 @@ from groupwise.config import ConfigError, config_from_dict
 from groupwise.run.checkpoint import latest_checkpoint
 from groupwise.run.fates_file import read_fates
 from groupwise.runtime.async_run import run_async
+from groupwise.runtime.sync_run import run_sync
 from groupwise.trainer.builder import build_session
 from groupwise.trainer.finite import NonFiniteTrainingError, check_finite_step, check_finite_weights
-from groupwise.trainer.sync_loop import run_sync
 
 
 def test_the_guard_passes_finite_steps_and_names_the_step_of_a_non_finite_one():

@@ -38,8 +38,8 @@ from groupwise.run.checkpoint import latest_checkpoint, load_checkpoint  # noqa:
 from groupwise.run.fates_file import read_fates  # noqa: E402
 from groupwise.run.metrics import read_metrics  # noqa: E402
 from groupwise.runtime.async_run import run_async  # noqa: E402
+from groupwise.runtime.sync_run import run_sync  # noqa: E402
 from groupwise.trainer.builder import build_session, load_policy_from_config  # noqa: E402
-from groupwise.trainer.sync_loop import run_sync  # noqa: E402
 
 pytestmark = pytest.mark.ray
 

@@ -26,8 +26,8 @@ from groupwise.data.reward_timeout import RewardTimeout, TimedReward, with_timeo
 from groupwise.data.scoring import RewardError, score_completions
 from groupwise.run.fates_file import read_fates
 from groupwise.runtime.async_run import run_async
+from groupwise.runtime.sync_run import run_sync
 from groupwise.trainer.builder import build_session
-from groupwise.trainer.sync_loop import run_sync
 from groupwise.types import Completion, Prompt
 
 

@@ -32,6 +32,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from groupwise.config import sampler_config
 from groupwise.controller.failures import FailureSettings
 from groupwise.controller.fate_records import TERMINAL_RESOLUTIONS, FateRecord
 from groupwise.controller.settings import ControllerSettings
@@ -78,8 +79,7 @@ def scenarios(draw):
     cfg = ControllerSettings(
         prompts_per_step=P,
         group_size=G,
-        sampler=sampler,
-        sampler_knobs=knobs,
+        sampler=sampler_config(sampler, **knobs),
         min_groups_for_streaming_train=draw(st.integers(1, P)),
         max_inflight_prompts=draw(st.integers(1, 12)),
         max_buffered_rollouts=needed + draw(st.integers(0, 6)),
@@ -124,7 +124,7 @@ def check_ends(cfg, run) -> None:
     """The run ended: completed, or a named error — never the virtual-time bound, a stall only for weight_fifo."""
     assert not isinstance(run.error, SimulationTimeout), f"the run hung: {run.error}"
     # A stall is weight_fifo's documented hazard (its version buckets); with any other sampler it is a bug.
-    assert not isinstance(run.error, ControllerStalled) or cfg.sampler == "weight_fifo", run.error
+    assert not isinstance(run.error, ControllerStalled) or cfg.sampler.name == "weight_fifo", run.error
 
 
 def check_records(cfg, workload, max_epochs, run, fates, closes, trained_ids, staleness) -> None:
@@ -155,8 +155,8 @@ def check_records(cfg, workload, max_epochs, run, fates, closes, trained_ids, st
     assert len(never_stepped) == sum(r.selected for r in records if r.step >= stepped)
     # Staleness bounds per sampler.
     assert all(s >= 0 for s in staleness)
-    window = cfg.sampler_knobs.get("max_lookahead_versions", cfg.sampler_knobs.get("max_staleness_versions"))
-    if cfg.sampler in ("in_order", "windowed", "weight_fifo"):
+    window = cfg.sampler.window
+    if cfg.sampler.name in ("in_order", "windowed", "weight_fifo"):
         assert max(staleness, default=0) <= window
     elif staleness:
         event(f"ready_first staleness excess over its window: {max(0, max(staleness) - window)}")

@@ -8,7 +8,7 @@ Pinned:
   seconds of ``runtime.stall_timeout_s``; events.log holds the controller's state (trainer version, dispatch index,
   gate window, slots in flight, buffer length, per-start-version ready/slots, spare pool); every in-flight attempt
   ends ``pending``; no ``final/`` is written;
-- a sync run whose generation round never returns stops the same way, naming the step, the round and its prompts;
+- a sync run whose generation round never returns stops the same way, naming the step and the round's prompts;
 - ``groupwise train`` of a run with a verifier that never returns exits 1 with ``RunStalled`` and no traceback;
 - ``runtime.stall_timeout_s`` must exceed ``async.rollout_failure.max_backoff_s`` (a config error otherwise).
 """
@@ -27,9 +27,9 @@ from groupwise.cli.main import main
 from groupwise.config import ConfigError, config_from_dict
 from groupwise.run.fates_file import read_fates
 from groupwise.runtime.async_run import run_async
+from groupwise.runtime.sync_run import run_sync
 from groupwise.runtime.watchdog import RunStalled, run_watched, watch_progress
 from groupwise.trainer.builder import build_session
-from groupwise.trainer.sync_loop import run_sync
 
 
 def test_the_watchdog_fires_one_timeout_after_the_last_change_and_cancels_the_run():
@@ -113,7 +113,7 @@ def test_a_generator_that_never_answers_stops_the_run_with_its_state_logged(tmp_
         assert lines and all(line["fate"] == "pending" for line in lines)
         assert len({line["group_id"] for line in lines}) == len(lines)
     else:
-        assert "a generation round did not return" in events and "sync step 0, generation round 1: 4 prompts" in events
+        assert "sync step 0 (next group id 4): a round of 4 prompt(s) being generated (addition/train/" in events
     assert not (session.run_dir.path / "final").exists()
 
 

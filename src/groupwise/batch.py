@@ -1,8 +1,9 @@
-"""`RowBatch`: named columns that always share one row count (DESIGN invariants 1 and 2).
+"""`RowBatch`: named columns that always share one row count (invariants 1 and 2 in docs/design.md).
 
 A column is either a torch tensor whose leading dimension is the row dimension, or a Python list with
 one element per row. Every operation applies one row index to every column, so a column can never be
-sliced, filtered or concatenated against a different row space than its neighbours (the seed-000 bug).
+sliced, filtered or concatenated against a different row space than its neighbours (the misaligned-rewards
+bug of docs/design.md).
 Data computed on another row set (pre-filter rewards, say) does not belong here: it lives in the step
 tally (:class:`groupwise.algo.tally.StepTally`).
 

@@ -64,7 +64,7 @@ def run_train(args: argparse.Namespace) -> int:
         session.events.event(warning)
     try:
         if cfg.mode == "sync":
-            from groupwise.trainer.sync_loop import run_sync
+            from groupwise.runtime.sync_run import run_sync
 
             run_sync(session)
         else:
@@ -148,14 +148,14 @@ def run_dir_config(run_dir: Path, overrides: list[str]):
 def add_sft_parser(subparsers) -> None:
     parser = subparsers.add_parser("sft", help="supervised fine-tuning on task demonstrations (warm starts)")
     _config_arguments(parser)
-    parser.set_defaults(handler=run_sft)
+    parser.set_defaults(handler=run_sft_command)
 
 
-def run_sft(args: argparse.Namespace) -> int:
+def run_sft_command(args: argparse.Namespace) -> int:
     cfg = load_config(args.file, args.overrides)
-    from groupwise.trainer.sft import run_sft as fine_tune
+    from groupwise.trainer.sft import run_sft
 
-    final = fine_tune(cfg)
+    final = run_sft(cfg)
     print(f"done: {final}")
     return EXIT_OK
 
@@ -196,7 +196,7 @@ def add_simulate_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "simulate",
         help="run a config in virtual time against a simulated generator and learner (sim: section); writes a run dir",
-        description="Run the real async controller (or the sync loop's schedule) in virtual time against the "
+        description="Run the real async controller (or, in mode sync, the real sync loop) in virtual time against the "
         "simulated generator and learner described by the config's sim: section. Writes the run directory "
         "(config.yaml, metrics.jsonl, events.log, fates.jsonl, sim/summary.json) for groupwise compare.",
     )

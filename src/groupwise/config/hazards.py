@@ -7,14 +7,17 @@ to ``events.log``. A warning never stops a run: the setting may be exactly what 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from groupwise.config.checks import hazard
 from groupwise.config.issues import ConfigIssue
 
+if TYPE_CHECKING:
+    from groupwise.config.schema import RunConfig
+
 
 @hazard("mode", "async_")
-def weight_fifo_stalls_after_a_failure(cfg: Any) -> Iterator[ConfigIssue]:
+def weight_fifo_stalls_after_a_failure(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """Async weight_fifo stops with ControllerStalled within a few steps of the first rollout failure (warning)."""
     if cfg.mode != "async" or cfg.async_.sampler.name != "weight_fifo":
         return

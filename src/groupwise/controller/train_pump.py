@@ -1,6 +1,6 @@
 """`TrainPump`: assembles each RL step from streamed chunks of whole groups, then one optimizer step.
 
-Per step ``s`` (= the trainer version ``v``; reference §4.6 adapted to the ledger of §6.10):
+Per step ``s`` (= the trainer version ``v``):
 
 1. evict what the sampler says can never be selected (capacity released, fate ``evicted``);
 2. while the ledger has open slots: ``select`` a chunk of at least ``min(streaming_min, open)`` groups —
@@ -15,8 +15,8 @@ At the end of data: a step with nothing selected and an empty buffer ends the ru
 sampler closes its last step short (above the floor); anything else raises
 :class:`RolloutExhaustedError`. When the rollout pump is parked on the gate or on capacity with nothing in
 flight and nothing is selectable, no event can ever arrive: :class:`ControllerStalled` names the state
-instead of hanging (weight_fifo's bucket mismatch is reported this way). The check runs whenever the train
-pump wakes, and the rollout pump parking wakes it (``VersionClock.on_park``, ``Permits.on_park``), so a pump
+instead of hanging (a weight_fifo bucket that can never fill is reported this way). The check runs whenever the
+train pump wakes, and the rollout pump parking wakes it (``VersionClock.on_park``, ``Permits.on_park``), so a pump
 that parks after everything else settled is always seen.
 """
 
@@ -155,7 +155,7 @@ class TrainPump:
             why = f"only {ready} ready group(s) are left for its {open_slots} open slot(s)"
         else:
             why = (
-                f"{ready} ready group(s) are left, but sampler {ctx.settings.sampler!r} selects none of them at "
+                f"{ready} ready group(s) are left, but sampler {ctx.settings.sampler.name!r} selects none of them at "
                 f"version {step} (it takes at least {min_groups} at once)"
             )
         raise RolloutExhaustedError(
@@ -218,7 +218,7 @@ class TrainPump:
     def _stall_report(self, step: int) -> str:
         return (
             f"the controller cannot make progress at step {step}: {describe_state(self.ctx, self.rollout)}. Sampler "
-            f"{self.ctx.settings.sampler!r} selects nothing from this buffer and the rollout pump waits for the "
+            f"{self.ctx.settings.sampler.name!r} selects nothing from this buffer and the rollout pump waits for the "
             "trainer, so nothing can change"
         )
 

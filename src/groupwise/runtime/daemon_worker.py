@@ -7,8 +7,7 @@ stop, report and exit while the stuck call is still running. A worker runs its c
 the same thread, so each role (generation, training, step end) keeps one warm OpenMP team as before.
 
 :meth:`DaemonWorker.run` awaits a call from the event loop (cancelling the await abandons the call; it finishes
-in the background and its result is dropped); :meth:`DaemonWorker.call_with_deadline` blocks the calling thread
-at most ``timeout_s`` (the sync loop's generation rounds).
+in the background and its result is dropped); :meth:`DaemonWorker.close` ends the thread when a run is over.
 """
 
 from __future__ import annotations
@@ -19,14 +18,9 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-
-
-class CallTimedOut(Exception):
-    """A call did not return within its deadline (it keeps running on the worker's daemon thread)."""
 
 
 class DaemonWorker:
@@ -52,18 +46,6 @@ class DaemonWorker:
         """``fn(*args)`` on the worker thread, awaited from the event loop."""
         return await asyncio.wrap_future(self.submit(fn, *args))
 
-    def call_with_deadline(self, fn: Callable[..., T], *args: Any, timeout_s: float) -> T:
-        """``fn(*args)`` on the worker thread; :class:`CallTimedOut` if it has not returned after ``timeout_s``. The
-        late call's thread is then left to it: the worker's next call starts a fresh thread."""
-        future = self.submit(fn, *args)
-        try:
-            return future.result(timeout=timeout_s)
-        except FutureTimeout:
-            with self._lock:
-                self._jobs.put(None)  # the stuck thread ends once its call returns
-                self._jobs, self._thread = queue.SimpleQueue(), None
-            raise CallTimedOut(f"{getattr(fn, '__qualname__', fn)} did not return within {timeout_s:g} s") from None
-
     def close(self, timeout_s: float) -> bool:
         """End the thread after its queued and running calls, waiting at most ``timeout_s``; True when it ended.
 
@@ -81,9 +63,8 @@ class DaemonWorker:
         return not thread.is_alive()
 
 
-
 def _serve(jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None]) -> None:
-    """A worker thread: run ``jobs`` in order until the ``None`` that a deadline's abandonment queues."""
+    """A worker thread: run ``jobs`` in order until the ``None`` that :meth:`DaemonWorker.close` queues."""
     while True:
         item = jobs.get()
         if item is None:

@@ -20,15 +20,18 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from groupwise.batch import RowBatch
 from groupwise.rows import StepRows
 from groupwise.runtime.ray_cluster import ray
 from groupwise.runtime.ray_errors import UnschedulableError
 from groupwise.runtime.ray_pool import GenerationPool, GenerationWorkerLost, WorkerSlot
-from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, settle_outcomes
+from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, fail_all, settle_outcomes
 from groupwise.types import Group
+
+if TYPE_CHECKING:
+    from groupwise.config import GrpoSection
 
 
 class LearnerFailed(RuntimeError):
@@ -96,7 +99,7 @@ class RayTrainer:
     """``TrainerClient`` over the learner actor; keeps each step's rows for the ``train_data`` file."""
 
     learner: RayLearner
-    grpo: Any
+    grpo: GrpoSection
     step_rows: StepRows = field(init=False)
     busy_seconds: float = 0.0
 
@@ -193,11 +196,11 @@ class RayRolloutClient:
         except ray.exceptions.RayActorError as err:
             lost = GenerationWorkerLost(f"generation worker {slot.index} died while generating groups {ids}: {err}")
             lost.__cause__ = err
-            self._fail(batch, lost)
+            fail_all(batch, lost)
             self._start_replacement(slot)
             return
         except Exception as err:  # noqa: BLE001 — the worker's engine call failed: every group of the batch gets it
-            self._fail(batch, err)
+            fail_all(batch, err)
             return
         finally:
             self.calls_returned += 1
@@ -205,12 +208,6 @@ class RayRolloutClient:
             slot.busy = False
             self._queue.wake.set()
         self.generated_tokens += settle_outcomes(batch, outcomes)
-
-    @staticmethod
-    def _fail(batch: list[PendingRollout], error: BaseException) -> None:
-        for p in batch:
-            if not p.future.done():
-                p.future.set_exception(error)
 
     def _start_replacement(self, dead: WorkerSlot | None) -> None:
         if dead is not None and not self.pool.remove(dead):

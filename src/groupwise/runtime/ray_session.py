@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,8 +37,11 @@ from groupwise.runtime.ray_cluster import (
 )
 from groupwise.runtime.ray_pool import GenerationPool, RaySyncRollouts, RemoteEngine
 from groupwise.runtime.ray_runtime import LearnerModel, RayLearner, RayRolloutClient, RayTrainer
-from groupwise.trainer.builder import build_components
+from groupwise.trainer.builder import Components, build_components
 from groupwise.trainer.session import Session
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
 
 DEFAULT_STARTUP_TIMEOUT_S = 300.0
 
@@ -80,7 +83,7 @@ class RaySession(Session):
         self.cluster.shutdown()
 
 
-def check_device_resources(cfg: Any) -> None:
+def check_device_resources(cfg: RunConfig) -> None:
     """A CUDA ``model.device`` needs GPUs reserved: Ray hides every GPU from an actor that reserves none."""
     if not cfg.model.device.startswith("cuda"):
         return
@@ -98,7 +101,7 @@ def check_device_resources(cfg: Any) -> None:
 
 
 def build_ray_session(
-    cfg: Any,
+    cfg: RunConfig,
     *,
     resume: bool = False,
     resume_from: Path | None = None,
@@ -131,7 +134,8 @@ def build_ray_session(
 
 
 def _assemble(
-    cfg: Any, cluster: RayCluster, pool: GenerationPool, learner: RayLearner, parts: Any, resume: bool, resume_from: Any
+    cfg: RunConfig, cluster: RayCluster, pool: GenerationPool, learner: RayLearner, parts: Components, resume: bool,
+    resume_from: Path | None,
 ) -> RaySession:
     resuming = resume or resume_from is not None
     run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resuming)

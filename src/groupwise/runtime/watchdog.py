@@ -10,8 +10,9 @@ watches the clock:
   window, slots in flight, buffer length, ready/slots per start version, spare pool) and raises
   :class:`RunStalled`; the runtime then cancels the controller, whose shutdown records every unsettled attempt as
   ``pending``;
-* **sync**: each generation round must return within ``stall_timeout_s`` (it runs on a
-  :class:`~groupwise.runtime.daemon_worker.DaemonWorker`; see :func:`generate_within_deadline`).
+* **sync** (:mod:`groupwise.runtime.sync_run`): the same watch over optimizer steps and generation rounds
+  returned; a round runs on a :class:`~groupwise.runtime.daemon_worker.DaemonWorker`, so the event loop stays free
+  to notice that it does not return.
 
 A stuck call keeps running on its daemon thread, which never keeps the process alive: the run exits with code 1
 and the newest complete checkpoint stays the place to resume from.
@@ -22,8 +23,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Hashable
 from typing import Any, NoReturn
-
-from groupwise.runtime.daemon_worker import CallTimedOut, DaemonWorker
 
 
 class RunStalled(RuntimeError):
@@ -83,18 +82,3 @@ async def run_watched(main: Any, watchdog: Any, cancel_grace_s: float = 30.0) ->
         for task in (watch_task, main_task):
             if not task.done():
                 task.cancel()
-
-
-def generate_within_deadline(
-    worker: DaemonWorker, generate: Callable[..., Any], args: tuple[Any, ...], timeout_s: float,
-    describe: Callable[[], str], log: Callable[[str], None],
-) -> Any:  # fmt: skip
-    """Sync mode: ``generate(*args)`` on ``worker``; :class:`RunStalled` (after logging ``describe()``) if it has not
-    returned within ``timeout_s``."""
-    try:
-        return worker.call_with_deadline(generate, *args, timeout_s=timeout_s)
-    except CallTimedOut:
-        state = describe()
-        what = "a generation round did not return"
-        log(f"stall watchdog: {what} within {timeout_s:g} s (runtime.stall_timeout_s); state: {state}")
-        raise RunStalled(stall_message(timeout_s, what, state)) from None

@@ -5,16 +5,17 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from groupwise.config import ConfigError, ConfigIssue
 from groupwise.data.loader import PromptLoader
-from groupwise.data.registry import build_task
+from groupwise.data.registry import Task, build_task
 from groupwise.data.reward_timeout import with_timeout
-from groupwise.data.rewards import load_reward_fn
+from groupwise.data.rewards import RewardFn, load_reward_fn
 from groupwise.generation.engine import Engine
-from groupwise.model.loading import eos_token_ids, load_policy
+from groupwise.model.loading import Policy, eos_token_ids, load_policy, resolve_device
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
 from groupwise.trainer.learner import Learner, LearnerSettings
@@ -22,8 +23,11 @@ from groupwise.trainer.rollout import RewardPipeline, RolloutWorker
 from groupwise.trainer.session import Session
 from groupwise.types import SamplingParams
 
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
 
-def sampling_from_config(cfg: Any) -> SamplingParams:
+
+def sampling_from_config(cfg: RunConfig) -> SamplingParams:
     gen = cfg.generation
     return SamplingParams(
         max_new_tokens=gen.max_new_tokens,
@@ -34,10 +38,21 @@ def sampling_from_config(cfg: Any) -> SamplingParams:
     )
 
 
-def load_policy_from_config(cfg: Any) -> Any:
+def load_policy_from_config(cfg: RunConfig) -> Policy:
     m = cfg.model
     tiny = m.tiny.model_dump() if m.source == "tiny" else None
     return load_policy(m.source, m.path, m.gguf_file, tiny, device=m.device, dtype=m.dtype, seed=cfg.run.seed)
+
+
+def _check_cuda_graphs_device(cfg: RunConfig) -> None:
+    """``generation.cuda_graphs: on`` with ``model.device: auto`` on a machine without CUDA: a config error, before
+    any model is loaded (with ``model.device: cpu`` the config rules already refuse it)."""
+    if cfg.generation.cuda_graphs == "on" and resolve_device(cfg.model.device).type != "cuda":
+        raise ConfigError([ConfigIssue(
+            "generation.cuda_graphs", "on",
+            f"CUDA graphs need a CUDA device; model.device '{cfg.model.device}' is cpu on this machine",
+            "run on a machine with a CUDA GPU, or set generation.cuda_graphs: auto",
+        )])  # fmt: skip
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -52,15 +67,18 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 class Components:
     """What generation and scoring need, without a run directory (``train``, ``eval`` and ``sft`` share it)."""
 
-    policy: Any
+    policy: Policy
     engine: Engine
-    task: Any
-    reward_fn: Any
+    task: Task
+    reward_fn: RewardFn
     rollouts: RolloutWorker
 
 
-def build_components(cfg: Any, *, separate_engine_model: bool = False, group_size: int | None = None) -> Components:
+def build_components(
+    cfg: RunConfig, *, separate_engine_model: bool = False, group_size: int | None = None
+) -> Components:
     """Load the policy and build the engine, task, reward function and rollout worker."""
+    _check_cuda_graphs_device(cfg)
     policy = load_policy_from_config(cfg)
     # Sync mode alternates generation and training, so the engine can sample from the learner's own model.
     # Async mode generates while training: the engine needs its own copy, refreshed at weight sync.
@@ -70,6 +88,7 @@ def build_components(cfg: Any, *, separate_engine_model: bool = False, group_siz
         policy.tokenizer,
         eos_token_ids(policy.tokenizer, policy.model),
         fast_decode=cfg.generation.fast_decode,
+        cuda_graphs=cfg.generation.cuda_graphs,
     )
     task = build_task(cfg.data.task, cfg.data, cfg.run.seed)
     reward_fn = with_timeout(load_reward_fn(cfg.reward.function, task.default_reward), cfg.reward.timeout_s)
@@ -88,7 +107,7 @@ def build_components(cfg: Any, *, separate_engine_model: bool = False, group_siz
     return Components(policy=policy, engine=engine, task=task, reward_fn=reward_fn, rollouts=rollouts)
 
 
-def build_session(cfg: Any, *, resume: bool = False, resume_from: Path | None = None) -> Session:
+def build_session(cfg: RunConfig, *, resume: bool = False, resume_from: Path | None = None) -> Session:
     """Wire policy, engine, learner, data and run directory; restore a checkpoint when resuming."""
     torch.manual_seed(cfg.run.seed)
     resuming = resume or resume_from is not None

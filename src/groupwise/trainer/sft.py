@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,13 +24,16 @@ from groupwise.seeding import derive_seed
 from groupwise.trainer.builder import build_components
 from groupwise.trainer.evaluation import evaluate_policy
 
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
+
 
 def demonstration_ids(tokenizer: Any, text: str, eos_id: int) -> list[int]:
     """Token ids of a demonstration completion followed by EOS (no BOS: it continues the prompt)."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [eos_id]
 
 
-def run_sft(cfg: Any) -> Path:
+def run_sft(cfg: RunConfig) -> Path:
     """Fine-tune ``cfg.model`` on ``cfg.data``'s demonstrations; returns the saved ``final/`` directory."""
     torch.manual_seed(cfg.run.seed)
     sft = cfg.sft
