@@ -73,7 +73,7 @@ async def _run(session: Session) -> Any:
     step_end = DaemonWorker("groupwise-step-end")  # metrics, evaluation, checkpoints
 
     def progress() -> tuple[Any, ...]:
-        return (*controller.progress_marker(), getattr(rollouts, "calls_returned", 0))
+        return (*controller.progress_marker(), rollouts.calls_returned)
 
     watchdog = watch_progress(progress, cfg.runtime.stall_timeout_s, controller.describe_state, session.events.event)
     grace_s = 60.0  # a run that ends lets the calls in progress finish; a stalled one leaves them to their threads
