@@ -45,7 +45,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     inputs = check_train_start(cfg, resume=args.resume, resume_from=args.resume_from)
     from groupwise.run.async_checkpoint import ResumeError
-    from groupwise.run.checkpoint import latest_checkpoint
+    from groupwise.run.checkpoint import DiskFullError, is_disk_full, latest_checkpoint
     from groupwise.run.rundir import RunDirError
     from groupwise.runtime.ray_errors import RayNotInstalledError, RaySetupError
 
@@ -67,6 +67,8 @@ def run_train(args: argparse.Namespace) -> int:
         kept = latest_checkpoint(session.run_dir.path)
         session.events.event(f"run failed: {type(err).__name__}: {err}")
         print(f"groupwise train: the run failed: {type(err).__name__}: {err}", file=sys.stderr)
+        if is_disk_full(err) and not isinstance(err, DiskFullError):  # a metrics or fates line, say
+            print("the disk is full: free space, then continue with --resume", file=sys.stderr)
         print(f"kept: {kept or 'no complete checkpoint'} (resume with --resume)", file=sys.stderr)
         return EXIT_RUN_FAILED
     finally:

@@ -21,6 +21,8 @@ from groupwise.cli.progress import RunProgress
 from groupwise.run.checkpoint import (
     CheckpointError,
     capture_rng_state,
+    disk_full_error,
+    is_disk_full,
     latest_checkpoint,
     load_checkpoint,
     remove_partial_checkpoints,
@@ -43,7 +45,7 @@ TRAIN_DATA_COLUMNS = (
     "completion_text",
     "completion_ids",
     "finish_reason",
-    "reward_raw",
+    "raw_reward",
     "reward",
     "advantage",
     "generation_logprobs",
@@ -164,7 +166,12 @@ class Session:
         if self._last_checkpoint_step != step:
             self.save_checkpoint()
         if self.cfg.checkpoint.save_final:
-            self.policy.save(self.run_dir.final_dir)
+            try:
+                self.policy.save(self.run_dir.final_dir)
+            except Exception as err:
+                if is_disk_full(err):
+                    raise disk_full_error(err, f"the trained policy to {self.run_dir.final_dir}", self.run_dir) from err
+                raise
             self.events.event(f"saved the trained policy to {self.run_dir.final_dir}")
         self.events.close()
 
@@ -194,9 +201,14 @@ class Session:
         return state
 
     def save_checkpoint(self) -> Path:
-        path = save_checkpoint(
-            self.run_dir.path, self.state.step, self.checkpoint_state(), self.cfg.checkpoint.keep_last
-        )
+        try:
+            path = save_checkpoint(
+                self.run_dir.path, self.state.step, self.checkpoint_state(), self.cfg.checkpoint.keep_last
+            )
+        except Exception as err:
+            if is_disk_full(err):
+                raise disk_full_error(err, f"checkpoint step {self.state.step}", self.run_dir) from err
+            raise
         self._last_checkpoint_step = self.state.step
         self.events.event(f"checkpoint written: {path}")
         return path
