@@ -5,7 +5,8 @@ column and both lengths); a column read from a batch cannot change it (sequences
 as copies and copied when written); select/slice/concat apply one row index to every column;
 slicing out of range raises instead of truncating; concat needs identical column sets and right-pads 2-D
 tensors with per-column pad values; select_groups keeps whole groups in the requested order; partial
-groups are detected; the JSONL writer refuses misaligned columns and writes one object per row.
+groups are detected; from_groups, build_rows and train_data name each shared concept the same (raw_reward);
+the JSONL writer refuses misaligned columns and writes one object per row.
 """
 
 import json
@@ -187,6 +188,19 @@ def test_from_groups_builds_one_row_per_completion_in_group_order():
     assert batch["num_tokens"] == (1, 2, 1, 2)
     assert batch["completion_index"] == (0, 1, 0, 1)
     assert batch["prompt_uid"] == ("t/train/7", "t/train/7", "t/train/3", "t/train/3")
+
+
+def test_from_groups_build_rows_and_train_data_use_one_name_per_concept():
+    from groupwise.rows import build_rows
+    from groupwise.trainer.session import TRAIN_DATA_COLUMNS
+
+    groups = [_group(7, [1.0, 0.0], [0.9, 0.0])]
+    summary, rows = RowBatch.from_groups(groups), build_rows(groups, [[0.5, -0.5]])
+    shared = {"group_id", "prompt_uid", "completion_index", "raw_reward", "reward", "finish_reason", "start_version"}
+    assert shared <= set(summary.columns) and shared <= set(rows.columns) and shared <= set(TRAIN_DATA_COLUMNS)
+    for name in shared:
+        assert summary[name] == rows[name], name
+    assert rows["raw_reward"] == (1.0, 0.0) and rows["reward"] == (0.9, 0.0)
 
 
 def test_jsonl_writes_one_object_per_row(tmp_path):
