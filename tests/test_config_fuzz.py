@@ -1,0 +1,63 @@
+"""The config fuzz tier (bench/config_fuzz.py): hostile configs and data files through ``groupwise config check``.
+
+Invariants pinned, for every mutation class (YAML bounds, duplicate keys, YAML 1.1 numbers, bad run names, seeds and
+paths, bad JSONL lines, broken rewards, more prompts per step than the dataset, random values at valid keys):
+- the outcome is exit 0 or a clean error (exit 2, no traceback, the expected key named), never a traceback, never a
+  hang (each case has a 20 s alarm);
+- a case of a class that must be refused is never silently accepted.
+
+The default tier runs 40 hypothesis-drawn cases in process (the dict-level mutation test of valid configs lives in
+tests/test_config_load.py). The slow tier runs 400 cases in process, 20 as real ``groupwise config check``
+processes and 10 as real ``groupwise train`` processes (a refused train must leave no run directory).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_fuzz():
+    spec = importlib.util.spec_from_file_location("groupwise_bench_config_fuzz", REPO / "bench" / "config_fuzz.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+FUZZ = load_fuzz()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(FUZZ.CLASSES), st.integers(0, 2**32))
+def test_a_fuzzed_config_is_accepted_or_refused_cleanly(kind, seed):
+    with tempfile.TemporaryDirectory(prefix="groupwise-fuzz-") as tmp:
+        case = FUZZ.make_case(kind, random.Random(seed), Path(tmp))
+        outcome, output = FUZZ.run_in_process(case, Path(tmp), timeout_s=20)
+    assert outcome in ("ok", "clean error"), f"{case.kind} [{case.variant[:80]}]: {outcome}\n{output[-3000:]}"
+
+
+def test_the_counts_table_adds_up():
+    case = FUZZ.Case("seed", "2^64", "")
+    results = [(case, "clean error"), (case, "traceback"), (FUZZ.Case("value", "x", "", must_refuse=False), "ok")]
+    table = FUZZ.counts_table(results)
+    assert "| seed | 2 | 0 | 1 | 0 | 1 | 0 | 0 |" in table and "| **all** | 3 | 1 | 1 | 0 | 1 | 0 | 0 |" in table
+    assert FUZZ.bad_outcomes(results) == 1
+    assert FUZZ.classify(case, 0, "") == "silently accepted" and FUZZ.classify(case, None, "") == "hang"
+    assert FUZZ.classify(FUZZ.Case("seed", "", "", key="run.seed"), 2, "run.name: got") == "unnamed"
+
+
+@pytest.mark.slow
+def test_the_slow_tier_finds_no_traceback_hang_or_silent_acceptance():
+    results = FUZZ.fuzz(cases=400, processes=20, seed=1, timeout_s=60)
+    results += FUZZ.fuzz(cases=0, processes=10, seed=2, timeout_s=120, command="train")
+    assert FUZZ.bad_outcomes(results) == 0, FUZZ.counts_table(results)
