@@ -1,4 +1,4 @@
-"""RowBatch and the JSONL writer keep rows aligned (DESIGN invariants 1 and 2).
+"""RowBatch and the JSONL writer keep rows aligned and groups whole.
 
 Pins: every column always has num_rows rows (construction and writes of another length raise, naming the
 column and both lengths); a column read from a batch cannot change it (sequences are tuples, tensors are read

@@ -4,7 +4,7 @@ Invariants pinned:
 - a run writes every artifact (config.yaml, metrics.jsonl with the documented keys, events.log, train_data,
   tensorboard, checkpoints, final/ loadable by plain transformers);
 - train_data rows are row-aligned: each row's reward is the reward of that very completion, groups whole and in
-  the trained order (seed 000 at trainer level);
+  the trained order (the upstream misalignment, checked at trainer level);
 - reward/unfiltered_mean is the mean over every row generated for the step across all rounds, and
   reward/trained_mean the mean over trained rows; the group counts add up;
 - stop after k steps + resume to n gives bit-identical parameters to an uninterrupted n-step run, and no

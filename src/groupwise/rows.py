@@ -1,7 +1,7 @@
 """From scored groups to row-aligned training rows.
 
 One row per completion. Every column is built from the same group list in the same order, inside one
-:class:`~groupwise.batch.RowBatch`, so a reward can never be paired with another row's completion (seed 000).
+:class:`~groupwise.batch.RowBatch`, so a reward can never be paired with another row's completion.
 Advantages are computed here, per group, on the groups that are actually trained.
 """
 

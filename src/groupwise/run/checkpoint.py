@@ -1,4 +1,4 @@
-"""Atomic, self-verifying checkpoints under ``checkpoints/step_<N>/`` (DESIGN invariant 8).
+"""Atomic, self-verifying checkpoints under ``checkpoints/step_<N>/``: resuming from one equals continuing.
 
 The ``state`` dict a trainer passes to :func:`save_checkpoint` (every key optional, no others allowed)::
 
