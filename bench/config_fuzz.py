@@ -124,7 +124,7 @@ def _duplicate_key(config: dict, rng: random.Random, workdir: Path) -> Case:
 
 
 def _yaml11_number(config: dict, rng: random.Random, workdir: Path) -> Case:
-    value = rng.choice(["1:30", "2:00:00", "010", "-0:45", "017"])
+    value = rng.choice(["1:30", "2:00:00", "010", "-1:45", "017"])
     key = rng.choice(["run.max_steps", "grpo.num_prompts_per_step", "run.seed", "reward.kwargs.t"])
     if rng.random() < 0.5:
         return Case("yaml11_number", f"override {value}", dump(config), [f"{key}={value}"], key=key)

@@ -14,21 +14,16 @@ the sync trainer with 3 kills each (`bench/chaos.py` runs the full 30-trial goal
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from bench_modules import load_bench_module
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def load_chaos():
-    spec = importlib.util.spec_from_file_location("groupwise_bench_chaos", REPO / "bench" / "chaos.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_module("chaos.py")
 
 
 def check(result) -> None:

@@ -13,28 +13,16 @@ processes and 10 as real ``groupwise train`` processes (a refused train must lea
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from bench_modules import load_bench_module
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def load_fuzz():
-    spec = importlib.util.spec_from_file_location("groupwise_bench_config_fuzz", REPO / "bench" / "config_fuzz.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
-
-
-FUZZ = load_fuzz()
+FUZZ = load_bench_module("config_fuzz.py")
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
