@@ -9,7 +9,8 @@ Invariants pinned here, each for ``groupwise config check`` and ``groupwise trai
 - setup errors: ``run.output_dir`` a file or unwritable, ``--resume-from`` something that is not a complete
   checkpoint, ``data.addition.max_digits: 4``, a 2^64 seed, a NUL byte or 300 characters in ``run.name``;
 - prompts are checked against the loaded model: one longer than the model's positions is refused naming its uid,
-  characters the tokenizer maps to ``<unk>`` are counted and reported in events.log while the run goes on;
+  one of only special tokens (BOS alone) is refused, characters the tokenizer maps to ``<unk>`` are counted and
+  reported in events.log while the run goes on;
 - a real ``groupwise`` process behaves the same (exit 2, no "Traceback"), e.g. for the shipped example run from
   outside the repository.
 """
@@ -250,3 +251,17 @@ def test_a_real_groupwise_process_exits_2_without_a_traceback(tmp_path):
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and "model.path" in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_prompt_with_no_content_is_refused_by_the_prompt_checks():
+    from groupwise.model.encode import encode_prompt
+    from groupwise.model.tokenizer import build_char_tokenizer
+    from groupwise.trainer.prompt_checks import check_prompts
+    from groupwise.types import Prompt
+
+    tokenizer = build_char_tokenizer("task")
+    prompts = [Prompt(uid="empty", answer="1", text=""), Prompt(uid="ok", answer="2", text="1+1=")]
+    report = check_prompts(lambda p: encode_prompt(tokenizer, p), tokenizer, 32, 4, {"train": ("data.x", prompts)})
+    (issue,) = report.issues
+    assert issue.path == "data.x" and "empty (only special tokens: 1)" in issue.rule and "BOS alone" in issue.rule
+    assert report.notes == []

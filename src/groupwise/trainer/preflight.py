@@ -42,8 +42,9 @@ class Inputs:
 
 def check_inputs(cfg: Any, *, training: bool = True) -> Inputs:
     """Every input check above except the run-start ones; raises one :class:`ConfigError` listing them all.
-    ``training`` adds the rules only RL training needs (prompts per step against the training set's size)."""
-    inputs, issues = input_issues(cfg, training=training)
+    ``training`` adds what only an RL run needs: prompts per step against the training set's size, and a run
+    directory that can be written (``eval`` writes none)."""
+    inputs, issues = input_issues(cfg, training=training, location=training)
     if issues:
         raise ConfigError(issues)
     assert inputs is not None  # None only with an issue saying why
@@ -62,7 +63,7 @@ def check_train_start(cfg: Any, *, resume: bool, resume_from: Path | None) -> In
     return inputs
 
 
-def input_issues(cfg: Any, *, training: bool, location: bool = True) -> tuple[Inputs | None, list[ConfigIssue]]:
+def input_issues(cfg: Any, *, training: bool, location: bool) -> tuple[Inputs | None, list[ConfigIssue]]:
     """``(inputs, every problem found)``; ``inputs`` is None when the task or the reward could not be built."""
     issues = model_issues(cfg.model)
     task, task_issues = _task(cfg)
