@@ -209,12 +209,18 @@ _VALUES = [None, True, False, 0, -1, 1, 2, 7, 10**20, 0.5, -0.0, 1e308, "", "x",
 
 
 def _value(config: dict, rng: random.Random, workdir: Path) -> Case:
-    from groupwise.config.keys import valid_paths
+    from groupwise.config import config_from_dict
 
-    paths = [p for p in valid_paths() if not p.startswith(("run.output_dir", "run.name", "model.path", "data.jsonl"))]
+    resolved = config_from_dict(config).model_dump(mode="json", by_alias=True)
+    paths = [p for p in _leaf_paths(resolved) if not p.startswith(("run.output_dir", "run.name", "model.path",
+                                                                    "data.jsonl"))]  # stay in the case directory
     changes = []
-    for _ in range(rng.randint(1, 3)):  # paths that stay inside the case directory
-        path, value = rng.choice(paths), rng.choice(_VALUES)
+    for _ in range(rng.randint(1, 3)):
+        path = rng.choice(paths)
+        current = resolved
+        for part in path.split("."):
+            current = current[part]
+        value = _near(current, rng) if rng.random() < 0.6 else rng.choice(_VALUES)
         node = config
         for part in path.split(".")[:-1]:
             if not isinstance(node.get(part), dict):
@@ -223,6 +229,25 @@ def _value(config: dict, rng: random.Random, workdir: Path) -> Case:
         node[path.rsplit(".", 1)[-1]] = value
         changes.append(f"{path}={value!r}")
     return Case("value", "; ".join(changes), dump(config), must_refuse=False)
+
+
+def _leaf_paths(tree: dict, prefix: str = "") -> list[str]:
+    paths = []
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        paths.extend(_leaf_paths(value, f"{path}.") if isinstance(value, dict) and value else [path])
+    return paths
+
+
+def _near(current: object, rng: random.Random) -> object:
+    """A value of the same type as ``current`` (a key's resolved value), often a valid one."""
+    if isinstance(current, bool):
+        return not current
+    if isinstance(current, int):
+        return rng.choice([0, 1, 2, current + 1, max(current - 1, 0), current * 2, 10**6])
+    if isinstance(current, float):
+        return rng.choice([0.0, 1e-6, 0.5, 1.0, current * 2, current / 2, 1e6])
+    return rng.choice(_VALUES)
 
 
 _MAKERS = {"bounds": _bounds, "duplicate_key": _duplicate_key, "yaml11_number": _yaml11_number,

@@ -45,7 +45,8 @@ def run_train(args: argparse.Namespace) -> int:
 
     inputs = check_train_start(cfg, resume=args.resume, resume_from=args.resume_from)
     from groupwise.run.async_checkpoint import ResumeError
-    from groupwise.run.checkpoint import DiskFullError, is_disk_full, latest_checkpoint
+    from groupwise.run.checkpoint import latest_checkpoint
+    from groupwise.run.disk_full import DiskFullError, is_disk_full
     from groupwise.run.rundir import RunDirError
     from groupwise.runtime.ray_errors import RayNotInstalledError, RaySetupError
 

@@ -22,7 +22,6 @@ renamed to ``step_<N>``. A directory without a verifying manifest is never treat
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import logging
@@ -48,43 +47,6 @@ _EXTRA_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 class CheckpointError(RuntimeError):
     """A checkpoint directory is incomplete or does not match its manifest."""
-
-
-class DiskFullError(RuntimeError):
-    """A write of the run (a checkpoint, ``final/``) failed because the disk is full; says what was kept."""
-
-
-# How a full disk shows through the writers: the errno, or torch's zip writer ("[enforce fail at
-# inline_container.cc:...] unexpected pos ..." / "file write failed") and safetensors' Rust I/O error text.
-_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-_DISK_FULL_TEXTS = ("no space left on device", "disk quota exceeded", "unexpected pos", "file write failed",
-                    "storagefull", "os error 28")
-
-
-def is_disk_full(err: BaseException) -> bool:
-    """Whether ``err`` (or an exception it was raised from) says the disk is full."""
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in _DISK_FULL_ERRNOS:
-            return True
-        if any(text in str(current).lower() for text in _DISK_FULL_TEXTS):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
-
-
-def disk_full_error(err: BaseException, what: str, run_dir: RunDir | str | Path) -> DiskFullError:
-    """The error to raise when writing ``what`` failed on a full disk: the cause, the newest complete checkpoint
-    (which the failed write never touches: pruning happens only after a save succeeds) and how to continue."""
-    kept = latest_checkpoint(run_dir)
-    cause = " ".join(f"{type(err).__name__}: {err}".split())
-    if kept is None:
-        then = "no complete checkpoint was kept, so after freeing space --resume starts the run again from step 0"
-    else:
-        then = f"kept {kept} (the newest complete checkpoint); free space, then run the same command with --resume"
-    return DiskFullError(f"the disk is full: writing {what} failed ({cause}); nothing of it remains; {then}")
 
 
 # --- save ------------------------------------------------------------------------------------

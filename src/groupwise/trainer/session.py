@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,14 +22,13 @@ from groupwise.cli.progress import RunProgress
 from groupwise.run.checkpoint import (
     CheckpointError,
     capture_rng_state,
-    disk_full_error,
-    is_disk_full,
     latest_checkpoint,
     load_checkpoint,
     remove_partial_checkpoints,
     restore_rng_state,
     save_checkpoint,
 )
+from groupwise.run.disk_full import disk_full_error, is_disk_full
 from groupwise.run.fates_file import FatesWriter
 from groupwise.run.jsonl import write_rows_jsonl
 from groupwise.run.metrics import MetricsWriter
@@ -169,7 +169,8 @@ class Session:
             try:
                 self.policy.save(self.run_dir.final_dir)
             except Exception as err:
-                if is_disk_full(err):
+                if is_disk_full(err):  # a half-written final/ must not pass for the trained policy
+                    shutil.rmtree(self.run_dir.final_dir, ignore_errors=True)
                     raise disk_full_error(err, f"the trained policy to {self.run_dir.final_dir}", self.run_dir) from err
                 raise
             self.events.event(f"saved the trained policy to {self.run_dir.final_dir}")
