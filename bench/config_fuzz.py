@@ -20,8 +20,9 @@ values drawn from a seeded RNG):
 * ``value``: random values at random valid keys (the mutation test's values), which may be valid or not.
 
 A case of every class but ``value`` must be refused. Outcomes: **ok** (exit 0), **clean error** (exit 2, no
-traceback, the expected key named), **unnamed** (exit 2 without the key), **traceback** (an exception escaped,
-"Traceback" printed, or another exit code), **silently accepted** (a case that must be refused exited 0), **hang**
+traceback, the expected key named), **run failed** (``train`` only: exit 1, a run that started and stopped with a
+named runtime failure), **unnamed** (exit 2 without the key), **traceback** (an exception escaped, "Traceback"
+printed, or another exit code), **silently accepted** (a case that must be refused started or passed), **hang**
 (past ``--timeout``). The goal is zero in the last four. ``--processes N`` runs N cases as real ``groupwise``
 processes, and ``--train`` runs ``groupwise train`` instead of ``config check`` for those (a refused case must leave
 no run directory).
@@ -51,7 +52,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ("bounds", "duplicate_key", "yaml11_number", "run_name", "seed", "path", "data_line", "reward",
            "prompt_count", "value")  # fmt: skip
-OUTCOMES = ("ok", "clean error", "unnamed", "traceback", "silently accepted", "hang")
+OUTCOMES = ("ok", "clean error", "run failed", "unnamed", "traceback", "silently accepted", "hang")
+ACCEPTABLE = ("ok", "clean error", "run failed")
 TINY_MODEL = {"source": "tiny", "tiny": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 16,
                                          "max_position_embeddings": 32}}  # fmt: skip
 
@@ -270,10 +272,10 @@ def classify(case: Case, code: int | None, output: str) -> str:
     """The outcome of one case from its exit code (None: it hung) and everything it printed."""
     if code is None:
         return "hang"
-    if code not in (0, 2) or "Traceback" in output:
+    if code not in (0, 1, 2) or "Traceback" in output:
         return "traceback"
-    if code == 0:
-        return "silently accepted" if case.must_refuse else "ok"
+    if code in (0, 1):  # 1: train started and stopped with a named runtime failure (dynamic sampling exhausted, say)
+        return "silently accepted" if case.must_refuse else ("ok" if code == 0 else "run failed")
     return "clean error" if case.key is None or case.key in output else "unnamed"
 
 
@@ -327,19 +329,21 @@ def run_as_process(case: Case, workdir: Path, timeout_s: float, command: str = "
     return outcome, output
 
 
-def fuzz(cases: int, processes: int, seed: int, timeout_s: float, command: str = "check") -> list[tuple[Case, str]]:
-    """Run ``cases`` cases in process and ``processes`` as real processes; every (case, outcome)."""
+def fuzz(cases: int, processes: int, seed: int, timeout_s: float, command: str = "check",
+         classes: tuple[str, ...] = CLASSES) -> list[tuple[Case, str]]:
+    """Run ``cases`` cases in process and ``processes`` as real processes, over ``classes`` in turn; every
+    (case, outcome)."""
     rng = random.Random(f"config-fuzz|{seed}")
     results: list[tuple[Case, str]] = []
     for index in range(cases + processes):
-        kind = CLASSES[index % len(CLASSES)]
+        kind = classes[index % len(classes)]
         with tempfile.TemporaryDirectory(prefix="groupwise-fuzz-") as tmp:
             workdir = Path(tmp)
             case = make_case(kind, rng, workdir)
             runner = run_in_process if index < cases else run_as_process
             outcome, output = runner(case, workdir, timeout_s, command if index >= cases else "check")
         results.append((case, outcome))
-        if outcome not in ("ok", "clean error"):
+        if outcome not in ACCEPTABLE:
             print(f"case {index} {case.kind} [{case.variant[:60]!r}]: {outcome}\n{output[-2000:]}", flush=True)
     return results
 
@@ -360,7 +364,7 @@ def counts_table(results: list[tuple[Case, str]]) -> str:
 
 
 def bad_outcomes(results: list[tuple[Case, str]]) -> int:
-    return sum(outcome not in ("ok", "clean error") for _, outcome in results)
+    return sum(outcome not in ACCEPTABLE for _, outcome in results)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,15 +372,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", type=int, default=600, help="cases run in this process (config check)")
     parser.add_argument("--processes", type=int, default=60, help="cases run as real groupwise processes")
     parser.add_argument("--train", action="store_true", help="the processes run `groupwise train`, not config check")
+    parser.add_argument("--classes", default=",".join(CLASSES), help="comma-separated mutation classes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds before a case counts as a hang")
     parser.add_argument("--record", type=Path, default=None, help="append a Config fuzz section to this file")
     args = parser.parse_args(argv)
     start = time.monotonic()
-    results = fuzz(args.cases, args.processes, args.seed, args.timeout, "train" if args.train else "check")
+    classes = tuple(args.classes.split(","))
+    unknown = sorted(set(classes) - set(CLASSES))
+    if unknown:
+        parser.error(f"unknown classes {unknown}; choose from {', '.join(CLASSES)}")
+    results = fuzz(args.cases, args.processes, args.seed, args.timeout, "train" if args.train else "check", classes)
     table = counts_table(results)
     print(table)
-    print(f"{len(results)} cases in {time.monotonic() - start:.0f} s; not ok or a clean error: {bad_outcomes(results)}")
+    print(f"{len(results)} cases in {time.monotonic() - start:.0f} s; unnamed, tracebacks, silently accepted or hangs: "
+          f"{bad_outcomes(results)}")
     if args.record is not None:
         command = "python bench/config_fuzz.py " + " ".join(argv if argv is not None else sys.argv[1:])
         with args.record.open("a", encoding="utf-8") as handle:

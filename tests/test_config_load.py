@@ -8,7 +8,7 @@ Invariants pinned here:
 - every file in examples/ loads; ``to_yaml`` output loads back to an equal config (``async`` alias kept);
 - random mutations of a valid config give a RunConfig or a ConfigError, never another exception;
 - every schema field has a docstring, docs/configs.md is what the generator renders, and importing
-  groupwise.config (or the CLI) does not import torch.
+  groupwise.config (or the CLI, or the input checks ``config check`` runs) does not import torch.
 """
 
 from __future__ import annotations
@@ -276,6 +276,7 @@ def test_docs_match_the_schema():
 
 
 def test_config_and_cli_import_without_torch():
-    code = "import sys, groupwise.config, groupwise.cli.main; sys.exit(1 if 'torch' in sys.modules else 0)"
+    code = ("import sys, groupwise.config, groupwise.cli.main, groupwise.trainer.preflight; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")  # the preflight is what `config check` runs
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr or "groupwise.config imported torch"

@@ -184,8 +184,9 @@ def _dataset_issues(jsonl: Any, error: DatasetError) -> list[ConfigIssue]:
         if files[key] is not None and not Path(files[key]).exists():
             issues.append(_missing_path_issue(key, files[key]))
         else:
-            issues.append(ConfigIssue(key, files[key], str(err), "fix what is listed: a JSON-lines file, one object per "
-                                      "line with 'prompt' (or 'messages') and 'answer' (docs/datasets.md)"))
+            fix = ("fix what is listed: a JSON-lines file, one object per line with 'prompt' (or 'messages') and "
+                   "'answer' (docs/datasets.md)")
+            issues.append(ConfigIssue(key, files[key], str(err), fix))
     return issues
 
 
