@@ -3,7 +3,8 @@
 Invariants pinned, for every mutation class (YAML bounds, duplicate keys, YAML 1.1 numbers, bad run names, seeds and
 paths, bad JSONL lines, broken rewards, more prompts per step than the dataset, random values at valid keys):
 - the outcome is exit 0 or a clean error (exit 2, no traceback, the expected key named), never a traceback, never a
-  hang (each case has a 60 s alarm; a busy machine must not make a slow case look like a hang); ``train`` may also stop with a named runtime failure (exit 1);
+  hang (each case has a 60 s alarm: a busy machine must not make a slow case look like a hang); ``train`` may
+  also stop with a named runtime failure (exit 1);
 - a case of a class that must be refused is never silently accepted (exit 0, or a train that started).
 
 The default tier runs 40 hypothesis-drawn cases in process (the dict-level mutation test of valid configs lives in
