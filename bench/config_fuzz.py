@@ -367,6 +367,14 @@ def bad_outcomes(results: list[tuple[Case, str]]) -> int:
     return sum(outcome not in ACCEPTABLE for _, outcome in results)
 
 
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return "CPU"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=int, default=600, help="cases run in this process (config check)")
@@ -374,7 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train", action="store_true", help="the processes run `groupwise train`, not config check")
     parser.add_argument("--classes", default=",".join(CLASSES), help="comma-separated mutation classes")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds before a case counts as a hang")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds before a case counts as a hang (default 30; 180 with --train, which imports "
+                        "torch and trains a step in each process)")
     parser.add_argument("--record", type=Path, default=None, help="append a Config fuzz section to this file")
     args = parser.parse_args(argv)
     start = time.monotonic()
@@ -382,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(classes) - set(CLASSES))
     if unknown:
         parser.error(f"unknown classes {unknown}; choose from {', '.join(CLASSES)}")
-    results = fuzz(args.cases, args.processes, args.seed, args.timeout, "train" if args.train else "check", classes)
+    timeout = args.timeout if args.timeout is not None else (180.0 if args.train else 30.0)
+    results = fuzz(args.cases, args.processes, args.seed, timeout, "train" if args.train else "check", classes)
     table = counts_table(results)
     print(table)
     print(f"{len(results)} cases in {time.monotonic() - start:.0f} s; unnamed, tracebacks, silently accepted or hangs: "
@@ -391,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         command = "python bench/config_fuzz.py " + " ".join(argv if argv is not None else sys.argv[1:])
         with args.record.open("a", encoding="utf-8") as handle:
             handle.write(f"\n## Config fuzz ({date.today().isoformat()})\n\nCommand: `{command}`  \n"
-                         f"Machine: 2-core CPU, no GPU (shared with other jobs).\n\n{table}\n")
+                         f"Machine: {os.cpu_count()}-core {_cpu_model()}, no GPU.\n\n{table}\n")
     return 0 if bad_outcomes(results) == 0 else 1
 
 
