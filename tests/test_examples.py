@@ -20,6 +20,8 @@ from groupwise.run.metrics import read_metrics
 from groupwise.trainer.builder import build_session
 from groupwise.trainer.sync_loop import run_sync
 
+pytestmark = pytest.mark.numerics
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted([*ROOT.glob("examples/**/*.yaml"), *ROOT.glob("recipes/*.yaml")])
 

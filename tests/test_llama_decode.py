@@ -6,7 +6,8 @@
 - freshness: weights changed in place after the first call (an optimizer step in sync mode, where
   the engine shares the learner's model) are used by the next call — no stale packed copy;
 - refusal: a model outside its scope (another architecture, biased projections) or one whose probe
-  logits disagree with its ``forward`` keeps the module path, and ``decode_path`` says why;
+  logits disagree with its ``forward`` keeps the module path, and ``decode_path`` says why (then both engines
+  run the very same module-path computation, so their logprobs agree bit for bit);
 - the config key ``generation.fast_decode`` reaches the engine the builder makes (false: the module path).
 """
 
@@ -21,6 +22,8 @@ from groupwise.generation import Engine
 from groupwise.model import load_policy
 from groupwise.trainer.builder import build_components
 from groupwise.types import GenerationRequest, SamplingParams
+
+pytestmark = pytest.mark.numerics
 
 EOS = 2
 # Many stop tokens, so rows finish at different steps and the batch is compacted mid-loop.
