@@ -19,18 +19,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from groupwise.run.run_stats import RunData, cumulative, moving_mean, smoothing_window, total, trailing_rate
+from groupwise.run.run_stats import (
+    GROUP_COUNT_KEYS,
+    RunData,
+    cumulative,
+    moving_mean,
+    smoothing_window,
+    total,
+    trailing_rate,
+)
 
 STYLES = ("-", "--", ":", "-.")
 RAW_ALPHA = 0.25
 SMOOTH_MIN_POINTS = 8  # fewer points are drawn as they are, with markers
-FATE_KEYS = {
-    "trained": "ds/groups_trained",
-    "filtered": "ds/groups_filtered",
-    "dropped": "accounting/dropped_groups",
-    "evicted": "buffer/evicted_groups",
-    "aborted": "buffer/aborted_inflight_groups",
-}
+# What became of the generated groups (and slots replaced with a spare prompt): the summary's counts but "generated".
+FATE_KEYS = {label: key for label, key in GROUP_COUNT_KEYS.items() if label != "generated"}
 
 
 @dataclass(frozen=True)
@@ -74,8 +77,15 @@ def finish(figure: Any, axes: Any, integer_y: bool = False, integer_x: bool = Tr
                 handles.append(handle)
                 labels.append(label)
     if handles:
-        figure.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 3), fontsize="small")
+        figure.legend(handles, labels, loc="outside lower center", ncols=legend_columns(labels, len(axes)),
+                      fontsize="small")
     return figure
+
+
+def legend_columns(labels: Sequence[str], panels: int = 1) -> int:
+    """Up to 3 columns, 2 when labels are long (``run name + series``), so the legend fits the figure's width."""
+    widest = 3 * panels if max(len(label) for label in labels) <= 24 else 2 * panels
+    return max(1, min(len(labels), widest))
 
 
 def save(figure: Any, path: Path) -> str:
