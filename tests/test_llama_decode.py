@@ -1,8 +1,11 @@
 """The engine's fast Llama decode step (``groupwise.generation.llama_decode``).
 
 - equivalence: with the fast step, the engine samples the same tokens as through the model's own
-  ``forward`` and records logprobs within 1e-5 (float32 CPU), for multi-head and grouped-query
-  attention, ragged prompts, several samples per prompt, top-p, and rows compacted mid-loop;
+  ``forward`` and records logprobs within 1e-5 or 16 float32 ulps of the largest logit, whichever is larger
+  (the two paths use different matrix-product kernels; a logprob is a difference of two numbers of the
+  logits' scale, so its rounding grows with that scale: ~100 after the in-place weight change below), for
+  multi-head and grouped-query attention, ragged prompts, several samples per prompt, top-p, and rows
+  compacted mid-loop;
 - freshness: weights changed in place after the first call (an optimizer step in sync mode, where
   the engine shares the learner's model) are used by the next call — no stale packed copy;
 - refusal: a model outside its scope (another architecture, biased projections) or one whose probe
@@ -58,7 +61,14 @@ def _both_paths(model, tokenizer, sampling: SamplingParams):
     return fast, fast.generate(_requests(tokenizer), sampling), module, module.generate(_requests(tokenizer), sampling)
 
 
-def _assert_same(got, expected, tolerance: float = 1e-5) -> None:
+def _logprob_tolerance(model, tokenizer) -> float:
+    """1e-5, or 16 float32 ulps of the largest logit on the test prompts when that is larger."""
+    with torch.no_grad():
+        scale = max(model(torch.tensor([r.prompt_token_ids])).logits.abs().max().item() for r in _requests(tokenizer))
+    return max(1e-5, 16 * torch.finfo(torch.float32).eps * scale)
+
+
+def _assert_same(got, expected, tolerance: float) -> None:
     assert [[c.token_ids for c in per] for per in got] == [[c.token_ids for c in per] for per in expected]
     for per_got, per_expected in zip(got, expected, strict=True):
         for a, b in zip(per_got, per_expected, strict=True):
@@ -75,7 +85,7 @@ def test_fast_step_samples_what_the_module_path_samples(tokenizer, heads, kv_hea
     assert module.decode_path.startswith("transformers forward")
     lengths = {c.num_tokens for per in got for c in per}
     assert len(lengths) > 1, "rows should finish at different steps, so the batch is compacted mid-loop"
-    _assert_same(got, expected)
+    _assert_same(got, expected, _logprob_tolerance(model, tokenizer))
 
 
 def test_fast_step_uses_weights_changed_in_place(tokenizer) -> None:
@@ -88,7 +98,7 @@ def test_fast_step_uses_weights_changed_in_place(tokenizer) -> None:
             parameter.add_(0.5 * torch.randn(parameter.shape, generator=generator))
     after, expected = fast.generate(_requests(tokenizer), sampling), module.generate(_requests(tokenizer), sampling)
     assert [[c.token_ids for c in per] for per in after] != [[c.token_ids for c in per] for per in before]
-    _assert_same(after, expected)
+    _assert_same(after, expected, _logprob_tolerance(model, tokenizer))
 
 
 def test_models_outside_the_scope_keep_the_module_path(tokenizer) -> None:
