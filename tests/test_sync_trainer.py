@@ -8,7 +8,7 @@ Invariants pinned:
 - reward/unfiltered_mean is the mean over every row generated for the step across all rounds, and
   reward/trained_mean the mean over trained rows; the group counts add up;
 - stop after k steps + resume to n gives bit-identical parameters to an uninterrupted n-step run, and no
-  prompt is trained twice or skipped;
+  prompt is trained twice or skipped (bit-exact: both runs do the same computations in the same process);
 - a checkpoint write killed midway leaves no complete-looking checkpoint, and resume picks the previous one.
 """
 
@@ -27,6 +27,8 @@ from groupwise.run.checkpoint import latest_checkpoint
 from groupwise.run.metrics import read_metrics
 from groupwise.runtime.sync_run import run_sync
 from groupwise.trainer.builder import build_session
+
+pytestmark = pytest.mark.numerics
 
 REQUIRED_KEYS = {
     "step", "weight_version", "reward/unfiltered_mean", "reward/trained_mean", "ds/groups_generated",

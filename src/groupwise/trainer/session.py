@@ -74,6 +74,7 @@ class Session:
     # (groupwise.run.async_checkpoint.boundary_snapshot); checkpoints of that step use it.
     boundary_snapshot: dict[str, Any] | None = None
     restored_extra: dict[str, Any] = field(default_factory=dict)  # the resumed checkpoint's extra pieces
+    latest_eval: dict[str, float] = field(default_factory=dict)  # this session's latest evaluation (progress line)
     _last_eval_step: int = -1
     _last_checkpoint_step: int = -1
 
@@ -107,6 +108,7 @@ class Session:
     def evaluate(self, step: int, log: bool = True) -> dict[str, float]:
         result = evaluate_policy(self.engine, self.rollouts, self.task.eval_prompts(), self.cfg)
         self._last_eval_step = step
+        self.latest_eval = result
         self.events.event(f"eval at step {step}: " + ", ".join(f"{k}={v:.4f}" for k, v in result.items()))
         if log:
             self.events.log(step, {"step": step, "weight_version": self.learner.version, **result})
@@ -129,7 +131,10 @@ class Session:
 
     @contextlib.contextmanager
     def progress(self) -> Iterator[RunProgress]:
-        with RunProgress(total=self.cfg.run.max_steps, start=self.state.step, enabled=self.cfg.logging.progress) as bar:
+        with RunProgress(
+            total=self.cfg.run.max_steps, start=self.state.step, enabled=self.cfg.logging.progress,
+            accuracy=self.latest_eval.get("eval/accuracy"),
+        ) as bar:  # fmt: skip
             yield bar
 
     # --- checkpoints ---------------------------------------------------------------------------------------
