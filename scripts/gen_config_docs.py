@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from groupwise.config import RunConfig
-from groupwise.config.async_schema import SAMPLER_CLASSES
+from groupwise.config.async_schema import SAMPLER_CONFIGS
 from groupwise.config.checks import RULES
 from groupwise.config.issues import format_value
 from groupwise.config.keys import field_key, model_types
@@ -57,8 +57,8 @@ followed only by comments) means that section's defaults.
 
 **Unknown keys are errors**, with the nearest valid key suggested ("did you mean `grpo.num_prompts_per_step`?").
 
-**A key with no effect is an error** (the project rule): a non-default value under `async` in sync mode,
-under `runtime.ray` with the embedded backend, under a disabled `reward_scaling`/`overlong_shaping`/
+**A key with no effect is an error** ([design](design.md), invariant 10): a non-default value under `async` in sync
+mode, under `runtime.ray` with the embedded backend, under a disabled `reward_scaling`/`overlong_shaping`/
 `dynamic_sampling`, under a data task or model source not chosen, and so on. Writing a key at its default
 value is always fine, which is why the output of `config show` loads back unchanged.
 
@@ -153,7 +153,7 @@ def render() -> str:
             default = format_value(field.get_default(call_default_factory=True))
             lines.append(f"| `{key}` | {type_name(field.annotation)} | `{default}` | {description} |")
     lines.extend(sections)
-    lines.extend(["", f"Samplers: {', '.join(f'`{n}`' for n in SAMPLER_CLASSES)}.", "", *rules_list()])
+    lines.extend(["", f"Samplers: {', '.join(f'`{n}`' for n in SAMPLER_CONFIGS)}.", "", *rules_list()])
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,4 @@
-"""RowBatch and the JSONL writer keep rows aligned and groups whole.
+"""RowBatch and the JSONL writer keep rows aligned (invariants 1 and 2 in docs/design.md).
 
 Pins: every column always has num_rows rows (construction and writes of another length raise, naming the
 column and both lengths); a column read from a batch cannot change it (sequences are tuples, tensors are read

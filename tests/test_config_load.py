@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from groupwise.config import (
     ConfigError,
     ConfigIssue,
-    CustomSampler,
+    CustomSamplerConfig,
     RunConfig,
     config_from_dict,
     load_config,
@@ -205,7 +205,7 @@ def test_to_yaml_round_trips_non_defaults_and_uses_the_async_key():
     assert "async" in dumped and "async_" not in dumped
     again = config_from_dict(dumped)
     assert again == config
-    assert again.async_.sampler == CustomSampler(target="pkg.mod:Sampler", kwargs={"depth": 2})
+    assert again.async_.sampler == CustomSamplerConfig(target="pkg.mod:Sampler", kwargs={"depth": 2})
     assert again.optimizer.betas == (0.8, 0.95)
 
 

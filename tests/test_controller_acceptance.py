@@ -1,6 +1,6 @@
-"""The reviewer's acceptance checks from seed 002, driven through the REAL controller with scripted fakes.
+"""The over-credit bug's acceptance checks (docs/design.md), driven through the REAL controller with scripted fakes.
 
-Invariants pinned (DESIGN 4, 5; reference §6.9, §6.10):
+Invariants pinned (invariants 4 and 5 in docs/design.md):
 - a loss during a non-final chunk never excuses already-selected work: two drops while step 0's first
   3-group chunk trains → shortfalls {0: 1, 1: 1}, two optimizer steps of 3 groups each, clean exhaustion;
   one drop → step 0 closes at 3, step 1 is full (4);
@@ -19,6 +19,7 @@ import asyncio
 import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, run_virtual
 
+from groupwise.config import sampler_config
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
 from groupwise.controller.fate_records import FateRecord
@@ -38,8 +39,7 @@ def settings(sampler: str, knobs: dict, **overrides) -> ControllerSettings:
     base = dict(
         prompts_per_step=4,
         group_size=G,
-        sampler=sampler,
-        sampler_knobs=knobs,
+        sampler=sampler_config(sampler, **knobs),
         min_groups_for_streaming_train=3,
         max_buffered_rollouts=16,
         max_inflight_prompts=16,

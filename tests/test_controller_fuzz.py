@@ -20,6 +20,7 @@ from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, run_
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from groupwise.config import sampler_config
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
 from groupwise.controller.fate_records import TERMINAL_RESOLUTIONS, FateRecord
@@ -78,8 +79,7 @@ def run_scenario(sc):
     cfg = ControllerSettings(
         prompts_per_step=sc["P"],
         group_size=G,
-        sampler=sc["sampler"],
-        sampler_knobs=sc["knobs"],
+        sampler=sampler_config(sc["sampler"], **sc["knobs"]),
         min_groups_for_streaming_train=sc["min_stream"],
         max_buffered_rollouts=sc["capacity"],
         max_inflight_prompts=sc["inflight"],

@@ -1,11 +1,11 @@
-"""The train pump and the controller as a whole (reference §9.7 adapted; DESIGN invariants 5, 6, 8, 9).
+"""The train pump and the controller as a whole (invariants 5, 6, 8 and 9 in docs/design.md).
 
 Covered: sync ≡ async ordering (in_order, lookahead 0, full-batch chunks, DS off: prompts trained in loader
 order, one chunk and one optimizer step per step, zero staleness, one weight sync per step); streaming
 chunks of at least ``min_groups_for_streaming_train`` with exactly one finish_step per step; clean stop at
 the end of data vs a named RolloutExhaustedError when groups are left that the sampler cannot select; step
 metrics (tally over every generated group incl. filtered ones, accounting, staleness, versions, trainer
-metrics); weight_fifo + DS refused at build with the seed-002 explanation, capacity below the sampler's need
+metrics); weight_fifo + DS refused at build with the explanation, capacity below the sampler's need
 refused (built-in and custom); the weight_fifo bucket-mismatch hang (replace + an infra drop) reported as
 ControllerStalled with the per-version buffer, while ready_first completes the same schedule; a trainer crash
 reaches the caller naming the step and stops rollouts; max_steps stops the run with in-flight and buffered
@@ -20,6 +20,7 @@ import random
 import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, make_prompts, run_virtual
 
+from groupwise.config import sampler_config
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
 from groupwise.controller.settings import ControllerSettings
@@ -33,7 +34,7 @@ def cfg(sampler="in_order", knobs=None, P=3, **kw) -> ControllerSettings:
     kw.setdefault("failure", FailureSettings(min_step_batch_fraction=0.5))
     kw.setdefault("dynamic_sampling", False)
     kw.setdefault("max_buffered_rollouts", 16)
-    return ControllerSettings(prompts_per_step=P, group_size=G, sampler=sampler, sampler_knobs=knobs or {}, **kw)
+    return ControllerSettings(prompts_per_step=P, group_size=G, sampler=sampler_config(sampler, **(knobs or {})), **kw)
 
 
 def random_latencies(n: int, seed: int) -> dict[str, list[Outcome]]:

@@ -27,6 +27,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from groupwise.config import sampler_config
 from groupwise.controller.failures import FailureSettings
 from groupwise.controller.fate_records import TERMINAL_RESOLUTIONS, FateRecord
 from groupwise.controller.settings import ControllerSettings
@@ -71,8 +72,7 @@ def scenarios(draw):
     cfg = ControllerSettings(
         prompts_per_step=P,
         group_size=G,
-        sampler=sampler,
-        sampler_knobs=knobs,
+        sampler=sampler_config(sampler, **knobs),
         min_groups_for_streaming_train=draw(st.integers(1, P)),
         max_inflight_prompts=draw(st.integers(1, 12)),
         max_buffered_rollouts=needed + draw(st.integers(0, 6)),
@@ -139,8 +139,8 @@ def check_invariants(cfg, workload, max_epochs, run, fates, closes, trained_ids,
     assert len(trained_fates) == sum(r.selected for r in [*ledger.history, *ledger.pending()])
     # Staleness bounds per sampler.
     assert all(s >= 0 for s in staleness)
-    window = cfg.sampler_knobs.get("max_lookahead_versions", cfg.sampler_knobs.get("max_staleness_versions"))
-    if cfg.sampler in ("in_order", "windowed"):
+    window = cfg.sampler.window
+    if cfg.sampler.name in ("in_order", "windowed"):
         assert max(staleness, default=0) <= window
     elif staleness:
         event(f"ready_first staleness excess over its window: {max(0, max(staleness) - window)}")

@@ -4,11 +4,11 @@ Invariants pinned:
 - a run writes every artifact (config.yaml, metrics.jsonl with the documented keys, events.log, train_data,
   tensorboard, checkpoints, final/ loadable by plain transformers);
 - train_data rows are row-aligned: each row's reward is the reward of that very completion, groups whole and in
-  the trained order (the upstream misalignment, checked at trainer level);
+  the trained order (the misaligned-rewards bug of docs/design.md, at trainer level);
 - reward/unfiltered_mean is the mean over every row generated for the step across all rounds, and
   reward/trained_mean the mean over trained rows; the group counts add up;
 - stop after k steps + resume to n gives bit-identical parameters to an uninterrupted n-step run, and no
-  prompt is trained twice or skipped;
+  prompt is trained twice or skipped (bit-exact: both runs do the same computations in the same process);
 - a checkpoint write killed midway leaves no complete-looking checkpoint, and resume picks the previous one.
 """
 
@@ -25,8 +25,10 @@ import torch
 from groupwise.config import config_from_dict
 from groupwise.run.checkpoint import latest_checkpoint
 from groupwise.run.metrics import read_metrics
+from groupwise.runtime.sync_run import run_sync
 from groupwise.trainer.builder import build_session
-from groupwise.trainer.sync_loop import run_sync
+
+pytestmark = pytest.mark.numerics
 
 REQUIRED_KEYS = {
     "step", "weight_version", "reward/unfiltered_mean", "reward/trained_mean", "ds/groups_generated",

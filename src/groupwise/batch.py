@@ -1,9 +1,9 @@
-"""`RowBatch`: named columns that always share one row count, and groups that stay whole.
+"""`RowBatch`: named columns that always share one row count (invariants 1 and 2 in docs/design.md).
 
 A column is either a torch tensor whose leading dimension is the row dimension, or a sequence (list or tuple)
 with one element per row. Every operation applies one row index to every column, so a column can never be
-sliced, filtered or concatenated against a different row space than its neighbours (the upstream bug that paired
-rewards with the wrong rows). Data computed on another row set (pre-filter rewards, say) does not belong here: it
+sliced, filtered or concatenated against a different row space than its neighbours (the misaligned-rewards
+bug of docs/design.md). Data computed on another row set (pre-filter rewards, say) does not belong here: it
 lives in the step tally (:class:`groupwise.algo.tally.StepTally`).
 
 A column cannot be changed behind the batch's back, because an in-place edit would skip the row-count check:

@@ -1,20 +1,24 @@
 """From scored groups to row-aligned training rows.
 
 One row per completion. Every column is built from the same group list in the same order, inside one
-:class:`~groupwise.batch.RowBatch`, so a reward can never be paired with another row's completion.
+:class:`~groupwise.batch.RowBatch`, so a reward can never be paired with another row's completion
+(the misaligned-rewards bug of docs/design.md).
 Advantages are computed here, per group, on the groups that are actually trained.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from groupwise.algo.advantages import clip_advantages, group_advantages
 from groupwise.batch import RowBatch
 from groupwise.types import Group
+
+if TYPE_CHECKING:
+    from groupwise.config import GrpoSection
 
 
 def group_row_advantages(
@@ -94,7 +98,7 @@ class StepRows:
     """The rows of one RL step assembled from chunks (async trainers): advantages per chunk of whole groups,
     rows kept until the step closes so its ``train_data`` file can be written."""
 
-    def __init__(self, grpo: Any):
+    def __init__(self, grpo: GrpoSection):
         self.grpo = grpo
         self._chunks: list[RowBatch] = []
 

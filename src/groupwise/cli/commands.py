@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from groupwise.config import ConfigError, ConfigIssue, config_from_dict, load_config
@@ -40,10 +41,12 @@ def add_train_parser(subparsers) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     """Check everything that can refuse the run first (exit 2, nothing created), then train (exit 1 on failure)."""
+    started = time.monotonic()
     cfg = load_config(args.file, args.overrides)
     from groupwise.trainer.preflight import check_train_start
 
     inputs = check_train_start(cfg, resume=args.resume, resume_from=args.resume_from)
+    from groupwise.cli.run_summary import run_summary_text
     from groupwise.run.async_checkpoint import ResumeError
     from groupwise.run.checkpoint import latest_checkpoint
     from groupwise.run.disk_full import DiskFullError, is_disk_full
@@ -55,9 +58,13 @@ def run_train(args: argparse.Namespace) -> int:
     except (RunDirError, ResumeError, RayNotInstalledError, RaySetupError) as err:
         print(f"groupwise train: {err}", file=sys.stderr)
         return EXIT_USAGE
+    if cfg.runtime.backend != "ray":  # Ray sets each actor's OMP_NUM_THREADS from the CPUs it reserves
+        from groupwise.runtime.cpu_threads import apply_cpu_threads
+
+        session.events.event(apply_cpu_threads(session.policy.model))
     try:
         if cfg.mode == "sync":
-            from groupwise.trainer.sync_loop import run_sync
+            from groupwise.runtime.sync_run import run_sync
 
             run_sync(session)
         else:
@@ -75,7 +82,7 @@ def run_train(args: argparse.Namespace) -> int:
     finally:
         if cfg.runtime.backend == "ray":
             session.close()  # stop the actors (and the local cluster this run started)
-    print(f"done: {session.run_dir.path}")
+    print(run_summary_text(session.run_dir.path, time.monotonic() - started))
     return EXIT_OK
 
 
@@ -96,6 +103,7 @@ def _build_train_session(cfg, args: argparse.Namespace, inputs):
 def add_eval_parser(subparsers) -> None:
     parser = subparsers.add_parser("eval", help="held-out greedy accuracy (and pass@k) of a config's or run's policy")
     _config_arguments(parser, what="CONFIG|RUN_DIR")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.set_defaults(handler=run_eval)
 
 
@@ -104,15 +112,52 @@ def run_eval(args: argparse.Namespace) -> int:
     path = Path(args.file)
     if path.is_dir():
         cfg = run_dir_config(path, args.overrides)
+        weights, note = str(path / "final"), f"the trained policy of run {path.name}"
     else:
         cfg = load_config(path, args.overrides)
+        weights, note = _configured_weights(cfg, path)
+    from groupwise.runtime.cpu_threads import apply_cpu_threads
     from groupwise.trainer.builder import build_components
-    from groupwise.trainer.evaluation import evaluate_policy
+    from groupwise.trainer.evaluation import evaluate_policy, evaluated_prompts
 
     parts = build_components(cfg)
-    result = evaluate_policy(parts.engine, parts.rollouts, parts.task.eval_prompts(), cfg)
-    print(json.dumps(result, indent=2))
+    apply_cpu_threads(parts.policy.model)
+    prompts = evaluated_prompts(parts.task.eval_prompts(), cfg)
+    result = evaluate_policy(parts.engine, parts.rollouts, prompts, cfg)
+    if args.json:
+        print(json.dumps({"weights": weights, "num_prompts": len(prompts), **result}, indent=2))
+    else:
+        print(eval_table(f"{weights}  ({note})", cfg, len(prompts), result))
     return EXIT_OK
+
+
+def eval_table(weights: str, cfg, num_prompts: int, result: dict[str, float]) -> str:
+    """The readable ``groupwise eval`` output: which weights, how many prompts, accuracy and pass@k."""
+    rows = [("weights", weights), ("held-out prompts", f"{num_prompts}  (task {cfg.data.task}, eval split)")]
+    accuracy = result.get("eval/accuracy")
+    if accuracy is None:
+        rows.append(("greedy accuracy", "—  (the task has no held-out prompts)"))
+    else:
+        rows.append(("greedy accuracy", f"{accuracy:.3f}  ({round(accuracy * num_prompts)} of {num_prompts} correct)"))
+    k = cfg.eval.pass_k
+    if "eval/pass_at_k" in result:
+        pass_at_k = result["eval/pass_at_k"]
+        solved = f"{round(pass_at_k * num_prompts)} of {num_prompts} solved"
+        rows.append((f"pass@{k}", f"{pass_at_k:.3f}  ({solved} by {k} samples at temperature "
+                                  f"{cfg.generation.temperature:g})"))
+    else:
+        rows.append(("pass@k", "—  (eval.pass_k is 1: add eval.pass_k=8 to measure pass@8)"))
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label:<{width}}  {text}" for label, text in rows)
+
+
+def _configured_weights(cfg, config_file: Path) -> tuple[str, str]:
+    """(what the weights are, where that came from) for a config file's ``model`` section."""
+    model = cfg.model
+    if model.source == "tiny":
+        return f"a random tiny model (seed {cfg.run.seed})", f"model.source: tiny in {config_file}"
+    name = f"{model.path}/{model.gguf_file}" if model.gguf_file else str(model.path)
+    return name, f"model.path in {config_file}"
 
 
 def run_dir_config(run_dir: Path, overrides: list[str]):
@@ -143,14 +188,14 @@ def run_dir_config(run_dir: Path, overrides: list[str]):
 def add_sft_parser(subparsers) -> None:
     parser = subparsers.add_parser("sft", help="supervised fine-tuning on task demonstrations (warm starts)")
     _config_arguments(parser)
-    parser.set_defaults(handler=run_sft)
+    parser.set_defaults(handler=run_sft_command)
 
 
-def run_sft(args: argparse.Namespace) -> int:
+def run_sft_command(args: argparse.Namespace) -> int:
     cfg = load_config(args.file, args.overrides)
-    from groupwise.trainer.sft import run_sft as fine_tune
+    from groupwise.trainer.sft import run_sft
 
-    final = fine_tune(cfg)
+    final = run_sft(cfg)
     print(f"done: {final}")
     return EXIT_OK
 
@@ -191,7 +236,7 @@ def add_simulate_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "simulate",
         help="run a config in virtual time against a simulated generator and learner (sim: section); writes a run dir",
-        description="Run the real async controller (or the sync loop's schedule) in virtual time against the "
+        description="Run the real async controller (or, in mode sync, the real sync loop) in virtual time against the "
         "simulated generator and learner described by the config's sim: section. Writes the run directory "
         "(config.yaml, metrics.jsonl, events.log, fates.jsonl, sim/summary.json) for groupwise compare.",
     )

@@ -7,16 +7,21 @@ Heavy imports (torch, transformers) belong inside the ``run_*`` functions so ``g
 ``groupwise config`` stay fast and work without them.
 
 Exit codes: 0 success, 2 bad usage or an invalid config (every problem printed, never a traceback).
+
+:func:`main` sets the OpenMP wait policy before any command imports torch (see
+:mod:`groupwise.runtime.cpu_threads`: libgomp reads it only when torch loads it).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 from groupwise.cli.commands import RUN_COMMAND_PARSERS
 from groupwise.config import ConfigError, load_config
+from groupwise.runtime.cpu_threads import prepare_openmp_environment
 
 EXIT_OK = 0
 EXIT_CONFIG_ERROR = 2
@@ -91,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command and return its exit code (the ``groupwise`` console script)."""
+    prepare_openmp_environment()
+    # The command prints its own progress and summary; transformers' per-file loading and saving bars would
+    # interleave with them (HF_HUB_DISABLE_PROGRESS_BARS=0 brings them back).
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

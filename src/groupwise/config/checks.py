@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from groupwise.config.base import changed_fields
 from groupwise.config.issues import ConfigIssue
+
+if TYPE_CHECKING:
+    from groupwise.config.schema import RunConfig
 
 # ``cfg`` is a RunConfig, or during loading a namespace holding the sections that validated.
 RuleCheck = Callable[[Any], Iterable[ConfigIssue]]
@@ -45,7 +48,7 @@ def rule(*needs: str) -> Callable[[RuleCheck], RuleCheck]:
     return register
 
 
-def run_rules(cfg: Any, available: Iterable[str] | None = None) -> list[ConfigIssue]:
+def run_rules(cfg: RunConfig, available: Iterable[str] | None = None) -> list[ConfigIssue]:
     """Every issue from every rule whose sections are all in ``available`` (``None`` = all sections)."""
     have = None if available is None else set(available)
     issues: list[ConfigIssue] = []

@@ -3,12 +3,12 @@ cross-field rule and raises a single :class:`ConfigError` listing all violations
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import yaml
 from pydantic import ConfigDict, Field, model_validator
 
+from groupwise.algo.step_size import round_size
 from groupwise.config import async_rules, rules  # noqa: F401  (importing registers the rules)
 from groupwise.config.algorithm import GrpoSection, LossSection, OptimizerSection
 from groupwise.config.async_schema import AsyncSection
@@ -89,6 +89,4 @@ class RunConfig(Section):
     def prompts_per_generation_round(self) -> int:
         """Sync: prompts generated per dynamic-sampling round, ``ceil(P × batch_multiplier)`` (P with DS off)."""
         ds = self.grpo.dynamic_sampling
-        multiplier = ds.batch_multiplier if ds.enabled else 1.0
-        # round first so 10 × 1.1 = 11.000000000000002 does not become 12
-        return math.ceil(round(self.grpo.num_prompts_per_step * multiplier, 9))
+        return round_size(self.grpo.num_prompts_per_step, ds.batch_multiplier, ds.enabled)

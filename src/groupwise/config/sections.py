@@ -228,9 +228,19 @@ class GenerationSection(Section):
     micro_batch_groups: int = Field(64, ge=1)
     """Prompt groups per generation-engine call (≥ 1); bounds generation memory."""
     fast_decode: bool = True
-    """Decode Llama-family models with the engine's fast step (same arithmetic as the model's forward, checked
-    on a probe at the first call; other models always use their forward). false forces the model's forward.
-    See docs/generation.md."""
+    """Decode Llama-family models (Llama, Qwen2) with the engine's fast step (same arithmetic as the model's
+    forward, checked on a probe at the first call; other models always use their forward). false forces the
+    model's forward. See docs/generation.md."""
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
+    """Run the fast decode step as CUDA graphs, one per row bucket, from static buffers (docs/generation.md):
+    ``auto`` = when the model is on a CUDA device and the fast step takes it; ``on`` = the same, and an error
+    where graphs cannot run (no CUDA device, or a model the fast step refuses); ``off`` = no graphs on CUDA.
+    YAML reads a bare on/off as true/false; those mean on/off here."""
+
+    @field_validator("cuda_graphs", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: Any) -> Any:
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @field_validator("stop")
     @classmethod

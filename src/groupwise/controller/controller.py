@@ -3,7 +3,7 @@
 ``build_controller(settings, loader, rollouts, trainer, on_step_end=..., on_fate=...)`` checks the setup
 (weight_fifo + dynamic sampling is refused, the buffer capacity must cover the sampler's need) and
 returns a :class:`Controller`; ``await controller.run()`` trains until ``max_steps`` or the end of data and
-returns a :class:`RunSummary`. A crash in either pump cancels the other; the error reaches the caller
+returns a :class:`ControllerSummary`. A crash in either pump cancels the other; the error reaches the caller
 with notes naming the step and the prompt. Only runtimes and the CLI import this module.
 """
 
@@ -25,7 +25,7 @@ from groupwise.controller.permits import Permits
 from groupwise.controller.rollout_pump import RolloutPump
 from groupwise.controller.samplers import build_sampler, drop_accounting
 from groupwise.controller.settings import ControllerSettings
-from groupwise.controller.snapshot import controller_state, restore_controller
+from groupwise.controller.snapshot import restore_snapshot, take_snapshot
 from groupwise.controller.spare_pool import SparePool
 from groupwise.controller.step_tally import StepTallyBook
 from groupwise.controller.train_pump import StepEndHook, TrainPump
@@ -39,7 +39,7 @@ WEIGHT_FIFO_WITH_DS = (
 
 
 @dataclass
-class RunSummary:
+class ControllerSummary:
     """What a run did: steps, versions, and the fate of everything dispatched."""
 
     stop_reason: str
@@ -92,13 +92,13 @@ class Controller:
         waiting at the gate, the open steps' ledger entries and tallies, failure budgets and run counters — see
         :mod:`groupwise.controller.snapshot`. ``encode`` turns a loader item into plain data.
         """
-        return controller_state(self, encode)
+        return take_snapshot(self, encode)
 
     def _on_slot_error(self, error: BaseException) -> None:
         if self._failure is not None and not self._failure.done():
             self._failure.set_exception(error)
 
-    async def run(self) -> RunSummary:
+    async def run(self) -> ControllerSummary:
         """Run both pumps until the train pump stops; re-raise the first failure of either."""
         loop = asyncio.get_running_loop()
         self._failure = loop.create_future()
@@ -145,9 +145,9 @@ class Controller:
                 )
             )
 
-    def _summary(self, stop_reason: str) -> RunSummary:
+    def _summary(self, stop_reason: str) -> ControllerSummary:
         ctx, train = self.ctx, self.train_pump
-        return RunSummary(
+        return ControllerSummary(
             stop_reason=stop_reason,
             steps_trained=train.steps_trained,
             first_step=ctx.settings.start_step,
@@ -180,15 +180,15 @@ def build_controller(
     ``settings.start_step`` must equal its step and P must match. Buffered groups, stamps and ledger entries are
     restored only under the same sampler; otherwise they are dropped with notes in ``Controller.resume_notes``.
     """
-    if settings.dynamic_sampling and settings.sampler == "weight_fifo":
+    if settings.dynamic_sampling and settings.sampler.name == "weight_fifo":
         raise ValueError(WEIGHT_FIFO_WITH_DS)
     buffer = GroupBuffer()
-    sampler = build_sampler(settings.sampler, dict(settings.sampler_knobs), buffer)
+    sampler = build_sampler(settings.sampler, buffer)
     sampler.set_dispatch_index(settings.start_step)
     needed = sampler.required_buffer_capacity(settings.prompts_per_step)
     if needed is not None and settings.max_buffered_rollouts < needed:
         raise ValueError(
-            f"max_buffered_rollouts={settings.max_buffered_rollouts} is below what sampler {settings.sampler!r} "
+            f"max_buffered_rollouts={settings.max_buffered_rollouts} is below what sampler {settings.sampler.name!r} "
             f"needs ({needed} = P × (window + 1)) to avoid a backpressure deadlock; raise it to at least {needed}"
         )
     ledger = StepLedger(settings.prompts_per_step, settings.failure.min_step_batch_fraction, settings.start_step)
@@ -208,5 +208,5 @@ def build_controller(
     )
     controller = Controller(ctx, loader, rollouts, trainer, on_step_end)
     if state is not None:
-        controller.resume_notes = restore_controller(controller, loader, state, decode)
+        controller.resume_notes = restore_snapshot(controller, loader, state, decode)
     return controller

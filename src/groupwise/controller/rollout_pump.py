@@ -14,11 +14,10 @@ from (the loader front, or the spare pool front during the end-of-data drain).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from groupwise.controller.context import PumpContext
 from groupwise.controller.dispatch_slot import DispatchSlots, SlotState
-from groupwise.controller.interfaces import PromptSource, RolloutClient
+from groupwise.controller.interfaces import LoaderItem, PromptSource, RolloutClient
 from groupwise.controller.permits import Permits
 from groupwise.controller.workers import WorkerPool
 
@@ -56,12 +55,12 @@ class RolloutPump:
         """True while the pump waits on something only the train pump can give (the gate or capacity)."""
         return (self._in_admit and self.ctx.clock.waiting > 0) or self.ctx.capacity.waiting > 0
 
-    def inflight_items(self) -> list[Any]:
+    def inflight_items(self) -> list[LoaderItem]:
         """Prompts taken from the loader or pool and not yet settled: those of unsettled dispatch slots, then
         those of the batch being admitted or launched."""
         return [slot.item for slot in self._slots.items()] + [slot.item for slot in self._unlaunched]
 
-    def unsettled(self) -> tuple[list[SlotState], list[Any], list[Any]]:
+    def unsettled(self) -> tuple[list[SlotState], list[LoaderItem], list[LoaderItem]]:
         """The work a snapshot must save: ``(slots, loader_items, spare_items)``.
 
         ``slots``: dispatch slots to re-dispatch under their stamps — running (in launch order), then those of an
@@ -130,7 +129,7 @@ class RolloutPump:
                 continue
             await self._admit_and_launch(batch)
 
-    async def _admit_and_launch(self, batch: list[Any], from_pool: bool = False) -> None:
+    async def _admit_and_launch(self, batch: list[LoaderItem], from_pool: bool = False) -> None:
         self._unlaunched = [SlotState(item) for item in batch]
         self._batch_admitted, self._batch_from_pool = False, from_pool
         self._in_admit = True

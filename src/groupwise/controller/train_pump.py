@@ -1,6 +1,6 @@
 """`TrainPump`: assembles each RL step from streamed chunks of whole groups, then one optimizer step.
 
-Per step ``s`` (= the trainer version ``v``; reference §4.6 adapted to the ledger of §6.10):
+Per step ``s`` (= the trainer version ``v``):
 
 1. evict what the sampler says can never be selected (capacity released, fate ``evicted``);
 2. while the ledger has open slots: ``select`` a chunk of at least ``min(streaming_min, open)`` groups —
@@ -13,7 +13,7 @@ At the end of data: a step with nothing selected and an empty buffer ends the ru
 sampler closes its last step short (above the floor); anything else raises
 :class:`RolloutExhaustedError`. When the rollout pump is parked on the gate or on capacity with nothing in
 flight and nothing is selectable, no event can ever arrive: :class:`ControllerStalled` names the state
-instead of hanging (the seed-002 weight_fifo hang is reported this way).
+instead of hanging (a weight_fifo bucket that can never fill is reported this way).
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ class TrainPump:
         raise RolloutExhaustedError(
             f"rollout exhausted before step {step} was assembled: selected {record.selected} + charged "
             f"{record.charged} of P {ctx.settings.prompts_per_step} groups, with {ctx.buffer.ready_count} ready "
-            f"group(s) left that sampler {ctx.settings.sampler!r} cannot select at version {step}. Provide more "
+            f"group(s) left that sampler {ctx.settings.sampler.name!r} cannot select at version {step}. Provide more "
             "prompts (max_epochs), or choose a sampler that closes short (windowed)"
         )
 
@@ -213,7 +213,7 @@ class TrainPump:
             f"dispatch_index={getattr(ctx.sampler, 'dispatch_index', '?')} gate_window="
             f"{getattr(ctx.sampler, 'window', '?')} inflight=0 buffer_len={len(ctx.buffer)} "
             f"per_start_weight={buckets} spare_pool={len(ctx.spare_pool)} open_slots={ctx.ledger.open_slots(step)} "
-            f"capacity={ctx.capacity.in_use}/{ctx.capacity.total}. Sampler {ctx.settings.sampler!r} selects "
+            f"capacity={ctx.capacity.in_use}/{ctx.capacity.total}. Sampler {ctx.settings.sampler.name!r} selects "
             "nothing from this buffer and the rollout pump waits for the trainer, so nothing can change"
         )
 

@@ -1,4 +1,4 @@
-"""Atomic, self-verifying checkpoints under ``checkpoints/step_<N>/``: resuming from one equals continuing.
+"""Atomic, self-verifying checkpoints under ``checkpoints/step_<N>/`` (invariant 8 in docs/design.md).
 
 The ``state`` dict a trainer passes to :func:`save_checkpoint` (every key optional, no others allowed)::
 

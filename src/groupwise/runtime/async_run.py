@@ -26,7 +26,8 @@ def run_async(session: Session) -> Any:
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, threads // 2))
     try:
-        summary = asyncio.run(_run(session))
+        with session.progress() as progress:
+            summary = asyncio.run(_run(session, progress))
     finally:
         torch.set_num_threads(threads)
     session.events.event(
@@ -36,7 +37,7 @@ def run_async(session: Session) -> Any:
     return summary
 
 
-async def _run(session: Session) -> Any:
+async def _run(session: Session, progress: Any) -> Any:
     cfg = session.cfg
     rollouts, trainer = _runtime_clients(session)
 
@@ -53,6 +54,7 @@ async def _run(session: Session) -> Any:
         # Evaluation uses the engine: hold it so no rollout batch runs on it meanwhile.
         async with rollouts.engine_lock:
             await asyncio.to_thread(session.end_step, step, metrics, rows)
+        progress.update(step + 1, session.last_metrics)
 
     settings = ControllerSettings.from_config(cfg, start_step=session.state.step)
     controller = build_controller(

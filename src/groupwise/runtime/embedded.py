@@ -1,4 +1,5 @@
-"""The embedded runtime: the async controller's clients, in this process, on the real engine and learner.
+"""The embedded runtime: the async controller's clients, in this process, on the real engine and learner (the
+sync loop uses its trainer client inline: ``EmbeddedTrainer(in_thread=False)``).
 
 Generation runs concurrently with training: the engine has its own model copy and runs in a worker thread
 (PyTorch releases the GIL inside its kernels), the learner runs chunks in another. Rollout requests that
@@ -11,16 +12,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from groupwise.batch import RowBatch
 from groupwise.rows import StepRows
-from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue
+from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, fail_all, resolve_all
 from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import Group
+
+if TYPE_CHECKING:
+    from groupwise.config import GrpoSection
 
 
 class EmbeddedRollouts:
@@ -59,16 +64,12 @@ class EmbeddedRollouts:
                     [p.attempt for p in batch],
                 )
             except Exception as err:  # noqa: BLE001 — every waiting rollout gets the engine's error
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(err)
+                fail_all(batch, err)
                 return
             finally:
                 self.busy_seconds += time.perf_counter() - start
         self.generated_tokens += sum(g.num_completion_tokens for g in groups)
-        for p, group in zip(batch, groups, strict=True):
-            if not p.future.done():
-                p.future.set_result(group)
+        resolve_all(batch, groups)
 
     async def sync_weights(self, version: int) -> None:
         """Copy the learner's parameters into the engine's model, between two engine calls."""
@@ -91,7 +92,8 @@ class EmbeddedTrainer:
     """
 
     learner: Any
-    grpo: Any
+    grpo: GrpoSection
+    in_thread: bool = True  # async: train in a worker thread while generation goes on; sync: inline
     step_rows: StepRows = field(init=False)
     busy_seconds: float = 0.0
 
@@ -100,15 +102,17 @@ class EmbeddedTrainer:
 
     async def train_chunk(self, step: int, groups: list[Group], first_chunk: bool) -> None:
         rows = self.step_rows.add_chunk(groups, first_chunk)
-        start = time.perf_counter()
-        await asyncio.to_thread(self.learner.train_chunk, rows)
-        self.busy_seconds += time.perf_counter() - start
+        await self._call(self.learner.train_chunk, rows)
 
     async def finish_step(self, step: int) -> dict[str, float]:
+        return await self._call(self.learner.finish_step)
+
+    async def _call(self, method: Callable[..., Any], *args: Any) -> Any:
         start = time.perf_counter()
-        metrics = await asyncio.to_thread(self.learner.finish_step)
-        self.busy_seconds += time.perf_counter() - start
-        return metrics
+        try:
+            return await asyncio.to_thread(method, *args) if self.in_thread else method(*args)
+        finally:
+            self.busy_seconds += time.perf_counter() - start
 
     def take_step_rows(self) -> RowBatch:
         return self.step_rows.take()

@@ -15,7 +15,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from groupwise.runtime.ray_cluster import ActorResources, ray
 from groupwise.trainer.builder import build_components, frozen_copy, load_policy_from_config
 from groupwise.trainer.learner import Learner, LearnerSettings
 from groupwise.types import Completion, GenerationRequest, Group, SamplingParams
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
 
 
 def _where() -> dict[str, Any]:
@@ -37,7 +40,7 @@ def _cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 class GenerationWorker:
     """An engine with its own model copy, and the reward function: turns prompts into scored groups."""
 
-    def __init__(self, cfg: Any, index: int):
+    def __init__(self, cfg: RunConfig, index: int):
         torch.manual_seed(cfg.run.seed)
         parts = build_components(cfg)
         self.index = index
@@ -63,7 +66,7 @@ class GenerationWorker:
 class LearnerWorker:
     """The policy being trained, its optimizer and LR schedule (a :class:`~groupwise.trainer.learner.Learner`)."""
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: RunConfig):
         torch.manual_seed(cfg.run.seed)
         policy = load_policy_from_config(cfg)
         reference = frozen_copy(policy.model) if cfg.model.reference == "initial" else None

@@ -19,15 +19,18 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from groupwise.batch import RowBatch
 from groupwise.rows import StepRows
 from groupwise.runtime.ray_cluster import ray
 from groupwise.runtime.ray_errors import UnschedulableError
 from groupwise.runtime.ray_pool import GenerationPool, GenerationWorkerLost, WorkerSlot
-from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue
+from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, fail_all, resolve_all
 from groupwise.types import Group
+
+if TYPE_CHECKING:
+    from groupwise.config import GrpoSection
 
 
 class LearnerFailed(RuntimeError):
@@ -95,7 +98,7 @@ class RayTrainer:
     """``TrainerClient`` over the learner actor; keeps each step's rows for the ``train_data`` file."""
 
     learner: RayLearner
-    grpo: Any
+    grpo: GrpoSection
     step_rows: StepRows = field(init=False)
     busy_seconds: float = 0.0
 
@@ -188,26 +191,18 @@ class RayRolloutClient:
         except ray.exceptions.RayActorError as err:
             lost = GenerationWorkerLost(f"generation worker {slot.index} died while generating groups {ids}: {err}")
             lost.__cause__ = err
-            self._fail(batch, lost)
+            fail_all(batch, lost)
             self._start_replacement(slot)
             return
         except Exception as err:  # noqa: BLE001 — e.g. the reward function raised: every group of the batch gets it
-            self._fail(batch, err)
+            fail_all(batch, err)
             return
         finally:
             self.busy_seconds += (time.perf_counter() - start) / max(1, len(self.pool.workers))
             slot.busy = False
             self._queue.wake.set()
         self.generated_tokens += sum(g.num_completion_tokens for g in groups)
-        for p, group in zip(batch, groups, strict=True):
-            if not p.future.done():
-                p.future.set_result(group)
-
-    @staticmethod
-    def _fail(batch: list[PendingRollout], error: BaseException) -> None:
-        for p in batch:
-            if not p.future.done():
-                p.future.set_exception(error)
+        resolve_all(batch, groups)
 
     def _start_replacement(self, dead: WorkerSlot | None) -> None:
         if dead is not None and not self.pool.remove(dead):

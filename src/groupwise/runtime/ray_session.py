@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,9 +37,12 @@ from groupwise.runtime.ray_cluster import (
 )
 from groupwise.runtime.ray_pool import GenerationPool, RaySyncRollouts, RemoteEngine
 from groupwise.runtime.ray_runtime import LearnerModel, RayLearner, RayRolloutClient, RayTrainer
-from groupwise.trainer.builder import build_components
+from groupwise.trainer.builder import Components, build_components
 from groupwise.trainer.preflight import Inputs, check_train_start
 from groupwise.trainer.session import Session
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
 
 DEFAULT_STARTUP_TIMEOUT_S = 300.0
 
@@ -81,7 +84,7 @@ class RaySession(Session):
         self.cluster.shutdown()
 
 
-def check_device_resources(cfg: Any) -> None:
+def check_device_resources(cfg: RunConfig) -> None:
     """A CUDA ``model.device`` needs GPUs reserved: Ray hides every GPU from an actor that reserves none."""
     if not cfg.model.device.startswith("cuda"):
         return
@@ -99,7 +102,7 @@ def check_device_resources(cfg: Any) -> None:
 
 
 def build_ray_session(
-    cfg: Any,
+    cfg: RunConfig,
     *,
     resume: bool = False,
     resume_from: Path | None = None,
@@ -137,7 +140,8 @@ def build_ray_session(
 
 
 def _assemble(
-    cfg: Any, cluster: RayCluster, pool: GenerationPool, learner: RayLearner, parts: Any, resume: bool, resume_from: Any
+    cfg: RunConfig, cluster: RayCluster, pool: GenerationPool, learner: RayLearner, parts: Components, resume: bool,
+    resume_from: Path | None,
 ) -> RaySession:
     run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resume or resume_from is not None)
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)

@@ -19,9 +19,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from groupwise.config import ConfigError
+from groupwise.config import ConfigError, ConfigIssue
 from groupwise.controller.settings import ControllerSettings
 from groupwise.run.fates_file import FIELDS as FATE_FIELDS
 from groupwise.run.fates_file import FatesWriter
@@ -29,9 +29,26 @@ from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir, write_text_atomic
 from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
 from groupwise.sim.summary import summarize
-from groupwise.sim.sync_schedule import SyncSettings, check_sync_workload
 from groupwise.sim.workload import SimWorkload
 from groupwise.types import Group
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
+
+
+def check_sync_workload(workload: SimWorkload) -> list[ConfigIssue]:
+    """Issues for injected failures in mode sync (the real sync loop would stop at the first one)."""
+    return [
+        ConfigIssue(
+            f"sim.{name}",
+            getattr(workload, name),
+            f"sim.{name} injects rollout failures, but the sync loop has no failure handling (a real sync run "
+            "stops at the first failed rollout), so the simulation would only show that",
+            f"set sim.{name}: 0 for a sync simulation, or simulate mode: async",
+        )
+        for name in ("infra_failure_rate", "data_failure_rate")
+        if getattr(workload, name) > 0
+    ]
 
 
 @dataclass
@@ -43,7 +60,7 @@ class SimulationResult:
     run: SimRun
 
 
-def summary_identity(cfg: Any) -> dict[str, Any]:
+def summary_identity(cfg: RunConfig) -> dict[str, Any]:
     """The identity fields of a summary: mode, sampler and knobs (async), seed, P, G."""
     sampler: dict[str, Any] = cfg.async_.sampler.model_dump(mode="json") if cfg.mode == "async" else {}
     return {
@@ -56,7 +73,7 @@ def summary_identity(cfg: Any) -> dict[str, Any]:
     }
 
 
-def simulate(cfg: Any) -> SimulationResult:
+def simulate(cfg: RunConfig) -> SimulationResult:
     """Simulate ``cfg`` (a ``RunConfig``) and write its run directory (see the module docstring).
 
     Raises :class:`ConfigError` for a setup the simulation refuses (failures injected in mode sync) and
@@ -89,7 +106,7 @@ def simulate(cfg: Any) -> SimulationResult:
             )  # fmt: skip
         else:
             run = simulate_sync(
-                SyncSettings.from_config(cfg), workload, max_epochs=cfg.run.max_epochs, shuffle=cfg.data.shuffle,
+                cfg.grpo, cfg.run.max_steps, workload, max_epochs=cfg.run.max_epochs, shuffle=cfg.data.shuffle,
                 on_step_end=on_step_end, fates=fates, max_virtual_seconds=cfg.sim.max_virtual_seconds,
             )  # fmt: skip
     finally:

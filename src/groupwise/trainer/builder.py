@@ -6,14 +6,16 @@ import copy
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.data.loader import PromptLoader
+from groupwise.data.registry import Task
+from groupwise.data.rewards import RewardFn
 from groupwise.generation.engine import Engine
-from groupwise.model.loading import eos_token_ids, load_policy
+from groupwise.model.loading import Policy, eos_token_ids, load_policy, resolve_device
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
 from groupwise.trainer.learner import Learner, LearnerSettings
@@ -25,8 +27,11 @@ from groupwise.types import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
 
-def sampling_from_config(cfg: Any) -> SamplingParams:
+
+def sampling_from_config(cfg: RunConfig) -> SamplingParams:
     gen = cfg.generation
     return SamplingParams(
         max_new_tokens=gen.max_new_tokens,
@@ -37,10 +42,21 @@ def sampling_from_config(cfg: Any) -> SamplingParams:
     )
 
 
-def load_policy_from_config(cfg: Any) -> Any:
+def load_policy_from_config(cfg: RunConfig) -> Policy:
     m = cfg.model
     tiny = m.tiny.model_dump() if m.source == "tiny" else None
     return load_policy(m.source, m.path, m.gguf_file, tiny, device=m.device, dtype=m.dtype, seed=cfg.run.seed)
+
+
+def _check_cuda_graphs_device(cfg: RunConfig) -> None:
+    """``generation.cuda_graphs: on`` with ``model.device: auto`` on a machine without CUDA: a config error, before
+    any model is loaded (with ``model.device: cpu`` the config rules already refuse it)."""
+    if cfg.generation.cuda_graphs == "on" and resolve_device(cfg.model.device).type != "cuda":
+        raise ConfigError([ConfigIssue(
+            "generation.cuda_graphs", "on",
+            f"CUDA graphs need a CUDA device; model.device '{cfg.model.device}' is cpu on this machine",
+            "run on a machine with a CUDA GPU, or set generation.cuda_graphs: auto",
+        )])  # fmt: skip
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -56,16 +72,17 @@ class Components:
     """What generation and scoring need, without a run directory (``train``, ``eval`` and ``sft`` share it).
     ``notes`` are what the prompt checks counted without refusing (the run writes them to ``events.log``)."""
 
-    policy: Any
+    policy: Policy
     engine: Engine
-    task: Any
-    reward_fn: Any
+    task: Task
+    reward_fn: RewardFn
     rollouts: RolloutWorker
     notes: list[str] = field(default_factory=list)
 
 
 def build_components(
-    cfg: Any, *, separate_engine_model: bool = False, group_size: int | None = None, inputs: Inputs | None = None
+    cfg: RunConfig, *, separate_engine_model: bool = False, group_size: int | None = None,
+    inputs: Inputs | None = None,
 ) -> Components:
     """Check the inputs (unless ``inputs`` says they were), load the policy, build the engine, task, reward function
     and rollout worker, and check every prompt against the tokenizer and the model's positions.
@@ -73,6 +90,7 @@ def build_components(
     Raises :class:`ConfigError` for anything wrong with the inputs, the model included, before returning.
     """
     inputs = inputs or check_inputs(cfg, training=False)
+    _check_cuda_graphs_device(cfg)
     policy = _load_policy_reported(cfg)
     # Sync mode alternates generation and training, so the engine can sample from the learner's own model.
     # Async mode generates while training: the engine needs its own copy, refreshed at weight sync.
@@ -82,6 +100,7 @@ def build_components(
         policy.tokenizer,
         eos_token_ids(policy.tokenizer, policy.model),
         fast_decode=cfg.generation.fast_decode,
+        cuda_graphs=cfg.generation.cuda_graphs,
     )
     rollouts = RolloutWorker(
         generator=engine,
@@ -104,7 +123,7 @@ def build_components(
                       notes=report.notes)
 
 
-def _load_policy_reported(cfg: Any) -> Any:
+def _load_policy_reported(cfg: RunConfig) -> Policy:
     """The policy, or a :class:`ConfigError` naming the model keys when it cannot be loaded (a broken directory,
     weights that do not match the config, a missing tokenizer): a bad model is bad input, reported like any other."""
     try:
@@ -120,7 +139,7 @@ def _load_policy_reported(cfg: Any) -> Any:
         )]) from exc
 
 
-def _check_prompts(cfg: Any, task: Any, policy: Any, rollouts: RolloutWorker) -> PromptReport:
+def _check_prompts(cfg: RunConfig, task: Task, policy: Policy, rollouts: RolloutWorker) -> PromptReport:
     source = "data.jsonl" if cfg.data.task == "jsonl" else f"data.{cfg.data.task}"
     splits = {
         "train": (f"{source}.train_path" if cfg.data.task == "jsonl" else source, task.train_prompts()),
@@ -131,7 +150,7 @@ def _check_prompts(cfg: Any, task: Any, policy: Any, rollouts: RolloutWorker) ->
 
 
 def build_session(
-    cfg: Any, *, resume: bool = False, resume_from: Path | None = None, inputs: Inputs | None = None
+    cfg: RunConfig, *, resume: bool = False, resume_from: Path | None = None, inputs: Inputs | None = None
 ) -> Session:
     """Wire policy, engine, learner, data and run directory; restore a checkpoint when resuming.
 

@@ -3,7 +3,7 @@
 A step may be assembled from several chunks (the async controller streams them): ``begin`` happens at the
 first chunk, each chunk adds raw loss *sums* to the gradients, and :meth:`Learner.finish_step` divides the
 gradients by the step's global normaliser (valid tokens, or sequences) before clipping and stepping. So a step
-trained in chunks equals the same step trained at once (DESIGN invariant 6).
+trained in chunks equals the same step trained at once (invariant 6 in docs/design.md).
 
 ``prev_logprobs`` (π_old) are the current logprobs, detached: weights do not change inside a step (one
 optimizer step per RL step), so a separate no-grad forward would compute the same numbers at twice the cost.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from groupwise.algo.reward_shaping import overlong_penalty, scale_rewards
 from groupwise.data.loader import LoadedPrompt
@@ -18,6 +18,9 @@ from groupwise.generation.base import Generator
 from groupwise.model.encode import encode_prompt
 from groupwise.seeding import request_seed
 from groupwise.types import Completion, GenerationRequest, Group, Prompt, SamplingParams
+
+if TYPE_CHECKING:
+    from groupwise.config import GrpoSection
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,7 @@ class RewardPipeline:
     overlong: Mapping[str, float] | None = None
 
     @classmethod
-    def from_config(cls, grpo: Any) -> RewardPipeline:
+    def from_config(cls, grpo: GrpoSection) -> RewardPipeline:
         scaling = grpo.reward_scaling.model_dump(exclude={"enabled"}) if grpo.reward_scaling.enabled else None
         overlong = grpo.overlong_shaping.model_dump(exclude={"enabled"}) if grpo.overlong_shaping.enabled else None
         return cls(scaling=scaling, overlong=overlong)

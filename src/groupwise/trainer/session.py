@@ -1,7 +1,7 @@
 """Everything one training run holds, built from a config: policy, engine, learner, data, run directory.
 
-The sync loop and the async runtime both drive a :class:`Session`; it owns the edges (metrics, train data,
-evaluation, checkpoints, the final model) so the loops stay short.
+The sync and async runtimes (``groupwise.runtime.sync_run``, ``async_run``) both drive a :class:`Session`; it owns
+the edges (metrics, train data, evaluation, checkpoints, the final model) so the loops stay short.
 """
 
 from __future__ import annotations
@@ -12,13 +12,16 @@ import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from groupwise.algo.accumulator import StepSelection
 from groupwise.batch import RowBatch
 from groupwise.cli.progress import RunProgress
+from groupwise.data.loader import PromptLoader
+from groupwise.data.registry import Task
+from groupwise.data.rewards import RewardFn
+from groupwise.generation.base import Generator
 from groupwise.run.checkpoint import (
     CheckpointError,
     capture_rng_state,
@@ -34,7 +37,11 @@ from groupwise.run.jsonl import write_rows_jsonl
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
 from groupwise.trainer.evaluation import evaluate_policy
-from groupwise.types import group_from_dict, group_to_dict
+from groupwise.trainer.parts import GroupRollouts, StepLearner, TrainedPolicy
+from groupwise.trainer.sync_loop import TrainerState
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -54,64 +61,18 @@ TRAIN_DATA_COLUMNS = (
 
 
 @dataclass
-class TrainerState:
-    """Counters a checkpoint must restore for resume to equal continuing."""
-
-    step: int = 0
-    next_group_id: int = 0
-    carried: list = field(default_factory=list)
-
-    def next_group_ids(self, n: int) -> list[int]:
-        ids = list(range(self.next_group_id, self.next_group_id + n))
-        self.next_group_id += n
-        return ids
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "next_group_id": self.next_group_id,
-            "carried": [group_to_dict(g) for g in self.carried],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainerState:
-        return cls(
-            step=int(data["step"]),
-            next_group_id=int(data["next_group_id"]),
-            carried=[group_from_dict(g) for g in data.get("carried", [])],
-        )
-
-
-@dataclass
-class StepOutcome:
-    """What one step's generation produced, before training."""
-
-    selection: StepSelection
-    gen_seconds: float
-    gen_tokens: int
-    generated: list = field(default_factory=list)  # every group generated for the step (all rounds), for fates
-
-    def perf_metrics(self, step_seconds: float) -> dict[str, float]:
-        return {
-            "perf/step_seconds": step_seconds,
-            "perf/gen_seconds": self.gen_seconds,
-            "perf/gen_tokens_per_s": self.gen_tokens / self.gen_seconds if self.gen_seconds > 0 else 0.0,
-        }
-
-
-@dataclass
 class Session:
     """A run's components. Build one with :func:`groupwise.trainer.builder.build_session`."""
 
-    cfg: Any
+    cfg: RunConfig
     run_dir: RunDir
-    policy: Any
-    engine: Any
-    learner: Any
-    rollouts: Any
-    loader: Any
-    task: Any
-    reward_fn: Any
+    policy: TrainedPolicy
+    engine: Generator
+    learner: StepLearner
+    rollouts: GroupRollouts
+    loader: PromptLoader
+    task: Task
+    reward_fn: RewardFn
     events: MetricsWriter
     state: TrainerState = field(default_factory=TrainerState)
     last_metrics: dict[str, float] = field(default_factory=dict)
@@ -120,6 +81,7 @@ class Session:
     # (groupwise.run.async_checkpoint.boundary_snapshot); checkpoints of that step use it.
     boundary_snapshot: dict[str, Any] | None = None
     restored_extra: dict[str, Any] = field(default_factory=dict)  # the resumed checkpoint's extra pieces
+    latest_eval: dict[str, float] = field(default_factory=dict)  # this session's latest evaluation (progress line)
     _last_eval_step: int = -1
     _last_checkpoint_step: int = -1
 
@@ -153,6 +115,7 @@ class Session:
     def evaluate(self, step: int, log: bool = True) -> dict[str, float]:
         result = evaluate_policy(self.engine, self.rollouts, self.task.eval_prompts(), self.cfg)
         self._last_eval_step = step
+        self.latest_eval = result
         self.events.event(f"eval at step {step}: " + ", ".join(f"{k}={v:.4f}" for k, v in result.items()))
         if log:
             self.events.log(step, {"step": step, "weight_version": self.learner.version, **result})
@@ -181,7 +144,10 @@ class Session:
 
     @contextlib.contextmanager
     def progress(self) -> Iterator[RunProgress]:
-        with RunProgress(total=self.cfg.run.max_steps, start=self.state.step, enabled=self.cfg.logging.progress) as bar:
+        with RunProgress(
+            total=self.cfg.run.max_steps, start=self.state.step, enabled=self.cfg.logging.progress,
+            accuracy=self.latest_eval.get("eval/accuracy"),
+        ) as bar:  # fmt: skip
             yield bar
 
     # --- checkpoints ---------------------------------------------------------------------------------------

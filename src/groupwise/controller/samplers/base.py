@@ -1,6 +1,6 @@
-"""The sampler protocol, the shared base classes, and the drop-accounting hooks of seed 002.
+"""The sampler protocol, the shared base classes, and the optional drop-accounting hooks.
 
-A sampler decides (reference/upstream-semantics.md §5):
+A sampler decides (``docs/samplers.md`` has the table):
 
 * ``admit(clock)`` — rollout pump: wait until the next prompt batch may be dispatched; return the
   ``target_step`` stamp for it (or None). Gated samplers keep the dispatch index ``d`` below ``v + W``.
@@ -45,7 +45,7 @@ class Sampler(Protocol):
 
 @runtime_checkable
 class DropAccountingSampler(Protocol):
-    """Optional seed-002 hooks: how the controller accounts for groups lost for good."""
+    """Optional hooks: how the controller accounts for groups lost for good."""
 
     uses_replacement_pool: bool
     closes_short_at_exhaustion: bool
@@ -90,12 +90,6 @@ def check_select_bounds(min_groups: int, max_groups: int) -> None:
             f"select(min_groups={min_groups}, max_groups={max_groups}) needs 1 <= min_groups <= max_groups; "
             "ask for at least one group and no fewer than the minimum"
         )
-
-
-def check_knob(name: str, value: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"sampler knob {name} must be an integer >= 0, got {value!r}")
-    return value
 
 
 class BaseSampler(ABC):
