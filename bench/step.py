@@ -47,10 +47,13 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        overrides = [
+        defaults = [
             f"run.output_dir={tmp}", "run.name=bench", f"run.max_steps={args.steps + args.warmup}",
-            "logging.progress=false", "eval.at_start=false", "eval.every=0", "checkpoint.every=0", *args.overrides,
+            "logging.progress=false", "eval.at_start=false", "eval.every=0", "checkpoint.every=0",
         ]  # fmt: skip
+        # a key given twice is a config error: the command line's own value replaces the bench default
+        given = {override.partition("=")[0] for override in args.overrides}
+        overrides = [o for o in defaults if o.partition("=")[0] not in given] + list(args.overrides)
         session = build_session(load_config(args.config, overrides))
         threads = apply_cpu_threads(session.policy.model)
         engine, learner, rollouts = session.engine, session.learner, session.rollouts

@@ -95,6 +95,6 @@ def test_async_dynamic_sampling_run_accounts_every_step(tmp_path):
         assert len({r["group_id"] for r in rows}) == record["ds/groups_trained"]
         for r in rows:  # the scripted reward recomputed from the row's own completion
             a, b = (int(x) for x in r["prompt_uid"].rsplit("/", 1)[1].split("+"))
-            assert r["reward_raw"] == (float(b % 2 == 0) if a % 3 == 0 else float(r["completion_ids"][0] % 2))
+            assert r["raw_reward"] == (float(b % 2 == 0) if a % 3 == 0 else float(r["completion_ids"][0] % 2))
             # zero-variance groups never reach training
             assert a % 3 != 0

@@ -40,16 +40,22 @@ def add_train_parser(subparsers) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    """Check everything that can refuse the run first (exit 2, nothing created), then train (exit 1 on failure)."""
     started = time.monotonic()
     cfg = load_config(args.file, args.overrides)
+    from groupwise.trainer.preflight import check_train_start
+
+    inputs = check_train_start(cfg, resume=args.resume, resume_from=args.resume_from)
     from groupwise.cli.run_summary import run_summary_text
     from groupwise.run.async_checkpoint import ResumeError
     from groupwise.run.checkpoint import latest_checkpoint
+    from groupwise.run.disk_full import DiskFullError, is_disk_full
+    from groupwise.run.rundir import RunDirError
     from groupwise.runtime.ray_errors import RayNotInstalledError, RaySetupError
 
     try:
-        session = _build_train_session(cfg, args)
-    except (FileExistsError, FileNotFoundError, ResumeError, RayNotInstalledError, RaySetupError) as err:
+        session = _build_train_session(cfg, args, inputs)
+    except (RunDirError, ResumeError, RayNotInstalledError, RaySetupError) as err:
         print(f"groupwise train: {err}", file=sys.stderr)
         return EXIT_USAGE
     if cfg.runtime.backend != "ray":  # Ray sets each actor's OMP_NUM_THREADS from the CPUs it reserves
@@ -69,6 +75,8 @@ def run_train(args: argparse.Namespace) -> int:
         kept = latest_checkpoint(session.run_dir.path)
         session.events.event(f"run failed: {type(err).__name__}: {err}")
         print(f"groupwise train: the run failed: {type(err).__name__}: {err}", file=sys.stderr)
+        if is_disk_full(err) and not isinstance(err, DiskFullError):  # a metrics or fates line, say
+            print("the disk is full: free space, then continue with --resume", file=sys.stderr)
         print(f"kept: {kept or 'no complete checkpoint'} (resume with --resume)", file=sys.stderr)
         return EXIT_RUN_FAILED
     finally:
@@ -78,15 +86,15 @@ def run_train(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _build_train_session(cfg, args: argparse.Namespace):
+def _build_train_session(cfg, args: argparse.Namespace, inputs):
     """The run's session on the configured ``runtime.backend`` (Ray is imported only when chosen)."""
     if cfg.runtime.backend == "ray":
         from groupwise.runtime.ray_session import build_ray_session
 
-        return build_ray_session(cfg, resume=args.resume, resume_from=args.resume_from)
+        return build_ray_session(cfg, resume=args.resume, resume_from=args.resume_from, inputs=inputs)
     from groupwise.trainer.builder import build_session
 
-    return build_session(cfg, resume=args.resume, resume_from=args.resume_from)
+    return build_session(cfg, resume=args.resume, resume_from=args.resume_from, inputs=inputs)
 
 
 # --- eval ---------------------------------------------------------------------------------------------------------
@@ -154,7 +162,7 @@ def _configured_weights(cfg, config_file: Path) -> tuple[str, str]:
 
 def run_dir_config(run_dir: Path, overrides: list[str]):
     """The run's resolved config with its model replaced by the trained policy in ``final/``."""
-    import yaml
+    from groupwise.config.load import read_config_file
 
     final = run_dir / "final"
     if not final.is_dir():
@@ -165,7 +173,7 @@ def run_dir_config(run_dir: Path, overrides: list[str]):
             "train the run to the end (or evaluate a config file instead)",
         )
         raise ConfigError([issue], source=str(run_dir))
-    data = yaml.safe_load((run_dir / "config.yaml").read_text())
+    data = read_config_file(run_dir / "config.yaml")
     data["model"] = {
         **{k: v for k, v in data["model"].items() if k not in ("tiny", "gguf_file")},
         "source": "hf",
@@ -238,11 +246,12 @@ def add_simulate_parser(subparsers) -> None:
 
 def run_simulate(args: argparse.Namespace) -> int:
     cfg = load_config(args.file, args.overrides)
+    from groupwise.run.rundir import RunDirError
     from groupwise.sim.run import format_summary, simulate
 
     try:
         result = simulate(cfg)
-    except FileExistsError as err:
+    except RunDirError as err:
         print(f"groupwise simulate: {err}", file=sys.stderr)
         return EXIT_USAGE
     print(format_summary(result.summary))

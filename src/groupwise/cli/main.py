@@ -50,7 +50,10 @@ def add_config_parser(subparsers: Subparsers) -> None:
     show = actions.add_parser("show", help="print the resolved config (every key, defaults included) as YAML")
     add_config_file_arguments(show)
     show.set_defaults(handler=run_config_show)
-    check = actions.add_parser("check", help="exit 0 when the config is valid, else 2 with every error")
+    check = actions.add_parser(
+        "check", help="exit 0 when the config is valid and its model, data, reward and output directory are usable, "
+        "else 2 with every error",
+    )
     add_config_file_arguments(check)
     check.set_defaults(handler=run_config_check)
 
@@ -63,8 +66,13 @@ def run_config_show(args: argparse.Namespace) -> int:
 
 
 def run_config_check(args: argparse.Namespace) -> int:
-    """Print ``ok: FILE`` when the config is valid; a ``ConfigError`` propagates to :func:`main` (exit 2)."""
-    load_config(args.file, args.overrides)
+    """Print ``ok: FILE`` when the config is valid and what it points at is usable (reward and sampler import, data
+    files parse, the model path exists, the run directory can be written); a ``ConfigError`` listing every problem
+    propagates to :func:`main` (exit 2)."""
+    config = load_config(args.file, args.overrides)
+    from groupwise.trainer.preflight import check_inputs  # imports the task and reward code, never torch
+
+    check_inputs(config)
     print(f"ok: {args.file}")
     return EXIT_OK
 
@@ -103,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except ConfigError as exc:
+        if exc.source is None and isinstance(getattr(args, "file", None), str):
+            exc = ConfigError(exc.errors, source=args.file)  # a check made after loading: still name the file
         print(exc, file=sys.stderr)
         return EXIT_CONFIG_ERROR
 
