@@ -1,7 +1,7 @@
 """Kill-and-resume chaos test: SIGKILL ``groupwise train`` at random moments, resume until done, then audit.
 
-    .venv/bin/python bench/chaos.py         # 20 async + 10 sync trials, 3 kills each, + 2 first-write trials
-    .venv/bin/python bench/chaos.py --trials 1 --modes async --kills 2 --first-write-trials 0   # the CI tier
+    .venv/bin/python bench/chaos.py                                  # 20 async + 10 sync trials, 3 kills each
+    .venv/bin/python bench/chaos.py --trials 1 --modes async --kills 2   # the CI tier (tests/test_chaos.py)
     .venv/bin/python bench/chaos.py --record bench/RESULTS.md        # also append a "Chaos" section there
 
 Each trial trains a small job on the warm-start model ``models/addition-tiny`` (P=4, G=4, dynamic sampling on,
@@ -9,10 +9,10 @@ a checkpoint every step) as a subprocess. Async trials rotate over the ``in_orde
 ``windowed`` samplers; sync trials carry surplus groups. Every life of the process is SIGKILLed once it has written
 its first complete checkpoint: half of the kills land at a random moment of training, half while a checkpoint is
 being written (the child slows each checkpoint file write by ``--write-delay`` seconds so that window is wide,
-and the parent kills as soon as a ``.tmp-step_*`` directory appears). The next life runs ``--resume``. After the
-kills a last life runs to the end. A *first-write* trial (``--first-write-trials``) starts by killing its first
-life inside its very first checkpoint write, before any checkpoint is complete; ``dead end`` then says whether the
-next life could not continue the run (it exits non-zero while no checkpoint is complete). Then the trial checks:
+and the parent kills as soon as a ``.tmp-step_*`` directory appears). With ``--first-write`` (the default) the first
+life of every trial is also killed inside its *first* checkpoint write, before any checkpoint is complete: the
+directory then holds only ``.tmp-step_1-*``, and ``--resume`` must start it again from step 0. The next life runs
+``--resume``. After the kills a last life runs to the end. Then the trial checks:
 
 * every complete-looking checkpoint (``COMPLETE`` manifest) verifies and loads — checked after every kill;
 * ``groupwise audit RUN_DIR`` exits 0: no prompt trained twice in an epoch, none dispatched without a fate;
@@ -103,6 +103,7 @@ class TrialResult:
     sampler: str
     kills_random: int = 0
     kills_in_write: int = 0
+    kills_first_write: int = 0
     finished_before_kill: int = 0
     lives: int = 0
     steps: int = 0
@@ -113,15 +114,13 @@ class TrialResult:
     audit_exit: int = -1
     final_exit: int = -1
     seconds: float = 0.0
-    first_write_kill: bool = False
-    dead_end: bool = False
     notes: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         return (
             self.final_exit == 0 and self.audit_exit == 0 and self.trained_twice == 0 and self.without_fate == 0
-            and self.bad_checkpoints == 0 and self.metrics_ok and not self.dead_end
+            and self.bad_checkpoints == 0 and self.metrics_ok
         )  # fmt: skip
 
 
@@ -160,44 +159,13 @@ class Trial:
         directory = self.run_dir / "checkpoints"
         return directory.is_dir() and any(p.name.startswith(".tmp-step_") for p in directory.iterdir())
 
-    def kill_in_first_write(self, timeout_s: float) -> None:
-        """The first life, SIGKILLed inside its first checkpoint write (no checkpoint complete yet); then one life
-        with ``--resume``, to see whether the run can continue: a *dead end* when it exits non-zero and still no
-        checkpoint is complete. A life that does continue is SIGKILLed once it completes a checkpoint."""
-        process = self.start()
-        deadline = time.monotonic() + timeout_s
-        while process.poll() is None and time.monotonic() < deadline and not self.writing_checkpoint():
-            time.sleep(POLL_S)
-        if process.poll() is not None or not self.writing_checkpoint() or self.complete_checkpoints():
-            process.kill()
-            process.wait()
-            self.result.notes.append("the first life was not caught inside its first checkpoint write")
-            return
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        self.result.first_write_kill = True
-        self.result.kills_in_write += 1
-        after = self.start()  # with --resume
-        deadline = time.monotonic() + timeout_s
-        while after.poll() is None and time.monotonic() < deadline and not self.complete_checkpoints():
-            time.sleep(POLL_S)
-        if after.poll() is None:  # it continued the run (a checkpoint is complete, or it is still going): stop it
-            after.send_signal(signal.SIGKILL)
-            after.wait()
-            self.result.kills_random += 1
-            return
-        code = after.returncode
-        if code != 0 and not self.complete_checkpoints():
-            self.result.dead_end = True
-            log = (self.logs / f"{self.name}-life{self.result.lives}.log").read_text(errors="replace").strip()
-            self.result.notes.append(f"dead end after a kill in the first checkpoint write: exit {code}: {log[-300:]}")
-
     def live_and_kill(self, kind: str, rng: random.Random, timeout_s: float) -> None:
-        """One life that is SIGKILLed (``kind``: ``random`` or ``in_write``) once it wrote a complete checkpoint."""
+        """One life that is SIGKILLed (``kind``: ``random`` or ``in_write``) once it wrote a complete checkpoint, or
+        (``first_write``) while it writes its first one."""
         before = {p.name for p in self.complete_checkpoints()}
         process = self.start()
         deadline = time.monotonic() + timeout_s
-        armed = False
+        armed = kind == "first_write"
         kill_at = None
         while process.poll() is None and time.monotonic() < deadline:
             if not armed:
@@ -209,6 +177,7 @@ class Trial:
                 process.wait()
                 self.result.kills_random += kind == "random"
                 self.result.kills_in_write += kind == "in_write"
+                self.result.kills_first_write += kind == "first_write"
                 return
             time.sleep(POLL_S)
         if process.poll() is None:
@@ -221,6 +190,8 @@ class Trial:
     def _due(self, kind: str, kill_at: float | None) -> bool:
         if kind == "random":
             return kill_at is not None and time.monotonic() >= kill_at
+        if kind == "first_write":
+            return self.writing_checkpoint() and not self.complete_checkpoints()
         return self.writing_checkpoint()
 
     def check_checkpoints(self) -> None:
@@ -263,17 +234,14 @@ def run_trial(
     index: int, mode: str, sampler: str, kills: int, workdir: Path, max_steps: int = 12, write_delay: float = 0.05,
     seed: int = 0, timeout_s: float = 300.0, first_write: bool = False,
 ) -> TrialResult:  # fmt: skip
-    """Run one trial (see the module docstring) and return what it found."""
+    """Run one trial (see the module docstring) and return what it found; ``first_write`` adds a first life killed
+    inside its first checkpoint write."""
     rng = random.Random(f"chaos|{seed}|{index}")
     start = time.monotonic()
     trial = Trial(index, mode, sampler, workdir, max_steps, write_delay)
     if first_write:
-        trial.kill_in_first_write(timeout_s)
+        trial.live_and_kill("first_write", rng, timeout_s)
         trial.check_checkpoints()
-        if trial.result.dead_end:  # nothing more to learn from this trial: it cannot continue
-            trial.audit()
-            trial.result.seconds = round(time.monotonic() - start, 1)
-            return trial.result
     for k in range(kills):
         kind = "in_write" if (k + index) % 2 else "random"
         trial.live_and_kill(kind, rng, timeout_s)
@@ -285,45 +253,43 @@ def run_trial(
     return trial.result
 
 
-def plan(trials: int, modes: list[str], sync_trials: int, first_write_trials: int = 0) -> list[tuple[str, str, bool]]:
-    """``trials`` async trials rotating over the samplers, then ``sync_trials`` sync ones (per ``modes``), then
-    ``first_write_trials`` first-write trials alternating async / sync: ``(mode, sampler, first_write)``."""
-    out: list[tuple[str, str, bool]] = []
+def plan(trials: int, modes: list[str], sync_trials: int) -> list[tuple[str, str]]:
+    """``trials`` async trials rotating over the samplers, then ``sync_trials`` sync ones (per ``modes``)."""
+    out: list[tuple[str, str]] = []
     if "async" in modes:
-        out += [("async", ASYNC_SAMPLERS[i % len(ASYNC_SAMPLERS)], False) for i in range(trials)]
+        out += [("async", ASYNC_SAMPLERS[i % len(ASYNC_SAMPLERS)]) for i in range(trials)]
     if "sync" in modes:
-        out += [("sync", "-", False)] * sync_trials
-    first = [("async", "ready_first", True), ("sync", "-", True)]
-    out += [first[i % 2] for i in range(first_write_trials) if first[i % 2][0] in modes]
+        out += [("sync", "-")] * sync_trials
     return out
 
 
 def results_table(results: list[TrialResult]) -> str:
     header = (
-        "| trial | mode | sampler | kills (random / in checkpoint write) | killed in first write | lives | steps | "
-        "trained twice | dispatched without fate | complete checkpoints failing to load | metrics 1..N | audit exit "
-        "| dead end | s |"
+        "| trial | mode | sampler | kills (random / in checkpoint write / in the first one) | lives | steps | "
+        "trained twice | "
+        "dispatched without fate | complete checkpoints failing to load | metrics 1..N | audit exit | s |"
     )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for r in results:
         lines.append(
-            f"| {r.trial} | {r.mode} | {r.sampler} | {r.kills_random} / {r.kills_in_write} | "
-            f"{'yes' if r.first_write_kill else '-'} | {r.lives} | {r.steps} | {r.trained_twice} | {r.without_fate} | "
-            f"{r.bad_checkpoints} | {'ok' if r.metrics_ok else 'GAP'} | {r.audit_exit} | "
-            f"{'YES' if r.dead_end else 'no'} | {r.seconds} |"
+            f"| {r.trial} | {r.mode} | {r.sampler} | {r.kills_random} / {r.kills_in_write} / {r.kills_first_write} | "
+            f"{r.lives} | {r.steps} | "
+            f"{r.trained_twice} | {r.without_fate} | {r.bad_checkpoints} | {'ok' if r.metrics_ok else 'GAP'} | "
+            f"{r.audit_exit} | {r.seconds} |"
         )
     return "\n".join(lines)
 
 
 def summary_line(results: list[TrialResult]) -> str:
-    kills = sum(r.kills_random + r.kills_in_write for r in results)
+    kills = sum(r.kills_random + r.kills_in_write + r.kills_first_write for r in results)
     in_write = sum(r.kills_in_write for r in results)
+    first = sum(r.kills_first_write for r in results)
     return (
         f"{sum(r.passed for r in results)}/{len(results)} trials passed; {kills} SIGKILLs ({in_write} during a "
-        f"checkpoint write); prompts trained twice: {sum(max(r.trained_twice, 0) for r in results)}; dispatched "
+        f"checkpoint write, {first} during the first one); prompts trained twice: "
+        f"{sum(max(r.trained_twice, 0) for r in results)}; dispatched "
         f"without fate: {sum(max(r.without_fate, 0) for r in results)}; complete-looking checkpoints that failed to "
-        f"load: {sum(r.bad_checkpoints for r in results)}; dead ends after a kill in the first checkpoint write: "
-        f"{sum(r.dead_end for r in results)} of {sum(r.first_write_kill for r in results)}"
+        f"load: {sum(r.bad_checkpoints for r in results)}"
     )
 
 
@@ -350,20 +316,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=20, help="async trials (samplers rotate)")
     parser.add_argument("--sync-trials", type=int, default=10)
     parser.add_argument("--modes", default="async,sync")
-    parser.add_argument("--first-write-trials", type=int, default=2,
-                        help="trials killed inside their first checkpoint write (alternating async / sync)")
     parser.add_argument("--kills", type=int, default=3, help="SIGKILLs per trial")
     parser.add_argument("--steps", type=int, default=12, help="run.max_steps of each trial")
     parser.add_argument("--write-delay", type=float, default=0.05, help="seconds added to each checkpoint file write")
+    parser.add_argument("--first-write", action=argparse.BooleanOptionalAction, default=True,
+                        help="also kill each trial's first life inside its first checkpoint write")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", type=Path, default=REPO / "runs" / "chaos")
     parser.add_argument("--record", type=Path, default=None, help="append a Chaos section to this markdown file")
     args = parser.parse_args(argv)
     results = []
-    trials = plan(args.trials, args.modes.split(","), args.sync_trials, args.first_write_trials)
-    for index, (mode, sampler, first_write) in enumerate(trials):
+    for index, (mode, sampler) in enumerate(plan(args.trials, args.modes.split(","), args.sync_trials)):
         result = run_trial(index, mode, sampler, args.kills, args.workdir, args.steps, args.write_delay, args.seed,
-                           first_write=first_write)  # fmt: skip
+                           first_write=args.first_write)
         results.append(result)
         status = "ok" if result.passed else "FAILED"
         print(f"trial {index} {mode}/{sampler}: {status} {json.dumps(asdict(result))}", flush=True)

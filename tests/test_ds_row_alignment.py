@@ -50,8 +50,8 @@ def test_case1_one_round_drops_a_zero_variance_group_and_rewards_stay_aligned():
     acc.add_round([marked_group(1), marked_group(2, zero_variance=True), marked_group(3)])
     selection = acc.finish()
     batch = trained_rows(selection.trained)
-    assert batch["raw_reward"] == [10.0, 11.0, 30.0, 31.0]
-    assert batch["text"] == ["p1g0", "p1g1", "p3g0", "p3g1"]
+    assert batch["raw_reward"] == (10.0, 11.0, 30.0, 31.0)
+    assert batch["text"] == ("p1g0", "p1g1", "p3g0", "p3g1")
     assert_rows_carry_their_own_reward(batch)
 
 
@@ -61,7 +61,7 @@ def test_case1_over_generation_keeps_first_whole_kept_groups_not_an_unfiltered_p
     selection = acc.finish()
     batch = trained_rows(selection.trained)
     # Slicing the unfiltered reward column on its own (per key) would give [10, 11, 20, 20].
-    assert batch["raw_reward"] == [10.0, 11.0, 30.0, 31.0]
+    assert batch["raw_reward"] == (10.0, 11.0, 30.0, 31.0)
     assert [g.group_id for g in selection.surplus] == [4]
     assert selection.tally.discarded_valid_groups == 1
 
@@ -73,7 +73,7 @@ def test_case2_two_rounds_fill_the_step_with_exactly_the_kept_groups(tmp_path):
     acc.add_round([marked_group(3), marked_group(4)])
     selection = acc.finish()
     batch = trained_rows(selection.trained)
-    assert batch["raw_reward"] == [10.0, 11.0, 30.0, 31.0, 40.0, 41.0]
+    assert batch["raw_reward"] == (10.0, 11.0, 30.0, 31.0, 40.0, 41.0)
     assert_rows_carry_their_own_reward(batch)
 
     path = tmp_path / "train_data" / "step_0.jsonl"

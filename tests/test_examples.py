@@ -20,6 +20,8 @@ from groupwise.run.metrics import read_metrics
 from groupwise.runtime.sync_run import run_sync
 from groupwise.trainer.builder import build_session
 
+pytestmark = pytest.mark.numerics
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted([*ROOT.glob("examples/**/*.yaml"), *ROOT.glob("recipes/*.yaml")])
 

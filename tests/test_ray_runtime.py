@@ -3,7 +3,9 @@
 Invariants pinned:
 - sync mode on Ray with one generation worker trains bit-identical parameters to the embedded runtime, with the
   same per-step metrics and evaluation (Ray is only a placement, never a change of the algorithm), even when the
-  worker is killed mid-round (the replacement regenerates the round with the same seeds);
+  worker is killed mid-round (the replacement regenerates the round with the same seeds); bit-exact because the
+  actors run the same batches on the same machine with the test's thread count (conftest exports it as
+  ``OMP_NUM_THREADS``, which Ray keeps);
 - the controller contract holds on both runtimes (parametrised): every step trains exactly P groups, every
   dispatched attempt has one fate, the metrics lines carry the same keys, the fate counts are equal, and
   (in_order, no lookahead) both runtimes train the same prompts in the same steps; a verifier that raises for some
@@ -41,7 +43,7 @@ from groupwise.runtime.async_run import run_async  # noqa: E402
 from groupwise.runtime.sync_run import run_sync  # noqa: E402
 from groupwise.trainer.builder import build_session, load_policy_from_config  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.numerics]
 
 TESTS_DIR = Path(__file__).parent
 P = 4  # prompts per step

@@ -41,9 +41,10 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
     """One row per completion, groups in the given order, completions in sampling order.
 
     Columns: ``group_id``, ``prompt_uid``, ``completion_index``, ``prompt_ids``, ``completion_ids``,
-    ``generation_logprobs``, ``completion_text``, ``finish_reason``, ``reward_raw``, ``reward`` (scaled and
-    shaped), ``advantage`` (a separate column: a reward is never overwritten by its advantage),
-    ``start_version``.
+    ``generation_logprobs``, ``completion_text``, ``finish_reason``, ``raw_reward`` (the verifier's, as the
+    zero-variance filter saw it), ``reward`` (scaled and shaped), ``advantage`` (a float32 tensor, a separate
+    column: a reward is never overwritten by its advantage), ``start_version``. Id and logprob rows are the
+    groups' own tuples (no copy; the batch is immutable).
     """
     if len(advantages) != len(groups):
         raise ValueError(f"{len(groups)} groups but advantages for {len(advantages)}")
@@ -58,7 +59,7 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
             "generation_logprobs",
             "completion_text",
             "finish_reason",
-            "reward_raw",
+            "raw_reward",
             "reward",
             "advantage",
             "start_version",
@@ -71,12 +72,12 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
             cols["group_id"].append(group.group_id)
             cols["prompt_uid"].append(group.prompt.uid)
             cols["completion_index"].append(i)
-            cols["prompt_ids"].append(list(group.prompt_token_ids))
-            cols["completion_ids"].append(list(completion.token_ids))
-            cols["generation_logprobs"].append(list(completion.logprobs))
+            cols["prompt_ids"].append(tuple(group.prompt_token_ids))
+            cols["completion_ids"].append(tuple(completion.token_ids))
+            cols["generation_logprobs"].append(tuple(completion.logprobs))
             cols["completion_text"].append(completion.text)
             cols["finish_reason"].append(completion.finish_reason)
-            cols["reward_raw"].append(group.raw_rewards[i])
+            cols["raw_reward"].append(group.raw_rewards[i])
             cols["reward"].append(group.rewards[i])
             cols["advantage"].append(group_adv[i])
             cols["start_version"].append(group.start_version)

@@ -28,7 +28,7 @@ from groupwise.config.async_schema import (
     sampler_config,
 )
 from groupwise.config.issues import ConfigError, ConfigIssue
-from groupwise.config.load import config_from_dict, load_config, parse_yaml
+from groupwise.config.load import config_from_dict, load_config
 from groupwise.config.runtime_schema import RaySection, RuntimeSection, SimSection
 from groupwise.config.schema import RunConfig
 from groupwise.config.sections import (
@@ -46,6 +46,7 @@ from groupwise.config.sections import (
     SftSection,
     TinyModelSection,
 )
+from groupwise.config.yaml_input import parse_yaml
 
 __all__ = [
     "AdditionSection",

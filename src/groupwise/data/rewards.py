@@ -18,6 +18,7 @@ Built-ins (see ``docs/rewards.md``): ``exact_numeric``, ``countdown``, ``math_ve
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -166,9 +167,9 @@ def _import_reward_fn(spec: str) -> RewardFn:
         raise RewardSpecError(f"reward function {spec!r}: expected 'module:function', e.g. 'my_rewards:score'")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except Exception as exc:  # ImportError, or whatever the module raised while it was imported
         raise RewardSpecError(
-            f"reward function {spec!r}: cannot import module {module_name!r} ({exc}); "
+            f"reward function {spec!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); "
             "check the name and that it is on PYTHONPATH"
         ) from exc
     target: Any = module
@@ -182,7 +183,8 @@ def _import_reward_fn(spec: str) -> RewardFn:
 
 
 def check_reward_kwargs(reward_fn: RewardFn, kwargs: Mapping[str, Any]) -> None:
-    """Fail at setup, not mid-run, when ``reward.kwargs`` does not fit ``reward_fn``'s signature."""
+    """Fail at setup, not mid-run, when ``reward.kwargs`` does not fit ``reward_fn``'s signature: the error names
+    each key the function does not take (with the closest one it does take) and the keys it accepts."""
     try:
         signature = inspect.signature(reward_fn)
     except (TypeError, ValueError):
@@ -191,8 +193,14 @@ def check_reward_kwargs(reward_fn: RewardFn, kwargs: Mapping[str, Any]) -> None:
         signature.bind(None, None, **kwargs)
     except TypeError as exc:
         name = getattr(reward_fn, "__name__", repr(reward_fn))
-        accepted = [p.name for p in list(signature.parameters.values())[2:] if p.kind is p.KEYWORD_ONLY]
+        accepted = [p.name for p in list(signature.parameters.values())[2:]
+                    if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        unknown = [key for key in kwargs if key not in accepted]
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(str(key), accepted, n=1, cutoff=0.6)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        what = f"takes no key {', '.join(hints)}" if unknown else f"cannot be called with them ({exc})"
         raise RewardSpecError(
-            f"reward.kwargs {dict(kwargs)!r} do not fit reward function {name!r} ({exc}); "
-            f"its keyword arguments are {accepted or 'none'}"
+            f"reward function {name!r} {what}; its keyword arguments are {accepted or 'none'}"
         ) from exc

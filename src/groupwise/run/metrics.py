@@ -157,7 +157,7 @@ class MetricsWriter:
             self._tb_writer.close()
             self._tb_writer = None
         dropped = len(records) - len(kept)
-        if dropped:
+        if dropped and step >= 0:
             self.event(f"resume: dropped {dropped} metrics line(s) after step {step}")
         return dropped
 

@@ -28,7 +28,8 @@ def run_async(session: Session) -> Any:
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, threads // 2))
     try:
-        summary = asyncio.run(_run(session))
+        with session.progress() as progress:
+            summary = asyncio.run(_run(session, progress))
     finally:
         torch.set_num_threads(threads)
     session.events.event(
@@ -38,7 +39,7 @@ def run_async(session: Session) -> Any:
     return summary
 
 
-async def _run(session: Session) -> Any:
+async def _run(session: Session, progress: Any) -> Any:
     cfg = session.cfg
     rollouts, trainer = _runtime_clients(session)
 
@@ -55,6 +56,7 @@ async def _run(session: Session) -> Any:
         # Evaluation uses the engine: hold it so no rollout batch runs on it meanwhile.
         async with rollouts.engine_lock:
             await step_end.run(session.end_step, step, metrics, rows)
+        progress.update(step + 1, session.last_metrics)
 
     settings = ControllerSettings.from_config(cfg, start_step=session.state.step)
     controller = build_controller(
@@ -72,10 +74,11 @@ async def _run(session: Session) -> Any:
     faults = _FaultMeter(controller.ctx.budgets, rollouts)
     step_end = DaemonWorker("groupwise-step-end")  # metrics, evaluation, checkpoints
 
-    def progress() -> tuple[Any, ...]:
+    def progress_marker() -> tuple[Any, ...]:
         return (*controller.progress_marker(), rollouts.calls_returned)
 
-    watchdog = watch_progress(progress, cfg.runtime.stall_timeout_s, controller.describe_state, session.events.event)
+    stall_s = cfg.runtime.stall_timeout_s
+    watchdog = watch_progress(progress_marker, stall_s, controller.describe_state, session.events.event)
     grace_s = 60.0  # a run that ends lets the calls in progress finish; a stalled one leaves them to their threads
     try:
         return await run_watched(controller.run(), watchdog)

@@ -38,6 +38,7 @@ from groupwise.runtime.ray_cluster import (
 from groupwise.runtime.ray_pool import GenerationPool, RaySyncRollouts, RemoteEngine
 from groupwise.runtime.ray_runtime import LearnerModel, RayLearner, RayRolloutClient, RayTrainer
 from groupwise.trainer.builder import Components, build_components
+from groupwise.trainer.preflight import Inputs, check_train_start
 from groupwise.trainer.session import Session
 
 if TYPE_CHECKING:
@@ -106,10 +107,15 @@ def build_ray_session(
     resume: bool = False,
     resume_from: Path | None = None,
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+    inputs: Inputs | None = None,
 ) -> RaySession:
-    """Join the cluster, start the learner and the generation workers, and wire a :class:`RaySession`."""
+    """Join the cluster, start the learner and the generation workers, and wire a :class:`RaySession`.
+
+    The input and run-directory checks run first (``inputs``: already made by the caller), before any actor starts.
+    """
     if cfg.runtime.backend != "ray":
         raise ValueError(f"build_ray_session needs runtime.backend: ray, got {cfg.runtime.backend!r}")
+    inputs = inputs or check_train_start(cfg, resume=resume, resume_from=resume_from)
     check_device_resources(cfg)
     cluster = connect_cluster(cfg.runtime.ray.address)
     learner_handle, pool = None, None
@@ -121,7 +127,7 @@ def build_ray_session(
         ready = {"learner": learner_handle.ready.remote(), **pool.launch(cfg.runtime.ray.num_generation_workers)}
         torch.manual_seed(cfg.run.seed)
         driver_cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"device": "cpu"})})
-        parts = build_components(driver_cfg)
+        parts = build_components(driver_cfg, inputs=inputs)
         wait_until_started(ready, startup_timeout_s)
         return _assemble(cfg, cluster, pool, RayLearner(learner_handle), parts, resume, resume_from)
     except BaseException:
@@ -137,8 +143,7 @@ def _assemble(
     cfg: RunConfig, cluster: RayCluster, pool: GenerationPool, learner: RayLearner, parts: Components, resume: bool,
     resume_from: Path | None,
 ) -> RaySession:
-    resuming = resume or resume_from is not None
-    run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resuming)
+    run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resume or resume_from is not None)
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
     pool.on_event = writer.event
     rollouts = RaySyncRollouts(pool, parts.rollouts)
@@ -160,12 +165,14 @@ def _assemble(
         pool=pool,
     )
     where = f"Ray cluster {cluster.address}: learner + {len(pool.workers)} generation worker(s)"
-    if resuming:
-        session.restore(resume_from)
-    else:
+    try:
+        restored = session.begin(resume_from, notes=parts.notes)
+    except BaseException:
+        run_dir.discard_if_new()
+        raise
+    if not restored:
         # Workers built their own copy from the same config and seed; loading the learner's makes it certain.
         session.publish_weights()
-        writer.event(f"run started: {run_dir.path}")
     writer.event(where)
     return session
 

@@ -120,14 +120,14 @@ def train_steps(session: Session, max_steps: int, on_step: Callable[[], None] | 
         session.cfg.grpo, session.loader, rollouts, trainer, session.state, on_step_end=end_step, fates=session.fates
     )
 
-    def progress() -> tuple[int, int]:
+    def progress_marker() -> tuple[int, int]:
         return (session.state.step, rollouts.calls_returned)
 
     def describe() -> str:
         return rollouts.describe(session.state)
 
     async def main() -> str:
-        watchdog = watch_progress(progress, session.cfg.runtime.stall_timeout_s, describe, session.events.event)
+        watchdog = watch_progress(progress_marker, session.cfg.runtime.stall_timeout_s, describe, session.events.event)
         grace_s = 60.0
         try:
             return await run_watched(loop.run(max_steps), watchdog)

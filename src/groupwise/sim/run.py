@@ -78,7 +78,7 @@ def simulate(cfg: RunConfig) -> SimulationResult:
     """Simulate ``cfg`` (a ``RunConfig``) and write its run directory (see the module docstring).
 
     Raises :class:`ConfigError` for a setup the simulation refuses (failures injected in mode sync) and
-    ``FileExistsError`` when the run directory exists; a run that stops with a named error still writes
+    ``RunDirError`` when the run directory exists; a run that stops with a named error still writes
     everything and reports ``outcome: failed`` with the error in the summary.
     """
     workload = SimWorkload.from_config(cfg)

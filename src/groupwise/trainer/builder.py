@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,17 +12,21 @@ import torch
 
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.data.loader import PromptLoader
-from groupwise.data.registry import Task, build_task
+from groupwise.data.registry import Task
 from groupwise.data.reward_timeout import with_timeout
-from groupwise.data.rewards import RewardFn, load_reward_fn
+from groupwise.data.rewards import RewardFn
 from groupwise.generation.engine import Engine
 from groupwise.model.loading import Policy, eos_token_ids, load_policy, resolve_device
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
 from groupwise.trainer.learner import Learner, LearnerSettings
+from groupwise.trainer.preflight import Inputs, check_inputs, check_train_start
+from groupwise.trainer.prompt_checks import PromptReport, check_prompts
 from groupwise.trainer.rollout import RewardPipeline, RolloutWorker
 from groupwise.trainer.session import Session
 from groupwise.types import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
@@ -65,21 +70,29 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 @dataclass
 class Components:
-    """What generation and scoring need, without a run directory (``train``, ``eval`` and ``sft`` share it)."""
+    """What generation and scoring need, without a run directory (``train``, ``eval`` and ``sft`` share it).
+    ``notes`` are what the prompt checks counted without refusing (the run writes them to ``events.log``)."""
 
     policy: Policy
     engine: Engine
     task: Task
     reward_fn: RewardFn
     rollouts: RolloutWorker
+    notes: list[str] = field(default_factory=list)
 
 
 def build_components(
-    cfg: RunConfig, *, separate_engine_model: bool = False, group_size: int | None = None
+    cfg: RunConfig, *, separate_engine_model: bool = False, group_size: int | None = None,
+    inputs: Inputs | None = None,
 ) -> Components:
-    """Load the policy and build the engine, task, reward function and rollout worker."""
+    """Check the inputs (unless ``inputs`` says they were), load the policy, build the engine, task, reward function
+    and rollout worker, and check every prompt against the tokenizer and the model's positions.
+
+    Raises :class:`ConfigError` for anything wrong with the inputs, the model included, before returning.
+    """
+    inputs = inputs or check_inputs(cfg, training=False)
     _check_cuda_graphs_device(cfg)
-    policy = load_policy_from_config(cfg)
+    policy = _load_policy_reported(cfg)
     # Sync mode alternates generation and training, so the engine can sample from the learner's own model.
     # Async mode generates while training: the engine needs its own copy, refreshed at weight sync.
     engine_model = frozen_copy(policy.model) if separate_engine_model else policy.model
@@ -90,8 +103,7 @@ def build_components(
         fast_decode=cfg.generation.fast_decode,
         cuda_graphs=cfg.generation.cuda_graphs,
     )
-    task = build_task(cfg.data.task, cfg.data, cfg.run.seed)
-    reward_fn = with_timeout(load_reward_fn(cfg.reward.function, task.default_reward), cfg.reward.timeout_s)
+    reward_fn = with_timeout(inputs.reward_fn, cfg.reward.timeout_s)  # bounded per call when configured
     rollouts = RolloutWorker(
         generator=engine,
         tokenizer=policy.tokenizer,
@@ -104,17 +116,53 @@ def build_components(
         system_prompt=cfg.data.system_prompt,
         max_groups_per_call=cfg.generation.micro_batch_groups,
     )
-    return Components(policy=policy, engine=engine, task=task, reward_fn=reward_fn, rollouts=rollouts)
+    report = _check_prompts(cfg, inputs.task, policy, rollouts)
+    if report.issues:
+        raise ConfigError(report.issues)
+    for note in report.notes:
+        logger.warning(note)
+    return Components(policy=policy, engine=engine, task=inputs.task, reward_fn=reward_fn, rollouts=rollouts,
+                      notes=report.notes)
 
 
-def build_session(cfg: RunConfig, *, resume: bool = False, resume_from: Path | None = None) -> Session:
-    """Wire policy, engine, learner, data and run directory; restore a checkpoint when resuming."""
+def _load_policy_reported(cfg: RunConfig) -> Policy:
+    """The policy, or a :class:`ConfigError` naming the model keys when it cannot be loaded (a broken directory,
+    weights that do not match the config, a missing tokenizer): a bad model is bad input, reported like any other."""
+    try:
+        return load_policy_from_config(cfg)
+    except Exception as exc:
+        key, value = ("model.path", cfg.model.path) if cfg.model.source != "tiny" else ("model.tiny",
+                                                                                         cfg.model.tiny.model_dump())
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError([ConfigIssue(
+            key, value, f"the model could not be loaded: {type(exc).__name__}: {first_line}",
+            "check that model.path holds a complete model (config.json, weights, tokenizer files) for model.source "
+            f"'{cfg.model.source}'",
+        )]) from exc
+
+
+def _check_prompts(cfg: RunConfig, task: Task, policy: Policy, rollouts: RolloutWorker) -> PromptReport:
+    source = "data.jsonl" if cfg.data.task == "jsonl" else f"data.{cfg.data.task}"
+    splits = {
+        "train": (f"{source}.train_path" if cfg.data.task == "jsonl" else source, task.train_prompts()),
+        "eval": (f"{source}.eval_path" if cfg.data.task == "jsonl" else source, task.eval_prompts()),
+    }
+    positions = getattr(policy.model.config, "max_position_embeddings", None)
+    return check_prompts(rollouts.encode, policy.tokenizer, positions, cfg.generation.max_new_tokens, splits)
+
+
+def build_session(
+    cfg: RunConfig, *, resume: bool = False, resume_from: Path | None = None, inputs: Inputs | None = None
+) -> Session:
+    """Wire policy, engine, learner, data and run directory; restore a checkpoint when resuming.
+
+    Every check that can refuse the run (inputs, run directory, ``--resume-from``) runs before the model loads,
+    and the run directory is made only once everything loaded, so a failed start leaves nothing behind.
+    """
+    inputs = inputs or check_train_start(cfg, resume=resume, resume_from=resume_from)
     torch.manual_seed(cfg.run.seed)
-    resuming = resume or resume_from is not None
-    # Load everything that can fail on bad input before the run directory exists, so a failed start
-    # leaves nothing behind that blocks the next attempt.
-    parts = build_components(cfg, separate_engine_model=cfg.mode == "async")
-    run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resuming)
+    parts = build_components(cfg, separate_engine_model=cfg.mode == "async", inputs=inputs)
+    run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resume or resume_from is not None)
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
     reference = frozen_copy(parts.policy.model) if cfg.model.reference == "initial" else None
     learner = Learner(parts.policy.model, LearnerSettings.from_config(cfg), reference=reference)
@@ -133,8 +181,9 @@ def build_session(cfg: RunConfig, *, resume: bool = False, resume_from: Path | N
         reward_fn=parts.reward_fn,
         events=writer,
     )
-    if resuming:
-        session.restore(resume_from)
-    else:
-        writer.event(f"run started: {run_dir.path}")
+    try:
+        session.begin(resume_from, notes=parts.notes)
+    except BaseException:
+        run_dir.discard_if_new()
+        raise
     return session

@@ -23,12 +23,16 @@ if TYPE_CHECKING:
 CORRECT_REWARD = 1.0
 
 
+def evaluated_prompts(prompts: Sequence[Prompt], cfg: RunConfig) -> list[Prompt]:
+    """The held-out prompts an evaluation scores: the first ``eval.num_prompts`` of them (all when null)."""
+    return list(prompts) if cfg.eval.num_prompts is None else list(prompts)[: cfg.eval.num_prompts]
+
+
 def evaluate_policy(
     engine: Generator, rollouts: GroupRollouts, prompts: Sequence[Prompt], cfg: RunConfig
 ) -> dict[str, float]:
     """Greedy accuracy (``eval/accuracy``) and, when ``eval.pass_k > 1``, ``eval/pass_at_k``."""
-    if cfg.eval.num_prompts is not None:
-        prompts = list(prompts)[: cfg.eval.num_prompts]
+    prompts = evaluated_prompts(prompts, cfg)
     if not prompts:
         return {}
     greedy = replace(rollouts.sampling, temperature=0.0, top_p=1.0, top_k=0)
