@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from groupwise.config import RunConfig
 from groupwise.config.async_schema import SAMPLER_CONFIGS
-from groupwise.config.checks import RULES
+from groupwise.config.checks import HAZARDS, RULES
 from groupwise.config.issues import format_value
 from groupwise.config.keys import field_key, model_types
 
@@ -139,6 +139,17 @@ def rules_list() -> list[str]:
     return lines
 
 
+def hazards_list() -> list[str]:
+    """Every registered hazard: valid settings known to end runs badly, printed as warnings."""
+    lines = ["## Warnings", "", "Valid settings that are known to end runs badly. `config check`, `config show`, "
+             "`train` and `simulate` print each as a warning (what goes wrong and what to use instead), and `train` "
+             "and `simulate` also write it to `events.log`; a warning never stops a run.", ""]
+    for registered in HAZARDS:
+        sections = ", ".join(f"`{'async' if s == 'async_' else s}`" for s in registered.needs)
+        lines.append(f"- {registered.summary} (reads {sections})")
+    return lines
+
+
 def render() -> str:
     """The whole of docs/configs.md."""
     lines = [INTRO, "## Top level", "", "| key | type | default | meaning |", "|---|---|---|---|"]
@@ -154,6 +165,7 @@ def render() -> str:
             lines.append(f"| `{key}` | {type_name(field.annotation)} | `{default}` | {description} |")
     lines.extend(sections)
     lines.extend(["", f"Samplers: {', '.join(f'`{n}`' for n in SAMPLER_CONFIGS)}.", "", *rules_list()])
+    lines.extend(["", *hazards_list()])
     return "\n".join(lines) + "\n"
 
 

@@ -12,12 +12,14 @@ Invariants pinned:
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
 from test_sync_trainer import tiny_config
 
 from groupwise.config import config_from_dict
+from groupwise.run.fates_file import read_fates
 from groupwise.run.metrics import read_metrics
 from groupwise.runtime.async_run import run_async
 from groupwise.runtime.sync_run import run_sync
@@ -98,3 +100,32 @@ def test_async_dynamic_sampling_run_accounts_every_step(tmp_path):
             assert r["raw_reward"] == (float(b % 2 == 0) if a % 3 == 0 else float(r["completion_ids"][0] % 2))
             # zero-variance groups never reach training
             assert a % 3 != 0
+
+
+def test_a_reward_failure_fails_only_its_own_prompt(tmp_path):
+    cfg = tiny_config(tmp_path, run={"name": "r", "max_steps": 3}, eval={"at_start": False, "at_end": False})
+    data = cfg.model_dump(by_alias=True)
+    data["mode"] = "async"
+    data["reward"] = {"function": "scripted_rewards:fails_on_answers_ending_in"}
+    data["grpo"]["dynamic_sampling"] = {"enabled": False}
+    data["generation"]["micro_batch_groups"] = 16  # every waiting prompt shares one engine call
+    data["async"] = {
+        "sampler": {"name": "ready_first", "max_staleness_versions": 1},
+        "max_buffered_rollouts": 16,
+        "max_inflight_prompts": 16,
+        "rollout_failure": {"max_skipped_prompts": 1000, "min_step_batch_fraction": 0.25,
+                            "max_data_attempts_per_prompt": 1, "replacement_reserve_prompts": 4},
+    }  # fmt: skip
+    session = build_session(config_from_dict(data))
+    run_async(session)
+    lines = read_fates(session.run_dir.fates_path)
+    answers = {p.uid: p.answer for p in session.task.train_prompts()}
+    failed = [line for line in lines if line["fate"] == "failed"]
+    assert failed, "the scripted verifier never raised: pick prompts whose answers end in 7"
+    for line in failed:  # each failure is its own prompt's, and says so
+        assert answers[line["prompt_uid"]].endswith("7"), line
+        named = set(re.findall(r"addition/train/\d+\+\d+", line["detail"]))
+        assert named == {line["prompt_uid"]} and "answers ending in 7" in line["detail"], line
+    trained = [line for line in lines if line["fate"] == "trained"]
+    assert len(trained) == 3 * cfg.grpo.num_prompts_per_step
+    assert not any(answers[line["prompt_uid"]].endswith("7") for line in trained)

@@ -9,6 +9,8 @@ Invariants pinned (invariants 4 and 5 in docs/design.md):
 - windowed charges nothing and closes its last step short at exhaustion (above the floor), and raises below it;
 - a custom sampler's explicit charge decision is honoured; a custom sampler without the protocol gets the
   gated defaults (spare pool on, loss charged to the assembling step);
+- a custom sampler whose charge decision is not a step number (2.5, a string, -1, a bool) stops the run with a
+  SamplerProtocolError naming the sampler, the call and the prompt; no fate records the bad step;
 - every closed step balances: selected + charged == P.
 """
 
@@ -24,6 +26,7 @@ from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
 from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.ledger import StepBelowFloorError
+from groupwise.controller.samplers.base import SamplerProtocolError
 from groupwise.controller.settings import ControllerSettings
 
 G = 2
@@ -237,3 +240,23 @@ def test_custom_sampler_without_protocol_gets_gated_defaults():
     assert controller.ctx.accounting.closes_short_at_exhaustion is False
     assert watcher.charged_steps == [0]
     assert [(r.selected, r.charged) for r in summary.ledger_history] == [(3, 1), (4, 0)]
+
+
+@pytest.mark.parametrize("bad", [2.5, "next", -1, True])
+def test_custom_sampler_charge_decision_must_be_a_step_number(bad):
+    watcher = ChargeWatcher()
+    controller = build_controller(
+        settings("custom", {"target": "fakes.samplers:ChargeAnything", "kwargs": {"charge": bad}}),
+        make_loader(8),
+        ScriptedRollouts(group_size=G, script={"p1": [Outcome(latency=2.0, fail="data")]}),
+        RecordingTrainer(),
+        on_fate=watcher,
+    )
+    with pytest.raises(SamplerProtocolError, match=r"sampler fakes\.samplers:ChargeAnything returned") as info:
+        run_virtual(controller.run)
+    assert f"returned {bad!r} ({type(bad).__name__}) from charge_step_for_lost_group" in str(info.value)
+    assert "an int >= 0" in str(info.value) and any("prompt 'p1'" in n for n in info.value.__notes__)
+    # The lost attempt is recorded as the fatal end of the run, never with the bad step.
+    lost = [r for r in watcher.records if r.prompt_uid == "p1"]
+    assert [(r.fate, r.resolution, r.step) for r in lost] == [("failed", "fatal", None)]
+    assert all(r.step is None or isinstance(r.step, int) for r in watcher.records)

@@ -20,6 +20,16 @@ EXIT_RUN_FAILED = 1
 EXIT_USAGE = 2
 
 
+def print_config_warnings(cfg) -> list[str]:
+    """Print the config's hazards (:mod:`groupwise.config.hazards`) to stderr; return them as one-line texts."""
+    from groupwise.config.issues import format_warning, warning_line
+
+    warnings = cfg.warnings()
+    for issue in warnings:
+        print(format_warning(issue), file=sys.stderr)
+    return [warning_line(issue) for issue in warnings]
+
+
 def _config_arguments(parser: argparse.ArgumentParser, what: str = "FILE") -> None:
     parser.add_argument("file", metavar=what, help="YAML config file" if what == "FILE" else "config file or run dir")
     parser.add_argument(
@@ -43,6 +53,7 @@ def run_train(args: argparse.Namespace) -> int:
     """Check everything that can refuse the run first (exit 2, nothing created), then train (exit 1 on failure)."""
     started = time.monotonic()
     cfg = load_config(args.file, args.overrides)
+    warnings = print_config_warnings(cfg)
     from groupwise.trainer.preflight import check_train_start
 
     inputs = check_train_start(cfg, resume=args.resume, resume_from=args.resume_from)
@@ -58,6 +69,8 @@ def run_train(args: argparse.Namespace) -> int:
     except (RunDirError, ResumeError, RayNotInstalledError, RaySetupError) as err:
         print(f"groupwise train: {err}", file=sys.stderr)
         return EXIT_USAGE
+    for warning in warnings:
+        session.events.event(warning)
     if cfg.runtime.backend != "ray":  # Ray sets each actor's OMP_NUM_THREADS from the CPUs it reserves
         from groupwise.runtime.cpu_threads import apply_cpu_threads
 
@@ -246,6 +259,7 @@ def add_simulate_parser(subparsers) -> None:
 
 def run_simulate(args: argparse.Namespace) -> int:
     cfg = load_config(args.file, args.overrides)
+    print_config_warnings(cfg)
     from groupwise.run.rundir import RunDirError
     from groupwise.sim.run import format_summary, simulate
 

@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from groupwise.cli.commands import RUN_COMMAND_PARSERS
+from groupwise.cli.commands import RUN_COMMAND_PARSERS, print_config_warnings
 from groupwise.config import ConfigError, load_config
 from groupwise.runtime.cpu_threads import prepare_openmp_environment
 
@@ -61,6 +61,7 @@ def add_config_parser(subparsers: Subparsers) -> None:
 def run_config_show(args: argparse.Namespace) -> int:
     """Print the resolved config; a ``ConfigError`` propagates to :func:`main` (exit 2)."""
     config = load_config(args.file, args.overrides)
+    print_config_warnings(config)  # stderr: the YAML on stdout stays loadable
     sys.stdout.write(config.to_yaml())
     return EXIT_OK
 
@@ -68,12 +69,13 @@ def run_config_show(args: argparse.Namespace) -> int:
 def run_config_check(args: argparse.Namespace) -> int:
     """Print ``ok: FILE`` when the config is valid and what it points at is usable (reward and sampler import, data
     files parse, the model path exists, the run directory can be written); a ``ConfigError`` listing every problem
-    propagates to :func:`main` (exit 2)."""
+    propagates to :func:`main` (exit 2). Hazards (valid settings known to end runs badly) are printed as warnings."""
     config = load_config(args.file, args.overrides)
     from groupwise.trainer.preflight import check_inputs  # imports the task and reward code, never torch
 
     check_inputs(config)
-    print(f"ok: {args.file}")
+    warnings = print_config_warnings(config)
+    print(f"ok: {args.file}" + (f" ({len(warnings)} warning(s) above)" if warnings else ""))
     return EXIT_OK
 
 

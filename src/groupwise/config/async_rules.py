@@ -108,13 +108,20 @@ def async_dynamic_sampling(cfg: RunConfig) -> Iterator[ConfigIssue]:
         )
 
 
-@rule("mode", "async_")
+@rule("mode", "async_", "runtime")
 def async_rollout_failure(cfg: RunConfig) -> Iterator[ConfigIssue]:
-    """Async mode: max_backoff_s ≥ backoff_base_s; with on_dropped_prompt shrink the replacement keys keep
-    their defaults."""
+    """Async mode: max_backoff_s ≥ backoff_base_s and < runtime.stall_timeout_s; with on_dropped_prompt shrink the
+    replacement keys keep their defaults."""
     if cfg.mode != "async":
         return  # in sync mode any change here is already reported as having no effect
     failure = cfg.async_.rollout_failure
+    if cfg.runtime.stall_timeout_s <= failure.max_backoff_s:
+        yield ConfigIssue(
+            "runtime.stall_timeout_s", cfg.runtime.stall_timeout_s,
+            f"runtime.stall_timeout_s must exceed async.rollout_failure.max_backoff_s ({failure.max_backoff_s}): "
+            "while every prompt backs off before a retry nothing progresses, and the watchdog would stop the run",
+            "raise runtime.stall_timeout_s or lower async.rollout_failure.max_backoff_s",
+        )
     if failure.max_backoff_s < failure.backoff_base_s:
         yield ConfigIssue(
             "async.rollout_failure.max_backoff_s", failure.max_backoff_s,

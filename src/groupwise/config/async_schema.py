@@ -18,7 +18,9 @@ from groupwise.config.base import Section, invalid
 
 class InOrderSamplerConfig(Section):
     """Trains step s only on groups dispatched for step s (stamped); admits at most ``max_lookahead_versions``
-    steps ahead of the trainer. With lookahead 0 it is on-policy and matches the sync loop."""
+    steps ahead of the trainer. With lookahead 0 it is on-policy; with full batches, dynamic sampling off and
+    ``on_dropped_prompt: shrink`` it trains the sync loop's prompts in order (``replace`` diverts loader batches
+    to the spare pool; see docs/samplers.md)."""
 
     name: Literal["in_order"] = "in_order"
     """Sampler name."""

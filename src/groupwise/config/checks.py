@@ -34,18 +34,34 @@ class Rule:
 
 
 RULES: list[Rule] = []
+#: Hazards: valid settings that are known to end runs badly. Reported as warnings (the run may go ahead), never
+#: as errors; a key with no effect is an error, not a hazard.
+HAZARDS: list[Rule] = []
+
+
+def _registrar(registry: list[Rule], needs: tuple[str, ...]) -> Callable[[RuleCheck], RuleCheck]:
+    def register(check: RuleCheck) -> RuleCheck:
+        first_paragraph = (check.__doc__ or check.__name__).strip().split("\n\n")[0]
+        summary = " ".join(first_paragraph.split())
+        registry.append(Rule(check=check, needs=needs, summary=summary))
+        return check
+
+    return register
 
 
 def rule(*needs: str) -> Callable[[RuleCheck], RuleCheck]:
     """Register a rule reading the top-level sections ``needs`` (attribute names: ``grpo``, ``async_``, ...)."""
+    return _registrar(RULES, needs)
 
-    def register(check: RuleCheck) -> RuleCheck:
-        first_paragraph = (check.__doc__ or check.__name__).strip().split("\n\n")[0]
-        summary = " ".join(first_paragraph.split())
-        RULES.append(Rule(check=check, needs=needs, summary=summary))
-        return check
 
-    return register
+def hazard(*needs: str) -> Callable[[RuleCheck], RuleCheck]:
+    """Register a hazard check (a warning, see :data:`HAZARDS`) reading the top-level sections ``needs``."""
+    return _registrar(HAZARDS, needs)
+
+
+def run_hazards(cfg: Any) -> list[ConfigIssue]:
+    """Every warning of every registered hazard check, for a config that validated."""
+    return [issue for registered in HAZARDS for issue in registered.check(cfg)]
 
 
 def run_rules(cfg: RunConfig, available: Iterable[str] | None = None) -> list[ConfigIssue]:

@@ -41,6 +41,17 @@ class ConfigIssue:
         return f"{where}: got {format_value(self.value)}\n{indent}rule: {rule}\n{indent}fix:  {self.fix}"
 
 
+def format_warning(issue: ConfigIssue) -> str:
+    """A hazard (:mod:`groupwise.config.hazards`) as the CLI prints it: ``warning:`` and the three lines."""
+    where = issue.path or "(config file)"
+    return f"warning: {where}: {format_value(issue.value)}\n  why: {issue.rule}\n  instead: {issue.fix}"
+
+
+def warning_line(issue: ConfigIssue) -> str:
+    """A hazard on one line, for ``events.log``."""
+    return f"config warning: {issue.path}: {issue.rule}; instead: {issue.fix}"
+
+
 class ConfigError(Exception):
     """A config that cannot be used. ``errors`` lists every problem found; ``str`` is a readable
     numbered list. ``source`` names the file (or ``None`` for an in-memory dict).

@@ -9,12 +9,12 @@ import yaml
 from pydantic import ConfigDict, Field, model_validator
 
 from groupwise.algo.step_size import round_size
-from groupwise.config import async_rules, rules  # noqa: F401  (importing registers the rules)
+from groupwise.config import async_rules, hazards, rules  # noqa: F401  (importing registers the rules)
 from groupwise.config.algorithm import GrpoSection, LossSection, OptimizerSection
 from groupwise.config.async_schema import AsyncSection
 from groupwise.config.base import Section
-from groupwise.config.checks import run_rules
-from groupwise.config.issues import ConfigError
+from groupwise.config.checks import run_hazards, run_rules
+from groupwise.config.issues import ConfigError, ConfigIssue
 from groupwise.config.runtime_schema import RuntimeSection, SimSection
 from groupwise.config.sections import (
     CheckpointSection,
@@ -74,6 +74,10 @@ class RunConfig(Section):
         if issues:
             raise ConfigError(issues)
         return self
+
+    def warnings(self) -> list[ConfigIssue]:
+        """Hazards of this valid config (:mod:`groupwise.config.hazards`): print them, they do not stop a run."""
+        return run_hazards(self)
 
     def to_yaml(self) -> str:
         """The resolved config (every key, defaults included) as YAML that loads back to an equal config."""

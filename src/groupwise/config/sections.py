@@ -198,6 +198,11 @@ class RewardSection(Section):
     (an importable callable)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to the reward function."""
+    timeout_s: float | None = Field(None, gt=0)
+    """Seconds one reward call may take (> 0); ``null`` = no limit (the call runs inline). A slower call fails
+    with a ``RewardError`` naming the prompt and completion: a data failure of that prompt in async mode (retried,
+    then skipped within ``async.rollout_failure.max_skipped_prompts``), a stop in sync mode. Calls then run on a
+    helper thread; a stuck one cannot be killed and keeps its thread until it returns (docs/rewards.md)."""
 
     @field_validator("function")
     @classmethod
@@ -216,9 +221,11 @@ class GenerationSection(Section):
 
     max_new_tokens: int = Field(16, ge=1)
     """Completion length cap in tokens (≥ 1)."""
-    temperature: float = Field(1.0, gt=0)
-    """Sampling temperature (> 0). 0 (greedy) is not allowed for training: identical samples have no reward
-    variance; evaluation reports greedy accuracy on its own."""
+    temperature: float = Field(1.0, ge=0.01)
+    """Sampling temperature (≥ 0.01). 0 (greedy) is not allowed for training: identical samples have no reward
+    variance; evaluation reports greedy accuracy on its own. Below 0.01 sampling is greedy in all but name and the
+    logits scaled by 1 / temperature overflow (1e-300 makes every logprob NaN), so the training logprobs and their
+    importance ratios are not finite."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling mass (0 < p ≤ 1; 1 = off)."""
     top_k: int = Field(0, ge=0)

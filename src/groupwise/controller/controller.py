@@ -24,11 +24,13 @@ from groupwise.controller.ledger import StepLedger, StepRecord
 from groupwise.controller.permits import Permits
 from groupwise.controller.rollout_pump import RolloutPump
 from groupwise.controller.samplers import build_sampler, drop_accounting
+from groupwise.controller.samplers.base import checked_step
 from groupwise.controller.settings import ControllerSettings
 from groupwise.controller.snapshot import restore_snapshot, take_snapshot
 from groupwise.controller.spare_pool import SparePool
+from groupwise.controller.state_report import describe_state
 from groupwise.controller.step_tally import StepTallyBook
-from groupwise.controller.train_pump import StepEndHook, TrainPump
+from groupwise.controller.train_pump import StepEndHook, TrainPump, untrained_record
 
 WEIGHT_FIFO_WITH_DS = (
     "dynamic sampling (grpo.dynamic_sampling.enabled) cannot be combined with async.sampler.name='weight_fifo'. "
@@ -94,6 +96,14 @@ class Controller:
         """
         return take_snapshot(self, encode)
 
+    def describe_state(self) -> str:
+        """Where the controller stands, on one line (:mod:`groupwise.controller.state_report`)."""
+        return describe_state(self.ctx, self.rollout_pump)
+
+    def progress_marker(self) -> tuple[int, int, int]:
+        """Changes whenever anything progresses: (optimizer steps, groups committed or filtered, fate records)."""
+        return (self.ctx.clock.value, self.rollout_pump.groups_finished, self.ctx.fates.total)
+
     def _on_slot_error(self, error: BaseException) -> None:
         if self._failure is not None and not self._failure.done():
             self._failure.set_exception(error)
@@ -108,6 +118,7 @@ class Controller:
         rollout_task = loop.create_task(self.rollout_pump.run(), name="groupwise-rollout-pump")
         train_task = loop.create_task(self.train_pump.run(), name="groupwise-train-pump")
         waiting = {rollout_task, train_task, self._failure}
+        stopped_by: BaseException | None = None
         try:
             while train_task in waiting:
                 done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
@@ -116,11 +127,16 @@ class Controller:
                     if task.exception() is not None:  # a crashed pump or slot: stop everything, surface it
                         raise task.exception()  # type: ignore[misc]
             stop_reason = train_task.result()
+        except BaseException as error:
+            stopped_by = error
+            raise
         finally:
-            await self._shutdown(rollout_task, train_task)
+            await self._shutdown(rollout_task, train_task, stopped_by)
         return self._summary(stop_reason)
 
-    async def _shutdown(self, rollout_task: asyncio.Task[None], train_task: asyncio.Task[str]) -> None:
+    async def _shutdown(
+        self, rollout_task: asyncio.Task[None], train_task: asyncio.Task[str], stopped_by: BaseException | None
+    ) -> None:
         for task in (train_task, rollout_task):
             if not task.done():
                 task.cancel()
@@ -130,6 +146,10 @@ class Controller:
             self._failure.cancel()
         elif self._failure is not None and not self._failure.cancelled():
             self._failure.exception()  # retrieved: no "never retrieved" warning
+        reason = "the run stopped" if stopped_by is None else f"the run stopped on {_brief(stopped_by)}"
+        for record in self.train_pump.selected:  # selected, but the step's optimizer step never ran
+            self.ctx.record_fate(untrained_record(record, reason))
+        self.train_pump.selected = []
         for slot_id in self.ctx.buffer.ready_slot_ids():
             slot = self.ctx.buffer.remove(slot_id)
             group = slot.group
@@ -164,6 +184,11 @@ class Controller:
         )
 
 
+def _brief(error: BaseException, limit: int = 200) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def build_controller(
     settings: ControllerSettings,
     loader: PromptSource,
@@ -185,7 +210,8 @@ def build_controller(
     buffer = GroupBuffer()
     sampler = build_sampler(settings.sampler, buffer)
     sampler.set_dispatch_index(settings.start_step)
-    needed = sampler.required_buffer_capacity(settings.prompts_per_step)
+    needed = checked_step(sampler.required_buffer_capacity(settings.prompts_per_step), sampler,
+                          f"required_buffer_capacity({settings.prompts_per_step})", "a group count")  # fmt: skip
     if needed is not None and settings.max_buffered_rollouts < needed:
         raise ValueError(
             f"max_buffered_rollouts={settings.max_buffered_rollouts} is below what sampler {settings.sampler.name!r} "

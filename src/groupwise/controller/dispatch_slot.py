@@ -131,10 +131,19 @@ class DispatchSlots:
     def _charge(self, record: FateRecord, target: int | None) -> None:
         try:
             step = self.ctx.charge_loss(target)
-        except BaseException:
+        except BaseException as fatal:
             self.ctx.record_fate(_resolved(record, "fatal", None))
+            where = self._where(record.prompt_uid, record.group_id, record.attempt, target)
+            _add_note(fatal, f"charging the loss of {where}")
             raise
         self.ctx.record_fate(_resolved(record, "charged" if step is not None else "uncharged", step))
+
+    def _where(self, uid: str, group_id: int | None, attempt: int, target: int | None) -> str:
+        """Names the prompt, its attempt and the steps involved, for the notes of an error that stops the run."""
+        return (
+            f"prompt {uid!r} (group {group_id}, attempt {attempt}, target step {target}) while step "
+            f"{self.ctx.ledger.assembling} was being assembled"
+        )
 
     async def _run_prompt(self, slot: SlotState) -> _Lost | None:
         """Attempt the slot's prompt until it commits (None) or is lost (filtered, given up, aborted)."""
@@ -193,10 +202,7 @@ class DispatchSlots:
     def _on_failure(
         self, attempts: PromptAttempts, error: Exception, attempt: _Attempt, target: int | None
     ) -> float | None:
-        context = (
-            f"rollout of prompt {attempt.item.prompt.uid!r} (group {attempt.group_id}, attempt {attempt.number}, "
-            f"target step {target}) while step {self.ctx.ledger.assembling} was being assembled"
-        )
+        context = "rollout of " + self._where(attempt.item.prompt.uid, attempt.group_id, attempt.number, target)
         try:
             return self.ctx.budgets.on_failure(attempts, error, context)
         except BaseException as fatal:

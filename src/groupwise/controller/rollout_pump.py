@@ -4,7 +4,8 @@ Loop: take a whole loader batch; divert it to the spare pool while the pool is b
 the very first batch, so no step is burned); otherwise ``sampler.admit`` (gated samplers wait on the version
 clock) and launch one *dispatch slot* per prompt. A launch holds a buffer-capacity permit (owned by the group once
 committed) and an in-flight permit (held across replacements). At the end of data: let the slots settle, drain the
-spare pool in whole steps, then mark the pump exhausted.
+spare pool in whole steps (then, for a closes-short sampler, the leftover as one short batch), then mark the pump
+exhausted.
 
 Snapshots (:meth:`RolloutPump.unsettled`): unsettled slots are re-dispatched under their stamps after a resume
 (:meth:`RolloutPump.restore_unsettled`); prompts of a batch still waiting at the gate go back to where they came
@@ -19,6 +20,7 @@ from groupwise.controller.context import PumpContext
 from groupwise.controller.dispatch_slot import DispatchSlots, SlotState
 from groupwise.controller.interfaces import LoaderItem, PromptSource, RolloutClient
 from groupwise.controller.permits import Permits
+from groupwise.controller.samplers.base import checked_step
 from groupwise.controller.workers import WorkerPool
 
 
@@ -117,13 +119,15 @@ class RolloutPump:
             batch = self.loader.take(P)
             if not batch:
                 return
-            if len(batch) < P and not self.ctx.accounting.closes_short_at_exhaustion:
-                # A partial last batch could never make a full gated step: keep it as spares, or count it.
+            if len(batch) < P:
+                # A partial last batch: a spare pool takes it (the drain dispatches spares first, so a closes-short
+                # sampler's short batch is the very last one); else only a closes-short sampler can train it.
                 if self.ctx.replacement_enabled:
                     self.ctx.spare_pool.add_batch(batch)
-                else:
+                    continue
+                if not self.ctx.accounting.closes_short_at_exhaustion:
                     self.unused_prompts += len(batch)
-                continue
+                    continue
             if self.ctx.replacement_enabled and self.admitted_batches > 0 and self.ctx.spare_pool.needs_refill():
                 self.ctx.spare_pool.add_batch(batch)
                 continue
@@ -134,7 +138,7 @@ class RolloutPump:
         self._batch_admitted, self._batch_from_pool = False, from_pool
         self._in_admit = True
         try:
-            target = await self.ctx.sampler.admit(self.ctx.clock)
+            target = checked_step(await self.ctx.sampler.admit(self.ctx.clock), self.ctx.sampler, "admit(clock)")
         finally:
             self._in_admit = False
         self._batch_admitted = True
@@ -185,5 +189,9 @@ class RolloutPump:
             # One whole step at a time, so a snapshot always finds each spare in the pool or in a slot.
             while len(self.ctx.spare_pool) >= P:
                 await self._admit_and_launch([self.ctx.spare_pool.take() for _ in range(P)], from_pool=True)
+            await self._settle()
+        if self.ctx.accounting.closes_short_at_exhaustion and len(self.ctx.spare_pool):
+            # The leftover partial step closes short: admitted last, after every whole step.
+            await self._admit_and_launch(self.ctx.spare_pool.discard_leftover(), from_pool=True)
             await self._settle()
         self.unused_prompts += len(self.ctx.spare_pool.discard_leftover())

@@ -23,6 +23,7 @@ import importlib
 import importlib.util
 import inspect
 import re
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 from fractions import Fraction
@@ -124,11 +125,14 @@ def math_verify(prompt: Prompt, completion: Completion) -> float:
         raise RewardSpecError(f"reward 'math_verify' needs the math-verify package: {_MATH_VERIFY_INSTALL}") from exc
     if completion.finish_reason != "stop":
         return 0.0
-    gold = parse(prompt.answer) or parse(f"${prompt.answer}$")
+    # math-verify bounds its own work with signal.alarm, which works on the main thread only; elsewhere (async
+    # generation, a reward.timeout_s helper thread) turn it off: reward.timeout_s bounds the call instead.
+    limit = 5 if threading.current_thread() is threading.main_thread() else None
+    gold = parse(prompt.answer, parsing_timeout=limit) or parse(f"${prompt.answer}$", parsing_timeout=limit)
     if not gold:
         raise ValueError(f"math_verify: cannot parse the answer {prompt.answer!r} of prompt {prompt.uid}")
-    predicted = parse(completion.text)
-    return 1.0 if predicted and verify(gold, predicted) else 0.0
+    predicted = parse(completion.text, parsing_timeout=limit)
+    return 1.0 if predicted and verify(gold, predicted, timeout_seconds=limit) else 0.0
 
 
 BUILTIN_REWARDS: dict[str, RewardFn] = {

@@ -138,6 +138,11 @@ class RunDir:
     def sim_summary_path(self) -> Path:
         return self.root / "sim" / "summary.json"
 
+    @property
+    def is_simulation(self) -> bool:
+        """Written by ``groupwise simulate`` (it creates ``sim/`` first): its prompts are the simulator's."""
+        return self.sim_summary_path.parent.is_dir()
+
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to a temporary sibling, then ``os.replace`` it: readers see the old or new file, never half."""

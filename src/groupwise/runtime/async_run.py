@@ -11,7 +11,9 @@ import torch
 from groupwise.controller.controller import build_controller
 from groupwise.controller.settings import ControllerSettings
 from groupwise.run.async_checkpoint import ItemDecoder, boundary_snapshot, controller_state
+from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.embedded import EmbeddedRollouts, EmbeddedTrainer
+from groupwise.runtime.watchdog import RunStalled, run_watched, watch_progress
 from groupwise.trainer.session import Session
 from groupwise.types import Group
 
@@ -53,7 +55,7 @@ async def _run(session: Session, progress: Any) -> Any:
         session.boundary_snapshot = boundary_snapshot(step + 1, controller, session.loader, session.fates)
         # Evaluation uses the engine: hold it so no rollout batch runs on it meanwhile.
         async with rollouts.engine_lock:
-            await asyncio.to_thread(session.end_step, step, metrics, rows)
+            await step_end.run(session.end_step, step, metrics, rows)
         progress.update(step + 1, session.last_metrics)
 
     settings = ControllerSettings.from_config(cfg, start_step=session.state.step)
@@ -70,10 +72,23 @@ async def _run(session: Session, progress: Any) -> Any:
     for note in controller.resume_notes:
         session.events.event(note)
     faults = _FaultMeter(controller.ctx.budgets, rollouts)
+    step_end = DaemonWorker("groupwise-step-end")  # metrics, evaluation, checkpoints
+
+    def progress_marker() -> tuple[Any, ...]:
+        return (*controller.progress_marker(), rollouts.calls_returned)
+
+    stall_s = cfg.runtime.stall_timeout_s
+    watchdog = watch_progress(progress_marker, stall_s, controller.describe_state, session.events.event)
+    grace_s = 60.0  # a run that ends lets the calls in progress finish; a stalled one leaves them to their threads
     try:
-        return await controller.run()
+        return await run_watched(controller.run(), watchdog)
+    except RunStalled:
+        grace_s = 0.0
+        raise
     finally:
-        await rollouts.close()
+        await rollouts.close(grace_s)
+        await asyncio.to_thread(trainer.close, grace_s)
+        await asyncio.to_thread(step_end.close, grace_s)
 
 
 def _resume_state(session: Session) -> dict[str, Any] | None:

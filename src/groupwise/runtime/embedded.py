@@ -3,7 +3,8 @@ sync loop uses its trainer client inline: ``EmbeddedTrainer(in_thread=False)``).
 
 Generation runs concurrently with training: the engine has its own model copy and runs in a worker thread
 (PyTorch releases the GIL inside its kernels), the learner runs chunks in another. Rollout requests that
-arrive while the engine is busy are batched into its next call, so many groups share one decode loop.
+arrive while the engine is busy are batched into its next call, so many groups share one decode loop; they share
+an engine failure, never a reward failure (that fails only the prompt whose completion raised it).
 Weight sync copies the learner's parameters into the engine's model between engine calls.
 """
 
@@ -20,7 +21,8 @@ import torch
 
 from groupwise.batch import RowBatch
 from groupwise.rows import StepRows
-from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, fail_all, resolve_all
+from groupwise.runtime.daemon_worker import DaemonWorker
+from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, fail_all, settle_outcomes
 from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import Group
 
@@ -36,9 +38,11 @@ class EmbeddedRollouts:
         self.source_model = source_model
         self.max_batch_groups = max(1, max_batch_groups)
         self._queue = RolloutQueue(self._run_batches, "embedded-generation")
+        self._engine = DaemonWorker("groupwise-generation")  # a stuck engine call never blocks the run's exit
         self.engine_lock = asyncio.Lock()
         self.generated_tokens = 0
         self.busy_seconds = 0.0
+        self.calls_returned = 0  # engine calls that returned or raised: progress for the stall watchdog
 
     async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int) -> Group:
         return await self._queue.submit(prompt, group_id, attempt)
@@ -57,30 +61,33 @@ class EmbeddedRollouts:
         async with self.engine_lock:
             start = time.perf_counter()
             try:
-                groups = await asyncio.to_thread(
-                    self.worker.generate_groups,
+                outcomes = await self._engine.run(
+                    self.worker.generate_group_outcomes,
                     [p.item for p in batch],
                     [p.group_id for p in batch],
                     [p.attempt for p in batch],
                 )
-            except Exception as err:  # noqa: BLE001 — every waiting rollout gets the engine's error
+            except Exception as err:  # noqa: BLE001 — the engine call failed: every waiting rollout gets its error
+                self.calls_returned += 1
                 fail_all(batch, err)
                 return
             finally:
                 self.busy_seconds += time.perf_counter() - start
-        self.generated_tokens += sum(g.num_completion_tokens for g in groups)
-        resolve_all(batch, groups)
+        self.calls_returned += 1
+        self.generated_tokens += settle_outcomes(batch, outcomes)
 
     async def sync_weights(self, version: int) -> None:
         """Copy the learner's parameters into the engine's model, between two engine calls."""
         async with self.engine_lock:
             self.worker.generator.load_weights(self.source_model.state_dict(), version)
 
-    async def close(self) -> None:
+    async def close(self, grace_s: float = 60.0) -> None:
+        """Stop serving; wait up to ``grace_s`` for an engine call in progress (0 after a stall: it is stuck)."""
         if self._queue.task is not None:
             self._queue.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._queue.task
+        await asyncio.to_thread(self._engine.close, grace_s)
 
 
 @dataclass
@@ -96,9 +103,11 @@ class EmbeddedTrainer:
     in_thread: bool = True  # async: train in a worker thread while generation goes on; sync: inline
     step_rows: StepRows = field(init=False)
     busy_seconds: float = 0.0
+    _thread: DaemonWorker = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.step_rows = StepRows(self.grpo)
+        self._thread = DaemonWorker("groupwise-learner")
 
     async def train_chunk(self, step: int, groups: list[Group], first_chunk: bool) -> None:
         rows = self.step_rows.add_chunk(groups, first_chunk)
@@ -110,9 +119,12 @@ class EmbeddedTrainer:
     async def _call(self, method: Callable[..., Any], *args: Any) -> Any:
         start = time.perf_counter()
         try:
-            return await asyncio.to_thread(method, *args) if self.in_thread else method(*args)
+            return await self._thread.run(method, *args) if self.in_thread else method(*args)
         finally:
             self.busy_seconds += time.perf_counter() - start
 
     def take_step_rows(self) -> RowBatch:
         return self.step_rows.take()
+
+    def close(self, grace_s: float = 60.0) -> None:
+        self._thread.close(grace_s)

@@ -55,6 +55,12 @@ class GenerationWorker:
     ) -> list[Group]:
         return self.rollouts.generate_groups(items, group_ids, attempts)
 
+    def generate_group_outcomes(
+        self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int] | None = None
+    ) -> list[Group | Exception]:
+        """Groups, with each prompt's own reward failure in its place (the async client fails only that prompt)."""
+        return self.rollouts.generate_group_outcomes(items, group_ids, attempts)
+
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
         return self.engine.generate(requests, sampling)
 

@@ -5,6 +5,7 @@
   the call's object reference. A worker that dies mid-batch fails every group of the batch with
   :class:`~groupwise.runtime.ray_pool.GenerationWorkerLost`, an infra error, so the controller retries each
   group (on another worker, under the infra budget) while a replacement worker starts with the current weights.
+  A reward failure fails only the prompt whose completion raised it: the worker returns it in that group's place.
 * :class:`RayTrainer` (``TrainerClient``): advantages per chunk of whole groups in the driver, then the rows go
   to the learner actor.
 * :class:`RayLearner`: what the session calls ``learner`` (and, through :class:`LearnerModel`, the policy's
@@ -26,7 +27,7 @@ from groupwise.rows import StepRows
 from groupwise.runtime.ray_cluster import ray
 from groupwise.runtime.ray_errors import UnschedulableError
 from groupwise.runtime.ray_pool import GenerationPool, GenerationWorkerLost, WorkerSlot
-from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, fail_all, resolve_all
+from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, fail_all, settle_outcomes
 from groupwise.types import Group
 
 if TYPE_CHECKING:
@@ -127,6 +128,9 @@ class RayTrainer:
     def take_step_rows(self) -> RowBatch:
         return self.step_rows.take()
 
+    def close(self, grace_s: float = 60.0) -> None:
+        """Nothing to stop here: the learner actor runs the steps (the session stops it)."""
+
 
 class RayRolloutClient:
     """``RolloutClient`` over the generation worker actors (see the module docstring).
@@ -142,6 +146,7 @@ class RayRolloutClient:
         self.engine_lock = asyncio.Lock()  # held by the runtime around evaluation and checkpoints
         self.generated_tokens = 0
         self.busy_seconds = 0.0
+        self.calls_returned = 0  # worker calls that returned or raised: progress for the stall watchdog
         self.replacement_error: BaseException | None = None
         self._queue = RolloutQueue(self._dispatch, "ray-generation")
         self._tasks: set[asyncio.Task] = set()
@@ -185,7 +190,7 @@ class RayRolloutClient:
         start = time.perf_counter()
         ids = [p.group_id for p in batch]
         try:
-            groups = await slot.handle.generate_groups.remote(
+            outcomes = await slot.handle.generate_group_outcomes.remote(
                 [p.item for p in batch], ids, [p.attempt for p in batch]
             )
         except ray.exceptions.RayActorError as err:
@@ -194,15 +199,15 @@ class RayRolloutClient:
             fail_all(batch, lost)
             self._start_replacement(slot)
             return
-        except Exception as err:  # noqa: BLE001 — e.g. the reward function raised: every group of the batch gets it
+        except Exception as err:  # noqa: BLE001 — the worker's engine call failed: every group of the batch gets it
             fail_all(batch, err)
             return
         finally:
+            self.calls_returned += 1
             self.busy_seconds += (time.perf_counter() - start) / max(1, len(self.pool.workers))
             slot.busy = False
             self._queue.wake.set()
-        self.generated_tokens += sum(g.num_completion_tokens for g in groups)
-        resolve_all(batch, groups)
+        self.generated_tokens += settle_outcomes(batch, outcomes)
 
     def _start_replacement(self, dead: WorkerSlot | None) -> None:
         if dead is not None and not self.pool.remove(dead):
@@ -260,7 +265,7 @@ class RayRolloutClient:
             else:
                 slot.version = version
 
-    async def close(self) -> None:
+    async def close(self, grace_s: float = 60.0) -> None:
         tasks = [t for t in (self._queue.task, *self._tasks) if t is not None]
         for task in tasks:
             task.cancel()

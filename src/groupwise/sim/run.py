@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from groupwise.config import ConfigError, ConfigIssue
+from groupwise.config.issues import warning_line
 from groupwise.controller.settings import ControllerSettings
 from groupwise.run.fates_file import FIELDS as FATE_FIELDS
 from groupwise.run.fates_file import FatesWriter
@@ -86,6 +87,7 @@ def simulate(cfg: RunConfig) -> SimulationResult:
         if issues:
             raise ConfigError(issues)
     run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=False)
+    run_dir.sim_summary_path.parent.mkdir()  # first: marks the directory as a simulation's (groupwise audit)
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
     last_reward: list[float | None] = [None]
 
@@ -95,6 +97,8 @@ def simulate(cfg: RunConfig) -> SimulationResult:
         last_reward[0] = reward if reward is not None and math.isfinite(reward) else None
 
     writer.event(f"simulate: mode {cfg.mode}, seed {cfg.run.seed}, up to {cfg.run.max_steps} steps (virtual time)")
+    for issue in cfg.warnings():
+        writer.event(warning_line(issue))
     fates = BufferedFatesWriter(run_dir.fates_path) if cfg.sim.write_fates else None
     try:
         if cfg.mode == "async":
@@ -113,7 +117,6 @@ def simulate(cfg: RunConfig) -> SimulationResult:
         if fates is not None:
             fates.close()
     summary = summarize(run, summary_identity(cfg), last_reward[0])
-    run_dir.sim_summary_path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(run_dir.sim_summary_path, json.dumps(summary, indent=2, allow_nan=False) + "\n")
     if run.error is not None:
         writer.event(f"simulated run failed after {run.steps_trained} steps: {summary['error']}")

@@ -13,6 +13,7 @@ import torch
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.data.loader import PromptLoader
 from groupwise.data.registry import Task
+from groupwise.data.reward_timeout import with_timeout
 from groupwise.data.rewards import RewardFn
 from groupwise.generation.engine import Engine
 from groupwise.model.loading import Policy, eos_token_ids, load_policy, resolve_device
@@ -102,10 +103,11 @@ def build_components(
         fast_decode=cfg.generation.fast_decode,
         cuda_graphs=cfg.generation.cuda_graphs,
     )
+    reward_fn = with_timeout(inputs.reward_fn, cfg.reward.timeout_s)  # bounded per call when configured
     rollouts = RolloutWorker(
         generator=engine,
         tokenizer=policy.tokenizer,
-        reward_fn=inputs.reward_fn,
+        reward_fn=reward_fn,
         sampling=sampling_from_config(cfg),
         group_size=group_size or cfg.grpo.num_generations_per_prompt,
         run_seed=cfg.run.seed,
@@ -119,7 +121,7 @@ def build_components(
         raise ConfigError(report.issues)
     for note in report.notes:
         logger.warning(note)
-    return Components(policy=policy, engine=engine, task=inputs.task, reward_fn=inputs.reward_fn, rollouts=rollouts,
+    return Components(policy=policy, engine=engine, task=inputs.task, reward_fn=reward_fn, rollouts=rollouts,
                       notes=report.notes)
 
 

@@ -24,6 +24,7 @@ from groupwise.algo.loss import LossStats, policy_loss
 from groupwise.batch import RowBatch
 from groupwise.model.logprobs import completion_logprobs
 from groupwise.rows import pad_right
+from groupwise.trainer.finite import NonFiniteTrainingError, check_finite_step
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,12 @@ class Learner:
             p.grad.mul_(scale)
         max_norm = self.settings.max_grad_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
+        try:  # before the optimizer step: a NaN gradient must never reach the weights
+            check_finite_step(self._loss_sum / max(self._normaliser, 1.0), float(grad_norm), self.version)
+        except NonFiniteTrainingError:
+            self.optimizer.zero_grad(set_to_none=True)
+            self._stats = None
+            raise
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()

@@ -37,6 +37,7 @@ from groupwise.run.jsonl import write_rows_jsonl
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
 from groupwise.trainer.evaluation import evaluate_policy
+from groupwise.trainer.finite import check_finite_weights
 from groupwise.trainer.parts import GroupRollouts, StepLearner, TrainedPolicy
 from groupwise.trainer.sync_loop import TrainerState
 
@@ -129,6 +130,7 @@ class Session:
         if self._last_checkpoint_step != step:
             self.save_checkpoint()
         if self.cfg.checkpoint.save_final:
+            check_finite_weights(self.policy.model.state_dict(), f"the final policy ({self.run_dir.final_dir})")
             try:
                 self.policy.save(self.run_dir.final_dir)
             except Exception as err:
@@ -168,10 +170,10 @@ class Session:
         return state
 
     def save_checkpoint(self) -> Path:
+        state = self.checkpoint_state()
+        check_finite_weights(state["model"], f"the checkpoint of step {self.state.step}")
         try:
-            path = save_checkpoint(
-                self.run_dir.path, self.state.step, self.checkpoint_state(), self.cfg.checkpoint.keep_last
-            )
+            path = save_checkpoint(self.run_dir.path, self.state.step, state, self.cfg.checkpoint.keep_last)
         except Exception as err:
             if is_disk_full(err):
                 raise disk_full_error(err, f"checkpoint step {self.state.step}", self.run_dir) from err

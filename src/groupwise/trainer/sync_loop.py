@@ -139,8 +139,12 @@ class SyncLoop:
         if collected is None:
             return False
         selection = collected.selection
-        await self.trainer.train_chunk(step, selection.trained, True)
-        metrics = await self.trainer.finish_step(step)
+        try:
+            await self.trainer.train_chunk(step, selection.trained, True)
+            metrics = await self.trainer.finish_step(step)
+        except Exception as err:  # the step's optimizer step never ran: its groups are pending, saying why
+            self._untrained_fates(step, collected.generated, self.state.carried, _failed("its optimizer step", err))
+            raise
         if self.fates is not None:
             ds = self.grpo.dynamic_sampling
             write_sync_step_fates(
@@ -174,7 +178,11 @@ class SyncLoop:
                 self._untrained_fates(step, generated, [], DATA_RAN_OUT)
                 return None
             started = clock()
-            groups = await self._generate_round(step, items)
+            try:
+                groups = await self._generate_round(step, items)
+            except Exception as err:  # the earlier rounds' groups will never train: pending, saying why
+                self._untrained_fates(step, generated, [], _failed("a generation round", err))
+                raise
             gen_seconds += clock() - started
             gen_tokens += sum(g.num_completion_tokens for g in groups)
             generated += groups
@@ -209,6 +217,10 @@ class SyncLoop:
         if self.fates is not None:
             ds = self.grpo.dynamic_sampling
             write_untrained_step_fates(self.fates, step, generated, carried, ds.enabled, ds.zero_variance_tol, reason)
+
+
+def _failed(what: str, error: BaseException) -> str:
+    return f"{what} failed ({type(error).__name__}); the run stopped"
 
 
 def record_carried_at_end(fates: FatesWriter | None, state: TrainerState) -> None:

@@ -53,6 +53,27 @@ class DropAccountingSampler(Protocol):
     def charge_step_for_lost_group(self, target_step: int | None, assembling_step: int) -> int | None: ...
 
 
+class SamplerProtocolError(TypeError):
+    """A sampler returned something its protocol does not allow (a bug in a custom sampler)."""
+
+
+def sampler_name(sampler: object) -> str:
+    """``module:Class`` of a sampler, as a custom sampler's ``target`` names it."""
+    cls = type(sampler)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def checked_step(value: object, sampler: object, call: str, what: str = "a step number") -> int | None:
+    """``value`` if it is an ``int`` ≥ 0 (not a bool) or None; else :class:`SamplerProtocolError` naming the
+    sampler, the call that returned it and ``what`` it must return (a fate must never record step 2.5)."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    raise SamplerProtocolError(
+        f"sampler {sampler_name(sampler)} returned {value!r} ({type(value).__name__}) from {call}; it must return "
+        f"{what} (an int >= 0) or None. Fix the sampler's return value"
+    )
+
+
 @dataclass(frozen=True)
 class DropAccounting:
     """The drop-accounting behaviour the controller applies to one sampler."""
@@ -63,7 +84,9 @@ class DropAccounting:
 
     def charge_step_for_lost_group(self, target_step: int | None, assembling_step: int) -> int | None:
         if isinstance(self.sampler, DropAccountingSampler):
-            return self.sampler.charge_step_for_lost_group(target_step, assembling_step)
+            step = self.sampler.charge_step_for_lost_group(target_step, assembling_step)
+            call = f"charge_step_for_lost_group(target_step={target_step}, assembling_step={assembling_step})"
+            return checked_step(step, self.sampler, call)
         return default_charge_step(target_step, assembling_step)
 
 
