@@ -136,3 +136,24 @@ def async_rollout_failure(cfg: RunConfig) -> Iterator[ConfigIssue]:
                 path = f"async.rollout_failure.{key}"
                 yield ConfigIssue(path, value, f"{path} has no effect with on_dropped_prompt shrink",
                                   f"remove {path}, or set async.rollout_failure.on_dropped_prompt: replace")
+
+
+@rule("mode", "async_", "generation")
+def partial_rollouts_need_continuous_batching(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """Async mode: partial_rollouts continue needs generation.continuous_batching; partial_rollout_kv keeps its
+    default unless partial_rollouts is continue."""
+    if cfg.mode != "async":
+        return
+    section = cfg.async_
+    if section.partial_rollouts == "continue" and not cfg.generation.continuous_batching:
+        yield ConfigIssue(
+            "async.partial_rollouts", section.partial_rollouts,
+            "partial rollouts swap weights inside a running decode loop, which only continuous batching has",
+            "set generation.continuous_batching: true, or async.partial_rollouts: off",
+        )
+    if section.partial_rollouts == "off" and section.partial_rollout_kv != "recompute":
+        yield ConfigIssue(
+            "async.partial_rollout_kv", section.partial_rollout_kv,
+            "async.partial_rollout_kv has no effect with async.partial_rollouts off (no row spans a weight sync)",
+            "remove async.partial_rollout_kv, or set async.partial_rollouts: continue",
+        )

@@ -196,6 +196,18 @@ class AsyncSection(Section):
     """Groups in flight or buffered but not yet trained (≥ 1; ≥ P × (window + 1) for gated samplers)."""
     rollout_failure: RolloutFailureSection = Field(default_factory=RolloutFailureSection)
     """Failure budgets, retries and replacement."""
+    partial_rollouts: Literal["off", "continue"] = "off"
+    """What a weight sync does to rows still being generated (docs/samplers.md): ``off`` = they finish under the
+    weights they started with, and the sync waits for them (every completion has one weight version); ``continue``
+    = the new weights are loaded at the next token boundary and the rows go on under them, so a completion's tokens
+    can come from several versions (each token records its own, and its sampling-time logprob). Needs
+    ``generation.continuous_batching: true``. A group's staleness stays that of its oldest token."""
+    partial_rollout_kv: Literal["recompute", "keep"] = "recompute"
+    """With ``partial_rollouts: continue``, the KV cache of rows that go on under new weights: ``recompute`` =
+    rebuilt under the new weights (one prefill of prompt + tokens so far per row), so every later token is
+    sampled from the new policy exactly; ``keep`` = left as computed under the older versions (no recompute), so a
+    later token's distribution, and its recorded logprob, conditions on stale keys and values: the behaviour
+    policy is a mix of versions (still the one that sampled it, so importance weights stay exact)."""
 
     @field_validator("sampler", mode="before")
     @classmethod

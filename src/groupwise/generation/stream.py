@@ -79,6 +79,7 @@ class GenerationStream:
         self._cancels: set[int] = set()
         self._post: _WeightPost | None = None
         self._requests: dict[int, StreamRequest] = {}  # every unfinished request, by handle
+        self._answered: dict[int, StreamRequest] = {}  # answered, kept for progress until forgotten
         self._waiting: deque[StreamRow] = deque()  # rows taken in, waiting for a slot
         self._next_handle = 0
         self._pauses = 0
@@ -107,6 +108,7 @@ class GenerationStream:
     def cancel(self, handle: int) -> None:
         """Drop a request (its requester gave up): its rows leave their slots at the next token boundary."""
         with self._cond:
+            self._answered.pop(handle, None)
             if handle in self._requests:
                 self._cancels.add(handle)
                 self._cond.notify_all()
@@ -120,10 +122,18 @@ class GenerationStream:
             self._post = _WeightPost(load, done)
             self._cond.notify_all()
 
-    def progress(self) -> dict[int, tuple[RowPrefix | None, ...]]:
-        """Per unfinished request (by handle): what each sample generated so far (None: nothing yet)."""
+    def forget(self, handle: int) -> None:
+        """The requester has what an answered request generated: :meth:`progress` stops reporting it."""
         with self._cond:
-            return {handle: entry.progress() for handle, entry in self._requests.items()}
+            self._answered.pop(handle, None)
+
+    def progress(self) -> dict[int, tuple[RowPrefix | None, ...]]:
+        """Per request not yet forgotten (by handle): what each sample generated so far (None: nothing yet). An
+        answered request stays here, every row finished, until :meth:`forget`: between the answer and its requester
+        taking it in, a checkpoint still finds it."""
+        with self._cond:
+            entries = [*self._requests.items(), *self._answered.items()]
+            return {handle: entry.progress() for handle, entry in entries}
 
     def pause(self) -> None:
         """Block until the serving thread is parked at a token boundary (or idle); it stays there until
@@ -188,6 +198,7 @@ class GenerationStream:
                 if self._closed:
                     return
                 self._serving = True
+            self._park_if_paused()  # (not timed: a paused stream is not busy)
             self._guarded_tick()
 
     def _has_work(self) -> bool:
@@ -220,8 +231,6 @@ class GenerationStream:
 
     def _tick(self) -> None:
         """One token boundary: mail, weights, admission, then one decode step of every live row."""
-        if self._thread is not None:
-            self._park_if_paused()
         with self._cond:
             new, self._inbox = self._inbox, []
             cancels, self._cancels = self._cancels, set()
@@ -259,6 +268,7 @@ class GenerationStream:
         with self._cond:
             if self._requests.pop(entry.handle, None) is None:
                 return  # cancelled meanwhile
+            self._answered[entry.handle] = entry
         try:
             result: Any = self._rules.completions(entry)
         except Exception as error:  # noqa: BLE001 — packaging failed (the tokenizer): that request gets it

@@ -67,6 +67,8 @@ METRIC_KEYS: tuple[str, ...] = (
     "staleness/max",
     "rollout/redispatches",
     "rollout/worker_restarts",
+    "rollout/resumed_tokens",
+    "staleness/token_mean",
     # supervised warm start (groupwise sft)
     "sft/loss",
 )
