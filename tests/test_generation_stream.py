@@ -149,11 +149,13 @@ def _swapped(tokenizer, kv: str, new_state, ticks: int = 4):
     results, handles = _collect(stream, _requests(tokenizer))
     assert stream.run_until_idle(max_ticks=ticks)
     progress = stream.progress()
+    finished = set(results)  # answered before the load (the stream reports them until forgotten)
     answered: list[object] = []
     stream.post_weights(lambda: engine.load_weights(new_state, 1), answered.append)
     assert not stream.run_until_idle()
     assert answered == [None]
-    return [results[i] for i in range(len(handles))], [progress.get(h) for h in handles]
+    at_swap = [None if i in finished else progress.get(h) for i, h in enumerate(handles)]
+    return [results[i] for i in range(len(handles))], at_swap
 
 
 def test_partial_rollouts_recompute_continue_rows_under_the_new_weights(tokenizer) -> None:
