@@ -14,7 +14,7 @@ from groupwise.controller.settings import ControllerSettings
 from groupwise.run.async_checkpoint import ItemDecoder, boundary_snapshot, controller_state
 from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.embedded import EmbeddedRollouts, EmbeddedTrainer
-from groupwise.runtime.inflight import kept_tokens
+from groupwise.runtime.inflight import attach_progress, kept_tokens
 from groupwise.runtime.streamed import PausingGenerator, StreamedRollouts
 from groupwise.runtime.watchdog import RunStalled, run_watched, watch_progress
 from groupwise.trainer.session import Session
@@ -57,7 +57,9 @@ async def _run(session: Session, progress: Any) -> Any:
 async def _run_controller(session: Session, progress: Any, rollouts: Any, trainer: Any) -> Any:
     cfg = session.cfg
     meter = _StepMeter(rollouts, trainer)
-    streamed = hasattr(rollouts, "progress_by_group")
+    local_progress = getattr(rollouts, "progress_by_group", None)  # the embedded stream: read synchronously
+    remote_progress = getattr(rollouts, "fetch_progress", None)  # Ray workers' streams: a round trip
+    streamed = local_progress is not None or remote_progress is not None
 
     async def on_step_end(step: int, metrics: dict[str, float], groups: list[Group]) -> None:
         rows = trainer.take_step_rows()
@@ -69,8 +71,11 @@ async def _run_controller(session: Session, progress: Any, rollouts: Any, traine
         # The rollout pump keeps running while end_step writes a checkpoint in a thread: capture what the
         # checkpoint needs of the controller, loader and fates now, in one synchronous block.
         # What each running attempt generated so far is saved with it, so a resume continues it.
-        inflight = rollouts.progress_by_group().get if streamed else None
-        session.boundary_snapshot = boundary_snapshot(step + 1, controller, session.loader, session.fates, inflight)
+        inflight = local_progress().get if local_progress is not None else None
+        snapshot = boundary_snapshot(step + 1, controller, session.loader, session.fates, inflight)
+        if remote_progress is not None:  # read after the snapshot: a later boundary of the same attempts
+            attach_progress(controller_state(snapshot["extra"]), await remote_progress())
+        session.boundary_snapshot = snapshot
         # Evaluation uses the engine: hold it so no rollout batch runs on it meanwhile (a stream is paused instead,
         # by PausingGenerator, only while evaluation generates).
         async with contextlib.nullcontext() if streamed else rollouts.engine_lock:

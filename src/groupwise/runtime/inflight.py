@@ -14,6 +14,7 @@ over, with a note saying why (its draws would differ, so continuing would splice
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -74,6 +75,41 @@ def prefixes_from(
     except (KeyError, TypeError, ValueError) as error:
         return (), f"its saved rows are malformed ({type(error).__name__}: {error})"
     return prefixes, None
+
+
+def continuation(
+    worker: Any, item: Any, group_id: int, attempt: int, data: dict[str, Any], on_event: Callable[[str], None]
+) -> tuple[RowPrefix | None, ...]:
+    """The prefixes that continue a resumed attempt at ``item`` on ``worker`` (a ``RolloutWorker``), or ``()`` (the
+    attempt starts over) with an event saying why."""
+    prefixes, why = prefixes_from(data, worker.request_for(item, attempt), worker.sampling)
+    if why is not None:
+        on_event(f"resume: group {group_id} ({item.prompt.uid!r}) starts over instead of continuing: {why}")
+    return prefixes
+
+
+def prefix_tokens(prefixes: tuple[RowPrefix | None, ...]) -> int:
+    """Tokens the prefixes hold: what continuing them does not generate again."""
+    return sum(len(prefix.token_ids) for prefix in prefixes if prefix is not None)
+
+
+def oldest_version(prefixes: tuple[RowPrefix | None, ...], version: int) -> int:
+    """The oldest weight version among the prefixes' tokens and ``version`` (a group's staleness is its oldest
+    token's)."""
+    return min([version, *(v for prefix in prefixes if prefix is not None for v in prefix.token_versions)])
+
+
+def attach_progress(state: dict[str, Any], progress: dict[int, Any]) -> int:
+    """Fill in the progress of the running attempts of a controller snapshot ``state`` from ``progress`` (by group
+    id), read after the snapshot was taken (a later token boundary of the same attempts, so still a prefix of each);
+    slots that already carry progress keep it. Returns the attempts filled in."""
+    filled = 0
+    for slot in state["inflight_slots"]:
+        data = progress.get(slot["group_id"]) if slot["group_id"] is not None else None
+        if slot["progress"] is None and data is not None:
+            slot["progress"] = data
+            filled += 1
+    return filled
 
 
 def _sampling_dict(sampling: SamplingParams) -> dict[str, Any]:

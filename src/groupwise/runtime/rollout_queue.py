@@ -23,6 +23,7 @@ class PendingRollout:
     group_id: int
     attempt: int
     future: asyncio.Future
+    prefixes: tuple = ()  # a resumed attempt's samples generated so far (continuous batching only)
 
 
 class RolloutQueue:
@@ -35,12 +36,12 @@ class RolloutQueue:
         self._serve = serve
         self._name = name
 
-    async def submit(self, item: Any, group_id: int, attempt: int) -> Group:
+    async def submit(self, item: Any, group_id: int, attempt: int, prefixes: tuple = ()) -> Group:
         loop = asyncio.get_running_loop()
         if self.task is None or self.task.done():
             self.task = loop.create_task(self._serve(), name=self._name)
         future = loop.create_future()
-        self.items.append(PendingRollout(item, group_id, attempt, future))
+        self.items.append(PendingRollout(item, group_id, attempt, future, prefixes))
         self.wake.set()
         return await future
 

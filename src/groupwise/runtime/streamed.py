@@ -24,7 +24,7 @@ import torch
 
 from groupwise.generation.stream import GenerationStream
 from groupwise.runtime.daemon_worker import DaemonWorker
-from groupwise.runtime.inflight import encode_progress, prefixes_from
+from groupwise.runtime.inflight import continuation, encode_progress, prefix_tokens
 from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import Completion, GenerationRequest, Group, SamplingParams
 
@@ -118,12 +118,8 @@ class StreamedRollouts:
         return outcome
 
     def _prefixes(self, prompt: Any, group_id: int, attempt: int, resume: Any) -> tuple:
-        fresh = self.worker.request_for(prompt, attempt)
-        prefixes, why = prefixes_from(resume, fresh, self.worker.sampling)
-        if why is not None:
-            self.on_event(f"resume: group {group_id} ({prompt.prompt.uid!r}) starts over instead of continuing: {why}")
-            return ()
-        self.resumed_tokens += sum(len(p.token_ids) for p in prefixes if p is not None)
+        prefixes = continuation(self.worker, prompt, group_id, attempt, resume, self.on_event)
+        self.resumed_tokens += prefix_tokens(prefixes)
         return prefixes
 
     def progress_by_group(self) -> dict[int, Any]:
