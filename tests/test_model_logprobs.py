@@ -9,7 +9,7 @@
 - gradient flows to the weights when called under grad;
 - ``token_logprobs(last=k)`` is the tail of the full result;
 - ``encode_prompt``: text with the tokenizer's BOS handling, messages through the chat template
-  (with generation prompt, system prompt first) or newline-joined without one.
+  (with generation prompt, system prompt first); a chat with a tokenizer that has no template is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from groupwise.model import completion_logprobs, encode_prompt, load_policy, token_logprobs
+from groupwise.model.encode import ChatTemplateMissing
 from groupwise.types import Prompt
 
 TINY = {"vocab": "full", "num_layers": 2, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64}
@@ -111,11 +112,12 @@ def test_encode_text_prompt_with_bos_and_optional_system_prompt(policy) -> None:
     assert tokenizer.decode(with_system) == "<bos>Add.\n1+2="
 
 
-def test_encode_messages_through_chat_template_or_newline_join(policy) -> None:
+def test_encode_messages_through_the_chat_template_and_refuses_without_one(policy) -> None:
     tokenizer = policy.tokenizer
     messages = ({"role": "user", "content": "1+2=?"},)
     prompt = Prompt(uid="t/1", answer="3", messages=messages)
-    assert tokenizer.decode(encode_prompt(tokenizer, prompt, system_prompt="Be brief.")) == "<bos>Be brief.\n1+2=?"
+    with pytest.raises(ChatTemplateMissing, match="'t/1' is a chat .* no chat template"):
+        encode_prompt(tokenizer, prompt, system_prompt="Be brief.")
     templated = load_policy("tiny", tiny=TINY, device="cpu").tokenizer
     templated.chat_template = (
         "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}"

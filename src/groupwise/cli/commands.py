@@ -40,13 +40,18 @@ def add_train_parser(subparsers) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.file, args.overrides)
+    from groupwise.data.jsonl_dataset import DatasetError
+    from groupwise.model.encode import ChatTemplateMissing
+    from groupwise.model.lora import LoraSetupError
     from groupwise.run.async_checkpoint import ResumeError
     from groupwise.run.checkpoint import latest_checkpoint
     from groupwise.runtime.ray_errors import RayNotInstalledError, RaySetupError
 
+    setup_errors = (FileExistsError, FileNotFoundError, ResumeError, RayNotInstalledError, RaySetupError,
+                    DatasetError, ChatTemplateMissing, LoraSetupError)
     try:
         session = _build_train_session(cfg, args)
-    except (FileExistsError, FileNotFoundError, ResumeError, RayNotInstalledError, RaySetupError) as err:
+    except setup_errors as err:
         print(f"groupwise train: {err}", file=sys.stderr)
         return EXIT_USAGE
     try:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from groupwise.batch import RowBatch
+from groupwise.model.lora import generator_state_dict
 from groupwise.rows import StepRows
 from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue
 from groupwise.trainer.rollout import RolloutWorker
@@ -71,9 +72,9 @@ class EmbeddedRollouts:
                 p.future.set_result(group)
 
     async def sync_weights(self, version: int) -> None:
-        """Copy the learner's parameters into the engine's model, between two engine calls."""
+        """Copy the learner's parameters (adapters merged, with LoRA) into the engine's model, between engine calls."""
         async with self.engine_lock:
-            self.worker.generator.load_weights(self.source_model.state_dict(), version)
+            self.worker.generator.load_weights(generator_state_dict(self.source_model), version)
 
     async def close(self) -> None:
         if self._queue.task is not None:

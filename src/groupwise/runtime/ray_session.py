@@ -24,6 +24,7 @@ import torch
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.data.loader import PromptLoader
 from groupwise.model.loading import Policy
+from groupwise.model.lora import ADAPTER_DIR, lora_config, write_adapter
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
 from groupwise.runtime.ray_actors import LearnerWorker, kill_actor, start_actor
@@ -49,12 +50,18 @@ class RayPolicy:
 
     model: LearnerModel
     tokenizer: Any
-    local: Policy  # a CPU copy, refreshed from the learner only to save
+    local: Policy  # a plain CPU copy, refreshed from the learner only to save
+    lora: Any = None  # the peft LoraConfig when the learner trains adapters
 
     def save(self, directory: str | Path) -> Path:
+        """``final/``: the merged weights in the local plain copy, plus the adapter in ``adapter/`` with LoRA."""
+        learner = self.model.learner
         with torch.no_grad():
-            self.local.model.load_state_dict(self.model.state_dict())
-        return self.local.save(directory)
+            self.local.model.load_state_dict(learner.call("merging weights", learner.handle.generator_state.remote()))
+        saved = self.local.save(directory)
+        if self.lora is not None:
+            write_adapter(saved / ADAPTER_DIR, self.model.state_dict(), self.lora)
+        return saved
 
 
 @dataclass
@@ -144,7 +151,7 @@ def _assemble(
     session = RaySession(
         cfg=cfg,
         run_dir=run_dir,
-        policy=RayPolicy(LearnerModel(learner), parts.policy.tokenizer, parts.policy),
+        policy=RayPolicy(LearnerModel(learner), parts.policy.tokenizer, parts.policy, _lora_config(cfg)),
         engine=RemoteEngine(pool),
         learner=learner,
         rollouts=rollouts,
@@ -164,6 +171,11 @@ def _assemble(
         writer.event(f"run started: {run_dir.path}")
     writer.event(where)
     return session
+
+
+def _lora_config(cfg: Any) -> Any:
+    lora = cfg.model.lora
+    return lora_config(lora.rank, lora.alpha, lora.dropout, lora.target_modules) if lora.enabled else None
 
 
 def ray_clients(session: RaySession) -> tuple[RayRolloutClient, RayTrainer]:
