@@ -82,6 +82,15 @@ def enable_gradient_checkpointing(model: Any) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def generator_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """The engine's own copy of the policy, in eval mode. Its parameters keep ``requires_grad`` as the policy's
+    (the engine never runs a backward pass): a CPU prefill over frozen weights takes another matmul kernel, so a
+    frozen copy would sample with last-bit differences from the learner's own model and from a Ray worker's."""
+    clone = copy.deepcopy(model)
+    clone.eval()
+    return clone
+
+
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     clone = copy.deepcopy(model)
     clone.eval()
@@ -106,7 +115,7 @@ def build_components(cfg: Any, *, separate_engine_model: bool = False, group_siz
     policy = load_policy_from_config(cfg)
     # Sync mode alternates generation and training, so the engine can sample from the learner's own model.
     # Async mode generates while training: the engine needs its own copy, refreshed at weight sync.
-    engine_model = frozen_copy(policy.model) if separate_engine_model else policy.model
+    engine_model = generator_copy(policy.model) if separate_engine_model else policy.model
     engine = Engine(
         engine_model,
         policy.tokenizer,
