@@ -123,7 +123,9 @@ def math_verify(prompt: Prompt, completion: Completion) -> float:
         raise RewardSpecError(f"reward 'math_verify' needs the math-verify package: {_MATH_VERIFY_INSTALL}") from exc
     if completion.finish_reason != "stop":
         return 0.0
-    gold = parse(prompt.answer) or parse(f"${prompt.answer}$")
+    # The answer is math: read it as LaTeX first. Plain parsing keeps only the last number it finds, so
+    # "2\sqrt{2}" would become 2 and "(-2, 2)" would become 2.
+    gold = parse(f"${prompt.answer}$") or parse(prompt.answer)
     if not gold:
         raise ValueError(f"math_verify: cannot parse the answer {prompt.answer!r} of prompt {prompt.uid}")
     predicted = parse(completion.text)
