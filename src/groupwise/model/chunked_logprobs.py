@@ -41,13 +41,17 @@ def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperatu
     """``z = (h Wᵀ + b) / T`` for one chunk, in the accumulation dtype (a fresh tensor the caller may overwrite)."""
     logits = hidden @ weight.t()
     if bias is not None:
-        logits = logits + bias.to(logits.dtype)
+        logits.add_(bias.to(logits.dtype))
     return logits.to(_accumulation_dtype(logits.dtype)).div_(temperature)
 
 
 class _HeadLogprobs(torch.autograd.Function):
     """See the module docstring. Inputs: hidden ``[N, H]``, weight ``[V, H]``, bias ``[V]`` or None, targets
-    ``[N]`` (long), temperature, chunk size, compute dtype. Outputs: logprobs and entropy, ``[N]`` each."""
+    ``[N]`` (long), temperature, chunk size, compute dtype. Outputs: logprobs and entropy, ``[N]`` each.
+
+    Each chunk needs two ``[chunk, V]`` buffers (the logits and the probabilities), forward and backward: every
+    other step works in place, and the weight gradient accumulates with ``addmm_`` (no ``[V, H]`` temporary).
+    """
 
     @staticmethod
     def forward(
@@ -69,11 +73,13 @@ class _HeadLogprobs(torch.autograd.Function):
         for start in range(0, num, chunk_size):
             end = min(start + chunk_size, num)
             z = _chunk_logits(hidden[start:end].to(compute_dtype), w, bias, temperature)
-            lz = torch.logsumexp(z, dim=-1)
+            peak = z.amax(dim=-1, keepdim=True)
+            probs = torch.sub(z, peak).exp_()
+            total = probs.sum(dim=-1, keepdim=True)
+            lz = (total.log() + peak).squeeze(-1)  # logsumexp, with the exponentials kept as probabilities
             log_normaliser[start:end] = lz
             logprobs[start:end] = z.gather(-1, targets[start:end, None]).squeeze(-1) - lz
-            probs = torch.exp(z - lz[:, None])
-            entropy[start:end] = lz - probs.mul_(z).sum(dim=-1)
+            entropy[start:end] = lz - probs.div_(total).mul_(z).sum(dim=-1)
         ctx.save_for_backward(hidden, weight, bias, targets, log_normaliser, entropy)
         ctx.temperature, ctx.chunk_size, ctx.compute_dtype = temperature, chunk_size, compute_dtype
         ctx.set_materialize_grads(False)
@@ -94,21 +100,17 @@ class _HeadLogprobs(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk_size):
             end = min(start + chunk_size, hidden.shape[0])
             h = hidden[start:end].to(compute_dtype)
-            z = _chunk_logits(h, w, bias, temperature)
-            lz = log_normaliser[start:end, None]
-            probs = torch.exp(z - lz)
-            grad_z = torch.zeros_like(z)
-            if grad_logprobs is not None:
-                g = grad_logprobs[start:end, None].to(acc)
-                grad_z.sub_(probs * g).scatter_add_(-1, targets[start:end, None], g)
-            if grad_entropy is not None:
-                expected_z = lz - entropy[start:end, None]
-                grad_z.sub_(probs.mul_(z.sub_(expected_z)).mul_(grad_entropy[start:end, None].to(acc)))
-            grad_u = grad_z.div_(temperature)
+            grad_u = _chunk_grad(
+                _chunk_logits(h, w, bias, temperature), log_normaliser[start:end, None], entropy[start:end, None],
+                targets[start:end, None], grad_logprobs, grad_entropy, start, end, temperature,
+            )  # fmt: skip
             if grad_hidden is not None:
                 grad_hidden[start:end] = (grad_u.to(compute_dtype) @ w).to(hidden.dtype)
             if grad_weight is not None:
-                grad_weight += (grad_u.t().to(compute_dtype) @ h).to(acc)
+                if compute_dtype == acc:
+                    grad_weight.addmm_(grad_u.t(), h)
+                else:
+                    grad_weight += (grad_u.t().to(compute_dtype) @ h).to(acc)
             if grad_bias is not None:
                 grad_bias += grad_u.sum(dim=0)
         if grad_weight is not None:
@@ -116,6 +118,30 @@ class _HeadLogprobs(torch.autograd.Function):
         if grad_bias is not None:
             grad_bias = grad_bias.to(bias.dtype)
         return grad_hidden, grad_weight, grad_bias, None, None, None, None
+
+
+def _chunk_grad(
+    z: Tensor,
+    lz: Tensor,
+    entropy: Tensor,
+    targets: Tensor,
+    grad_logprobs: Tensor | None,
+    grad_entropy: Tensor | None,
+    start: int,
+    end: int,
+    temperature: float,
+) -> Tensor:
+    """``∂/∂u`` of one chunk from its logits ``z`` (overwritten): the module docstring's formulas, in place."""
+    probs = torch.sub(z, lz).exp_()
+    if grad_entropy is not None:  # z ← −p ⊙ (z − E_p[z]) · g_H
+        z.sub_(lz - entropy).mul_(probs).mul_(grad_entropy[start:end, None].to(z.dtype).neg())
+    if grad_logprobs is None:
+        return z.div_(temperature)
+    g = grad_logprobs[start:end, None].to(z.dtype)
+    grad_z = probs.mul_(g.neg()).scatter_add_(-1, targets, g)  # (onehot − p) · g
+    if grad_entropy is not None:
+        grad_z.add_(z)
+    return grad_z.div_(temperature)
 
 
 def head_logprobs(

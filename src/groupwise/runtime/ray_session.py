@@ -126,8 +126,10 @@ def build_ray_session(
         torch.manual_seed(cfg.run.seed)
         driver_cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"device": "cpu"})})
         parts = build_components(driver_cfg)
-        wait_until_started(ready, startup_timeout_s)
-        return _assemble(cfg, cluster, pool, RayLearner(learner_handle), parts, resume, resume_from)
+        started = wait_until_started(ready, startup_timeout_s)
+        session = _assemble(cfg, cluster, pool, RayLearner(learner_handle), parts, resume, resume_from)
+        session.events.event(f"learner logprobs: {started['learner']['logprob_path']}")
+        return session
     except BaseException:
         if pool is not None:
             pool.shutdown()
