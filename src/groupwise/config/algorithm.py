@@ -156,7 +156,7 @@ class OptimizerSection(Section):
     """Token budget of a micro-batch (≥ 1); ``null`` = cut by rows only. Rows are sorted longest first and packed
     whole while rows × the longest row (prompt + completion) stays within the budget; a longer row gets a
     micro-batch of its own. The result does not depend on the split (the normaliser covers the update)."""
-    logprob_chunk_tokens: int | None = Field(1024, ge=1)
+    logprob_chunk_tokens: int | None = Field(512, ge=1)
     """Positions projected through the LM head at once when scoring completions (≥ 1): peak memory is
     O(chunk × vocabulary) instead of O(rows × length × vocabulary), and padding never reaches the head.
     ``null`` = the model's own forward with full logits. Models whose logits are not ``lm_head(hidden)`` (logit
