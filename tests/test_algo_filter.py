@@ -1,4 +1,4 @@
-"""The dynamic-sampling filter is per group, on raw rewards, by exact equality (DESIGN invariant 3).
+"""The dynamic-sampling filter is per group, on raw rewards, by exact equality (invariant 3 in docs/design.md).
 
 Pins: a group is zero-variance iff max − min ≤ tol (tol 0 = exact), so equal non-dyadic rewards whose
 float32 std is a tiny residue still count as zero-variance; a lone correct answer keeps its group; the

@@ -15,6 +15,8 @@ import torch
 
 from groupwise.algo.loss import LossStats, global_denominator, policy_loss
 
+pytestmark = pytest.mark.numerics
+
 CLIP = dict(epsilon_low=0.2, epsilon_high=0.28)
 
 

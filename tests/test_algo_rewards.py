@@ -1,8 +1,8 @@
 """Reward scaling and DAPO overlong shaping.
 
 Pins: scaling clamps to the source range then maps linearly; overlong penalty is 0 before
-max − buffer, linear inside the buffer, and capped at −penalty beyond max (DAPO paper; upstream does not
-cap); shaping adds the penalty row by row; non-finite rewards and bad parameters raise clear errors.
+max − buffer, linear inside the buffer, and capped at −penalty beyond max (DAPO paper; not left to fall
+further); shaping adds the penalty row by row; non-finite rewards and bad parameters raise clear errors.
 """
 
 import pytest
@@ -29,7 +29,7 @@ def test_scale_rewards_rejects_empty_source_range():
     [(10, 0.0), (20, 0.0), (22, -0.2), (25, -0.5), (30, -0.5), (100, -0.5)],
 )
 def test_overlong_penalty_linear_in_buffer_and_capped(length, expected):
-    # max 25, buffer 5, penalty 0.5: the buffer starts at 20; upstream would give -1.0 at L=30
+    # max 25, buffer 5, penalty 0.5: the buffer starts at 20; an uncapped penalty would give -1.0 at L=30
     assert overlong_penalty(length, 25, 5, 0.5) == pytest.approx(expected)
 
 

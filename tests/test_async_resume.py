@@ -13,7 +13,8 @@ Invariants pinned:
   twice, none dispatched without a fate;
 - a sampler without a readable dispatch cursor (custom) restarts its cursor at the resumed step, gets its unsettled
   prompts back at the loader front, and tops each restored step up to exactly P with the restored charges;
-- a checkpoint of another P is refused with a message naming both values; another sampler drops the buffered
+- a checkpoint of another P is refused with a message naming both values, a snapshot missing any key (the
+  five-key format of version 0.1.0 included) is refused before anything is restored; another sampler drops the buffered
   groups with `evicted` fates, a note, and sends every unsettled prompt back to the loader;
 - a crash during an async checkpoint write leaves the previous checkpoint as the one resumed; the resumed run's
   metrics continue without gaps and its fates audit clean; `groupwise train CONFIG --resume` continues an async
@@ -29,6 +30,7 @@ import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, make_prompts, run_virtual
 from test_sync_trainer import tiny_config
 
+from groupwise.config import sampler_config
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
 from groupwise.controller.settings import ControllerSettings
@@ -97,8 +99,7 @@ def settings(scenario: dict, **kw) -> ControllerSettings:
     return ControllerSettings(
         prompts_per_step=3,
         group_size=G,
-        sampler=scenario["sampler"],
-        sampler_knobs=scenario["knobs"],
+        sampler=sampler_config(scenario["sampler"], **scenario["knobs"]),
         failure=scenario["failure"],
         dynamic_sampling=True,
         max_buffered_rollouts=12,
@@ -248,13 +249,26 @@ def test_another_prompts_per_step_is_refused(tmp_path):
     loaded, _, _ = first_part(SCENARIOS["in_order_charge"], tmp_path)
     with pytest.raises(ValueError, match=r"prompts_per_step .* = 3 but this run has 4.*num_prompts_per_step=3"):
         build_controller(
-            ControllerSettings(prompts_per_step=4, group_size=G, sampler="in_order", start_step=1),
+            ControllerSettings(prompts_per_step=4, group_size=G, sampler=sampler_config("in_order"), start_step=1),
             make_loader(N_PROMPTS),
             ScriptedRollouts(G),
             RecordingTrainer(),
             state=loaded["controller"],
             decode=ItemDecoder(make_prompts(N_PROMPTS)),
         )
+
+
+def test_a_snapshot_without_every_key_is_refused_before_anything_is_restored(tmp_path):
+    loaded, _, _ = first_part(SCENARIOS["in_order_charge"], tmp_path)
+    state = loaded["controller"]
+    old_format = {key: state[key] for key in ("step", "sampler", "buffer", "spare_pool", "inflight_prompts")}
+    loader = make_loader(N_PROMPTS)
+    with pytest.raises(ValueError, match=r"controller state must have the keys .*written by another groupwise"):
+        build_controller(
+            settings(SCENARIOS["in_order_charge"], start_step=state["step"]), loader, ScriptedRollouts(G),
+            RecordingTrainer(), state=old_format, decode=ItemDecoder(make_prompts(N_PROMPTS)),
+        )  # fmt: skip
+    assert [item.prompt.uid for item in loader.take(2)] == ["p0", "p1"]  # nothing was pushed back to the loader
 
 
 def test_another_sampler_drops_the_buffer_with_fates_and_requeues_every_prompt(tmp_path):

@@ -9,8 +9,8 @@ Invariants pinned:
 - a fabricated missing fate (a retry or a requeue at resume that nothing follows) is flagged and fails the audit;
   a requeue followed by a trained attempt is fine;
 - fate lines naming a prompt the dataset lacks, or a group id naming two prompts, fail the audit;
-- the CLI rebuilds the dataset from the run's config.yaml, prints the table, and exits 0 (clean), 1 (violations)
-  or 2 (not a run directory).
+- the CLI rebuilds the dataset from the run's config.yaml (the simulator's prompts for a simulated run, async and
+  sync), prints the table, and exits 0 (clean), 1 (violations) or 2 (not a run directory).
 """
 
 from __future__ import annotations
@@ -119,3 +119,18 @@ def test_cli_audits_a_run_directory_against_its_config(tmp_path, capsys):
     writer.write(line(uids[0], "trained", 3))
     assert main(["audit", str(run_dir)]) == 1
     assert f"trained twice: {uids[0]} (2x)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_cli_audits_a_simulated_run_against_the_simulator_prompts(tmp_path, capsys, mode):
+    config = tmp_path / "sim.yaml"
+    config.write_text(f"mode: {mode}\nmodel:\n  source: tiny\n" + ("loss:\n  importance_sampling: true\n"
+                      if mode == "async" else ""))  # fmt: skip
+    overrides = [f"run.output_dir={tmp_path}", "run.name=s", "run.max_steps=4", "logging.tensorboard=false",
+                 "sim.num_prompts=100", "grpo.num_prompts_per_step=8", "grpo.num_generations_per_prompt=4"]
+    assert main(["simulate", str(config), *overrides]) == 0
+    capsys.readouterr()
+    assert main(["audit", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert "100 training prompts" in out and out.rstrip().endswith("every dispatched prompt has a fate")
+    assert "unknown prompt" not in out

@@ -4,7 +4,8 @@ Invariants pinned, for every trial:
 - the run finishes after its kills (the last `--resume` exits 0) with one metrics line per step 1..max_steps;
 - `groupwise audit` exits 0: no prompt trained twice in an epoch, no dispatched prompt without a fate;
 - no complete-looking checkpoint (COMPLETE manifest) fails to load, checked after every kill;
-- the kills really happened: one at a random moment and one while a checkpoint was being written;
+- the kills really happened: one at a random moment and one while a checkpoint was being written (slow tier: and
+  one inside the first checkpoint write, after which ``--resume`` starts the run again from step 0);
 - a process killed while pruning an old checkpoint leaves no complete-looking checkpoint that fails to load.
 
 The CI tier runs one async `in_order` trial with 2 kills (~30 s on 2 cores); the slow tier runs every sampler and
@@ -13,21 +14,16 @@ the sync trainer with 3 kills each (`bench/chaos.py` runs the full 30-trial goal
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from bench_modules import load_bench_module
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def load_chaos():
-    spec = importlib.util.spec_from_file_location("groupwise_bench_chaos", REPO / "bench" / "chaos.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_module("chaos.py")
 
 
 def check(result) -> None:
@@ -75,4 +71,6 @@ def test_a_kill_while_pruning_leaves_no_broken_complete_checkpoint(tmp_path, mon
 def test_three_kills_per_sampler_and_sync(tmp_path, mode, sampler):
     chaos = load_chaos()
     for index in range(2):
-        check(chaos.run_trial(index, mode, sampler, kills=3, workdir=tmp_path, max_steps=12))
+        result = chaos.run_trial(index, mode, sampler, kills=3, workdir=tmp_path, max_steps=12, first_write=index == 0)
+        check(result)
+        assert result.kills_first_write == (index == 0), result

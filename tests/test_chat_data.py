@@ -17,8 +17,8 @@ import yaml
 from groupwise.cli.main import main
 from groupwise.config import config_from_dict
 from groupwise.model import load_policy
+from groupwise.runtime.sync_run import run_sync
 from groupwise.trainer.builder import build_session
-from groupwise.trainer.sync_loop import run_sync
 
 TINY = {"num_layers": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "max_position_embeddings": 48}
 TEMPLATE = (
@@ -70,5 +70,5 @@ def test_chat_rows_without_a_chat_template_are_a_setup_error(tmp_path, capsys):
     config.write_text(yaml.safe_dump(chat_config(tmp_path, {"source": "tiny", "tiny": TINY})), encoding="utf-8")
     assert main(["train", str(config)]) == 2
     err = capsys.readouterr().err
-    assert "4 prompt(s) are chats" in err and "no chat template" in err and "Traceback" not in err
+    assert "4 train prompt(s)" in err and "no chat template" in err and "Traceback" not in err
     assert not (tmp_path / "runs" / "chat").exists()

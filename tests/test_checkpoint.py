@@ -1,8 +1,8 @@
-"""Checkpoint invariants (DESIGN invariant 8: written atomically, resume equals continuing).
+"""Checkpoint invariants (invariant 8 in docs/design.md: written atomically, resume equals continuing).
 
 - Round trip: model tensors (tied weights included), optimizer and scheduler state, RNG, trainer JSON and
   extra pieces come back equal; a model loads them strictly; an optimizer resumed from them takes the same
-  next step as the uninterrupted one.
+  next step as the uninterrupted one (bit for bit: the same step on identical tensors).
 - A crash mid-write (a piece raising) leaves no complete-looking checkpoint and no temp dir;
   ``latest_checkpoint`` skips a leftover ``.tmp-*`` dir, a dir without COMPLETE and a corrupted or
   truncated file, and returns the previous checkpoint; ``load_checkpoint`` refuses those with a clear error.
@@ -30,6 +30,8 @@ from groupwise.run.checkpoint import (
     save_checkpoint,
 )
 from groupwise.run.rundir import RunDir
+
+pytestmark = pytest.mark.numerics
 
 
 class TiedLM(torch.nn.Module):

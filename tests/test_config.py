@@ -5,7 +5,7 @@ Invariants pinned here:
   and a fix; a valid neighbour of each violation loads;
 - several problems (types, ranges, unknown keys, bad overrides, cross-field rules) are reported together in one
   ConfigError, and a section that fails type validation does not hide the other sections' errors;
-- a key with no effect in the chosen setting is an error (DESIGN invariant 10);
+- a key with no effect in the chosen setting is an error (invariant 10 in docs/design.md);
 - RunConfig built directly in Python runs the same rules.
 """
 
@@ -94,7 +94,8 @@ VIOLATIONS = [
     (["loss.is_truncation=none", "loss.is_ratio_max=3"], "loss.is_ratio_max", 3, "no effect"),
     (["eval.pass_k=0"], "eval.pass_k", 0, "≥ 1"),
     (["generation.max_new_tokens=0"], "generation.max_new_tokens", 0, "≥ 1"),
-    (["generation.temperature=0"], "generation.temperature", 0, "> 0"),
+    (["generation.temperature=0"], "generation.temperature", 0, "≥ 0.01"),
+    (["generation.temperature=1e-300"], "generation.temperature", 1e-300, "≥ 0.01"),
     (["generation.top_p=0"], "generation.top_p", 0, "> 0"),
     (["generation.top_p=1.5"], "generation.top_p", 1.5, "≤ 1"),
     (["generation.stop=[a, '']"], "generation.stop", ["a", ""], "empty"),
@@ -226,11 +227,11 @@ def test_default_model_source_needs_a_path():
 
 
 def test_derived_values():
-    config = config_from_dict(TINY, ["grpo.num_prompts_per_step=10", "grpo.dynamic_sampling.batch_multiplier=1.1"])
-    assert config.prompts_per_generation_round == 11  # not 12: 10 × 1.1 is 11.000000000000002 in floats
+    config = config_from_dict(TINY, ["grpo.num_prompts_per_step=25", "grpo.dynamic_sampling.batch_multiplier=1.12"])
+    assert config.prompts_per_generation_round == 28  # not 29: 25 × 1.12 is 28.000000000000004 in floats
     no_ds = config_from_dict(TINY, ["grpo.num_prompts_per_step=10", "grpo.dynamic_sampling.enabled=false"])
     assert no_ds.prompts_per_generation_round == 10
-    assert config.streaming_min_groups == 10
+    assert config.streaming_min_groups == 25
 
 
 def test_config_error_survives_pickling():

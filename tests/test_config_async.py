@@ -17,9 +17,9 @@ import pytest
 from groupwise.config import (
     ConfigError,
     ConfigIssue,
-    InOrderSampler,
-    ReadyFirstSampler,
-    WindowedSampler,
+    InOrderSamplerConfig,
+    ReadyFirstSamplerConfig,
+    WindowedSamplerConfig,
     config_from_dict,
     load_config,
     required_buffer_capacity,
@@ -81,9 +81,9 @@ def test_ungated_and_custom_samplers_have_no_load_time_capacity():
 
 
 def test_required_buffer_capacity_per_sampler():
-    assert required_buffer_capacity(InOrderSampler(max_lookahead_versions=0), 8) == 8
-    assert required_buffer_capacity(ReadyFirstSampler(max_staleness_versions=2), 8) == 24
-    assert required_buffer_capacity(WindowedSampler(max_staleness_versions=2), 8) is None
+    assert required_buffer_capacity(InOrderSamplerConfig(max_lookahead_versions=0), 8) == 8
+    assert required_buffer_capacity(ReadyFirstSamplerConfig(max_staleness_versions=2), 8) == 24
+    assert required_buffer_capacity(WindowedSamplerConfig(max_staleness_versions=2), 8) is None
 
 
 @pytest.mark.parametrize("chunk", [0, 17])
@@ -163,7 +163,7 @@ def test_foreign_sampler_knob_names_its_owners_in_yaml(tmp_path):
 
 def test_sampler_name_defaults_to_ready_first():
     config = config_from_dict(ASYNC, ["async.sampler.max_staleness_versions=2", "async.max_buffered_rollouts=48"])
-    assert config.async_.sampler == ReadyFirstSampler(max_staleness_versions=2)
+    assert config.async_.sampler == ReadyFirstSamplerConfig(max_staleness_versions=2)
 
 
 def test_unknown_sampler_name_lists_the_samplers():

@@ -4,7 +4,9 @@ Invariants pinned here:
 - ``config check`` exits 0 and prints ``ok: FILE`` for a valid config, exits 2 and prints every error
   (with overrides applied) otherwise; a missing file or a YAML syntax error also exits 2; never a traceback;
 - ``config show`` prints the resolved config as YAML that loads back to an equal config;
-- usage errors exit 2 and ``--help`` exits 0 (``main`` returns the code instead of raising SystemExit).
+- usage errors exit 2 and ``--help`` exits 0 (``main`` returns the code instead of raising SystemExit);
+- a hazard (async weight_fifo, with replace or shrink) is a warning: ``config check`` exits 0 and says so,
+  ``config show`` keeps stdout loadable, the warning goes to stderr and ``simulate`` writes it to events.log.
 """
 
 from __future__ import annotations
@@ -80,3 +82,34 @@ def test_parser_has_one_subcommand_per_registered_command():
     args = parser.parse_args(["config", "check", "f.yaml", "a.b=1", "c=2"])
     assert args.command == "config" and args.file == "f.yaml" and args.overrides == ["a.b=1", "c=2"]
     assert callable(args.handler)
+
+
+WEIGHT_FIFO = "mode: async\nmodel:\n  source: tiny\ngrpo:\n  dynamic_sampling:\n    enabled: false\n" \
+              "loss:\n  importance_sampling: true\nasync:\n  sampler:\n    name: weight_fifo\n"
+
+
+def test_a_hazard_is_a_warning_on_stderr_and_the_config_stays_valid(tmp_path, capsys):
+    path = write(tmp_path, WEIGHT_FIFO)
+    for on_dropped in ("replace", "shrink"):
+        override = f"async.rollout_failure.on_dropped_prompt={on_dropped}"
+        assert main(["config", "check", str(path), override]) == 0
+        out, err = capsys.readouterr()
+        assert out.strip() == f"ok: {path} (1 warning(s) above)"
+        assert err.startswith("warning: async.sampler.name: weight_fifo\n")
+        assert f"on_dropped_prompt {on_dropped}" in err and "ControllerStalled" in err and "ready_first" in err
+    # config show keeps stdout loadable YAML and warns on stderr.
+    assert main(["config", "show", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert yaml.safe_load(out)["async"]["sampler"]["name"] == "weight_fifo" and err.startswith("warning:")
+    # Another sampler: no warning.
+    assert main(["config", "check", str(path), "async.sampler.name=ready_first"]) == 0
+    assert capsys.readouterr() == (f"ok: {path}\n", "")
+
+
+def test_simulate_writes_the_warning_to_events_log(tmp_path, capsys):
+    path = write(tmp_path, WEIGHT_FIFO)
+    code = main(["simulate", str(path), f"run.output_dir={tmp_path}", "run.name=wf", "run.max_steps=2",
+                 "logging.tensorboard=false", "sim.num_prompts=64"])  # fmt: skip
+    assert code == 0 and "warning: async.sampler.name" in capsys.readouterr().err
+    events = (tmp_path / "wf" / "events.log").read_text()
+    assert "config warning: async.sampler.name: weight_fifo trains each step only from groups" in events

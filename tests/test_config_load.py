@@ -1,14 +1,14 @@
 """Loading configs: YAML files, dotted overrides, unknown-key suggestions, round trips, import hygiene.
 
 Invariants pinned here:
-- overrides parse their right side as YAML (int, float incl. ``1e-4``, bool, null, list, mapping), create
-  missing sections, and later ones win; malformed overrides are reported, never raised as another exception;
+- overrides parse their right side as YAML (int, float incl. ``1e-4``, bool, null, list, mapping) and create
+  missing sections; a key given twice and malformed overrides are reported, never raised as another exception;
 - unknown keys (top level and nested, in YAML and in overrides) are errors suggesting the nearest valid key;
 - a missing file, a YAML syntax error or a non-mapping document is a ConfigError;
 - every file in examples/ loads; ``to_yaml`` output loads back to an equal config (``async`` alias kept);
 - random mutations of a valid config give a RunConfig or a ConfigError, never another exception;
 - every schema field has a docstring, docs/configs.md is what the generator renders, and importing
-  groupwise.config (or the CLI) does not import torch.
+  groupwise.config (or the CLI, or the input checks ``config check`` runs) does not import torch.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from groupwise.config import (
     ConfigError,
     ConfigIssue,
-    CustomSampler,
+    CustomSamplerConfig,
     RunConfig,
     config_from_dict,
     load_config,
@@ -72,13 +72,18 @@ def test_overrides_parse_yaml_scalars():
     assert config.reward.kwargs == {"tolerance": 0.5, "strict": True}
 
 
-def test_overrides_create_sections_win_in_order_and_do_not_touch_the_input():
+def test_overrides_create_sections_and_do_not_touch_the_input():
     data = {"model": {"source": "tiny"}, "grpo": {"num_prompts_per_step": 4}}
-    config = config_from_dict(data, ["grpo.num_prompts_per_step=8", "grpo.num_prompts_per_step=12",
-                                     "grpo.dynamic_sampling.zero_variance_tol=0.1"])
+    config = config_from_dict(data, ["grpo.num_prompts_per_step=12", "grpo.dynamic_sampling.zero_variance_tol=0.1"])
     assert config.grpo.num_prompts_per_step == 12
     assert config.grpo.dynamic_sampling.zero_variance_tol == 0.1
     assert data == {"model": {"source": "tiny"}, "grpo": {"num_prompts_per_step": 4}}
+
+
+def test_an_override_given_twice_is_refused_not_taken_last():
+    issue = only_issue(errors_of(["grpo.num_prompts_per_step=8", "run.seed=1", "grpo.num_prompts_per_step=12"]))
+    assert issue.path == "grpo.num_prompts_per_step" and issue.value == "8 and 12"
+    assert "given twice" in issue.rule
 
 
 @pytest.mark.parametrize("override", ["grpo.num_prompts_per_step", "=3", "grpo..x=1", ".x=1"])
@@ -200,7 +205,7 @@ def test_to_yaml_round_trips_non_defaults_and_uses_the_async_key():
     assert "async" in dumped and "async_" not in dumped
     again = config_from_dict(dumped)
     assert again == config
-    assert again.async_.sampler == CustomSampler(target="pkg.mod:Sampler", kwargs={"depth": 2})
+    assert again.async_.sampler == CustomSamplerConfig(target="pkg.mod:Sampler", kwargs={"depth": 2})
     assert again.optimizer.betas == (0.8, 0.95)
 
 
@@ -271,6 +276,7 @@ def test_docs_match_the_schema():
 
 
 def test_config_and_cli_import_without_torch():
-    code = "import sys, groupwise.config, groupwise.cli.main; sys.exit(1 if 'torch' in sys.modules else 0)"
+    code = ("import sys, groupwise.config, groupwise.cli.main, groupwise.trainer.preflight; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")  # the preflight is what `config check` runs
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr or "groupwise.config imported torch"

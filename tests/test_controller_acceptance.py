@@ -1,6 +1,6 @@
-"""The reviewer's acceptance checks from seed 002, driven through the REAL controller with scripted fakes.
+"""The over-credit bug's acceptance checks (docs/design.md), driven through the REAL controller with scripted fakes.
 
-Invariants pinned (DESIGN 4, 5; reference §6.9, §6.10):
+Invariants pinned (invariants 4 and 5 in docs/design.md):
 - a loss during a non-final chunk never excuses already-selected work: two drops while step 0's first
   3-group chunk trains → shortfalls {0: 1, 1: 1}, two optimizer steps of 3 groups each, clean exhaustion;
   one drop → step 0 closes at 3, step 1 is full (4);
@@ -9,6 +9,8 @@ Invariants pinned (DESIGN 4, 5; reference §6.9, §6.10):
 - windowed charges nothing and closes its last step short at exhaustion (above the floor), and raises below it;
 - a custom sampler's explicit charge decision is honoured; a custom sampler without the protocol gets the
   gated defaults (spare pool on, loss charged to the assembling step);
+- a custom sampler whose charge decision is not a step number (2.5, a string, -1, a bool) stops the run with a
+  SamplerProtocolError naming the sampler, the call and the prompt; no fate records the bad step;
 - every closed step balances: selected + charged == P.
 """
 
@@ -19,10 +21,12 @@ import asyncio
 import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, run_virtual
 
+from groupwise.config import sampler_config
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
 from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.ledger import StepBelowFloorError
+from groupwise.controller.samplers.base import SamplerProtocolError
 from groupwise.controller.settings import ControllerSettings
 
 G = 2
@@ -38,8 +42,7 @@ def settings(sampler: str, knobs: dict, **overrides) -> ControllerSettings:
     base = dict(
         prompts_per_step=4,
         group_size=G,
-        sampler=sampler,
-        sampler_knobs=knobs,
+        sampler=sampler_config(sampler, **knobs),
         min_groups_for_streaming_train=3,
         max_buffered_rollouts=16,
         max_inflight_prompts=16,
@@ -237,3 +240,23 @@ def test_custom_sampler_without_protocol_gets_gated_defaults():
     assert controller.ctx.accounting.closes_short_at_exhaustion is False
     assert watcher.charged_steps == [0]
     assert [(r.selected, r.charged) for r in summary.ledger_history] == [(3, 1), (4, 0)]
+
+
+@pytest.mark.parametrize("bad", [2.5, "next", -1, True])
+def test_custom_sampler_charge_decision_must_be_a_step_number(bad):
+    watcher = ChargeWatcher()
+    controller = build_controller(
+        settings("custom", {"target": "fakes.samplers:ChargeAnything", "kwargs": {"charge": bad}}),
+        make_loader(8),
+        ScriptedRollouts(group_size=G, script={"p1": [Outcome(latency=2.0, fail="data")]}),
+        RecordingTrainer(),
+        on_fate=watcher,
+    )
+    with pytest.raises(SamplerProtocolError, match=r"sampler fakes\.samplers:ChargeAnything returned") as info:
+        run_virtual(controller.run)
+    assert f"returned {bad!r} ({type(bad).__name__}) from charge_step_for_lost_group" in str(info.value)
+    assert "an int >= 0" in str(info.value) and any("prompt 'p1'" in n for n in info.value.__notes__)
+    # The lost attempt is recorded as the fatal end of the run, never with the bad step.
+    lost = [r for r in watcher.records if r.prompt_uid == "p1"]
+    assert [(r.fate, r.resolution, r.step) for r in lost] == [("failed", "fatal", None)]
+    assert all(r.step is None or isinstance(r.step, int) for r in watcher.records)

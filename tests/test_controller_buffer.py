@@ -1,4 +1,4 @@
-"""GroupBuffer, VersionClock and Permits (reference §9.9 adapted).
+"""GroupBuffer, VersionClock and Permits.
 
 Invariants pinned:
 - slots keep dispatch (reserve) order whatever the commit order; start versions never decrease along it;

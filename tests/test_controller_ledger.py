@@ -1,13 +1,14 @@
-"""StepLedger, SparePool and failure handling (reference §6.1, §6.3, §6.5, §6.10; §9.6 target_groups cases).
+"""StepLedger, SparePool and failure handling.
 
 Invariants pinned:
 - open(s) = P − selected − charged; selecting beyond the open slots is an invariant error;
 - a floating loss takes the first step ≥ the assembling one with an open slot, so credits never excuse
-  selected work (the reviewer's sequence at ledger level: {0: 1, 1: 1});
+  selected work (the over-credit sequence of docs/design.md at ledger level: {0: 1, 1: 1});
 - a pinned loss stays on its step even when the assembling step has room; one for a closed step is a late
   loss (counted, no effect); one with no open slot is an invariant error; None charges nothing;
 - floor = ceil(P × fraction): 128 @ 0.9 → 12 drops fine, the 13th raises naming step, drops, floor and
-  fraction; 4 @ 0.9 → the first drop raises; 1.0 forbids shrinking; no float residue (10 @ 0.3 → 3);
+  fraction; 4 @ 0.9 → the first drop raises; 1.0 forbids shrinking; a fraction of 0 is refused (the floor's
+  formula itself is pinned in test_algo_step_size);
 - close asserts selected + charged == P; close_short needs selected ≥ floor and records the unfilled rest;
   closing prunes only the closed step, later steps' charges are carried;
 - SparePool: FIFO, low-water mark, whole-step drain leaves the partial rest, state round trip;
@@ -30,7 +31,7 @@ from groupwise.controller.failures import (
     classify_failure,
     register_infra_error_type,
 )
-from groupwise.controller.ledger import LedgerInvariantError, StepBelowFloorError, StepLedger, step_floor
+from groupwise.controller.ledger import LedgerInvariantError, StepBelowFloorError, StepLedger
 from groupwise.controller.spare_pool import SparePool
 
 
@@ -69,10 +70,8 @@ def test_floor_boundaries():
         StepLedger(4, 0.9).charge_loss(0, pinned=False)
     with pytest.raises(StepBelowFloorError):
         StepLedger(8, 1.0).charge_loss(0, pinned=True)
-    assert step_floor(10, 0.3) == 3
-    assert step_floor(3, 0.01) == 1
     with pytest.raises(ValueError, match=r"in \(0, 1\]"):
-        step_floor(4, 0.0)
+        StepLedger(4, 0.0)
 
 
 def test_close_asserts_balance_and_prunes_only_the_closed_step():

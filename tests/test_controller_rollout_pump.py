@@ -1,4 +1,4 @@
-"""The rollout pump, driven through the real controller (reference §9.6 adapted to our API).
+"""The rollout pump, driven through the real controller.
 
 Covered: stamps (in_order stamps the dispatch index, weight_fifo none); capacity and in-flight bounds hold
 and every permit comes back; resume top-up of a partially restored in_order step (the surplus prompt goes
@@ -21,6 +21,7 @@ import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, run_virtual
 from fakes.rollouts import ScriptedDataError
 
+from groupwise.config import sampler_config
 from groupwise.controller.buffer import GroupBuffer
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
@@ -46,8 +47,7 @@ def make(sampler, knobs, P, n_prompts, script=None, default=None, fates=None, tr
     cfg = ControllerSettings(
         prompts_per_step=P,
         group_size=G,
-        sampler=sampler,
-        sampler_knobs=knobs,
+        sampler=sampler_config(sampler, **knobs),
         failure=failure,
         max_buffered_rollouts=kw.pop("capacity", 16),
         dynamic_sampling=kw.pop("ds", False),
@@ -108,8 +108,7 @@ def test_capacity_and_inflight_bounds_and_permits_come_back():
     cfg = ControllerSettings(
         prompts_per_step=2,
         group_size=G,
-        sampler="windowed",
-        sampler_knobs={"max_staleness_versions": 5},
+        sampler=sampler_config("windowed", max_staleness_versions=5),
         max_buffered_rollouts=3,
         max_inflight_prompts=2,
         dynamic_sampling=False,
@@ -132,13 +131,8 @@ def test_resume_tops_up_a_partially_restored_in_order_step():
     from groupwise.types import Prompt
 
     saved.commit(sid, Group(sid, Prompt(uid="restored", answer=""), (1,), comps, [0, 1], [0, 1]), 0)
-    state = {
-        "step": 0,
-        "sampler": "in_order",
-        "buffer": saved.state_dict(),
-        "spare_pool": {"items": []},
-        "inflight_prompts": [],
-    }
+    # A snapshot taken before anything ran, with one ready group of step 0 in its buffer.
+    state = {**make("in_order", {"max_lookahead_versions": 1}, 4, 8)[0].state_dict(), "buffer": saved.state_dict()}
     controller, rollouts, trainer = make("in_order", {"max_lookahead_versions": 1}, 4, 8, state=state)
     summary = run_virtual(controller.run)
     assert trainer.uids_per_step() == {0: ["restored", "p0", "p1", "p2"], 1: ["p3", "p4", "p5", "p6"]}

@@ -1,6 +1,6 @@
-"""Staleness samplers (reference §5.2, scenarios of §9.5 adapted) and the seed-002 weight_fifo hang.
+"""Staleness samplers and the weight_fifo hang under dynamic sampling.
 
-Covered from §9.5: protocol conformance of every built-in; admission (windowed never gates or stamps,
+Covered: protocol conformance of every built-in; admission (windowed never gates or stamps,
 in_order stamps 0,1,… and gates at W, weight_fifo gates at window 0 after one batch and never stamps,
 ready_first admits the live batch + S then opens one more per trainer step); in_order evict matches select
 (future target kept however old its weights, past target evicted, unready never evicted); factory + knob
@@ -10,7 +10,7 @@ on a partial oldest bucket, empty window → None); ready_first select (mixes ve
 evicts a straggler); in_order select ignores weights; default evict below window skips unready slots;
 dispatch-index restore; abort policy; select bounds; DropAccountingSampler hooks (in_order explicit, windowed
 overrides, ready_first and custom-without-protocol get the gated defaults).
-Seed 002: with {1: 6 ready, 2: 10 ready} at v = 2 (S = 1, P = 8) weight_fifo selects nothing, forever, while
+The weight_fifo hang: with {1: 6 ready, 2: 10 ready} at v = 2 (S = 1, P = 8) weight_fifo selects nothing, forever, while
 ready_first selects a full step from the same buffer.
 """
 
@@ -21,6 +21,13 @@ import asyncio
 import pytest
 from fakes import run_virtual
 
+from groupwise.config import (
+    InOrderSamplerConfig,
+    ReadyFirstSamplerConfig,
+    WeightFifoSamplerConfig,
+    WindowedSamplerConfig,
+    sampler_config,
+)
 from groupwise.controller.buffer import GroupBuffer
 from groupwise.controller.clock import VersionClock
 from groupwise.controller.samplers import (
@@ -48,6 +55,11 @@ def fill(buf: GroupBuffer, spec: list[tuple[int, int | None, bool]]) -> list[int
     return ids
 
 
+def build(name: str, buf: GroupBuffer | None = None, **knobs):
+    """The sampler ``name`` with ``knobs``, built as the controller builds it: from its config section."""
+    return build_sampler(sampler_config(name, **knobs), buf if buf is not None else GroupBuffer())
+
+
 def ids(slots) -> list[int] | None:
     return None if slots is None else [s.slot_id for s in slots]
 
@@ -67,17 +79,17 @@ async def admit_all_until_blocked(sampler, clock, limit=10) -> list[int | None]:
 
 @pytest.mark.parametrize("name", ["in_order", "ready_first", "windowed", "weight_fifo"])
 def test_builtins_satisfy_the_protocol(name):
-    assert isinstance(build_sampler(name, {}, GroupBuffer()), Sampler)
+    assert isinstance(build(name), Sampler)
 
 
 def test_admission_per_sampler():
     async def main():
         clock = VersionClock()
         buf = GroupBuffer()
-        in_order = InOrderSampler(buf, max_lookahead_versions=1)
-        ready_first = ReadyFirstSampler(buf, max_staleness_versions=2)
-        fifo = WeightFifoSampler(buf, max_staleness_versions=0)
-        windowed = WindowedSampler(buf, max_staleness_versions=0)
+        in_order = InOrderSampler(buf, InOrderSamplerConfig(max_lookahead_versions=1))
+        ready_first = ReadyFirstSampler(buf, ReadyFirstSamplerConfig(max_staleness_versions=2))
+        fifo = WeightFifoSampler(buf, WeightFifoSamplerConfig(max_staleness_versions=0))
+        windowed = WindowedSampler(buf, WindowedSamplerConfig(max_staleness_versions=0))
         out = {
             "in_order": await admit_all_until_blocked(in_order, clock),
             "ready_first": await admit_all_until_blocked(ready_first, clock),
@@ -101,7 +113,7 @@ def test_admission_per_sampler():
 def test_dispatch_index_restore():
     async def main():
         clock = VersionClock(start=5)
-        sampler = InOrderSampler(GroupBuffer(), max_lookahead_versions=1)
+        sampler = InOrderSampler(GroupBuffer(), InOrderSamplerConfig(max_lookahead_versions=1))
         sampler.set_dispatch_index(5)
         return await admit_all_until_blocked(sampler, clock)
 
@@ -132,10 +144,10 @@ def test_windowed_select_window_minimum_and_order():
     old, mid, mid_unready, new1, new2 = fill(
         buf, [(0, None, True), (2, None, True), (2, None, False), (3, None, True), (3, None, True)]
     )
-    sampler = WindowedSampler(buf, max_staleness_versions=1)
+    sampler = WindowedSampler(buf, WindowedSamplerConfig(max_staleness_versions=1))
     assert sampler.select(3, 4, 4) is None  # only 3 in-window ready groups
     assert ids(sampler.select(3, 1, 2)) == [mid, new1]
-    fresh = WindowedSampler(GroupBuffer(), max_staleness_versions=2, sample_freshest_first=True)
+    fresh = WindowedSampler(GroupBuffer(), WindowedSamplerConfig(max_staleness_versions=2, sample_freshest_first=True))
     f_ids = fill(fresh.buffer, [(1, None, True), (2, None, True), (3, None, True), (3, None, True)])
     assert ids(fresh.select(3, 1, 3)) == [f_ids[2], f_ids[3], f_ids[1]]
     assert ids(sampler.evict(3)) == [old]
@@ -145,7 +157,7 @@ def test_windowed_select_window_minimum_and_order():
 def test_default_evict_skips_unready_stale_slots():
     buf = GroupBuffer()
     stale_ready, stale_unready, fresh = fill(buf, [(0, None, True), (0, None, False), (2, None, True)])
-    assert ids(WeightFifoSampler(buf, max_staleness_versions=1).evict(2)) == [stale_ready]
+    assert ids(WeightFifoSampler(buf, WeightFifoSamplerConfig(max_staleness_versions=1)).evict(2)) == [stale_ready]
     assert len(buf) == 2
 
 
@@ -154,7 +166,7 @@ def test_weight_fifo_drains_oldest_version_and_waits_on_partial_bucket():
     v1a, v1_unready, v1b, v2a, v2b = fill(
         buf, [(1, None, True), (1, None, False), (1, None, True), (2, None, True), (2, None, True)]
     )
-    sampler = WeightFifoSampler(buf, max_staleness_versions=1)
+    sampler = WeightFifoSampler(buf, WeightFifoSamplerConfig(max_staleness_versions=1))
     assert sampler.select(2, 3, 3) is None  # version 1 has 2 ready of 3 slots: wait, do not mix in version 2
     assert ids(sampler.select(2, 2, 3)) == [v1a, v1b]
     assert sampler.select(2, 1, 3) is None  # version 1's unready slot still pins t* = 1
@@ -166,7 +178,7 @@ def test_weight_fifo_drains_oldest_version_and_waits_on_partial_bucket():
 def test_ready_first_mixes_versions_in_dispatch_order_and_never_evicts():
     buf = GroupBuffer()
     straggler, unready, newer = fill(buf, [(0, None, True), (3, None, False), (5, None, True)])
-    sampler = ReadyFirstSampler(buf, max_staleness_versions=1)
+    sampler = ReadyFirstSampler(buf, ReadyFirstSamplerConfig(max_staleness_versions=1))
     assert sampler.evict(9) == []
     assert ids(sampler.select(9, 1, 5)) == [straggler, newer]
 
@@ -175,32 +187,33 @@ def test_ready_first_mixes_versions_in_dispatch_order_and_never_evicts():
 def test_select_bounds_are_checked(min_groups, max_groups):
     for name in ("in_order", "ready_first", "windowed", "weight_fifo"):
         with pytest.raises(ValueError, match="1 <= min_groups <= max_groups"):
-            build_sampler(name, {}, GroupBuffer()).select(0, min_groups, max_groups)
+            build(name).select(0, min_groups, max_groups)
 
 
 def test_factory_knobs_and_capacity():
     buf = GroupBuffer()
-    assert build_sampler("ready_first", {"max_staleness_versions": 2}, buf).required_buffer_capacity(8) == 24
-    assert build_sampler("in_order", {"max_lookahead_versions": 0}, buf).required_buffer_capacity(8) == 8
-    assert build_sampler("windowed", {}, buf).required_buffer_capacity(8) is None
-    with pytest.raises(ValueError, match=r"does not use \['max_lookahead_versions'\]"):
-        build_sampler("ready_first", {"max_lookahead_versions": 1}, buf)
-    with pytest.raises(ValueError, match="must be an integer >= 0, got -1"):
-        build_sampler("ready_first", {"max_staleness_versions": -1}, buf)
-    with pytest.raises(ValueError, match="unknown sampler 'fifo'"):
-        build_sampler("fifo", {}, buf)
+    assert build("ready_first", buf, max_staleness_versions=2).required_buffer_capacity(8) == 24
+    assert build("in_order", buf, max_lookahead_versions=0).required_buffer_capacity(8) == 8
+    assert build("windowed", buf).required_buffer_capacity(8) is None
+    # Knobs are declared once, in the config section: another sampler's knob, a bad value or name never builds.
+    with pytest.raises(ValueError, match=r"ready_first\.max_lookahead_versions\s+Extra inputs are not permitted"):
+        build("ready_first", buf, max_lookahead_versions=1)
+    with pytest.raises(ValueError, match=r"ready_first\.max_staleness_versions\s+Input should be greater than or"):
+        build("ready_first", buf, max_staleness_versions=-1)
+    with pytest.raises(ValueError, match="'fifo' .* does not match any of the expected tags"):
+        build("fifo", buf)
 
 
 def test_custom_loading_and_protocol_check():
     buf = GroupBuffer()
-    sampler = build_sampler("custom", {"target": "fakes.samplers:PlainReadyFirst", "kwargs": {"window": 3}}, buf)
+    sampler = build("custom", buf, target="fakes.samplers:PlainReadyFirst", kwargs={"window": 3})
     assert sampler.required_buffer_capacity(2) == 8 and sampler.buffer is buf
     with pytest.raises(TypeError, match="missing .*'select'"):
-        build_sampler("custom", {"target": "fakes.samplers:MissingSelect"}, buf)
+        build("custom", buf, target="fakes.samplers:MissingSelect")
     with pytest.raises(ValueError, match="module:ClassName"):
-        build_sampler("custom", {"target": "fakes.samplers.PlainReadyFirst"}, buf)
+        build("custom", buf, target="fakes.samplers.PlainReadyFirst")
     with pytest.raises(ValueError, match="has no 'Nope'"):
-        build_sampler("custom", {"target": "fakes.samplers:Nope"}, buf)
+        build("custom", buf, target="fakes.samplers:Nope")
 
 
 def test_drop_accounting_hooks():
@@ -213,7 +226,7 @@ def test_drop_accounting_hooks():
     windowed = drop_accounting(WindowedSampler(buf))
     assert (windowed.uses_replacement_pool, windowed.closes_short_at_exhaustion) == (False, True)
     assert windowed.charge_step_for_lost_group(None, 2) is None
-    for plain in (ReadyFirstSampler(buf), build_sampler("custom", {"target": "fakes.samplers:PlainReadyFirst"}, buf)):
+    for plain in (ReadyFirstSampler(buf), build("custom", buf, target="fakes.samplers:PlainReadyFirst")):
         assert not isinstance(plain, DropAccountingSampler)
         acc = drop_accounting(plain)
         assert (acc.uses_replacement_pool, acc.closes_short_at_exhaustion) == (True, False)
@@ -221,21 +234,21 @@ def test_drop_accounting_hooks():
         assert acc.charge_step_for_lost_group(5, 2) == 5
 
 
-def seed002_stall_buffer() -> GroupBuffer:
+def stalled_buffer() -> GroupBuffer:
     """The buffer at the observed stall: {1: 6 ready/6 slots, 2: 10 ready/10 slots}, nothing in flight."""
     buf = GroupBuffer()
     fill(buf, [(1, None, True)] * 6 + [(2, None, True)] * 10)
     return buf
 
 
-def test_weight_fifo_never_fills_the_seed002_stall_buffer_but_ready_first_does():
+def test_weight_fifo_never_fills_the_stalled_buffer_but_ready_first_does():
     P = 8
-    fifo = WeightFifoSampler(seed002_stall_buffer(), max_staleness_versions=1)
+    fifo = WeightFifoSampler(stalled_buffer(), WeightFifoSamplerConfig(max_staleness_versions=1))
     for _ in range(100):  # nothing can change: the gate is closed and nothing is in flight
         assert fifo.evict(2) == []
         assert fifo.select(2, P, P) is None
     assert fifo.buffer.slots_per_start_version() == {1: (6, 6), 2: (10, 10)}
-    ready_first = ReadyFirstSampler(seed002_stall_buffer(), max_staleness_versions=1)
+    ready_first = ReadyFirstSampler(stalled_buffer(), ReadyFirstSamplerConfig(max_staleness_versions=1))
     first, second = ready_first.select(2, P, P), ready_first.select(2, P, P)
     assert [s.start_version for s in first] == [1] * 6 + [2] * 2
     assert [s.start_version for s in second] == [2] * 8

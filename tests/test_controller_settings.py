@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from fakes import RecordingTrainer, ScriptedRollouts, make_loader, run_virtual
 
-from groupwise.config import config_from_dict
+from groupwise.config import WindowedSamplerConfig, config_from_dict
 from groupwise.controller.controller import build_controller
 from groupwise.controller.settings import ControllerSettings
 
@@ -42,8 +42,8 @@ def test_from_config_maps_every_field():
         ],
     )
     s = ControllerSettings.from_config(cfg)
-    assert (s.prompts_per_step, s.group_size, s.sampler) == (4, 2, "windowed")
-    assert s.sampler_knobs == {"max_staleness_versions": 2, "sample_freshest_first": True}
+    assert (s.prompts_per_step, s.group_size) == (4, 2)
+    assert s.sampler == WindowedSamplerConfig(max_staleness_versions=2, sample_freshest_first=True)
     assert (s.min_groups_for_streaming_train, s.max_inflight_prompts, s.max_buffered_rollouts) == (2, 5, 9)
     f = s.failure
     assert (f.on_dropped_prompt, f.max_skipped_prompts, f.max_consecutive_dropped_prompts) == ("shrink", 3, 4)

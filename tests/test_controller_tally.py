@@ -1,4 +1,4 @@
-"""StepTallyBook: which step a finished group's rewards are tallied to (reference §7.3).
+"""StepTallyBook: which step a finished group's rewards are tallied to.
 
 Invariants pinned:
 - a stamped group counts toward its target step while that step is open, even if another step is being

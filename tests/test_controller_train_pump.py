@@ -1,11 +1,12 @@
-"""The train pump and the controller as a whole (reference §9.7 adapted; DESIGN invariants 5, 6, 8, 9).
+"""The train pump and the controller as a whole (invariants 5, 6, 8 and 9 in docs/design.md).
 
-Covered: sync ≡ async ordering (in_order, lookahead 0, full-batch chunks, DS off: prompts trained in loader
-order, one chunk and one optimizer step per step, zero staleness, one weight sync per step); streaming
+Covered: sync ≡ async ordering (in_order, lookahead 0, full-batch chunks, DS off, on_dropped_prompt shrink: prompts
+trained in loader order, one chunk and one optimizer step per step, zero staleness, one weight sync per step), and
+with replace the documented difference (the second loader batch goes to the spare pool and trains last); streaming
 chunks of at least ``min_groups_for_streaming_train`` with exactly one finish_step per step; clean stop at
 the end of data vs a named RolloutExhaustedError when groups are left that the sampler cannot select; step
 metrics (tally over every generated group incl. filtered ones, accounting, staleness, versions, trainer
-metrics); weight_fifo + DS refused at build with the seed-002 explanation, capacity below the sampler's need
+metrics); weight_fifo + DS refused at build with the explanation, capacity below the sampler's need
 refused (built-in and custom); the weight_fifo bucket-mismatch hang (replace + an infra drop) reported as
 ControllerStalled with the per-version buffer, while ready_first completes the same schedule; a trainer crash
 reaches the caller naming the step and stops rollouts; max_steps stops the run with in-flight and buffered
@@ -16,10 +17,12 @@ prompts per step as an uninterrupted run.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, make_prompts, run_virtual
 
+from groupwise.config import sampler_config
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
 from groupwise.controller.settings import ControllerSettings
@@ -33,7 +36,7 @@ def cfg(sampler="in_order", knobs=None, P=3, **kw) -> ControllerSettings:
     kw.setdefault("failure", FailureSettings(min_step_batch_fraction=0.5))
     kw.setdefault("dynamic_sampling", False)
     kw.setdefault("max_buffered_rollouts", 16)
-    return ControllerSettings(prompts_per_step=P, group_size=G, sampler=sampler, sampler_knobs=knobs or {}, **kw)
+    return ControllerSettings(prompts_per_step=P, group_size=G, sampler=sampler_config(sampler, **(knobs or {})), **kw)
 
 
 def random_latencies(n: int, seed: int) -> dict[str, list[Outcome]]:
@@ -49,8 +52,9 @@ def test_sync_equivalent_ordering_with_in_order_lookahead_zero(seed):
     rollouts = ScriptedRollouts(group_size=G, script=random_latencies(12, seed))
     trainer = RecordingTrainer()
     metrics = {}
+    shrink = FailureSettings(on_dropped_prompt="shrink", min_step_batch_fraction=0.5)
     controller = build_controller(
-        cfg("in_order", {"max_lookahead_versions": 0}),
+        cfg("in_order", {"max_lookahead_versions": 0}, failure=shrink),
         loader,
         rollouts,
         trainer,
@@ -63,6 +67,21 @@ def test_sync_equivalent_ordering_with_in_order_lookahead_zero(seed):
     assert [metrics[s]["staleness/max"] for s in range(4)] == [0.0] * 4
     assert rollouts.syncs == [0, 1, 2, 3, 4]
     assert summary.stop_reason == "exhausted" and summary.final_version == 4
+
+
+def test_with_replace_the_spare_pool_diverts_the_second_batch_as_the_docs_say():
+    # The documented difference from the sync order (docs/samplers.md): batch 1 goes to the spare pool, steps 1
+    # and 2 train batches 2 and 3, and the pool's batch is trained last, as a whole step at the end of data.
+    replace = FailureSettings(on_dropped_prompt="replace", replacement_reserve_prompts=1, min_step_batch_fraction=0.5)
+    trainer = RecordingTrainer()
+    controller = build_controller(cfg("in_order", {"max_lookahead_versions": 0}, failure=replace), make_loader(12),
+                                  ScriptedRollouts(group_size=G, script=random_latencies(12, 0)), trainer)  # fmt: skip
+    run_virtual(controller.run)
+    batch = {b: [f"p{i}" for i in range(3 * b, 3 * b + 3)] for b in range(4)}
+    assert trainer.uids_per_step() == {0: batch[0], 1: batch[2], 2: batch[3], 3: batch[1]}
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "samplers.md").read_text(encoding="utf-8")
+    claim = docs[docs.index("With `in_order` and `max_lookahead_versions: 0`"):].split("\n\n")[0]
+    assert "on_dropped_prompt: shrink" in claim and "train batches 0, 2, 3 and then 1" in claim
 
 
 def test_streaming_chunks_respect_the_minimum_and_one_optimizer_step_per_step():

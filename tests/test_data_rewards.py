@@ -12,7 +12,7 @@ Invariants pinned:
 - load_reward_fn resolves auto / built-ins / module:function and names the spec in every error;
   math_verify without the package names the install command; with it, the \boxed{}/LaTeX answers of the
   project's math file (tests/data/math_questions.jsonl) score 1 when right, 0 when wrong or cut off.
-- check_reward_kwargs rejects kwargs that do not fit the function.
+- check_reward_kwargs rejects kwargs that do not fit the function, naming each unknown key and the closest one.
 """
 
 from __future__ import annotations
@@ -263,8 +263,10 @@ def test_math_verify_accepts_equivalent_answers():
 def test_check_reward_kwargs_rejects_unknown_keys():
     check_reward_kwargs(exact_numeric, {"partial_credit": 0.5})
     check_reward_kwargs(countdown, {})
-    with pytest.raises(RewardSpecError, match=r"partial_credit.*countdown.*format_reward"):
+    with pytest.raises(RewardSpecError, match=r"'countdown' takes no key 'partial_credit'.*\['format_reward'\]"):
         check_reward_kwargs(countdown, {"partial_credit": 0.5})
+    with pytest.raises(RewardSpecError, match=r"'partial_credt' \(did you mean 'partial_credit'\?\)"):
+        check_reward_kwargs(exact_numeric, {"partial_credt": 0.5})
 
 
 MATH_FILE = Path(__file__).parent / "data" / "math_questions.jsonl"

@@ -5,6 +5,8 @@ Invariants pinned:
 - a reward function that raises gives RewardError naming the prompt uid and the completion index,
   with the original exception chained (never a silent 0).
 - NaN, ±inf and non-numbers (None, str, a tensor-like) are RewardErrors naming the uid.
+- a reward beyond ±1e30 (±1e308, an int too large for a float) is a RewardError naming the reward function, the
+  prompt and the completion, before any statistic overflows; ±1e30 itself is accepted.
 """
 
 from __future__ import annotations
@@ -73,3 +75,16 @@ def test_unknown_kwarg_surfaces_as_reward_error():
     with pytest.raises(RewardError, match="partial_credt") as info:
         score_completions(exact_numeric, PROMPT, [completion("1")], {"partial_credt": 0.5})
     assert isinstance(info.value.__cause__, TypeError)
+
+
+@pytest.mark.parametrize("huge", [1e308, -1e308, 1e31, 10**400])
+def test_a_reward_too_large_for_the_statistics_names_function_and_prompt(huge):
+    def big(prompt, completion):
+        return huge if completion.text == "1" else 0.0
+
+    with pytest.raises(RewardError, match=r"reward function 'big' returned .* for prompt 'addition/train/50\+73', "
+                                          r"completion 1; rewards must be finite and within ±1e\+30") as info:
+        score_completions(big, PROMPT, [completion("0"), completion("1")], {})
+    assert info.value.prompt_uid == PROMPT.uid and info.value.completion_index == 1
+    edge = score_completions(lambda p, c: -1e30 if c.text == "0" else 1e30, PROMPT, [completion("0"), completion("1")])
+    assert edge == [-1e30, 1e30]

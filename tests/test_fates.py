@@ -23,6 +23,7 @@ import pytest
 from fakes import RecordingTrainer, ScriptedRollouts, make_prompts, run_virtual
 from test_sync_trainer import run, tiny_config
 
+from groupwise.config import sampler_config
 from groupwise.controller.controller import build_controller
 from groupwise.controller.settings import ControllerSettings
 from groupwise.data.loader import PromptLoader
@@ -168,7 +169,7 @@ def test_async_fate_records_carry_the_loader_epoch():
     records = []
     controller = build_controller(
         ControllerSettings(
-            prompts_per_step=3, group_size=2, sampler="in_order", sampler_knobs={"max_lookahead_versions": 1},
+            prompts_per_step=3, group_size=2, sampler=sampler_config("in_order", max_lookahead_versions=1),
             dynamic_sampling=False, max_buffered_rollouts=8,
         ),  # fmt: skip
         PromptLoader(prompts, seed=1, shuffle=True, max_epochs=2),

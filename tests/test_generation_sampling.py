@@ -28,6 +28,8 @@ from groupwise.generation.sampling import (
 )
 from groupwise.types import SamplingParams
 
+pytestmark = pytest.mark.numerics
+
 MASK64 = (1 << 64) - 1
 
 

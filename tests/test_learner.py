@@ -41,6 +41,8 @@ from groupwise.trainer.learner import Learner, LearnerSettings
 from groupwise.trainer.micro_batches import micro_batches_by_tokens, mini_batch_groups
 from groupwise.trainer.precision import LearnerPrecision, adamw, learner_precision
 
+pytestmark = pytest.mark.numerics
+
 TINY = {"vocab": "full", "num_layers": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64}
 
 

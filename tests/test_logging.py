@@ -9,7 +9,8 @@
 - A torn last line (crash mid-write) is ignored; a corrupted middle line is an error.
 - Every key of ``METRIC_KEYS`` is defined exactly once in docs/metrics.md, and nothing else is.
 - Progress: a rich bar on a terminal; elsewhere (or with progress off) a compact line every N steps with
-  the step's figures and an ETA at this session's pace.
+  the step's figures, the latest held-out accuracy (kept from the last step that had one, or the evaluation
+  before training) and an ETA at this session's pace.
 """
 
 from __future__ import annotations
@@ -176,7 +177,21 @@ def test_progress_off_on_a_terminal_prints_lines_and_missing_figures_show_a_dash
     console = Console(file=out, force_terminal=True, width=300)
     with RunProgress(4, start=2, enabled=False, print_every=1, console=console, clock=_fake_clock([0.0, 6.0])) as p:
         p.update(3, {"reward/unfiltered_mean": 0.5})
-    assert out.getvalue().strip() == "step 3/4 reward 0.500 (trained —) zero-var — rounds — gen — tok/s eta 0:00:06"
+    assert out.getvalue().strip() == (
+        "step 3/4 reward 0.500 (trained —) zero-var — rounds — gen — tok/s acc — eta 0:00:06"
+    )
+
+
+def test_compact_lines_show_the_latest_eval_accuracy() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=300)
+    with RunProgress(4, print_every=1, accuracy=0.235, console=console, clock=_fake_clock([0.0] * 5)) as progress:
+        progress.update(1, {})
+        progress.update(2, {"eval/accuracy": 0.5})
+        progress.update(3, {})
+        progress.update(4, {"eval/accuracy": None})  # a non-finite value logged as null keeps the last one
+    accuracies = [line.split(" acc ")[1].split()[0] for line in out.getvalue().splitlines()]
+    assert accuracies == ["0.235", "0.500", "0.500", "0.500"]
 
 
 def test_rich_bar_on_a_terminal() -> None:

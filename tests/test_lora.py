@@ -27,9 +27,11 @@ from groupwise.model.logprobs import completion_logprobs
 from groupwise.model.lora import merged_state_dict
 from groupwise.run.checkpoint import latest_checkpoint
 from groupwise.runtime.async_run import run_async
+from groupwise.runtime.sync_run import run_sync
 from groupwise.trainer.builder import build_session
-from groupwise.trainer.sync_loop import run_sync
 from groupwise.types import GenerationRequest, SamplingParams
+
+pytestmark = pytest.mark.numerics
 
 LORA = {"lora": {"enabled": True, "rank": 4, "alpha": 8.0}}
 QUIET = {"eval": {"at_start": False, "at_end": False}, "optimizer": {"lr": 2e-2}}
@@ -53,7 +55,7 @@ def trained(tmp_path_factory):
 
 def test_engine_samples_from_the_merged_weights_of_the_current_version(trained):
     learner_model, engine = trained.learner.model, trained.engine
-    assert engine.model is not learner_model and engine.decode_path == "fast Llama decode step"
+    assert engine.model is not learner_model and engine.decode_path.startswith("fast Llama decode step")
     merged = merged_state_dict(learner_model)
     assert engine.version == trained.learner.version == 3
     assert set(engine.model.state_dict()) == set(merged)

@@ -23,6 +23,8 @@ from groupwise.model.chunked_logprobs import head_logprobs
 from groupwise.model.completion_scorer import CompletionScorer
 from groupwise.model.logprobs import completion_logprobs
 
+pytestmark = pytest.mark.numerics
+
 TINY = {"vocab": "full", "num_layers": 2, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64}
 PROMPTS = [[1, 10, 11, 12], [1, 20], [1, 30, 31, 32, 33, 34, 35], [1, 7, 8]]
 COMPLETIONS = [[40, 41, 2], [50, 51, 52, 53, 54, 55, 56, 57], [60], [0, 61, 0, 62, 2]]  # 0 = a sampled pad id

@@ -1,6 +1,9 @@
 """Loading policies: every source yields a plain, saveable model whose saved directory reloads with
 plain ``AutoModelForCausalLM``/``AutoTokenizer`` and gives identical logits.
 
+Logits are compared bit for bit: each comparison runs one model class on the same input with weights that
+must be bit-identical (a lossless save, load or conversion), so the kernels are the same on both sides.
+
 - tiny: deterministic from the seed, shape from the ``tiny`` dict, global RNG untouched;
 - hf: a saved directory loads back through ``load_policy("hf")`` unchanged;
 - gguf: a tiny Llama written to GGUF with the ``gguf`` writer (llama.cpp's rotary layout, a
@@ -21,6 +24,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from groupwise.model import build_char_tokenizer, build_tiny_model, eos_token_ids, load_policy, smollm2_gguf_path
+
+pytestmark = pytest.mark.numerics
 
 SMALL = {"vocab": "task", "num_layers": 2, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64}
 

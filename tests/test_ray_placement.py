@@ -3,7 +3,7 @@
 Invariants pinned:
 - a request no single node can hold is *infeasible* and named with the config key to lower; a set of requests
   that fits each node but not the free total is *busy*; requests that fit give no reason (Ray would otherwise
-  keep them pending for ever, feasibility §4);
+  keep them pending for ever);
 - the defaults (learner + one worker at 0.5 CPU each) fit a 2-CPU machine and leave a whole CPU free;
 - a CUDA ``model.device`` with no GPUs reserved is a config error naming every key to change;
 - a round is split over workers in contiguous, non-empty, near-equal shards that cover every prompt once, in

@@ -3,10 +3,13 @@
 Invariants pinned:
 - sync mode on Ray with one generation worker trains bit-identical parameters to the embedded runtime, with the
   same per-step metrics and evaluation (Ray is only a placement, never a change of the algorithm), even when the
-  worker is killed mid-round (the replacement regenerates the round with the same seeds);
+  worker is killed mid-round (the replacement regenerates the round with the same seeds); bit-exact because the
+  actors run the same batches on the same machine with the test's thread count (conftest exports it as
+  ``OMP_NUM_THREADS``, which Ray keeps);
 - the controller contract holds on both runtimes (parametrised): every step trains exactly P groups, every
   dispatched attempt has one fate, the metrics lines carry the same keys, the fate counts are equal, and
-  (in_order, no lookahead) both runtimes train the same prompts in the same steps;
+  (in_order, no lookahead) both runtimes train the same prompts in the same steps; a verifier that raises for some
+  prompts fails exactly those prompts on both runtimes (each failed fate names its own prompt, never a batch mate);
 - killing a generation worker mid-group: the run completes, the lost groups are redispatched and counted
   (``rollout/redispatches`` = the failed-and-retried fates), one replacement worker is counted
   (``rollout/worker_restarts``), and no group is lost or trained twice;
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -35,17 +39,20 @@ from groupwise.cli.commands import run_train  # noqa: E402
 from groupwise.config import config_from_dict  # noqa: E402
 from groupwise.run.audit import audit_run  # noqa: E402
 from groupwise.run.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
+from groupwise.run.fates_file import read_fates  # noqa: E402
 from groupwise.run.metrics import read_metrics  # noqa: E402
 from groupwise.runtime.async_run import run_async  # noqa: E402
+from groupwise.runtime.sync_run import run_sync  # noqa: E402
 from groupwise.trainer.builder import build_session, load_policy_from_config  # noqa: E402
-from groupwise.trainer.sync_loop import run_sync  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.numerics]
 
 TESTS_DIR = Path(__file__).parent
 P = 4  # prompts per step
 SYNC_STEPS = 3
 ASYNC_STEPS = 3
+ASYNC_FAILURE = {"backoff_base_s": 0.05, "max_backoff_s": 0.1, "max_replacement_attempts": 8,
+                 "replacement_reserve_prompts": 4}  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -103,9 +110,8 @@ def tiny_config(root: Path, name: str, *, backend: str = "embedded", mode: str =
             "sampler": {"name": "in_order", "max_lookahead_versions": 0},
             "max_inflight_prompts": 8,
             "max_buffered_rollouts": 8,
-            "rollout_failure": {"backoff_base_s": 0.05, "max_backoff_s": 0.1, "max_replacement_attempts": 8,
-                                "replacement_reserve_prompts": 4},
-        }  # fmt: skip
+            "rollout_failure": dict(ASYNC_FAILURE),
+        }
     for key, value in sections.items():
         data[key] = {**data.get(key, {}), **value}
     return config_from_dict(data)
@@ -262,7 +268,12 @@ def async_runs(ray_cluster, tmp_path_factory):
     runs = {}
     for backend in ("embedded", "ray"):
         root = tmp_path_factory.mktemp(f"async-{backend}")
-        session = build(tiny_config(root, "contract", backend=backend, mode="async", run={"max_steps": ASYNC_STEPS}))
+        # A verifier that raises for some prompts: each failure must stay its own prompt's on both runtimes.
+        reward = {"function": "scripted_rewards:fails_on_answers_ending_in", "kwargs": {"digits": "37"}}
+        failure = {"max_skipped_prompts": 100, "min_step_batch_fraction": 0.25}
+        cfg = tiny_config(root, "contract", backend=backend, mode="async", run={"max_steps": ASYNC_STEPS},
+                          reward=reward, **{"async": {"rollout_failure": {**ASYNC_FAILURE, **failure}}})  # fmt: skip
+        session = build(cfg)
         try:
             runs[backend] = (session, run_async(session))
         finally:
@@ -292,6 +303,11 @@ def assert_contract(session, summary) -> None:
 def test_controller_contract_holds_on_both_runtimes(async_runs, backend):
     session, summary = async_runs[backend]
     assert_contract(session, summary)
+    failed = [line for line in read_fates(session.run_dir.fates_path) if line["fate"] == "failed"]
+    assert failed
+    for line in failed:  # a reward failure fails only the prompt whose completion raised it, and says so
+        named = set(re.findall(r"addition/train/\d+\+\d+", line["detail"]))
+        assert named == {line["prompt_uid"]} and "verifier cannot parse" in line["detail"], line
     lines = metrics_of(session)
     assert all(line["rollout/redispatches"] == 0 and line["rollout/worker_restarts"] == 0 for line in lines)
 

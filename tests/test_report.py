@@ -1,9 +1,13 @@
 """``groupwise report`` and ``groupwise compare`` on synthetic runs.
 
 - report writes report.md and real PNG plots into the FIRST run dir's plots/, for one run and for two
-  (overlaid: the second run's colour appears only in the two-run plots); report.md embeds every plot.
-- The summary table equals values computed here from the synthetic metrics: steps, final/best accuracy,
-  zero-variance fraction over all generated groups, total groups generated/trained, wall time.
+  (overlaid: the second run's colours appear only in the two-run plots); report.md embeds every plot.
+- The summary table equals values computed here from the synthetic metrics: steps, start/final/best accuracy
+  (with the best one's step), zero-variance fraction over all generated groups, total groups
+  generated/trained, wall time.
+- How the plots read: paired series of one run have different colours (and dash styles); a noisy per-step
+  series is drawn faint with its centred moving mean over it in full colour; whole quantities get integer
+  ticks; the legend lies outside the axes.
 - A plot whose metrics no run logged is not drawn and the report says so.
 - compare gives one column per run with counts summed over steps, trained groups/h, staleness
   (group-weighted mean, max), idle fractions from sim/summary.json, final rewards; a key a run lacks is "—".
@@ -21,7 +25,9 @@ import yaml
 from matplotlib.image import imread
 
 from groupwise.run.metrics import MetricsWriter
-from groupwise.run.report import run_compare, run_report, trailing_rate
+from groupwise.run.plots import REWARDS, Series, draw_lines
+from groupwise.run.report import run_compare, run_report
+from groupwise.run.run_stats import load_run, moving_mean, smoothing_window, start_end_means, trailing_rate
 from groupwise.run.rundir import RunDir
 
 SYNC_CONFIG = {"mode": "sync", "run": {"seed": 7},
@@ -33,7 +39,8 @@ REPORT_PLOTS = ["reward_vs_step.png", "reward_vs_generated_samples.png", "zero_v
                 "gen_rounds.png", "eval_accuracy.png"]
 COMPARE_PLOTS = ["compare_reward_vs_generated.png", "compare_reward_vs_trained.png", "compare_fates.png",
                  "compare_throughput.png"]
-ORANGE = np.array([1.0, 127 / 255, 14 / 255])  # matplotlib "C1": the second run's colour
+BLUE, ORANGE, GREEN, RED = (np.array(c) / 255 for c in ((31, 119, 180), (255, 127, 14), (44, 160, 44),
+                                                         (214, 39, 40)))  # matplotlib's C0..C3
 
 
 def make_run(root: Path, name: str, config: dict, steps: dict[int, dict], sim: dict | None = None) -> Path:
@@ -106,12 +113,18 @@ def test_report_of_one_run(tmp_path: Path) -> None:
     text = report.read_text()
     for name in REPORT_PLOTS:
         assert f"](plots/{name})" in text
-        assert not has_colour(assert_real_png(run / "plots" / name), ORANGE)
+        assert_real_png(run / "plots" / name)
+    # unfiltered and trained rewards in two colours; a second run's colours (C2, C3) are not there
+    pixels = assert_real_png(run / "plots" / "reward_vs_step.png")
+    assert has_colour(pixels, BLUE) and has_colour(pixels, ORANGE)
+    assert not has_colour(pixels, GREEN) and not has_colour(pixels, RED)
+    zero_variance_plot = assert_real_png(run / "plots" / "zero_variance_fraction.png")
+    assert all(has_colour(zero_variance_plot, c) for c in (BLUE, ORANGE, GREEN)), "all / at max / at min"
     generated = sum(10 + s for s in range(1, 7))
     zero_variance = sum(range(1, 7)) / generated  # filtered == zero-variance groups here
     wall = sum(2 + s for s in range(1, 7))
     assert table_rows(text)["sync-a"] == [
-        "6", "0.400", "1.000", f"{zero_variance:.3f}", str(generated), "60", f"0:00:{wall:02d}"
+        "6", "0.100", "0.400", "1.000 (step 3)", f"{zero_variance:.3f}", str(generated), "60", f"0:00:{wall:02d}"
     ]
 
 
@@ -120,13 +133,70 @@ def test_report_of_two_runs_overlays_them_in_the_first_dir(tmp_path: Path) -> No
     second = make_run(tmp_path, "async-b", ASYNC_CONFIG, async_steps())
     run_report([first, second])
     rows = table_rows((first / "report.md").read_text())
-    assert rows["async-b"] == ["4", "—", "—", f"{4 / 36:.3f}", "36", "32", "2:00:00"]
+    assert rows["async-b"] == ["4", "—", "—", "—", f"{4 / 36:.3f}", "36", "32", "2:00:00"]
     assert "sync-a" in rows
     assert not (second / "report.md").exists() and not (second / "plots").exists()
     for name in ["reward_vs_step.png", "reward_vs_generated_samples.png"]:
-        assert has_colour(assert_real_png(first / "plots" / name), ORANGE), name
+        pixels = assert_real_png(first / "plots" / name)
+        assert all(has_colour(pixels, c) for c in (BLUE, ORANGE, GREEN, RED)), name  # 2 runs × 2 series
     # The second run logged no eval: only the first run's curve is in that plot.
-    assert not has_colour(assert_real_png(first / "plots" / "eval_accuracy.png"), ORANGE)
+    eval_plot = assert_real_png(first / "plots" / "eval_accuracy.png")
+    assert has_colour(eval_plot, BLUE) and not has_colour(eval_plot, ORANGE)
+
+
+def noisy_run(tmp_path: Path, steps: int = 60) -> Path:
+    """A sync run whose per-step rewards alternate around a rising trend (so smoothing changes them)."""
+    records = {
+        s: {"reward/unfiltered_mean": 0.01 * s + 0.2 * (s % 2), "reward/trained_mean": 0.5 + 0.1 * (s % 3),
+            "ds/gen_rounds": float(1 + s % 3), "ds/groups_generated": 8.0, "perf/step_seconds": 1.0}
+        for s in range(1, steps + 1)
+    }  # fmt: skip
+    return make_run(tmp_path, "noisy", SYNC_CONFIG, records)
+
+
+def test_noisy_series_are_drawn_faint_under_their_moving_mean_in_distinct_colours(tmp_path: Path) -> None:
+    run = load_run(noisy_run(tmp_path))
+    figure = draw_lines([run], "Reward vs step", "mean reward", REWARDS)
+    ax = figure.axes[0]
+    lines = ax.get_lines()
+    assert len(lines) == 4  # raw + smoothed for each of the two series
+    raw = [line for line in lines if line.get_alpha() is not None and line.get_alpha() < 0.5]
+    smoothed = [line for line in lines if line not in raw]
+    assert len(raw) == 2 and len(smoothed) == 2
+    assert len({line.get_color() for line in smoothed}) == 2, "paired series need two colours"
+    assert {line.get_linestyle() for line in smoothed} == {"-", "--"}
+    window = smoothing_window(60)
+    assert window == 12
+    unfiltered = [r["reward/unfiltered_mean"] for r in run.records]
+    assert list(smoothed[0].get_ydata()) == pytest.approx(moving_mean(unfiltered, window))
+    assert list(raw[0].get_ydata()) == unfiltered
+    assert "centred mean over 12 steps" in ax.get_title(loc="left")
+    # the legend (smoothed lines only) lies below the axes, not on the data
+    figure.canvas.draw()
+    legend = figure.legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == [s.label for s in REWARDS]
+    assert legend.get_window_extent().y1 <= ax.get_window_extent().y0
+
+
+def test_whole_quantities_get_integer_ticks(tmp_path: Path) -> None:
+    run = load_run(noisy_run(tmp_path, steps=7))
+    figure = draw_lines([run], "Generation rounds per step", "rounds", (Series("ds/gen_rounds", ""),),
+                        integer_y=True)
+    figure.canvas.draw()
+    ax = figure.axes[0]
+    for ticks in (ax.get_xticks(), ax.get_yticks()):
+        assert all(float(t).is_integer() for t in ticks), ticks
+    line = ax.get_lines()[0]  # 7 points: too few to smooth, drawn with markers
+    assert len(ax.get_lines()) == 1 and line.get_marker() == "o"
+
+
+def test_moving_mean_and_start_end_means() -> None:
+    values = [0.0, 3.0, 6.0, 9.0, 12.0]
+    assert moving_mean(values, 3) == [1.5, 3.0, 6.0, 9.0, 10.5]  # centred; the ends average 2 values
+    assert moving_mean(values, 1) == values
+    assert start_end_means(values, 2) == (1.5, 10.5)
+    assert start_end_means([], 3) is None
+    assert [smoothing_window(n) for n in (1, 9, 10, 60, 500)] == [1, 1, 2, 12, 25]
 
 
 def test_plots_without_data_are_skipped_and_said_so(tmp_path: Path) -> None:
@@ -156,6 +226,7 @@ def test_compare_table_values(tmp_path: Path) -> None:
         "seed": ["7", "3"],
         "steps": ["6", "4"],
         "groups generated": [str(sum(10 + s for s in range(1, 7))), "36"],
+        "groups discarded": ["—", "—"],
         "groups filtered": [str(sum(range(1, 7))), "4"],
         "groups trained": ["60", "32"],
         "groups dropped": ["—", "1"],

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from groupwise.run.rundir import RunDir
+from groupwise.run.rundir import RunDir, RunDirError
 
 
 def test_create_named_run_writes_config(tmp_path: Path) -> None:
@@ -38,7 +38,7 @@ def test_unnamed_run_gets_timestamp_and_never_collides(tmp_path: Path) -> None:
 def test_existing_nonempty_run_is_refused_without_resume(tmp_path: Path) -> None:
     run = RunDir.create(tmp_path, "exp", "x: 1\n", resume=False)
     run.metrics_path.write_text('{"step": 1}\n')
-    with pytest.raises(FileExistsError) as info:
+    with pytest.raises(RunDirError) as info:
         RunDir.create(tmp_path, "exp", "x: 1\n", resume=False)
     assert str(run.root) in str(info.value) and "--resume" in str(info.value)
     assert run.metrics_path.read_text() == '{"step": 1}\n'

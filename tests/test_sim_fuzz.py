@@ -1,6 +1,7 @@
 """Invariant fuzzing of the real controller against the simulator, run to completion in virtual time.
 
-Hypothesis draws sampler × knobs × dynamic-sampling rate (difficulty, starting skill, learning speed) × failure
+Hypothesis draws sampler (in_order, ready_first, windowed, weight_fifo without dynamic sampling) × knobs ×
+dynamic-sampling rate (difficulty, starting skill, learning speed) × failure
 rates (infra, data, stragglers) × latency (lengths, tails, slots, training and sync time) × on_dropped_prompt ×
 streaming chunk sizes × budgets × data size. Every run must:
 - balance the ledger at every close: selected + charged == P, or, for a closes-short sampler's last step at the
@@ -10,13 +11,17 @@ streaming chunk sizes × budgets × data size. Every run must:
   exactly one terminal fate when the run completes — at max_steps too, where a prompt backing off before a
   retry gets a slot-less ``pending`` line;
 - complete (max_steps or the end of data) or fail with a named error — never hang: each run has a virtual-time
-  bound far above its length, and reaching it fails the test;
+  bound far above its length, and reaching it fails the test; ``ControllerStalled`` is named only for weight_fifo
+  (its bucket mismatch), a bug for every other sampler;
+- say ``trained`` only for groups whose step's optimizer step ran (a step selected but never stepped leaves its
+  groups ``pending``, saying so), with the in-memory counts equal to the records;
 - train no group twice (trained fates are unique and equal the groups selected in the ledger);
 - keep staleness (step − start version) >= 0, <= max_lookahead_versions for in_order and <= the window for
   windowed; ready_first is unbounded for stragglers by design, its excess over the admission window is
   recorded as a hypothesis event (``pytest --hypothesis-show-statistics`` reports the tail).
 
-The CI tier runs 300 examples; the slow tier (``-m slow``) 100,000.
+:func:`classify` runs one scenario and names its outcome (``bench/fuzz.py`` counts them). The CI tier runs 300
+examples; the slow tier (``-m slow``) 100,000.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from groupwise.config import sampler_config
 from groupwise.controller.failures import FailureSettings
 from groupwise.controller.fate_records import TERMINAL_RESOLUTIONS, FateRecord
 from groupwise.controller.settings import ControllerSettings
+from groupwise.controller.train_pump import ControllerStalled
 from groupwise.sim.simulation import simulate_async
 from groupwise.sim.virtual_time import SimulationTimeout
 from groupwise.sim.workload import SimWorkload
@@ -39,7 +46,7 @@ BOUND_S = 1.0e9  # virtual seconds; the largest drawn run needs well under 10^6
 
 @st.composite
 def scenarios(draw):
-    sampler = draw(st.sampled_from(["in_order", "ready_first", "windowed"]))
+    sampler = draw(st.sampled_from(["in_order", "ready_first", "windowed", "weight_fifo"]))
     window = draw(st.integers(0, 3))
     P = draw(st.integers(1, 6))
     G = draw(st.integers(2, 4))
@@ -47,6 +54,7 @@ def scenarios(draw):
         "in_order": {"max_lookahead_versions": window},
         "ready_first": {"max_staleness_versions": window},
         "windowed": {"max_staleness_versions": window, "sample_freshest_first": draw(st.booleans())},
+        "weight_fifo": {"max_staleness_versions": window},
     }[sampler]
     workload = SimWorkload(
         group_size=G,
@@ -71,12 +79,11 @@ def scenarios(draw):
     cfg = ControllerSettings(
         prompts_per_step=P,
         group_size=G,
-        sampler=sampler,
-        sampler_knobs=knobs,
+        sampler=sampler_config(sampler, **knobs),
         min_groups_for_streaming_train=draw(st.integers(1, P)),
         max_inflight_prompts=draw(st.integers(1, 12)),
         max_buffered_rollouts=needed + draw(st.integers(0, 6)),
-        dynamic_sampling=draw(st.booleans()),
+        dynamic_sampling=draw(st.booleans()) and sampler != "weight_fifo",  # refused together
         failure=FailureSettings(
             on_dropped_prompt=draw(st.sampled_from(["shrink", "replace"])),
             max_replacement_attempts=draw(st.integers(1, 4)),
@@ -113,10 +120,17 @@ def run_scenario(cfg: ControllerSettings, workload: SimWorkload, max_epochs: int
     return run, fates, closes, trained_ids, staleness
 
 
-def check_invariants(cfg, workload, max_epochs, run, fates, closes, trained_ids, staleness):
+def check_ends(cfg, run) -> None:
+    """The run ended: completed, or a named error — never the virtual-time bound, a stall only for weight_fifo."""
+    assert not isinstance(run.error, SimulationTimeout), f"the run hung: {run.error}"
+    # A stall is weight_fifo's documented hazard (its version buckets); with any other sampler it is a bug.
+    assert not isinstance(run.error, ControllerStalled) or cfg.sampler.name == "weight_fifo", run.error
+
+
+def check_records(cfg, workload, max_epochs, run, fates, closes, trained_ids, staleness) -> None:
+    """What the run says happened is what happened: ledger at every close, trained fates, staleness bounds."""
     P, controller = cfg.prompts_per_step, run.controller
     ledger = controller.ledger
-    assert not isinstance(run.error, SimulationTimeout), f"the run hung: {run.error}"
     # The ledger balances at every close (as reported then, and as recorded in its history; a failure may
     # interrupt the run between a close and its report).
     history = [(r.step, r.selected, r.charged, r.unfilled) for r in ledger.history]
@@ -128,22 +142,34 @@ def check_invariants(cfg, workload, max_epochs, run, fates, closes, trained_ids,
             assert selected >= ledger.floor and selected + charged + unfilled == P
         else:
             assert selected + charged == P
-    # Exactly one fate per reserved slot (slot-less lines: prompts backing off at the stop); no group trained twice.
+    # ``trained`` only after the step's optimizer step: exactly the groups of the steps the learner stepped (a run
+    # may fail after a step's optimizer step and before its report); a step selected but never stepped leaves its
+    # groups pending, saying so; the in-memory counts agree with the records. No group trained twice.
+    stepped = run.parts.trainer.curve.latest_version  # optimizer steps that ran
+    trained_fates = [r.group_id for r in fates if r.fate == "trained"]
+    assert len(trained_fates) == len(set(trained_fates)) == controller.fates["trained"]
+    assert set(trained_ids) <= set(trained_fates) and all(r.step < stepped for r in fates if r.fate == "trained")
+    records = [*ledger.history, *ledger.pending()]
+    assert len(trained_fates) == sum(r.selected for r in records if r.step < stepped)
+    never_stepped = [r for r in fates if r.fate == "pending" and "optimizer step never ran" in r.detail]
+    assert len(never_stepped) == sum(r.selected for r in records if r.step >= stepped)
+    # Staleness bounds per sampler.
+    assert all(s >= 0 for s in staleness)
+    window = cfg.sampler.window
+    if cfg.sampler.name in ("in_order", "windowed", "weight_fifo"):
+        assert max(staleness, default=0) <= window
+    elif staleness:
+        event(f"ready_first staleness excess over its window: {max(0, max(staleness) - window)}")
+
+
+def check_accounting(cfg, workload, max_epochs, run, fates, closes, trained_ids, staleness) -> None:
+    """Nothing is lost: one fate per reserved slot; in a completed run one terminal fate per dispatched prompt."""
+    controller = run.controller
+    # Exactly one fate per reserved slot (slot-less lines: prompts backing off at the stop).
     fate_ids = Counter(record.group_id for record in fates if record.group_id is not None)
     assert all(r.fate == "pending" and r.start_version is None for r in fates if r.group_id is None)
     assert set(fate_ids) == set(range(controller.ctx.buffer.next_slot_id))
     assert all(n == 1 for n in fate_ids.values())
-    trained_fates = [r.group_id for r in fates if r.fate == "trained"]  # recorded at selection
-    assert len(trained_fates) == len(set(trained_fates))
-    assert set(trained_ids) <= set(trained_fates)  # closed steps' groups (a failed run may leave one step open)
-    assert len(trained_fates) == sum(r.selected for r in [*ledger.history, *ledger.pending()])
-    # Staleness bounds per sampler.
-    assert all(s >= 0 for s in staleness)
-    window = cfg.sampler_knobs.get("max_lookahead_versions", cfg.sampler_knobs.get("max_staleness_versions"))
-    if cfg.sampler in ("in_order", "windowed"):
-        assert max(staleness, default=0) <= window
-    elif staleness:
-        event(f"ready_first staleness excess over its window: {max(0, max(staleness) - window)}")
     if run.error is not None:
         event(f"named failure: {type(run.error).__name__}")
         return
@@ -164,6 +190,33 @@ def check_invariants(cfg, workload, max_epochs, run, fates, closes, trained_ids,
         assert len(dispatched) + controller.rollout_pump.unused_prompts == workload.num_prompts * max_epochs
         assert controller.ctx.capacity.in_use == 0
     event(f"completed: {run.stop_reason}")
+
+
+def check_invariants(cfg, workload, max_epochs, *observed) -> None:
+    check_ends(cfg, observed[0])
+    check_records(cfg, workload, max_epochs, *observed)
+    check_accounting(cfg, workload, max_epochs, *observed)
+
+
+def classify(scenario) -> str:
+    """The outcome of one scenario, for ``bench/fuzz.py``: ``completed``, ``clean error`` (a named failure),
+    ``traceback`` (any other exception), ``hang`` (the virtual-time bound, or a stall of a sampler that must not
+    stall), ``false record`` (check_records failed) or ``data lost`` (check_accounting failed)."""
+    cfg, workload, max_epochs = scenario
+    try:
+        observed = run_scenario(cfg, workload, max_epochs)
+    except Exception:  # noqa: BLE001 — an unexpected exception is the finding
+        return "traceback"
+    try:
+        check_ends(cfg, observed[0])
+    except AssertionError:
+        return "hang"
+    for check, finding in ((check_records, "false record"), (check_accounting, "data lost")):
+        try:
+            check(cfg, workload, max_epochs, *observed)
+        except AssertionError:
+            return finding
+    return "completed" if observed[0].error is None else "clean error"
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

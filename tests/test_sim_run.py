@@ -8,7 +8,7 @@ Invariants pinned:
 - sync mode alternates strictly: with instant weight syncs, trainer idle time equals generation time;
   async overlaps them and trains the same groups in less virtual time;
 - in_order with lookahead 0, full batches and dynamic sampling off trains the same prompts per step as sync
-  (DESIGN invariant 9, here under simulated timing);
+  (invariant 9 in docs/design.md, here under simulated timing);
 - the learning curve moves the zero-variance mix: mostly all-wrong groups early, all-right groups late;
 - a run that stops with a named error still writes its summary (outcome failed, the error named) and the CLI
   exits 1; failures injected into a sync simulation are a config error (exit 2) naming the key;

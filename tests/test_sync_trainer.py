@@ -4,11 +4,11 @@ Invariants pinned:
 - a run writes every artifact (config.yaml, metrics.jsonl with the documented keys, events.log, train_data,
   tensorboard, checkpoints, final/ loadable by plain transformers);
 - train_data rows are row-aligned: each row's reward is the reward of that very completion, groups whole and in
-  the trained order (seed 000 at trainer level);
+  the trained order (the misaligned-rewards bug of docs/design.md, at trainer level);
 - reward/unfiltered_mean is the mean over every row generated for the step across all rounds, and
   reward/trained_mean the mean over trained rows; the group counts add up;
 - stop after k steps + resume to n gives bit-identical parameters to an uninterrupted n-step run, and no
-  prompt is trained twice or skipped;
+  prompt is trained twice or skipped (bit-exact: both runs do the same computations in the same process);
 - a checkpoint write killed midway leaves no complete-looking checkpoint, and resume picks the previous one.
 """
 
@@ -25,8 +25,10 @@ import torch
 from groupwise.config import config_from_dict
 from groupwise.run.checkpoint import latest_checkpoint
 from groupwise.run.metrics import read_metrics
+from groupwise.runtime.sync_run import run_sync
 from groupwise.trainer.builder import build_session
-from groupwise.trainer.sync_loop import run_sync
+
+pytestmark = pytest.mark.numerics
 
 REQUIRED_KEYS = {
     "step", "weight_version", "reward/unfiltered_mean", "reward/trained_mean", "ds/groups_generated",
@@ -89,7 +91,7 @@ def test_artifacts_and_aligned_train_data(tmp_path):
             a_b = line["prompt_uid"].rsplit("/", 1)[1]
             a, b = (int(x) for x in a_b.split("+"))
             expected = float(b % 2 == 0) if a % 3 == 0 else float(line["completion_ids"][0] % 2)
-            assert line["reward_raw"] == expected
+            assert line["raw_reward"] == expected
             assert len(line["generation_logprobs"]) == len(line["completion_ids"])
         assert len(by_group) == cfg.grpo.num_prompts_per_step
         assert all(len(rows) == cfg.grpo.num_generations_per_prompt for rows in by_group.values())
@@ -119,7 +121,7 @@ def test_unfiltered_metric_covers_every_generated_row(tmp_path):
         offset += generated_rows
         assert record["reward/unfiltered_mean"] == pytest.approx(sum(r for _, _, r in rows) / len(rows))
         trained = [json.loads(x) for x in session.run_dir.train_data_path(int(record["step"])).read_text().splitlines()]
-        assert record["reward/trained_mean"] == pytest.approx(sum(t["reward_raw"] for t in trained) / len(trained))
+        assert record["reward/trained_mean"] == pytest.approx(sum(t["raw_reward"] for t in trained) / len(trained))
         assert record["ds/groups_generated"] == (
             record["ds/groups_filtered"] + record["ds/groups_trained"] + record["ds/discarded_valid_groups"]
             - record["ds/carried_groups"] + record.get("ds/carried_out_groups", 0)

@@ -1,10 +1,16 @@
-"""`RowBatch`: named columns that always share one row count (DESIGN invariants 1 and 2).
+"""`RowBatch`: named columns that always share one row count (invariants 1 and 2 in docs/design.md).
 
-A column is either a torch tensor whose leading dimension is the row dimension, or a Python list with
-one element per row. Every operation applies one row index to every column, so a column can never be
-sliced, filtered or concatenated against a different row space than its neighbours (the seed-000 bug).
-Data computed on another row set (pre-filter rewards, say) does not belong here: it lives in the step
-tally (:class:`groupwise.algo.tally.StepTally`).
+A column is either a torch tensor whose leading dimension is the row dimension, or a sequence (list or tuple)
+with one element per row. Every operation applies one row index to every column, so a column can never be
+sliced, filtered or concatenated against a different row space than its neighbours (the misaligned-rewards
+bug of docs/design.md). Data computed on another row set (pre-filter rewards, say) does not belong here: it
+lives in the step tally (:class:`groupwise.algo.tally.StepTally`).
+
+A column cannot be changed behind the batch's back, because an in-place edit would skip the row-count check:
+sequence columns are stored and read as **tuples** (immutable, so a read costs nothing: the learner reads the id
+columns every micro-batch), and tensor columns are copied when written and **read as copies** (torch has no
+read-only tensor; the tensors held here are per-row scalars, so a copy is cheap next to any forward pass). Row
+values themselves are kept as given; :func:`groupwise.rows.build_rows` gives tuples.
 
 Every batch carries a ``group_id`` column so whole-group operations never regroup rows by prompt text.
 """
@@ -13,7 +19,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,7 +26,7 @@ import torch
 if TYPE_CHECKING:
     from groupwise.types import Group
 
-Column = torch.Tensor | list
+Column = torch.Tensor | list | tuple
 GROUP_ID = "group_id"
 
 
@@ -34,17 +39,34 @@ def _column_length(name: str, column: object) -> int:
                 "for a single row)"
             )
         return int(column.shape[0])
-    if isinstance(column, list):
+    if isinstance(column, (list, tuple)):
         return len(column)
     raise TypeError(
         f"column {name!r} has type {type(column).__name__}; a column must be a torch.Tensor (rows on dim 0) "
-        "or a list with one element per row"
+        "or a list or tuple with one element per row"
     )
 
 
-def _copy_column(column: Column) -> Column:
-    """A new container for a column: lists are shallow-copied, tensors kept (no method writes into them)."""
-    return list(column) if isinstance(column, list) else column
+def _frozen(column: Column) -> torch.Tensor | tuple:
+    """What the batch stores for a column it was handed: a tuple, or a copy of the tensor (the caller keeps
+    no handle on the batch's own storage)."""
+    return column.clone() if isinstance(column, torch.Tensor) else tuple(column)
+
+
+class _ColumnsView(Mapping):
+    """``RowBatch.columns``: a read-only mapping whose values are read as ``batch[name]`` is."""
+
+    def __init__(self, batch: RowBatch) -> None:
+        self._batch = batch
+
+    def __getitem__(self, name: str) -> Column:
+        return self._batch[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._batch._columns)
+
+    def __len__(self) -> int:
+        return len(self._batch._columns)
 
 
 class RowBatch:
@@ -72,7 +94,18 @@ class RowBatch:
                 + "; every column must have one entry per row"
             )
         self._num_rows = num_rows
-        self._columns: dict[str, Column] = {name: _copy_column(col) for name, col in columns.items()}
+        self._columns: dict[str, torch.Tensor | tuple] = {name: _frozen(col) for name, col in columns.items()}
+
+    @classmethod
+    def _of_new_columns(cls, columns: dict[str, torch.Tensor | tuple]) -> RowBatch:
+        """A batch over columns this module just built (new tensors, tuples): checked, not copied again."""
+        batch = cls.__new__(cls)
+        lengths = {name: _column_length(name, col) for name, col in columns.items()}
+        if len(set(lengths.values())) > 1:
+            raise AssertionError(f"RowBatch operation built columns of different lengths: {lengths}")
+        batch._num_rows = lengths[GROUP_ID]
+        batch._columns = columns
+        return batch
 
     # --- reading and writing -------------------------------------------------------------------------
 
@@ -82,8 +115,8 @@ class RowBatch:
 
     @property
     def columns(self) -> Mapping[str, Column]:
-        """A read-only view of the columns (write with ``batch[name] = column``)."""
-        return MappingProxyType(self._columns)
+        """A read-only view of the columns, read like ``batch[name]`` (write with ``batch[name] = column``)."""
+        return _ColumnsView(self)
 
     def __len__(self) -> int:
         return self._num_rows
@@ -92,9 +125,11 @@ class RowBatch:
         return name in self._columns
 
     def __getitem__(self, name: str) -> Column:
+        """The column ``name``: a tuple, or a copy of the tensor (see the module docstring)."""
         if name not in self._columns:
             raise KeyError(f"RowBatch has no column {name!r}; columns are {sorted(self._columns)}")
-        return self._columns[name]
+        column = self._columns[name]
+        return column.clone() if isinstance(column, torch.Tensor) else column
 
     def __setitem__(self, name: str, column: Column) -> None:
         n = _column_length(name, column)
@@ -103,7 +138,7 @@ class RowBatch:
                 f"cannot write column {name!r} with {n} rows into a RowBatch of {self._num_rows} rows; a column "
                 "computed on another row set (e.g. pre-filter rewards) belongs in the step tally, not the batch"
             )
-        self._columns[name] = _copy_column(column)
+        self._columns[name] = _frozen(column)
 
     def __repr__(self) -> str:
         return f"RowBatch(num_rows={self._num_rows}, columns={list(self._columns)})"
@@ -123,13 +158,13 @@ class RowBatch:
                 "negative indices are not accepted"
             )
         index_tensor = torch.tensor(index, dtype=torch.long)
-        selected: dict[str, Column] = {}
+        selected: dict[str, torch.Tensor | tuple] = {}
         for name, col in self._columns.items():
             if isinstance(col, torch.Tensor):
                 selected[name] = col.index_select(0, index_tensor.to(col.device))
             else:
-                selected[name] = [col[i] for i in index]
-        return RowBatch(selected)
+                selected[name] = tuple(col[i] for i in index)
+        return RowBatch._of_new_columns(selected)
 
     def slice(self, start: int, stop: int) -> RowBatch:
         """Rows ``start`` to ``stop`` (exclusive). Raises instead of truncating when out of range."""
@@ -138,10 +173,10 @@ class RowBatch:
                 f"slice({start}, {stop}) is out of range for a RowBatch of {self._num_rows} rows; need "
                 f"0 <= start <= stop <= {self._num_rows} (a batch is never silently truncated)"
             )
-        sliced: dict[str, Column] = {}
+        sliced: dict[str, torch.Tensor | tuple] = {}
         for name, col in self._columns.items():
             sliced[name] = col[start:stop].clone() if isinstance(col, torch.Tensor) else col[start:stop]
-        return RowBatch(sliced)
+        return RowBatch._of_new_columns(sliced)
 
     def iter_slices(self, rows_per_slice: int) -> Iterator[RowBatch]:
         """Consecutive slices of ``rows_per_slice`` rows; the last one holds the remainder."""
@@ -170,8 +205,8 @@ class RowBatch:
                     f"{extra}); add or drop those columns so every batch has the same set"
                 )
         pads = dict(pad_values or {})
-        merged = {name: _concat_column(name, [b[name] for b in batches], pads.get(name, 0)) for name in names}
-        return RowBatch(merged)
+        merged = {name: _concat_column(name, [b._columns[name] for b in batches], pads.get(name, 0)) for name in names}
+        return RowBatch._of_new_columns(merged)
 
     # --- whole-group operations ----------------------------------------------------------------------
 
@@ -222,7 +257,8 @@ class RowBatch:
         """One row per completion, groups in order: the per-row scalars every trainer needs.
 
         Columns: ``group_id``, ``prompt_uid``, ``completion_index``, ``raw_reward``, ``reward``,
-        ``num_tokens``, ``finish_reason``, ``start_version``, ``end_version`` (all lists).
+        ``num_tokens``, ``finish_reason``, ``start_version``, ``end_version`` (all tuples; the names are the ones
+        :func:`groupwise.rows.build_rows` and ``train_data`` use).
         Token-level tensors are built by the caller, which knows the tokenizer's padding.
         """
         columns: dict[str, list] = {
@@ -246,13 +282,13 @@ class RowBatch:
         return cls(columns)
 
 
-def _concat_column(name: str, parts: list[Column], pad_value: float | int) -> Column:
-    """Concatenate one column's parts (all lists, or all tensors of one dtype and trailing shape)."""
-    if all(isinstance(p, list) for p in parts):
-        return [item for p in parts for item in p]
+def _concat_column(name: str, parts: list[torch.Tensor | tuple], pad_value: float | int) -> torch.Tensor | tuple:
+    """Concatenate one column's parts (all tuples, or all tensors of one dtype and trailing shape)."""
+    if all(isinstance(p, tuple) for p in parts):
+        return tuple(item for p in parts for item in p)
     if not all(isinstance(p, torch.Tensor) for p in parts):
         kinds = [type(p).__name__ for p in parts]
-        raise TypeError(f"RowBatch.concat: column {name!r} is a tensor in some batches and a list in others: {kinds}")
+        raise TypeError(f"RowBatch.concat: column {name!r} is a tensor in some batches, a sequence in others: {kinds}")
     tensors: list[torch.Tensor] = parts  # type: ignore[assignment]
     dtypes = {t.dtype for t in tensors}
     if len(dtypes) > 1:

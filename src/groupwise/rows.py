@@ -1,20 +1,24 @@
 """From scored groups to row-aligned training rows.
 
 One row per completion. Every column is built from the same group list in the same order, inside one
-:class:`~groupwise.batch.RowBatch`, so a reward can never be paired with another row's completion (seed 000).
+:class:`~groupwise.batch.RowBatch`, so a reward can never be paired with another row's completion
+(the misaligned-rewards bug of docs/design.md).
 Advantages are computed here, per group, on the groups that are actually trained.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from groupwise.algo.advantages import clip_advantages, group_advantages
 from groupwise.batch import RowBatch
 from groupwise.types import Group
+
+if TYPE_CHECKING:
+    from groupwise.config import GrpoSection
 
 
 def group_row_advantages(
@@ -37,9 +41,10 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
     """One row per completion, groups in the given order, completions in sampling order.
 
     Columns: ``group_id``, ``prompt_uid``, ``completion_index``, ``prompt_ids``, ``completion_ids``,
-    ``generation_logprobs``, ``completion_text``, ``finish_reason``, ``reward_raw``, ``reward`` (scaled and
-    shaped), ``advantage`` (a separate column: a reward is never overwritten by its advantage),
-    ``start_version``.
+    ``generation_logprobs``, ``completion_text``, ``finish_reason``, ``raw_reward`` (the verifier's, as the
+    zero-variance filter saw it), ``reward`` (scaled and shaped), ``advantage`` (a float32 tensor, a separate
+    column: a reward is never overwritten by its advantage), ``start_version``. Id and logprob rows are the
+    groups' own tuples (no copy; the batch is immutable).
     """
     if len(advantages) != len(groups):
         raise ValueError(f"{len(groups)} groups but advantages for {len(advantages)}")
@@ -54,7 +59,7 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
             "generation_logprobs",
             "completion_text",
             "finish_reason",
-            "reward_raw",
+            "raw_reward",
             "reward",
             "advantage",
             "start_version",
@@ -67,12 +72,12 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
             cols["group_id"].append(group.group_id)
             cols["prompt_uid"].append(group.prompt.uid)
             cols["completion_index"].append(i)
-            cols["prompt_ids"].append(list(group.prompt_token_ids))
-            cols["completion_ids"].append(list(completion.token_ids))
-            cols["generation_logprobs"].append(list(completion.logprobs))
+            cols["prompt_ids"].append(tuple(group.prompt_token_ids))
+            cols["completion_ids"].append(tuple(completion.token_ids))
+            cols["generation_logprobs"].append(tuple(completion.logprobs))
             cols["completion_text"].append(completion.text)
             cols["finish_reason"].append(completion.finish_reason)
-            cols["reward_raw"].append(group.raw_rewards[i])
+            cols["raw_reward"].append(group.raw_rewards[i])
             cols["reward"].append(group.rewards[i])
             cols["advantage"].append(group_adv[i])
             cols["start_version"].append(group.start_version)
@@ -93,7 +98,7 @@ class StepRows:
     """The rows of one RL step assembled from chunks (async trainers): advantages per chunk of whole groups,
     rows kept until the step closes so its ``train_data`` file can be written."""
 
-    def __init__(self, grpo: Any):
+    def __init__(self, grpo: GrpoSection):
         self.grpo = grpo
         self._chunks: list[RowBatch] = []
 

@@ -1,4 +1,4 @@
-"""Every random source is owned and seeded from (run seed, identifiers) — DESIGN invariant 9."""
+"""Every random source is owned and seeded from (run seed, identifiers): invariant 9 in docs/design.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Plain data that flows through groupwise: prompts, completions, groups, sampling settings.
 
 The unit of work is the *prompt group*: one prompt, G completions, their rewards. A group id is
-assigned at dispatch and travels with every row made from the group (DESIGN invariant 2).
+assigned at dispatch and travels with every row made from the group (invariant 2 in docs/design.md).
 Nothing here holds behaviour beyond tiny derived properties.
 """
 

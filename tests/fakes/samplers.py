@@ -72,3 +72,27 @@ class HoardingSampler(PlainReadyFirst):
 
     def required_buffer_capacity(self, prompts_per_step: int) -> int | None:
         return None
+
+
+class GatedClosesShort(PlainReadyFirst):
+    """Gated, keeps the spare pool, and closes its last step short at the end of data."""
+
+    uses_replacement_pool = True
+    closes_short_at_exhaustion = True
+
+    def charge_step_for_lost_group(self, target_step: int | None, assembling_step: int) -> int | None:
+        return assembling_step
+
+
+class ChargeAnything(PlainReadyFirst):
+    """Charges every loss to whatever ``charge`` says (2.5, "next", ...): the controller must refuse bad values."""
+
+    uses_replacement_pool = False
+    closes_short_at_exhaustion = False
+
+    def __init__(self, buffer: GroupBuffer, window: int = 1, charge: object = None) -> None:
+        super().__init__(buffer, window)
+        self.charge = charge
+
+    def charge_step_for_lost_group(self, target_step: int | None, assembling_step: int) -> object:
+        return self.charge

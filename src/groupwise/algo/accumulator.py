@@ -13,7 +13,6 @@ groups reach P. ``max_gen_rounds`` means exactly that many rounds. Usage::
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Literal
 
 from groupwise.algo.filter import zero_variance_kind
 from groupwise.algo.reward_shaping import check_finite_rewards
+from groupwise.algo.step_size import step_floor
 from groupwise.algo.tally import StepTally
 from groupwise.types import Group
 
@@ -30,15 +30,6 @@ SurplusPolicy = Literal["discard", "carry"]
 
 class DynamicSamplingExhausted(RuntimeError):
     """Dynamic sampling used its rounds without keeping enough groups for the step."""
-
-
-def step_floor(num_prompts_per_step: int, min_step_batch_fraction: float) -> int:
-    """The fewest groups a short step may train: ``ceil(P × min_step_batch_fraction)``.
-
-    The product is rounded to 9 decimals first so float noise (10 × 0.3 = 3.0000000000000004) does not
-    push the floor up by one.
-    """
-    return math.ceil(round(num_prompts_per_step * min_step_batch_fraction, 9))
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Normalisation treats a trivial std by EXACT equality of the rewards it is taken over, never by a float
 threshold: a float std of identical rewards can come out as a tiny residue (e.g. ~4.6e-4 in fp32) and
-dividing by it blows the advantage up to ~−2000 (upstream-semantics §2.7.3).
+dividing by it blows the advantage up to ~−2000 (docs/design.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The DAPO dynamic-sampling filter: is a prompt group zero-variance? (DESIGN invariant 3.)
+"""The DAPO dynamic-sampling filter: is a prompt group zero-variance? (Invariant 3 in docs/design.md.)
 
 The test is per group, on RAW (unscaled, unshaped) rewards, by ``max − min``: exact equality by default,
 so no float-std residue decides it (a float32 std of eight equal rewards of 1/6 is ~1e-8, not 0).

@@ -11,7 +11,7 @@ Per valid token (``mask == 1``), with ratio ``r = exp(logprobs − prev_logprobs
 * entropy bonus ``− entropy_coef · H``.
 
 The per-token total ``w·ℓ + kl_coef·kl − entropy_coef·H`` is reduced with a caller-given denominator that
-covers the WHOLE step (DESIGN invariant 6), so summing this loss over chunks of a step equals the one-shot
+covers the WHOLE step (invariant 6 in docs/design.md), so summing this loss over chunks of a step equals the one-shot
 loss, in value and gradient: ``token_level`` ``Σ mask·total / N_tokens(step)``; ``sequence_level``
 ``Σ_i (Σ_t mask·total / n_i) / N_sequences(step)``. Use :func:`global_denominator` for the denominator.
 """

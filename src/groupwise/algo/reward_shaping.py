@@ -44,7 +44,8 @@ def overlong_penalty(
     """DAPO soft overlong punishment for a response of ``length`` tokens.
 
     ``clip(−(L − (max − buf)) / buf · penalty, −penalty, 0)``: 0 up to ``max − buf`` tokens, then linear down
-    to ``−penalty`` at ``max`` tokens, and capped there (as in the DAPO paper; upstream does not cap).
+    to ``−penalty`` at ``max`` tokens, and capped there (as in the DAPO paper; an uncapped penalty keeps
+    falling beyond ``max``).
     """
     if overlong_buffer_length <= 0 or overlong_buffer_length > max_response_length:
         raise ValueError(

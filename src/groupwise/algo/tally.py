@@ -1,9 +1,9 @@
 """`StepTally`: what happened to every group generated for one step, kept outside any RowBatch.
 
 Pre-filter data (every generated group's raw rewards, across all rounds) lives here and only here, so it
-can never be sliced against the trained rows (the seed-000 bug). All reward metrics use RAW rewards
-(``Group.raw_rewards``, what the filter sees) except ``reward/trained_shaped_mean``, which uses the shaped
-``Group.rewards`` that advantages use.
+can never be sliced against the trained rows (the misaligned-rewards bug, docs/design.md). All reward metrics
+use RAW rewards (``Group.raw_rewards``, what the filter sees) except ``reward/trained_shaped_mean``, which uses
+the shaped ``Group.rewards`` that advantages use.
 
 Conservation identity (checked by :meth:`StepTally.check_balance`): every group that entered the step —
 generated in one of its rounds, or carried in from the previous step — ends in exactly one place::

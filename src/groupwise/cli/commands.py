@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from groupwise.config import ConfigError, ConfigIssue, config_from_dict, load_config
@@ -17,6 +18,16 @@ from groupwise.config import ConfigError, ConfigIssue, config_from_dict, load_co
 EXIT_OK = 0
 EXIT_RUN_FAILED = 1
 EXIT_USAGE = 2
+
+
+def print_config_warnings(cfg) -> list[str]:
+    """Print the config's hazards (:mod:`groupwise.config.hazards`) to stderr; return them as one-line texts."""
+    from groupwise.config.issues import format_warning, warning_line
+
+    warnings = cfg.warnings()
+    for issue in warnings:
+        print(format_warning(issue), file=sys.stderr)
+    return [warning_line(issue) for issue in warnings]
 
 
 def _config_arguments(parser: argparse.ArgumentParser, what: str = "FILE") -> None:
@@ -39,24 +50,34 @@ def add_train_parser(subparsers) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    """Check everything that can refuse the run first (exit 2, nothing created), then train (exit 1 on failure)."""
+    started = time.monotonic()
     cfg = load_config(args.file, args.overrides)
-    from groupwise.data.jsonl_dataset import DatasetError
-    from groupwise.model.encode import ChatTemplateMissing
-    from groupwise.model.lora import LoraSetupError
+    warnings = print_config_warnings(cfg)
+    from groupwise.trainer.preflight import check_train_start
+
+    inputs = check_train_start(cfg, resume=args.resume, resume_from=args.resume_from)
+    from groupwise.cli.run_summary import run_summary_text
     from groupwise.run.async_checkpoint import ResumeError
     from groupwise.run.checkpoint import latest_checkpoint
+    from groupwise.run.disk_full import DiskFullError, is_disk_full
+    from groupwise.run.rundir import RunDirError
     from groupwise.runtime.ray_errors import RayNotInstalledError, RaySetupError
 
-    setup_errors = (FileExistsError, FileNotFoundError, ResumeError, RayNotInstalledError, RaySetupError,
-                    DatasetError, ChatTemplateMissing, LoraSetupError)
     try:
-        session = _build_train_session(cfg, args)
-    except setup_errors as err:
+        session = _build_train_session(cfg, args, inputs)
+    except (RunDirError, ResumeError, RayNotInstalledError, RaySetupError) as err:
         print(f"groupwise train: {err}", file=sys.stderr)
         return EXIT_USAGE
+    for warning in warnings:
+        session.events.event(warning)
+    if cfg.runtime.backend != "ray":  # Ray sets each actor's OMP_NUM_THREADS from the CPUs it reserves
+        from groupwise.runtime.cpu_threads import apply_cpu_threads
+
+        session.events.event(apply_cpu_threads(session.policy.model))
     try:
         if cfg.mode == "sync":
-            from groupwise.trainer.sync_loop import run_sync
+            from groupwise.runtime.sync_run import run_sync
 
             run_sync(session)
         else:
@@ -67,24 +88,26 @@ def run_train(args: argparse.Namespace) -> int:
         kept = latest_checkpoint(session.run_dir.path)
         session.events.event(f"run failed: {type(err).__name__}: {err}")
         print(f"groupwise train: the run failed: {type(err).__name__}: {err}", file=sys.stderr)
+        if is_disk_full(err) and not isinstance(err, DiskFullError):  # a metrics or fates line, say
+            print("the disk is full: free space, then continue with --resume", file=sys.stderr)
         print(f"kept: {kept or 'no complete checkpoint'} (resume with --resume)", file=sys.stderr)
         return EXIT_RUN_FAILED
     finally:
         if cfg.runtime.backend == "ray":
             session.close()  # stop the actors (and the local cluster this run started)
-    print(f"done: {session.run_dir.path}")
+    print(run_summary_text(session.run_dir.path, time.monotonic() - started))
     return EXIT_OK
 
 
-def _build_train_session(cfg, args: argparse.Namespace):
+def _build_train_session(cfg, args: argparse.Namespace, inputs):
     """The run's session on the configured ``runtime.backend`` (Ray is imported only when chosen)."""
     if cfg.runtime.backend == "ray":
         from groupwise.runtime.ray_session import build_ray_session
 
-        return build_ray_session(cfg, resume=args.resume, resume_from=args.resume_from)
+        return build_ray_session(cfg, resume=args.resume, resume_from=args.resume_from, inputs=inputs)
     from groupwise.trainer.builder import build_session
 
-    return build_session(cfg, resume=args.resume, resume_from=args.resume_from)
+    return build_session(cfg, resume=args.resume, resume_from=args.resume_from, inputs=inputs)
 
 
 # --- eval ---------------------------------------------------------------------------------------------------------
@@ -93,6 +116,7 @@ def _build_train_session(cfg, args: argparse.Namespace):
 def add_eval_parser(subparsers) -> None:
     parser = subparsers.add_parser("eval", help="held-out greedy accuracy (and pass@k) of a config's or run's policy")
     _config_arguments(parser, what="CONFIG|RUN_DIR")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.set_defaults(handler=run_eval)
 
 
@@ -101,20 +125,57 @@ def run_eval(args: argparse.Namespace) -> int:
     path = Path(args.file)
     if path.is_dir():
         cfg = run_dir_config(path, args.overrides)
+        weights, note = str(path / "final"), f"the trained policy of run {path.name}"
     else:
         cfg = load_config(path, args.overrides)
+        weights, note = _configured_weights(cfg, path)
+    from groupwise.runtime.cpu_threads import apply_cpu_threads
     from groupwise.trainer.builder import build_components
-    from groupwise.trainer.evaluation import evaluate_policy
+    from groupwise.trainer.evaluation import evaluate_policy, evaluated_prompts
 
     parts = build_components(cfg)
-    result = evaluate_policy(parts.engine, parts.rollouts, parts.task.eval_prompts(), cfg)
-    print(json.dumps(result, indent=2))
+    apply_cpu_threads(parts.policy.model)
+    prompts = evaluated_prompts(parts.task.eval_prompts(), cfg)
+    result = evaluate_policy(parts.engine, parts.rollouts, prompts, cfg)
+    if args.json:
+        print(json.dumps({"weights": weights, "num_prompts": len(prompts), **result}, indent=2))
+    else:
+        print(eval_table(f"{weights}  ({note})", cfg, len(prompts), result))
     return EXIT_OK
+
+
+def eval_table(weights: str, cfg, num_prompts: int, result: dict[str, float]) -> str:
+    """The readable ``groupwise eval`` output: which weights, how many prompts, accuracy and pass@k."""
+    rows = [("weights", weights), ("held-out prompts", f"{num_prompts}  (task {cfg.data.task}, eval split)")]
+    accuracy = result.get("eval/accuracy")
+    if accuracy is None:
+        rows.append(("greedy accuracy", "—  (the task has no held-out prompts)"))
+    else:
+        rows.append(("greedy accuracy", f"{accuracy:.3f}  ({round(accuracy * num_prompts)} of {num_prompts} correct)"))
+    k = cfg.eval.pass_k
+    if "eval/pass_at_k" in result:
+        pass_at_k = result["eval/pass_at_k"]
+        solved = f"{round(pass_at_k * num_prompts)} of {num_prompts} solved"
+        rows.append((f"pass@{k}", f"{pass_at_k:.3f}  ({solved} by {k} samples at temperature "
+                                  f"{cfg.generation.temperature:g})"))
+    else:
+        rows.append(("pass@k", "—  (eval.pass_k is 1: add eval.pass_k=8 to measure pass@8)"))
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label:<{width}}  {text}" for label, text in rows)
+
+
+def _configured_weights(cfg, config_file: Path) -> tuple[str, str]:
+    """(what the weights are, where that came from) for a config file's ``model`` section."""
+    model = cfg.model
+    if model.source == "tiny":
+        return f"a random tiny model (seed {cfg.run.seed})", f"model.source: tiny in {config_file}"
+    name = f"{model.path}/{model.gguf_file}" if model.gguf_file else str(model.path)
+    return name, f"model.path in {config_file}"
 
 
 def run_dir_config(run_dir: Path, overrides: list[str]):
     """The run's resolved config with its model replaced by the trained policy in ``final/``."""
-    import yaml
+    from groupwise.config.load import read_config_file
 
     final = run_dir / "final"
     if not final.is_dir():
@@ -125,7 +186,7 @@ def run_dir_config(run_dir: Path, overrides: list[str]):
             "train the run to the end (or evaluate a config file instead)",
         )
         raise ConfigError([issue], source=str(run_dir))
-    data = yaml.safe_load((run_dir / "config.yaml").read_text())
+    data = read_config_file(run_dir / "config.yaml")
     data["model"] = {
         **{k: v for k, v in data["model"].items() if k not in ("tiny", "gguf_file")},
         "source": "hf",
@@ -140,14 +201,14 @@ def run_dir_config(run_dir: Path, overrides: list[str]):
 def add_sft_parser(subparsers) -> None:
     parser = subparsers.add_parser("sft", help="supervised fine-tuning on task demonstrations (warm starts)")
     _config_arguments(parser)
-    parser.set_defaults(handler=run_sft)
+    parser.set_defaults(handler=run_sft_command)
 
 
-def run_sft(args: argparse.Namespace) -> int:
+def run_sft_command(args: argparse.Namespace) -> int:
     cfg = load_config(args.file, args.overrides)
-    from groupwise.trainer.sft import run_sft as fine_tune
+    from groupwise.trainer.sft import run_sft
 
-    final = fine_tune(cfg)
+    final = run_sft(cfg)
     print(f"done: {final}")
     return EXIT_OK
 
@@ -188,7 +249,7 @@ def add_simulate_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "simulate",
         help="run a config in virtual time against a simulated generator and learner (sim: section); writes a run dir",
-        description="Run the real async controller (or the sync loop's schedule) in virtual time against the "
+        description="Run the real async controller (or, in mode sync, the real sync loop) in virtual time against the "
         "simulated generator and learner described by the config's sim: section. Writes the run directory "
         "(config.yaml, metrics.jsonl, events.log, fates.jsonl, sim/summary.json) for groupwise compare.",
     )
@@ -198,11 +259,13 @@ def add_simulate_parser(subparsers) -> None:
 
 def run_simulate(args: argparse.Namespace) -> int:
     cfg = load_config(args.file, args.overrides)
+    print_config_warnings(cfg)
+    from groupwise.run.rundir import RunDirError
     from groupwise.sim.run import format_summary, simulate
 
     try:
         result = simulate(cfg)
-    except FileExistsError as err:
+    except RunDirError as err:
         print(f"groupwise simulate: {err}", file=sys.stderr)
         return EXIT_USAGE
     print(format_summary(result.summary))

@@ -7,16 +7,21 @@ Heavy imports (torch, transformers) belong inside the ``run_*`` functions so ``g
 ``groupwise config`` stay fast and work without them.
 
 Exit codes: 0 success, 2 bad usage or an invalid config (every problem printed, never a traceback).
+
+:func:`main` sets the OpenMP wait policy before any command imports torch (see
+:mod:`groupwise.runtime.cpu_threads`: libgomp reads it only when torch loads it).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
-from groupwise.cli.commands import RUN_COMMAND_PARSERS
+from groupwise.cli.commands import RUN_COMMAND_PARSERS, print_config_warnings
 from groupwise.config import ConfigError, load_config
+from groupwise.runtime.cpu_threads import prepare_openmp_environment
 
 EXIT_OK = 0
 EXIT_CONFIG_ERROR = 2
@@ -45,7 +50,10 @@ def add_config_parser(subparsers: Subparsers) -> None:
     show = actions.add_parser("show", help="print the resolved config (every key, defaults included) as YAML")
     add_config_file_arguments(show)
     show.set_defaults(handler=run_config_show)
-    check = actions.add_parser("check", help="exit 0 when the config is valid, else 2 with every error")
+    check = actions.add_parser(
+        "check", help="exit 0 when the config is valid and its model, data, reward and output directory are usable, "
+        "else 2 with every error",
+    )
     add_config_file_arguments(check)
     check.set_defaults(handler=run_config_check)
 
@@ -53,14 +61,21 @@ def add_config_parser(subparsers: Subparsers) -> None:
 def run_config_show(args: argparse.Namespace) -> int:
     """Print the resolved config; a ``ConfigError`` propagates to :func:`main` (exit 2)."""
     config = load_config(args.file, args.overrides)
+    print_config_warnings(config)  # stderr: the YAML on stdout stays loadable
     sys.stdout.write(config.to_yaml())
     return EXIT_OK
 
 
 def run_config_check(args: argparse.Namespace) -> int:
-    """Print ``ok: FILE`` when the config is valid; a ``ConfigError`` propagates to :func:`main` (exit 2)."""
-    load_config(args.file, args.overrides)
-    print(f"ok: {args.file}")
+    """Print ``ok: FILE`` when the config is valid and what it points at is usable (reward and sampler import, data
+    files parse, the model path exists, the run directory can be written); a ``ConfigError`` listing every problem
+    propagates to :func:`main` (exit 2). Hazards (valid settings known to end runs badly) are printed as warnings."""
+    config = load_config(args.file, args.overrides)
+    from groupwise.trainer.preflight import check_inputs  # imports the task and reward code, never torch
+
+    check_inputs(config)
+    warnings = print_config_warnings(config)
+    print(f"ok: {args.file}" + (f" ({len(warnings)} warning(s) above)" if warnings else ""))
     return EXIT_OK
 
 
@@ -83,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command and return its exit code (the ``groupwise`` console script)."""
+    prepare_openmp_environment()
+    # The command prints its own progress and summary; transformers' per-file loading and saving bars would
+    # interleave with them (HF_HUB_DISABLE_PROGRESS_BARS=0 brings them back).
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -94,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except ConfigError as exc:
+        if exc.source is None and isinstance(getattr(args, "file", None), str):
+            exc = ConfigError(exc.errors, source=args.file)  # a check made after loading: still name the file
         print(exc, file=sys.stderr)
         return EXIT_CONFIG_ERROR
 

@@ -1,7 +1,8 @@
 """Console progress for one run: a rich progress bar on a terminal, a compact line every N steps elsewhere.
 
 Shown per step: step/total, reward over every generated row (unfiltered) and over trained rows, the
-zero-variance group fraction, generation rounds, generation tokens/s, and the ETA. The bar is used only
+zero-variance group fraction, generation rounds, generation tokens/s, the latest held-out accuracy (from the
+most recent evaluation, ``—`` before the first), and the ETA. The bar is used only
 when ``enabled`` (config ``logging.progress``) and the console is a terminal; otherwise (CI logs, files,
 ``logging.progress: false``) a plain line is printed every ``print_every`` steps and on the last step,
 so redirected output stays readable. ``print_every=0`` silences those lines too.
@@ -19,15 +20,21 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 MISSING = "—"
 
 
-def format_step_stats(metrics: Mapping[str, Any]) -> str:
-    """The per-step figures as one short string; a key absent from ``metrics`` shows as ``—``."""
+def format_step_stats(metrics: Mapping[str, Any], accuracy: float | None = None) -> str:
+    """The per-step figures as one short string; a key absent from ``metrics`` shows as ``—``.
+    ``accuracy`` is the latest held-out accuracy (the step's own when it has one)."""
     return (
         f"reward {_fmt(metrics.get('reward/unfiltered_mean'), '.3f')} "
         f"(trained {_fmt(metrics.get('reward/trained_mean'), '.3f')}) "
         f"zero-var {_fmt(metrics.get('ds/zero_variance_fraction'), '.2f')} "
         f"rounds {_fmt(metrics.get('ds/gen_rounds'), 'g')} "
-        f"gen {_fmt(metrics.get('perf/gen_tokens_per_s'), '.0f')} tok/s"
+        f"gen {_fmt(metrics.get('perf/gen_tokens_per_s'), '.0f')} tok/s "
+        f"acc {_fmt(_first_known(metrics.get('eval/accuracy'), accuracy), '.3f')}"
     )
+
+
+def _first_known(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
 
 
 def format_eta(seconds: float | None) -> str:
@@ -42,6 +49,7 @@ class RunProgress:
     """Progress of one run over ``total`` optimizer steps; use as a context manager.
 
     ``start`` is the step a resumed run continues from (the ETA only counts this session's pace).
+    ``accuracy`` is the held-out accuracy of the latest evaluation before the first update (None if none yet).
     ``console`` defaults to a rich console on stdout; ``clock`` is injectable for tests.
     """
 
@@ -53,6 +61,7 @@ class RunProgress:
         enabled: bool = True,
         run_name: str = "",
         print_every: int = 10,
+        accuracy: float | None = None,
         console: Console | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -66,6 +75,7 @@ class RunProgress:
         self.run_name = run_name
         self.start_step = start
         self.print_every = print_every
+        self.accuracy = accuracy
         self.console = console if console is not None else Console()
         self.clock = clock
         self.use_bar = enabled and self.console.is_terminal
@@ -107,7 +117,9 @@ class RunProgress:
         """Report that optimizer step ``step`` finished with these metrics."""
         if self._started_at is None:
             raise RuntimeError("RunProgress.update called outside `with RunProgress(...)`")
-        stats = format_step_stats(metrics)
+        if metrics.get("eval/accuracy") is not None:
+            self.accuracy = metrics["eval/accuracy"]
+        stats = format_step_stats(metrics, self.accuracy)
         if self._bar is not None:
             self._bar.update(self._task, completed=step, stats=stats)
             return

@@ -17,17 +17,18 @@ from groupwise.config.algorithm import (
 )
 from groupwise.config.async_schema import (
     AsyncSection,
-    CustomSampler,
-    InOrderSampler,
-    ReadyFirstSampler,
+    CustomSamplerConfig,
+    InOrderSamplerConfig,
+    ReadyFirstSamplerConfig,
     RolloutFailureSection,
     SamplerConfig,
-    WeightFifoSampler,
-    WindowedSampler,
+    WeightFifoSamplerConfig,
+    WindowedSamplerConfig,
     required_buffer_capacity,
+    sampler_config,
 )
 from groupwise.config.issues import ConfigError, ConfigIssue
-from groupwise.config.load import config_from_dict, load_config, parse_yaml
+from groupwise.config.load import config_from_dict, load_config
 from groupwise.config.runtime_schema import RaySection, RuntimeSection, SimSection
 from groupwise.config.schema import RunConfig
 from groupwise.config.sections import (
@@ -45,6 +46,7 @@ from groupwise.config.sections import (
     SftSection,
     TinyModelSection,
 )
+from groupwise.config.yaml_input import parse_yaml
 
 __all__ = [
     "AdditionSection",
@@ -53,13 +55,13 @@ __all__ = [
     "ConfigError",
     "ConfigIssue",
     "CountdownSection",
-    "CustomSampler",
+    "CustomSamplerConfig",
     "DataSection",
     "DynamicSamplingSection",
     "EvalSection",
     "GenerationSection",
     "GrpoSection",
-    "InOrderSampler",
+    "InOrderSamplerConfig",
     "JsonlSection",
     "LoggingSection",
     "LossSection",
@@ -67,7 +69,7 @@ __all__ = [
     "OptimizerSection",
     "OverlongSection",
     "RaySection",
-    "ReadyFirstSampler",
+    "ReadyFirstSamplerConfig",
     "RewardScalingSection",
     "RewardSection",
     "RolloutFailureSection",
@@ -78,10 +80,11 @@ __all__ = [
     "SftSection",
     "SimSection",
     "TinyModelSection",
-    "WeightFifoSampler",
-    "WindowedSampler",
+    "WeightFifoSamplerConfig",
+    "WindowedSamplerConfig",
     "config_from_dict",
     "load_config",
     "parse_yaml",
     "required_buffer_capacity",
+    "sampler_config",
 ]

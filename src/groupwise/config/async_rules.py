@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from groupwise.config.algorithm import DynamicSamplingSection
 from groupwise.config.async_schema import required_buffer_capacity
 from groupwise.config.checks import no_effect, rule
 from groupwise.config.issues import ConfigIssue
+
+if TYPE_CHECKING:
+    from groupwise.config.schema import RunConfig
 
 # Dynamic-sampling knobs of the sync loop; the async controller replaces filtered groups one by one instead.
 SYNC_ONLY_DS_KEYS = ("batch_multiplier", "max_gen_rounds", "on_exhausted", "min_step_batch_fraction", "surplus")
@@ -24,14 +27,14 @@ WEIGHT_FIFO_DS_FIX = (
 
 
 @rule("mode", "async_")
-def async_keys_need_async_mode(cfg: Any) -> Iterator[ConfigIssue]:
+def async_keys_need_async_mode(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """Every async.* key keeps its default unless mode is async."""
     if cfg.mode != "async":
         yield from no_effect(cfg.async_, "async", f"in mode '{cfg.mode}'", "remove it, or set mode: async")
 
 
 @rule("mode", "grpo")
-def async_ignores_sync_ds_keys(cfg: Any) -> Iterator[ConfigIssue]:
+def async_ignores_sync_ds_keys(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """Async mode: grpo.dynamic_sampling batch_multiplier, max_gen_rounds, on_exhausted, min_step_batch_fraction
     and surplus keep their defaults (they belong to the sync loop)."""
     if cfg.mode != "async":
@@ -49,7 +52,7 @@ def async_ignores_sync_ds_keys(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("mode", "grpo", "async_")
-def async_streaming_and_capacity(cfg: Any) -> Iterator[ConfigIssue]:
+def async_streaming_and_capacity(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """Async mode: 1 ≤ min_groups_for_streaming_train ≤ P, and max_buffered_rollouts ≥ P × (window + 1) for
     gated samplers (in_order, ready_first, weight_fifo)."""
     if cfg.mode != "async":
@@ -73,7 +76,7 @@ def async_streaming_and_capacity(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("mode", "async_", "loss")
-def async_window_needs_importance_sampling(cfg: Any) -> Iterator[ConfigIssue]:
+def async_window_needs_importance_sampling(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """Async mode: a staleness or lookahead window > 0 needs loss.importance_sampling: true."""
     if cfg.mode != "async":
         return
@@ -89,7 +92,7 @@ def async_window_needs_importance_sampling(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("mode", "grpo", "async_")
-def async_dynamic_sampling(cfg: Any) -> Iterator[ConfigIssue]:
+def async_dynamic_sampling(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """Async dynamic sampling: refused with weight_fifo; needs on_dropped_prompt: replace except with windowed."""
     if cfg.mode != "async" or not cfg.grpo.dynamic_sampling.enabled:
         return
@@ -105,13 +108,20 @@ def async_dynamic_sampling(cfg: Any) -> Iterator[ConfigIssue]:
         )
 
 
-@rule("mode", "async_")
-def async_rollout_failure(cfg: Any) -> Iterator[ConfigIssue]:
-    """Async mode: max_backoff_s ≥ backoff_base_s; with on_dropped_prompt shrink the replacement keys keep
-    their defaults."""
+@rule("mode", "async_", "runtime")
+def async_rollout_failure(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """Async mode: max_backoff_s ≥ backoff_base_s and < runtime.stall_timeout_s; with on_dropped_prompt shrink the
+    replacement keys keep their defaults."""
     if cfg.mode != "async":
         return  # in sync mode any change here is already reported as having no effect
     failure = cfg.async_.rollout_failure
+    if cfg.runtime.stall_timeout_s <= failure.max_backoff_s:
+        yield ConfigIssue(
+            "runtime.stall_timeout_s", cfg.runtime.stall_timeout_s,
+            f"runtime.stall_timeout_s must exceed async.rollout_failure.max_backoff_s ({failure.max_backoff_s}): "
+            "while every prompt backs off before a retry nothing progresses, and the watchdog would stop the run",
+            "raise runtime.stall_timeout_s or lower async.rollout_failure.max_backoff_s",
+        )
     if failure.max_backoff_s < failure.backoff_base_s:
         yield ConfigIssue(
             "async.rollout_failure.max_backoff_s", failure.max_backoff_s,

@@ -2,21 +2,25 @@
 handling. Valid only with ``mode: async`` (in sync mode every key must keep its default).
 
 The sampler is a union discriminated on ``name``; each sampler accepts only its own knobs, so a knob of
-another sampler (``max_lookahead_versions`` under ``ready_first``) is an error naming the owner.
+another sampler (``max_lookahead_versions`` under ``ready_first``) is an error naming the owner. These classes are
+the one declaration of the samplers' knobs (type, bound, default, meaning): the controller builds each sampler
+from its config object (``groupwise.controller.samplers.build_sampler``).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, TypeAdapter, field_validator
 
 from groupwise.config.base import Section, invalid
 
 
-class InOrderSampler(Section):
+class InOrderSamplerConfig(Section):
     """Trains step s only on groups dispatched for step s (stamped); admits at most ``max_lookahead_versions``
-    steps ahead of the trainer. With lookahead 0 it is on-policy and matches the sync loop."""
+    steps ahead of the trainer. With lookahead 0 it is on-policy; with full batches, dynamic sampling off and
+    ``on_dropped_prompt: shrink`` it trains the sync loop's prompts in order (``replace`` diverts loader batches
+    to the spare pool; see docs/samplers.md)."""
 
     name: Literal["in_order"] = "in_order"
     """Sampler name."""
@@ -31,7 +35,7 @@ class InOrderSampler(Section):
         return self.max_lookahead_versions
 
 
-class ReadyFirstSampler(Section):
+class ReadyFirstSamplerConfig(Section):
     """Trains on whichever groups finished first, in dispatch order, mixing versions; admission is gated to
     ``max_staleness_versions`` versions ahead, selection is not (slow stragglers can be older)."""
 
@@ -48,7 +52,7 @@ class ReadyFirstSampler(Section):
         return self.max_staleness_versions
 
 
-class WindowedSampler(Section):
+class WindowedSamplerConfig(Section):
     """Ungated dispatch; trains only groups whose start version is within ``max_staleness_versions`` of the
     trainer, evicts older ready groups and aborts older in-flight ones."""
 
@@ -67,7 +71,7 @@ class WindowedSampler(Section):
         return self.max_staleness_versions
 
 
-class WeightFifoSampler(Section):
+class WeightFifoSamplerConfig(Section):
     """Builds each step from groups of a single start version, oldest version first. Cannot be combined with
     dynamic sampling: a filtered group's replacement is generated under a newer version, so the old version's
     step never fills and training would hang."""
@@ -85,7 +89,7 @@ class WeightFifoSampler(Section):
         return self.max_staleness_versions
 
 
-class CustomSampler(Section):
+class CustomSamplerConfig(Section):
     """A user sampler class, constructed as ``Class(buffer, **kwargs)``; its capacity need is checked at
     runtime."""
 
@@ -116,22 +120,33 @@ class CustomSampler(Section):
 
 
 SamplerConfig = Annotated[
-    InOrderSampler | ReadyFirstSampler | WindowedSampler | WeightFifoSampler | CustomSampler,
+    InOrderSamplerConfig
+    | ReadyFirstSamplerConfig
+    | WindowedSamplerConfig
+    | WeightFifoSamplerConfig
+    | CustomSamplerConfig,
     Field(discriminator="name"),
 ]
-SAMPLER_CLASSES: dict[str, type[Section]] = {
-    "in_order": InOrderSampler,
-    "ready_first": ReadyFirstSampler,
-    "windowed": WindowedSampler,
-    "weight_fifo": WeightFifoSampler,
-    "custom": CustomSampler,
+SAMPLER_CONFIGS: dict[str, type[Section]] = {
+    "in_order": InOrderSamplerConfig,
+    "ready_first": ReadyFirstSamplerConfig,
+    "windowed": WindowedSamplerConfig,
+    "weight_fifo": WeightFifoSamplerConfig,
+    "custom": CustomSamplerConfig,
 }
 DEFAULT_SAMPLER = "ready_first"
+_SAMPLER_ADAPTER: TypeAdapter[SamplerConfig] = TypeAdapter(SamplerConfig)
+
+
+def sampler_config(name: str, **knobs: Any) -> SamplerConfig:
+    """The validated config of sampler ``name`` with ``knobs`` (the others keep their defaults), as
+    ``async.sampler`` would load it; an unknown name or another sampler's knob raises pydantic's ValidationError."""
+    return _SAMPLER_ADAPTER.validate_python({"name": name, **knobs})
 
 
 def sampler_knob_owners(knob: str) -> list[str]:
     """The sampler names that accept ``knob`` (used to explain a knob given to the wrong sampler)."""
-    return [name for name, cls in SAMPLER_CLASSES.items() if knob in cls.model_fields and knob != "name"]
+    return [name for name, cls in SAMPLER_CONFIGS.items() if knob in cls.model_fields and knob != "name"]
 
 
 def required_buffer_capacity(sampler: SamplerConfig, prompts_per_step: int) -> int | None:
@@ -170,7 +185,7 @@ class RolloutFailureSection(Section):
 class AsyncSection(Section):
     """The async single controller (``mode: async`` only)."""
 
-    sampler: SamplerConfig = Field(default_factory=ReadyFirstSampler)
+    sampler: SamplerConfig = Field(default_factory=ReadyFirstSamplerConfig)
     """Staleness sampler, chosen by ``name``: ``in_order``, ``ready_first`` (default when ``name`` is omitted),
     ``windowed``, ``weight_fifo``, ``custom``."""
     min_groups_for_streaming_train: int | None = None

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from groupwise.config.base import changed_fields
 from groupwise.config.issues import ConfigIssue
+
+if TYPE_CHECKING:
+    from groupwise.config.schema import RunConfig
 
 # ``cfg`` is a RunConfig, or during loading a namespace holding the sections that validated.
 RuleCheck = Callable[[Any], Iterable[ConfigIssue]]
@@ -31,21 +34,37 @@ class Rule:
 
 
 RULES: list[Rule] = []
+#: Hazards: valid settings that are known to end runs badly. Reported as warnings (the run may go ahead), never
+#: as errors; a key with no effect is an error, not a hazard.
+HAZARDS: list[Rule] = []
 
 
-def rule(*needs: str) -> Callable[[RuleCheck], RuleCheck]:
-    """Register a rule reading the top-level sections ``needs`` (attribute names: ``grpo``, ``async_``, ...)."""
-
+def _registrar(registry: list[Rule], needs: tuple[str, ...]) -> Callable[[RuleCheck], RuleCheck]:
     def register(check: RuleCheck) -> RuleCheck:
         first_paragraph = (check.__doc__ or check.__name__).strip().split("\n\n")[0]
         summary = " ".join(first_paragraph.split())
-        RULES.append(Rule(check=check, needs=needs, summary=summary))
+        registry.append(Rule(check=check, needs=needs, summary=summary))
         return check
 
     return register
 
 
-def run_rules(cfg: Any, available: Iterable[str] | None = None) -> list[ConfigIssue]:
+def rule(*needs: str) -> Callable[[RuleCheck], RuleCheck]:
+    """Register a rule reading the top-level sections ``needs`` (attribute names: ``grpo``, ``async_``, ...)."""
+    return _registrar(RULES, needs)
+
+
+def hazard(*needs: str) -> Callable[[RuleCheck], RuleCheck]:
+    """Register a hazard check (a warning, see :data:`HAZARDS`) reading the top-level sections ``needs``."""
+    return _registrar(HAZARDS, needs)
+
+
+def run_hazards(cfg: Any) -> list[ConfigIssue]:
+    """Every warning of every registered hazard check, for a config that validated."""
+    return [issue for registered in HAZARDS for issue in registered.check(cfg)]
+
+
+def run_rules(cfg: RunConfig, available: Iterable[str] | None = None) -> list[ConfigIssue]:
     """Every issue from every rule whose sections are all in ``available`` (``None`` = all sections)."""
     have = None if available is None else set(available)
     issues: list[ConfigIssue] = []

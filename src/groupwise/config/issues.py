@@ -34,9 +34,22 @@ class ConfigIssue:
         return self.render()
 
     def render(self, indent: str = "  ") -> str:
-        """Three lines: where and what was given, the rule, the fix (continuation lines start with ``indent``)."""
+        """Three lines: where and what was given, the rule, the fix (continuation lines start with ``indent``;
+        a rule of several lines, such as a dataset's bad lines, keeps them under ``rule:``)."""
         where = self.path or "(config file)"
-        return f"{where}: got {format_value(self.value)}\n{indent}rule: {self.rule}\n{indent}fix:  {self.fix}"
+        rule = self.rule.replace("\n", "\n" + indent + " " * len("rule: "))
+        return f"{where}: got {format_value(self.value)}\n{indent}rule: {rule}\n{indent}fix:  {self.fix}"
+
+
+def format_warning(issue: ConfigIssue) -> str:
+    """A hazard (:mod:`groupwise.config.hazards`) as the CLI prints it: ``warning:`` and the three lines."""
+    where = issue.path or "(config file)"
+    return f"warning: {where}: {format_value(issue.value)}\n  why: {issue.rule}\n  instead: {issue.fix}"
+
+
+def warning_line(issue: ConfigIssue) -> str:
+    """A hazard on one line, for ``events.log``."""
+    return f"config warning: {issue.path}: {issue.rule}; instead: {issue.fix}"
 
 
 class ConfigError(Exception):

@@ -8,7 +8,6 @@ others; cross-field rules then run on every section that validated.
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,23 +21,7 @@ from groupwise.config.issues import ConfigError, ConfigIssue
 from groupwise.config.keys import field_key
 from groupwise.config.pydantic_issues import issues_from_validation_error, unknown_key_issue
 from groupwise.config.schema import RunConfig
-
-
-class ConfigYamlLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that also reads ``1e-4`` as a float. Plain YAML 1.1 needs a dot (``1.0e-4``) and
-    would otherwise hand a learning rate over as the string ``"1e-4"``."""
-
-
-ConfigYamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
-
-
-def parse_yaml(text: str) -> Any:
-    """``text`` parsed as YAML with :class:`ConfigYamlLoader` (safe: plain data only)."""
-    return yaml.load(text, Loader=ConfigYamlLoader)  # safe: a SafeLoader subclass
+from groupwise.config.yaml_input import YamlInputError, parse_yaml
 
 
 def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
@@ -47,7 +30,15 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
     Relative paths inside the config (``model.path``, ``data.jsonl.*``) are kept as written and resolved later
     against the current working directory. Raises :class:`ConfigError` listing every problem.
     """
-    return config_from_dict(read_config_file(path), overrides, source=str(path))
+    overrides = list(overrides)
+    try:
+        data = read_config_file(path)
+    except ConfigError as exc:  # still report the overrides' own mistakes, so one pass fixes everything
+        override_issues = apply_overrides({}, overrides)
+        if override_issues:
+            raise ConfigError([*exc.errors, *override_issues], exc.source) from None
+        raise
+    return config_from_dict(data, overrides, source=str(path))
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -63,6 +54,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
                                        "pass a readable UTF-8 YAML file")], source=str(path)) from None
     try:
         data = parse_yaml(text)
+    except YamlInputError as exc:
+        raise ConfigError(exc.issues, source=str(path)) from None
     except yaml.YAMLError as exc:
         raise ConfigError([ConfigIssue("", str(path), f"the file is not valid YAML: {_one_line(exc)}",
                                        "fix the YAML syntax at the line shown")], source=str(path)) from None
@@ -96,8 +89,10 @@ def config_from_dict(data: Mapping[str, Any], overrides: Iterable[str] = (), *, 
 
 def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[ConfigIssue]:
     """Set each ``dotted.key=value`` in ``raw`` (value parsed as YAML: ``8`` int, ``0.5`` float, ``true``,
-    ``null``, ``[a, b]``), creating missing mappings on the way. Later overrides win. Returns the problems."""
+    ``null``, ``[a, b]``), creating missing mappings on the way. Returns the problems, among them a key given
+    twice (like a duplicate key in a file, the second one would silently win)."""
     issues: list[ConfigIssue] = []
+    given: dict[str, str] = {}
     for text in overrides:
         key, sep, value_text = str(text).partition("=")
         parts = key.strip().split(".")
@@ -108,10 +103,21 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[Confi
             ))
             continue
         parts = [p.strip() for p in parts]
+        dotted = ".".join(parts)
+        if dotted in given:
+            issues.append(ConfigIssue(
+                dotted, f"{given[dotted]} and {value_text}", f"the override {dotted} is given twice",
+                f"keep one {dotted}=VALUE",
+            ))
+            continue
+        given[dotted] = value_text
         try:
-            value = parse_yaml(value_text)
+            value = parse_yaml(value_text, prefix=dotted)
+        except YamlInputError as exc:
+            issues.extend(exc.issues)
+            continue
         except yaml.YAMLError as exc:
-            issues.append(ConfigIssue(".".join(parts), value_text, f"the override value is not valid YAML: "
+            issues.append(ConfigIssue(dotted, value_text, f"the override value is not valid YAML: "
                                       f"{_one_line(exc)}", "quote the value, e.g. key='a: b'"))
             continue
         issue = _set_dotted(raw, parts, value)

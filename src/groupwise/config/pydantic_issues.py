@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from groupwise.config.async_schema import SAMPLER_CLASSES, sampler_knob_owners
+from groupwise.config.async_schema import SAMPLER_CONFIGS, sampler_knob_owners
 from groupwise.config.base import RULE_ERROR_TYPE
 from groupwise.config.issues import NOT_SET, ConfigIssue
 from groupwise.config.keys import keys_under, nearest_key
@@ -42,7 +42,7 @@ def format_path(prefix: str, loc: Sequence[str | int]) -> tuple[str, str | None]
     for i, item in enumerate(loc):
         if isinstance(item, int):
             parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
-        elif i > 0 and loc[i - 1] == "sampler" and item in SAMPLER_CLASSES:
+        elif i > 0 and loc[i - 1] == "sampler" and item in SAMPLER_CONFIGS:
             tag = str(item)
         else:
             parts.append(str(item))

@@ -1,21 +1,24 @@
 """Cross-field rules of the model, data, GRPO, loss, optimizer and runtime sections (all modes).
 
 Each rule yields every violation it finds, naming the key path, the value given, the rule and the fix.
-A key that has no effect in the chosen setting is an error (DESIGN invariant 10).
+A key that has no effect in the chosen setting is an error (invariant 10 in docs/design.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from groupwise.config.checks import no_effect, rule
 from groupwise.config.issues import ConfigIssue
 from groupwise.config.sections import BUNDLED_GGUF_PATH
 
+if TYPE_CHECKING:
+    from groupwise.config.schema import RunConfig
+
 
 @rule("model")
-def model_source_keys(cfg: Any) -> Iterator[ConfigIssue]:
+def model_source_keys(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """model.source decides which of model.path, model.gguf_file and model.tiny are needed or allowed."""
     model = cfg.model
     if model.source in ("hf", "gguf") and model.path is None:
@@ -46,7 +49,7 @@ def model_source_keys(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("model")
-def tiny_model_heads(cfg: Any) -> Iterator[ConfigIssue]:
+def tiny_model_heads(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """A tiny model needs model.tiny.hidden_size divisible by model.tiny.num_heads."""
     tiny = cfg.model.tiny
     if cfg.model.source == "tiny" and tiny.hidden_size % tiny.num_heads:
@@ -58,7 +61,7 @@ def tiny_model_heads(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("model", "generation")
-def tiny_model_positions(cfg: Any) -> Iterator[ConfigIssue]:
+def tiny_model_positions(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """A tiny model needs model.tiny.max_position_embeddings > generation.max_new_tokens."""
     tiny = cfg.model.tiny
     if cfg.model.source == "tiny" and tiny.max_position_embeddings <= cfg.generation.max_new_tokens:
@@ -70,8 +73,30 @@ def tiny_model_positions(cfg: Any) -> Iterator[ConfigIssue]:
         )
 
 
+@rule("model", "generation")
+def cuda_graphs_need_cuda_and_the_fast_step(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """generation.cuda_graphs other than auto needs a model.device that can be CUDA and generation.fast_decode."""
+    mode = cfg.generation.cuda_graphs
+    if mode == "auto":
+        return
+    if cfg.model.device == "cpu":
+        if mode == "on":
+            yield ConfigIssue("generation.cuda_graphs", mode, "CUDA graphs need a CUDA device, not model.device 'cpu'",
+                              "set model.device: cuda (or auto on a GPU machine), or generation.cuda_graphs: auto")
+        else:
+            yield ConfigIssue("generation.cuda_graphs", mode,
+                              "generation.cuda_graphs 'off' has no effect with model.device 'cpu' (a CPU uses none)",
+                              "remove generation.cuda_graphs")
+    if not cfg.generation.fast_decode:
+        yield ConfigIssue(
+            "generation.cuda_graphs", mode,
+            "CUDA graphs capture the fast decode step, which generation.fast_decode: false turns off",
+            "remove generation.cuda_graphs (no graphs without the fast step), or set generation.fast_decode: true",
+        )
+
+
 @rule("model", "loss")
-def kl_needs_reference(cfg: Any) -> Iterator[ConfigIssue]:
+def kl_needs_reference(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """loss.kl_coef > 0 needs model.reference: initial, and the reference and KL clamps need kl_coef > 0."""
     loss = cfg.loss
     if loss.kl_coef > 0 and cfg.model.reference != "initial":
@@ -94,7 +119,7 @@ def kl_needs_reference(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("data")
-def data_task_keys(cfg: Any) -> Iterator[ConfigIssue]:
+def data_task_keys(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """data.task jsonl needs data.jsonl.train_path; only the chosen task's sub-section may be changed."""
     data = cfg.data
     if data.task == "jsonl" and data.jsonl.train_path is None:
@@ -115,7 +140,7 @@ def data_task_keys(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("grpo")
-def dynamic_sampling_needs_groups(cfg: Any) -> Iterator[ConfigIssue]:
+def dynamic_sampling_needs_groups(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """Dynamic sampling needs G ≥ 2; leave-one-out baselines need G ≥ 2."""
     grpo = cfg.grpo
     g = grpo.num_generations_per_prompt
@@ -134,7 +159,7 @@ def dynamic_sampling_needs_groups(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("mode", "grpo")
-def sync_dynamic_sampling_off_keys(cfg: Any) -> Iterator[ConfigIssue]:
+def sync_dynamic_sampling_off_keys(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """Sync mode with dynamic sampling off: its knobs keep their defaults (so batch_multiplier == 1)."""
     ds = cfg.grpo.dynamic_sampling
     if cfg.mode == "sync" and not ds.enabled:
@@ -145,7 +170,7 @@ def sync_dynamic_sampling_off_keys(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("mode", "grpo", "loss")
-def carried_surplus_needs_importance_sampling(cfg: Any) -> Iterator[ConfigIssue]:
+def carried_surplus_needs_importance_sampling(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """Sync mode: grpo.dynamic_sampling.surplus carry needs loss.importance_sampling."""
     ds = cfg.grpo.dynamic_sampling
     if cfg.mode == "sync" and ds.enabled and ds.surplus == "carry" and not cfg.loss.importance_sampling:
@@ -157,7 +182,7 @@ def carried_surplus_needs_importance_sampling(cfg: Any) -> Iterator[ConfigIssue]
 
 
 @rule("grpo")
-def advantage_clip_order(cfg: Any) -> Iterator[ConfigIssue]:
+def advantage_clip_order(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """grpo.advantage_clip_low < grpo.advantage_clip_high when both are set."""
     low, high = cfg.grpo.advantage_clip_low, cfg.grpo.advantage_clip_high
     if low is not None and high is not None and low >= high:
@@ -168,7 +193,7 @@ def advantage_clip_order(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("grpo")
-def reward_scaling_range(cfg: Any) -> Iterator[ConfigIssue]:
+def reward_scaling_range(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """Reward scaling needs source_max > source_min and target_max > target_min; off, its keys keep defaults."""
     scaling = cfg.grpo.reward_scaling
     if not scaling.enabled:
@@ -186,7 +211,7 @@ def reward_scaling_range(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("grpo", "generation")
-def overlong_shaping_lengths(cfg: Any) -> Iterator[ConfigIssue]:
+def overlong_shaping_lengths(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """Overlong shaping needs its three settings, buffer < max_response_length, and a reachable penalty zone."""
     shaping = cfg.grpo.overlong_shaping
     prefix = "grpo.overlong_shaping"
@@ -218,7 +243,7 @@ def overlong_shaping_lengths(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("loss")
-def importance_sampling_bounds(cfg: Any) -> Iterator[ConfigIssue]:
+def importance_sampling_bounds(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """is_ratio_min ≤ is_ratio_max; tis/icepop need importance_sampling; with no truncation the bounds keep defaults."""
     loss = cfg.loss
     if loss.is_truncation != "none" and not loss.importance_sampling:
@@ -243,7 +268,7 @@ def importance_sampling_bounds(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("optimizer", "run")
-def warmup_ends_before_run(cfg: Any) -> Iterator[ConfigIssue]:
+def warmup_ends_before_run(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """optimizer.warmup_steps < run.max_steps."""
     opt = cfg.optimizer
     if opt.warmup_steps >= cfg.run.max_steps:
@@ -256,7 +281,7 @@ def warmup_ends_before_run(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("optimizer")
-def min_lr_needs_decay(cfg: Any) -> Iterator[ConfigIssue]:
+def min_lr_needs_decay(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """optimizer.min_lr_ratio keeps its default with schedule constant."""
     opt = cfg.optimizer
     if opt.schedule == "constant" and opt.min_lr_ratio != type(opt).model_fields["min_lr_ratio"].default:
@@ -267,7 +292,7 @@ def min_lr_needs_decay(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("runtime")
-def ray_keys_need_ray(cfg: Any) -> Iterator[ConfigIssue]:
+def ray_keys_need_ray(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """runtime.ray keys keep their defaults unless runtime.backend is ray."""
     if cfg.runtime.backend != "ray":
         yield from no_effect(cfg.runtime.ray, "runtime.ray", f"with runtime.backend '{cfg.runtime.backend}'",
@@ -275,7 +300,7 @@ def ray_keys_need_ray(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("model")
-def lora_keys_need_lora(cfg: Any) -> Iterator[ConfigIssue]:
+def lora_keys_need_lora(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """model.lora keys keep their defaults unless model.lora.enabled is true."""
     if not cfg.model.lora.enabled:
         yield from no_effect(cfg.model.lora, "model.lora", "with model.lora.enabled false",
@@ -283,7 +308,7 @@ def lora_keys_need_lora(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("optimizer", "grpo")
-def mini_batches_of_whole_groups(cfg: Any) -> Iterator[ConfigIssue]:
+def mini_batches_of_whole_groups(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """optimizer.mini_batches_per_step ≤ grpo.num_prompts_per_step (each mini-batch holds whole groups)."""
     k, p = cfg.optimizer.mini_batches_per_step, cfg.grpo.num_prompts_per_step
     if k > p:
@@ -295,7 +320,7 @@ def mini_batches_of_whole_groups(cfg: Any) -> Iterator[ConfigIssue]:
 
 
 @rule("optimizer", "loss")
-def clip_needs_several_updates(cfg: Any) -> Iterator[ConfigIssue]:
+def clip_needs_several_updates(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """With one optimizer update per RL step (mini_batches_per_step × epochs_per_step = 1) the policy ratio is
     exactly 1, so loss.epsilon_low, epsilon_high and dual_clip_c keep their defaults."""
     opt, loss = cfg.optimizer, cfg.loss

@@ -34,6 +34,11 @@ class RuntimeSection(Section):
     cluster (install the ``ray`` extra)."""
     ray: RaySection = Field(default_factory=RaySection)
     """Ray placement (``backend: ray`` only)."""
+    stall_timeout_s: float = Field(1800.0, gt=0)
+    """Wall-clock seconds a run may go without progress before it stops with ``RunStalled`` (> 0): async, no group
+    committed or filtered, no optimizer step and no generation call returning; sync, a generation round not
+    returning. The controller's state goes to ``events.log`` first. Evaluation and checkpoint writing count
+    against it (a step end is not progress). ``groupwise simulate`` ignores it (``sim.max_virtual_seconds``)."""
 
 
 class SimSection(Section):

@@ -3,18 +3,18 @@ cross-field rule and raises a single :class:`ConfigError` listing all violations
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import yaml
 from pydantic import ConfigDict, Field, model_validator
 
-from groupwise.config import async_rules, rules  # noqa: F401  (importing registers the rules)
+from groupwise.algo.step_size import round_size
+from groupwise.config import async_rules, hazards, rules  # noqa: F401  (importing registers the rules)
 from groupwise.config.algorithm import GrpoSection, LossSection, OptimizerSection
 from groupwise.config.async_schema import AsyncSection
 from groupwise.config.base import Section
-from groupwise.config.checks import run_rules
-from groupwise.config.issues import ConfigError
+from groupwise.config.checks import run_hazards, run_rules
+from groupwise.config.issues import ConfigError, ConfigIssue
 from groupwise.config.runtime_schema import RuntimeSection, SimSection
 from groupwise.config.sections import (
     CheckpointSection,
@@ -75,6 +75,10 @@ class RunConfig(Section):
             raise ConfigError(issues)
         return self
 
+    def warnings(self) -> list[ConfigIssue]:
+        """Hazards of this valid config (:mod:`groupwise.config.hazards`): print them, they do not stop a run."""
+        return run_hazards(self)
+
     def to_yaml(self) -> str:
         """The resolved config (every key, defaults included) as YAML that loads back to an equal config."""
         return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False, allow_unicode=True)
@@ -89,6 +93,4 @@ class RunConfig(Section):
     def prompts_per_generation_round(self) -> int:
         """Sync: prompts generated per dynamic-sampling round, ``ceil(P × batch_multiplier)`` (P with DS off)."""
         ds = self.grpo.dynamic_sampling
-        multiplier = ds.batch_multiplier if ds.enabled else 1.0
-        # round first so 10 × 1.1 = 11.000000000000002 does not become 12
-        return math.ceil(round(self.grpo.num_prompts_per_step * multiplier, 9))
+        return round_size(self.grpo.num_prompts_per_step, ds.batch_multiplier, ds.enabled)

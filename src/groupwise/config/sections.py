@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from groupwise.config.base import Section, invalid
 
@@ -15,15 +15,53 @@ BUILTIN_REWARD_FUNCTIONS = ("auto", "exact_numeric", "countdown", "math_verify")
 BUNDLED_GGUF_PATH = "smollm2"
 
 
+MAX_SEED = 2**63 - 1
+MAX_NAME_BYTES = 255
+
+
+def run_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a run directory name (one path component), or None when it can."""
+    if not name.strip() or name in (".", ".."):
+        return "run.name must be a non-empty directory name other than '.' and '..'"
+    if "/" in name or "\\" in name:
+        return "run.name must be a single directory name (no '/' or '\\')"
+    if name.strip() != name:
+        return "run.name must not start or end with spaces"
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        return "run.name must not hold control characters (a NUL byte, a newline, a tab)"
+    if not _is_encodable(name):
+        return "run.name must be valid Unicode text (it holds a lone surrogate escape)"
+    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        return f"run.name must be at most {MAX_NAME_BYTES} bytes in UTF-8 (the file-system limit for one name)"
+    return None
+
+
+def check_path_text(key: str, path: str | None) -> None:
+    """Raise the config error for a path no file system can open (a NUL byte, a lone surrogate, blank)."""
+    if path is not None and ("\0" in path or not path.strip() or not _is_encodable(path)):
+        raise invalid(f"{key} must be a non-empty path without NUL bytes or lone surrogates",
+                      f"set {key} to a real path")
+
+
+def _is_encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class RunSection(Section):
     """Where the run writes and how long it lasts."""
 
     name: str | None = None
-    """Run directory name under ``output_dir``; ``null`` = a timestamp (``YYYYmmdd-HHMMSS``). No path separators."""
+    """Run directory name under ``output_dir``; ``null`` = a timestamp (``YYYYmmdd-HHMMSS``). One directory name:
+    no path separators, control characters or surrounding spaces, at most 255 bytes."""
     output_dir: str = "runs"
     """Directory that holds run directories (relative paths are relative to the current working directory)."""
-    seed: int = Field(0, ge=0)
-    """Run seed (integer ≥ 0); every random source is derived from it."""
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    """Run seed (integer, 0 ≤ seed ≤ 2^63 − 1: what every seeded generator accepts); every random source is
+    derived from it."""
     max_steps: int = Field(100, ge=1)
     """RL steps to train (≥ 1); each takes one optimizer update, or K × E with PPO mini-batches
     (``optimizer.mini_batches_per_step``, ``optimizer.epochs_per_step``)."""
@@ -33,12 +71,17 @@ class RunSection(Section):
     @field_validator("name")
     @classmethod
     def _name_is_one_directory(cls, name: str | None) -> str | None:
-        if name is not None and (not name.strip() or "/" in name or "\\" in name or name in (".", "..")):
-            raise invalid(
-                "run.name must be a single directory name",
-                "use a plain name such as 'addition-ds' (put parent directories in run.output_dir), or null",
-            )
+        problem = None if name is None else run_name_problem(name)
+        if problem is not None:
+            raise invalid(problem, "use a plain name such as 'addition-ds' (put parent directories in "
+                          "run.output_dir), or null")
         return name
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir_is_a_path(cls, output_dir: str) -> str:
+        check_path_text("run.output_dir", output_dir)
+        return output_dir
 
 
 class TinyModelSection(Section):
@@ -124,6 +167,12 @@ class ModelSection(Section):
     lora: LoraSection = Field(default_factory=LoraSection)
     """LoRA adapters (peft) instead of full fine-tuning."""
 
+    @field_validator("path", "gguf_file")
+    @classmethod
+    def _paths_are_paths(cls, path: str | None, info: ValidationInfo) -> str | None:
+        check_path_text(f"model.{info.field_name}", path)
+        return path
+
 
 class AdditionSection(Section):
     """The synthetic addition task: ``a+b=`` → ``a+b``. With 1-digit operands there are only 100 distinct pairs;
@@ -131,8 +180,8 @@ class AdditionSection(Section):
 
     min_digits: int = Field(1, ge=1)
     """Fewest digits per operand (≥ 1)."""
-    max_digits: int = Field(1, ge=1)
-    """Most digits per operand (≥ ``min_digits``)."""
+    max_digits: int = Field(1, ge=1, le=3)
+    """Most digits per operand (``min_digits`` ≤ max ≤ 3: the task enumerates every operand pair, 10^6 at 3 digits)."""
     num_train: int = Field(2000, ge=1)
     """At most this many training prompts (≥ 1; fewer when the operand space is smaller)."""
     num_eval: int = Field(100, ge=1)
@@ -162,6 +211,12 @@ class JsonlSection(Section):
     eval_path: str | None = None
     """Held-out file; ``null`` = no held-out evaluation data."""
 
+    @field_validator("train_path", "eval_path")
+    @classmethod
+    def _paths_are_paths(cls, path: str | None, info: ValidationInfo) -> str | None:
+        check_path_text(f"data.jsonl.{info.field_name}", path)
+        return path
+
 
 class DataSection(Section):
     """The prompts: a built-in task or JSONL files."""
@@ -188,6 +243,11 @@ class RewardSection(Section):
     (an importable callable)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to the reward function."""
+    timeout_s: float | None = Field(None, gt=0)
+    """Seconds one reward call may take (> 0); ``null`` = no limit (the call runs inline). A slower call fails
+    with a ``RewardError`` naming the prompt and completion: a data failure of that prompt in async mode (retried,
+    then skipped within ``async.rollout_failure.max_skipped_prompts``), a stop in sync mode. Calls then run on a
+    helper thread; a stuck one cannot be killed and keeps its thread until it returns (docs/rewards.md)."""
 
     @field_validator("function")
     @classmethod
@@ -206,9 +266,11 @@ class GenerationSection(Section):
 
     max_new_tokens: int = Field(16, ge=1)
     """Completion length cap in tokens (≥ 1)."""
-    temperature: float = Field(1.0, gt=0)
-    """Sampling temperature (> 0). 0 (greedy) is not allowed for training: identical samples have no reward
-    variance; evaluation reports greedy accuracy on its own."""
+    temperature: float = Field(1.0, ge=0.01)
+    """Sampling temperature (≥ 0.01). 0 (greedy) is not allowed for training: identical samples have no reward
+    variance; evaluation reports greedy accuracy on its own. Below 0.01 sampling is greedy in all but name and the
+    logits scaled by 1 / temperature overflow (1e-300 makes every logprob NaN), so the training logprobs and their
+    importance ratios are not finite."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling mass (0 < p ≤ 1; 1 = off)."""
     top_k: int = Field(0, ge=0)
@@ -218,9 +280,19 @@ class GenerationSection(Section):
     micro_batch_groups: int = Field(64, ge=1)
     """Prompt groups per generation-engine call (≥ 1); bounds generation memory."""
     fast_decode: bool = True
-    """Decode Llama-family models with the engine's fast step (same arithmetic as the model's forward, checked
-    on a probe at the first call; other models always use their forward). false forces the model's forward.
-    See docs/generation.md."""
+    """Decode Llama-family models (Llama, Qwen2) with the engine's fast step (same arithmetic as the model's
+    forward, checked on a probe at the first call; other models always use their forward). false forces the
+    model's forward. See docs/generation.md."""
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
+    """Run the fast decode step as CUDA graphs, one per row bucket, from static buffers (docs/generation.md):
+    ``auto`` = when the model is on a CUDA device and the fast step takes it; ``on`` = the same, and an error
+    where graphs cannot run (no CUDA device, or a model the fast step refuses); ``off`` = no graphs on CUDA.
+    YAML reads a bare on/off as true/false; those mean on/off here."""
+
+    @field_validator("cuda_graphs", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: Any) -> Any:
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @field_validator("stop")
     @classmethod

@@ -1,4 +1,4 @@
-"""The async single controller: buffer, samplers, ledger, spare pool, pumps (seed 002).
+"""The async single controller: buffer, samplers, ledger, spare pool, dispatch slots, pumps (docs/design.md).
 
 Modules are one concept each; only runtimes and the CLI import ``groupwise.controller.controller``.
 """

@@ -274,7 +274,7 @@ class GroupBuffer:
         return self._all_by_start.first_between(low, high)
 
     def slots_per_start_version(self) -> dict[int, tuple[int, int]]:
-        """``{start_version: (ready, all)}`` — the diagnostic the seed-002 stall report printed."""
+        """``{start_version: (ready, all)}``: what a stall report prints (a weight_fifo bucket that cannot fill)."""
         return {v: (self._ready_by_start.count(v), n) for v, n in self._all_by_start.items()}
 
     def ready_slot_ids(self) -> list[int]:

@@ -3,6 +3,9 @@
 The version is the number of optimizer steps completed (resume-adjusted). Gated samplers wait on it
 to admit the next prompt batch; waits are woken by :meth:`VersionClock.advance`, never by polling, so a
 simulated run of a million groups in virtual time costs no timer wake-ups while nothing changes.
+
+``on_park`` (set by the controller) is called whenever a wait parks, i.e. its predicate does not hold yet: a
+parked rollout pump may be the last thing that moves, so the train pump must re-run its stall check then.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ class VersionClock:
             raise ValueError(f"VersionClock start must be >= 0 (a resume step), got {start}")
         self._value = start
         self._waiters: list[tuple[VersionPredicate, asyncio.Future[int]]] = []
+        self.on_park: Callable[[], None] | None = None
 
     @property
     def value(self) -> int:
@@ -52,6 +56,8 @@ class VersionClock:
             future.set_result(self._value)
         else:
             self._waiters.append((predicate, future))
+            if self.on_park is not None:
+                self.on_park()
         return future
 
     async def wait_until(self, predicate: VersionPredicate) -> int:

@@ -40,6 +40,12 @@ class PumpContext:
     rollout_permitted: asyncio.Event = field(default_factory=asyncio.Event)
     progress: asyncio.Event = field(default_factory=asyncio.Event)
 
+    def __post_init__(self) -> None:
+        # The rollout pump parking on the gate or on capacity may be the last event of a stalled run: it must
+        # wake the train pump, whose stall check runs only when it wakes (otherwise both wait forever).
+        self.clock.on_park = self.signal
+        self.capacity.on_park = self.signal
+
     def signal(self) -> None:
         """Something the train pump may be waiting for changed (a commit, a loss, the end of data)."""
         self.progress.set()

@@ -3,7 +3,7 @@
 ``build_controller(settings, loader, rollouts, trainer, on_step_end=..., on_fate=...)`` checks the setup
 (weight_fifo + dynamic sampling is refused, the buffer capacity must cover the sampler's need) and
 returns a :class:`Controller`; ``await controller.run()`` trains until ``max_steps`` or the end of data and
-returns a :class:`RunSummary`. A crash in either pump cancels the other; the error reaches the caller
+returns a :class:`ControllerSummary`. A crash in either pump cancels the other; the error reaches the caller
 with notes naming the step and the prompt. Only runtimes and the CLI import this module.
 """
 
@@ -24,11 +24,13 @@ from groupwise.controller.ledger import StepLedger, StepRecord
 from groupwise.controller.permits import Permits
 from groupwise.controller.rollout_pump import RolloutPump
 from groupwise.controller.samplers import build_sampler, drop_accounting
+from groupwise.controller.samplers.base import checked_step
 from groupwise.controller.settings import ControllerSettings
-from groupwise.controller.snapshot import controller_state, restore_controller
+from groupwise.controller.snapshot import restore_snapshot, take_snapshot
 from groupwise.controller.spare_pool import SparePool
+from groupwise.controller.state_report import describe_state
 from groupwise.controller.step_tally import StepTallyBook
-from groupwise.controller.train_pump import StepEndHook, TrainPump
+from groupwise.controller.train_pump import StepEndHook, TrainPump, untrained_record
 
 WEIGHT_FIFO_WITH_DS = (
     "dynamic sampling (grpo.dynamic_sampling.enabled) cannot be combined with async.sampler.name='weight_fifo'. "
@@ -39,7 +41,7 @@ WEIGHT_FIFO_WITH_DS = (
 
 
 @dataclass
-class RunSummary:
+class ControllerSummary:
     """What a run did: steps, versions, and the fate of everything dispatched."""
 
     stop_reason: str
@@ -92,13 +94,21 @@ class Controller:
         waiting at the gate, the open steps' ledger entries and tallies, failure budgets and run counters — see
         :mod:`groupwise.controller.snapshot`. ``encode`` turns a loader item into plain data.
         """
-        return controller_state(self, encode)
+        return take_snapshot(self, encode)
+
+    def describe_state(self) -> str:
+        """Where the controller stands, on one line (:mod:`groupwise.controller.state_report`)."""
+        return describe_state(self.ctx, self.rollout_pump)
+
+    def progress_marker(self) -> tuple[int, int, int]:
+        """Changes whenever anything progresses: (optimizer steps, groups committed or filtered, fate records)."""
+        return (self.ctx.clock.value, self.rollout_pump.groups_finished, self.ctx.fates.total)
 
     def _on_slot_error(self, error: BaseException) -> None:
         if self._failure is not None and not self._failure.done():
             self._failure.set_exception(error)
 
-    async def run(self) -> RunSummary:
+    async def run(self) -> ControllerSummary:
         """Run both pumps until the train pump stops; re-raise the first failure of either."""
         loop = asyncio.get_running_loop()
         self._failure = loop.create_future()
@@ -108,6 +118,7 @@ class Controller:
         rollout_task = loop.create_task(self.rollout_pump.run(), name="groupwise-rollout-pump")
         train_task = loop.create_task(self.train_pump.run(), name="groupwise-train-pump")
         waiting = {rollout_task, train_task, self._failure}
+        stopped_by: BaseException | None = None
         try:
             while train_task in waiting:
                 done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
@@ -116,11 +127,16 @@ class Controller:
                     if task.exception() is not None:  # a crashed pump or slot: stop everything, surface it
                         raise task.exception()  # type: ignore[misc]
             stop_reason = train_task.result()
+        except BaseException as error:
+            stopped_by = error
+            raise
         finally:
-            await self._shutdown(rollout_task, train_task)
+            await self._shutdown(rollout_task, train_task, stopped_by)
         return self._summary(stop_reason)
 
-    async def _shutdown(self, rollout_task: asyncio.Task[None], train_task: asyncio.Task[str]) -> None:
+    async def _shutdown(
+        self, rollout_task: asyncio.Task[None], train_task: asyncio.Task[str], stopped_by: BaseException | None
+    ) -> None:
         for task in (train_task, rollout_task):
             if not task.done():
                 task.cancel()
@@ -130,6 +146,10 @@ class Controller:
             self._failure.cancel()
         elif self._failure is not None and not self._failure.cancelled():
             self._failure.exception()  # retrieved: no "never retrieved" warning
+        reason = "the run stopped" if stopped_by is None else f"the run stopped on {_brief(stopped_by)}"
+        for record in self.train_pump.selected:  # selected, but the step's optimizer step never ran
+            self.ctx.record_fate(untrained_record(record, reason))
+        self.train_pump.selected = []
         for slot_id in self.ctx.buffer.ready_slot_ids():
             slot = self.ctx.buffer.remove(slot_id)
             group = slot.group
@@ -145,9 +165,9 @@ class Controller:
                 )
             )
 
-    def _summary(self, stop_reason: str) -> RunSummary:
+    def _summary(self, stop_reason: str) -> ControllerSummary:
         ctx, train = self.ctx, self.train_pump
-        return RunSummary(
+        return ControllerSummary(
             stop_reason=stop_reason,
             steps_trained=train.steps_trained,
             first_step=ctx.settings.start_step,
@@ -162,6 +182,11 @@ class Controller:
             skipped_prompts=ctx.budgets.skipped,
             late_losses=ctx.ledger.late_losses,
         )
+
+
+def _brief(error: BaseException, limit: int = 200) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def build_controller(
@@ -180,15 +205,16 @@ def build_controller(
     ``settings.start_step`` must equal its step and P must match. Buffered groups, stamps and ledger entries are
     restored only under the same sampler; otherwise they are dropped with notes in ``Controller.resume_notes``.
     """
-    if settings.dynamic_sampling and settings.sampler == "weight_fifo":
+    if settings.dynamic_sampling and settings.sampler.name == "weight_fifo":
         raise ValueError(WEIGHT_FIFO_WITH_DS)
     buffer = GroupBuffer()
-    sampler = build_sampler(settings.sampler, dict(settings.sampler_knobs), buffer)
+    sampler = build_sampler(settings.sampler, buffer)
     sampler.set_dispatch_index(settings.start_step)
-    needed = sampler.required_buffer_capacity(settings.prompts_per_step)
+    needed = checked_step(sampler.required_buffer_capacity(settings.prompts_per_step), sampler,
+                          f"required_buffer_capacity({settings.prompts_per_step})", "a group count")  # fmt: skip
     if needed is not None and settings.max_buffered_rollouts < needed:
         raise ValueError(
-            f"max_buffered_rollouts={settings.max_buffered_rollouts} is below what sampler {settings.sampler!r} "
+            f"max_buffered_rollouts={settings.max_buffered_rollouts} is below what sampler {settings.sampler.name!r} "
             f"needs ({needed} = P × (window + 1)) to avoid a backpressure deadlock; raise it to at least {needed}"
         )
     ledger = StepLedger(settings.prompts_per_step, settings.failure.min_step_batch_fraction, settings.start_step)
@@ -208,5 +234,5 @@ def build_controller(
     )
     controller = Controller(ctx, loader, rollouts, trainer, on_step_end)
     if state is not None:
-        controller.resume_notes = restore_controller(controller, loader, state, decode)
+        controller.resume_notes = restore_snapshot(controller, loader, state, decode)
     return controller

@@ -15,30 +15,29 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
 
 from groupwise.controller.context import PumpContext
 from groupwise.controller.failures import PromptAttempts
 from groupwise.controller.fate_records import Fate, FateRecord
-from groupwise.controller.interfaces import RolloutClient
+from groupwise.controller.interfaces import LoaderItem, RolloutClient
 from groupwise.controller.permits import Permits
 from groupwise.types import Group
 
 
 @dataclass
 class _Attempt:
-    """One attempt in flight; its fate record is built only when the attempt does not commit (a committed
-    group's record is written by the train pump), one allocation fewer per simulated group."""
+    """One attempt in flight. Its fate record is built only when the attempt does not commit (a committed
+    group's record is written by the train pump): this runs once per group, so it allocates nothing it can skip."""
 
     task: asyncio.Task[None]  # the worker task running the dispatch slot, and so the attempt
     start_version: int
     group_id: int
-    item: Any
+    item: LoaderItem
     number: int  # the slot's attempt counter when this attempt started
     aborted: bool = False
 
     def record(self, fate: Fate = "pending", detail: str = "") -> FateRecord:
-        uid, epoch = self.item.prompt.uid, getattr(self.item, "epoch", None)
+        uid, epoch = self.item.prompt.uid, self.item.epoch
         return FateRecord(self.group_id, uid, self.number, self.start_version, fate, detail=detail, epoch=epoch)
 
 
@@ -46,7 +45,7 @@ class _Attempt:
 class SlotState:
     """One unsettled dispatch slot: what it works on now, and what a resumed run needs to re-dispatch it."""
 
-    item: Any
+    item: LoaderItem
     target: int | None = None
     attempt: int = 0  # the number of the attempt running now, or of the next one after a failure
     attempts: PromptAttempts = field(default_factory=PromptAttempts)
@@ -124,7 +123,7 @@ class DispatchSlots:
                     ctx.signal()
             await ctx.rollout_permitted.wait()
 
-    def _take_replacement(self, used: int) -> Any | None:
+    def _take_replacement(self, used: int) -> LoaderItem | None:
         if not self.ctx.replacement_enabled or used >= self.ctx.settings.failure.max_replacement_attempts:
             return None
         return self.ctx.spare_pool.take()
@@ -132,10 +131,19 @@ class DispatchSlots:
     def _charge(self, record: FateRecord, target: int | None) -> None:
         try:
             step = self.ctx.charge_loss(target)
-        except BaseException:
+        except BaseException as fatal:
             self.ctx.record_fate(_resolved(record, "fatal", None))
+            where = self._where(record.prompt_uid, record.group_id, record.attempt, target)
+            _add_note(fatal, f"charging the loss of {where}")
             raise
         self.ctx.record_fate(_resolved(record, "charged" if step is not None else "uncharged", step))
+
+    def _where(self, uid: str, group_id: int | None, attempt: int, target: int | None) -> str:
+        """Names the prompt, its attempt and the steps involved, for the notes of an error that stops the run."""
+        return (
+            f"prompt {uid!r} (group {group_id}, attempt {attempt}, target step {target}) while step "
+            f"{self.ctx.ledger.assembling} was being assembled"
+        )
 
     async def _run_prompt(self, slot: SlotState) -> _Lost | None:
         """Attempt the slot's prompt until it commits (None) or is lost (filtered, given up, aborted)."""
@@ -145,8 +153,9 @@ class DispatchSlots:
             start = ctx.generator_version
             slot_id = ctx.buffer.reserve(start, target, payload=item)
             slot.group_id, slot.start_version = slot_id, start
-            # The rollout runs in the slot's worker task (no task per attempt: a simulated million-group run pays
-            # for every task); an abort cancels that task, and uncancel() tells an abort from a shutdown.
+            # The rollout runs in the slot's worker task, not in a task of its own (a task per attempt would be most
+            # of the controller's cost per group); an abort cancels that task, and uncancel() tells an abort from a
+            # shutdown.
             current = asyncio.current_task()
             assert current is not None, "a dispatch slot runs in a worker task"
             self._attempts[slot_id] = attempt = _Attempt(current, start, slot_id, item, slot.attempt)
@@ -185,7 +194,7 @@ class DispatchSlots:
                 await asyncio.sleep(delay)
             await self.ctx.rollout_permitted.wait()
         except asyncio.CancelledError:
-            uid, epoch = slot.item.prompt.uid, getattr(slot.item, "epoch", None)
+            uid, epoch = slot.item.prompt.uid, slot.item.epoch
             detail = f"waiting to retry (attempt {slot.attempt}) when the run stopped; no attempt was running"
             self.ctx.record_fate(FateRecord(None, uid, slot.attempt, None, "pending", detail=detail, epoch=epoch))
             raise
@@ -193,10 +202,7 @@ class DispatchSlots:
     def _on_failure(
         self, attempts: PromptAttempts, error: Exception, attempt: _Attempt, target: int | None
     ) -> float | None:
-        context = (
-            f"rollout of prompt {attempt.item.prompt.uid!r} (group {attempt.group_id}, attempt {attempt.number}, "
-            f"target step {target}) while step {self.ctx.ledger.assembling} was being assembled"
-        )
+        context = "rollout of " + self._where(attempt.item.prompt.uid, attempt.group_id, attempt.number, target)
         try:
             return self.ctx.budgets.on_failure(attempts, error, context)
         except BaseException as fatal:
@@ -212,7 +218,7 @@ class DispatchSlots:
         group.end_version = ctx.generator_version
         group.target_step = target
         group.attempt = attempt.number
-        group.epoch = getattr(attempt.item, "epoch", group.epoch)
+        group.epoch = attempt.item.epoch
         step, zero_variance = ctx.tally.record_generated(group, filtering=ctx.settings.dynamic_sampling)
         ctx.budgets.on_progress()
         self.groups_finished += 1

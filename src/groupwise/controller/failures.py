@@ -1,4 +1,4 @@
-"""Rollout failures: infra vs data classification, per-prompt attempt budgets, backoff, run budgets (§6.1).
+"""Rollout failures: infra vs data classification, per-prompt attempt budgets, backoff, run budgets.
 
 * **infra** — :class:`InfraError` subclasses, ``TimeoutError``, ``ConnectionError``, and any type a runtime
   registers (the Ray runtime registers Ray's actor/node errors) — retried with exponential backoff

@@ -1,4 +1,4 @@
-"""Fates: where every dispatched prompt attempt ended (DESIGN invariant 4, made auditable).
+"""Fates: where every dispatched prompt attempt ended (invariant 4 in docs/design.md, made auditable).
 
 Each reserved slot (one attempt at one prompt; its id is the group id) gets exactly one :class:`FateRecord`:
 

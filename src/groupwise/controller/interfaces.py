@@ -1,7 +1,8 @@
-"""What the controller talks to: a prompt source, a rollout client and a trainer client.
+"""What the controller and the sync loop talk to: a prompt source, a rollout client and a trainer client.
 
 Kept small on purpose: the embedded runtime implements them with the real generator, reward function and
-learner; the Ray runtime with actors; the tests with scripted fakes (``tests/fakes``).
+learner; the Ray runtime with actors; the simulator with simulated ones; the tests with scripted fakes
+(``tests/fakes``).
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ class PromptSource(Protocol):
     @property
     def exhausted(self) -> bool: ...
 
-    def take(self, n: int) -> list[Any]: ...
+    def take(self, n: int) -> list[LoaderItem]: ...
 
-    def push_front(self, items: Sequence[Any]) -> None: ...
+    def push_front(self, items: Sequence[LoaderItem]) -> None: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -43,7 +44,7 @@ class PromptSource(Protocol):
 class RolloutClient(Protocol):
     """Generation + scoring of one prompt group, and weight updates of the generator."""
 
-    async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int) -> Group:
+    async def rollout(self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int) -> Group:
         """Generate G completions of ``prompt.prompt`` under weight version ``start_version`` and score them.
 
         The returned group must carry ``group_id``; ``attempt`` (0, 1, ...) numbers the attempts at this

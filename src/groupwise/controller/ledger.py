@@ -1,4 +1,4 @@
-"""`StepLedger`: which groups and which losses make up each RL step (reference §6.10, DESIGN invariant 5).
+"""`StepLedger`: which groups and which losses make up each RL step (invariant 5 in docs/design.md).
 
 Per step ``s``: ``selected`` (groups handed to the trainer), ``charged`` (groups lost for good and
 charged to ``s``), ``replaced`` and ``promoted`` (counters for metrics). The number of slots still open::
@@ -6,7 +6,7 @@ charged to ``s``), ``replaced`` and ``promoted`` (counters for metrics). The num
     open(s) = P − selected(s) − charged(s)
 
 Selection is recorded synchronously at the moment groups are selected, so a loss can never be charged
-against work already selected (the reviewer's over-credit bug in seed 002). A *floating* loss (a sampler
+against work already selected (the over-credit bug of docs/design.md). A *floating* loss (a sampler
 that does not stamp) goes to the first step ``≥`` the one being assembled that still has an open slot; a
 *pinned* loss (stamped, or an explicit custom decision) stays on its step. A step closes when
 ``selected + charged == P`` (asserted: a violation is a bug), or — for closes-short samplers at
@@ -17,9 +17,10 @@ saved (metrics.jsonl holds it).
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from groupwise.algo.step_size import step_floor
 
 
 class LedgerInvariantError(AssertionError):
@@ -41,13 +42,6 @@ class StepRecord:
     promoted: int = 0
     unfilled: int = 0
     closed: bool = False
-
-
-def step_floor(prompts_per_step: int, min_step_batch_fraction: float) -> int:
-    """``ceil(P × min_step_batch_fraction)``: the fewest groups a step may train."""
-    if not 0.0 < min_step_batch_fraction <= 1.0:
-        raise ValueError(f"min_step_batch_fraction must be in (0, 1], got {min_step_batch_fraction}")
-    return max(1, math.ceil(prompts_per_step * min_step_batch_fraction - 1e-9))
 
 
 class StepLedger:

@@ -3,13 +3,15 @@
 Used for the buffer-capacity valve (``max_buffered_rollouts``) and the in-flight limit
 (``max_inflight_prompts``). Unlike ``asyncio.Semaphore`` a waiter counts as parked exactly until a permit is
 handed to it (synchronously, in :meth:`release`), so the stall detector never mistakes a woken waiter for a
-stuck one.
+stuck one. ``on_park`` (set by the controller) is called whenever an acquire has to wait, so the train pump
+re-runs its stall check.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 
 
 class Permits:
@@ -22,6 +24,7 @@ class Permits:
         self.name = name
         self.in_use = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self.on_park: Callable[[], None] | None = None
 
     @property
     def waiting(self) -> int:
@@ -34,6 +37,8 @@ class Permits:
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(future)
+        if self.on_park is not None:
+            self.on_park()
         try:
             await future
         except asyncio.CancelledError:

@@ -4,7 +4,8 @@ Loop: take a whole loader batch; divert it to the spare pool while the pool is b
 the very first batch, so no step is burned); otherwise ``sampler.admit`` (gated samplers wait on the version
 clock) and launch one *dispatch slot* per prompt. A launch holds a buffer-capacity permit (owned by the group once
 committed) and an in-flight permit (held across replacements). At the end of data: let the slots settle, drain the
-spare pool in whole steps, then mark the pump exhausted.
+spare pool in whole steps (then, for a closes-short sampler, the leftover as one short batch), then mark the pump
+exhausted.
 
 Snapshots (:meth:`RolloutPump.unsettled`): unsettled slots are re-dispatched under their stamps after a resume
 (:meth:`RolloutPump.restore_unsettled`); prompts of a batch still waiting at the gate go back to where they came
@@ -14,12 +15,12 @@ from (the loader front, or the spare pool front during the end-of-data drain).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from groupwise.controller.context import PumpContext
 from groupwise.controller.dispatch_slot import DispatchSlots, SlotState
-from groupwise.controller.interfaces import PromptSource, RolloutClient
+from groupwise.controller.interfaces import LoaderItem, PromptSource, RolloutClient
 from groupwise.controller.permits import Permits
+from groupwise.controller.samplers.base import checked_step
 from groupwise.controller.workers import WorkerPool
 
 
@@ -56,12 +57,12 @@ class RolloutPump:
         """True while the pump waits on something only the train pump can give (the gate or capacity)."""
         return (self._in_admit and self.ctx.clock.waiting > 0) or self.ctx.capacity.waiting > 0
 
-    def inflight_items(self) -> list[Any]:
+    def inflight_items(self) -> list[LoaderItem]:
         """Prompts taken from the loader or pool and not yet settled: those of unsettled dispatch slots, then
         those of the batch being admitted or launched."""
         return [slot.item for slot in self._slots.items()] + [slot.item for slot in self._unlaunched]
 
-    def unsettled(self) -> tuple[list[SlotState], list[Any], list[Any]]:
+    def unsettled(self) -> tuple[list[SlotState], list[LoaderItem], list[LoaderItem]]:
         """The work a snapshot must save: ``(slots, loader_items, spare_items)``.
 
         ``slots``: dispatch slots to re-dispatch under their stamps — running (in launch order), then those of an
@@ -118,24 +119,26 @@ class RolloutPump:
             batch = self.loader.take(P)
             if not batch:
                 return
-            if len(batch) < P and not self.ctx.accounting.closes_short_at_exhaustion:
-                # A partial last batch could never make a full gated step: keep it as spares, or count it.
+            if len(batch) < P:
+                # A partial last batch: a spare pool takes it (the drain dispatches spares first, so a closes-short
+                # sampler's short batch is the very last one); else only a closes-short sampler can train it.
                 if self.ctx.replacement_enabled:
                     self.ctx.spare_pool.add_batch(batch)
-                else:
+                    continue
+                if not self.ctx.accounting.closes_short_at_exhaustion:
                     self.unused_prompts += len(batch)
-                continue
+                    continue
             if self.ctx.replacement_enabled and self.admitted_batches > 0 and self.ctx.spare_pool.needs_refill():
                 self.ctx.spare_pool.add_batch(batch)
                 continue
             await self._admit_and_launch(batch)
 
-    async def _admit_and_launch(self, batch: list[Any], from_pool: bool = False) -> None:
+    async def _admit_and_launch(self, batch: list[LoaderItem], from_pool: bool = False) -> None:
         self._unlaunched = [SlotState(item) for item in batch]
         self._batch_admitted, self._batch_from_pool = False, from_pool
         self._in_admit = True
         try:
-            target = await self.ctx.sampler.admit(self.ctx.clock)
+            target = checked_step(await self.ctx.sampler.admit(self.ctx.clock), self.ctx.sampler, "admit(clock)")
         finally:
             self._in_admit = False
         self._batch_admitted = True
@@ -186,5 +189,9 @@ class RolloutPump:
             # One whole step at a time, so a snapshot always finds each spare in the pool or in a slot.
             while len(self.ctx.spare_pool) >= P:
                 await self._admit_and_launch([self.ctx.spare_pool.take() for _ in range(P)], from_pool=True)
+            await self._settle()
+        if self.ctx.accounting.closes_short_at_exhaustion and len(self.ctx.spare_pool):
+            # The leftover partial step closes short: admitted last, after every whole step.
+            await self._admit_and_launch(self.ctx.spare_pool.discard_leftover(), from_pool=True)
             await self._settle()
         self.unused_prompts += len(self.ctx.spare_pool.discard_leftover())

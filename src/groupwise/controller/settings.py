@@ -1,15 +1,20 @@
-"""`ControllerSettings`: the plain values the controller needs, decoupled from the pydantic config.
+"""`ControllerSettings`: what the controller needs of a run's config, as one frozen value.
 
-``ControllerSettings.from_config(cfg)`` reads a ``groupwise.config.RunConfig`` (imported lazily so this module
-and the controller import without it); tests build settings directly.
+``ControllerSettings.from_config(cfg)`` reads a ``groupwise.config.RunConfig``; tests build settings directly.
+The sampler is its typed config section (``groupwise.config.async_schema``, where its knobs are declared once;
+``sampler_config(name, **knobs)`` builds one from plain values).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
+from groupwise.config.async_schema import ReadyFirstSamplerConfig, SamplerConfig
 from groupwise.controller.failures import FailureSettings
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -18,8 +23,7 @@ class ControllerSettings:
 
     prompts_per_step: int
     group_size: int
-    sampler: str = "ready_first"
-    sampler_knobs: dict[str, Any] = field(default_factory=dict)
+    sampler: SamplerConfig = field(default_factory=ReadyFirstSamplerConfig)
     min_groups_for_streaming_train: int | None = None
     max_inflight_prompts: int = 32
     max_buffered_rollouts: int = 64
@@ -64,18 +68,15 @@ class ControllerSettings:
         return self.prompts_per_step if chunk is None else chunk
 
     @classmethod
-    def from_config(cls, cfg: Any, start_step: int = 0) -> ControllerSettings:
+    def from_config(cls, cfg: RunConfig, start_step: int = 0) -> ControllerSettings:
         """Settings of an async run from a ``RunConfig`` (its ``async`` section, ``grpo`` and ``run``)."""
         a = cfg.async_
-        sampler = a.sampler.model_dump()
-        name = sampler.pop("name")
         rf = a.rollout_failure
         ds = cfg.grpo.dynamic_sampling
         return cls(
             prompts_per_step=cfg.grpo.num_prompts_per_step,
             group_size=cfg.grpo.num_generations_per_prompt,
-            sampler=name,
-            sampler_knobs=sampler,
+            sampler=a.sampler,
             min_groups_for_streaming_train=a.min_groups_for_streaming_train,
             max_inflight_prompts=a.max_inflight_prompts,
             max_buffered_rollouts=a.max_buffered_rollouts,

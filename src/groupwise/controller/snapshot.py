@@ -27,30 +27,23 @@ counter continues across the resume.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from groupwise.controller.dispatch_slot import SlotState
 from groupwise.controller.failures import PromptAttempts
 from groupwise.controller.fate_records import FateRecord
 
 if TYPE_CHECKING:
-    from groupwise.controller.controller import Controller
+    from groupwise.controller.context import PumpContext
     from groupwise.controller.interfaces import PromptSource
+    from groupwise.controller.rollout_pump import RolloutPump
+    from groupwise.controller.train_pump import TrainPump
 
 STATE_FORMAT = 2
-LEGACY_KEYS = frozenset({"step", "sampler", "buffer", "spare_pool", "inflight_prompts"})
-STATE_KEYS = LEGACY_KEYS | {
-    "format",
-    "prompts_per_step",
-    "stamps",
-    "dispatch_index",
-    "inflight_slots",
-    "ledger",
-    "tally",
-    "budgets",
-    "fates",
-    "counters",
-}
+STATE_KEYS = frozenset({
+    "format", "step", "sampler", "prompts_per_step", "stamps", "dispatch_index", "buffer", "spare_pool",
+    "inflight_prompts", "inflight_slots", "ledger", "tally", "budgets", "fates", "counters",
+})  # fmt: skip
 _ROLLOUT_COUNTERS = ("admitted_batches", "unused_prompts", "groups_finished")
 _TRAIN_COUNTERS = ("evicted_total", "aborted_total")
 
@@ -58,11 +51,19 @@ Encode = Callable[[Any], Any]
 Decode = Callable[[Any], Any]
 
 
+class ControllerParts(Protocol):
+    """What a snapshot reads and restores: the pumps' shared context and the two pumps (a ``Controller``)."""
+
+    ctx: PumpContext
+    rollout_pump: RolloutPump
+    train_pump: TrainPump
+
+
 def sampler_stamps(sampler: object) -> bool:
     return bool(getattr(sampler, "stamps_target_steps", False))
 
 
-def controller_state(controller: Controller, encode: Encode) -> dict[str, Any]:
+def take_snapshot(controller: ControllerParts, encode: Encode) -> dict[str, Any]:
     """A snapshot of ``controller`` (see the module docstring); ``encode`` turns a loader item into plain data."""
     ctx, pump, train = controller.ctx, controller.rollout_pump, controller.train_pump
     slots, loader_items, spare_items = pump.unsettled()
@@ -70,7 +71,7 @@ def controller_state(controller: Controller, encode: Encode) -> dict[str, Any]:
     return {
         "format": STATE_FORMAT,
         "step": ctx.clock.value,
-        "sampler": ctx.settings.sampler,
+        "sampler": ctx.settings.sampler.name,
         "prompts_per_step": ctx.settings.prompts_per_step,
         "stamps": sampler_stamps(ctx.sampler),
         "dispatch_index": getattr(ctx.sampler, "dispatch_index", None),
@@ -115,36 +116,29 @@ def _slot_from_dict(data: dict[str, Any], decode: Decode) -> SlotState:
     )
 
 
-def restore_controller(
-    controller: Controller, loader: PromptSource, state: dict[str, Any], decode: Decode
+def restore_snapshot(
+    controller: ControllerParts, loader: PromptSource, state: dict[str, Any], decode: Decode
 ) -> list[str]:
     """Put a snapshot back into a freshly built controller (restore the loader's own state first).
 
-    Returns notes on anything dropped (to be logged). A snapshot of the older format (the five
-    :data:`LEGACY_KEYS`) restores the buffer, the spare pool and the loader front only.
+    Returns notes on anything dropped (to be logged).
     """
     ctx = controller.ctx
-    legacy = set(state) == LEGACY_KEYS
-    if not legacy and set(state) != STATE_KEYS:
+    if set(state) != STATE_KEYS:
         raise ValueError(
             f"controller state must have the keys {sorted(STATE_KEYS)}, got {sorted(state)}; the checkpoint was "
             "written by another groupwise version or is corrupted"
         )
-    _check_compatible(controller, state, legacy)
-    if not legacy:
-        _restore_counters(controller, state)
+    _check_compatible(controller, state)
+    _restore_counters(controller, state)
     notes: list[str] = []
-    same_sampler = state["sampler"] == ctx.settings.sampler and (
-        legacy or state["stamps"] == sampler_stamps(ctx.sampler)
-    )
+    same_sampler = state["sampler"] == ctx.settings.sampler.name and state["stamps"] == sampler_stamps(ctx.sampler)
     if same_sampler:
         _restore_buffer(controller, state["buffer"])
     else:
         notes += _drop_buffer(controller, state)
     ctx.spare_pool.load_state_dict(state["spare_pool"], decode)
     loader.push_front([decode(data) for data in state["inflight_prompts"]])
-    if legacy:
-        return notes
     slots = [_slot_from_dict(data, decode) for data in state["inflight_slots"]]
     for slot in slots:
         if slot.target is not None and slot.target < ctx.settings.start_step:
@@ -169,14 +163,14 @@ def restore_controller(
     return notes
 
 
-def _check_compatible(controller: Controller, state: dict[str, Any], legacy: bool) -> None:
+def _check_compatible(controller: ControllerParts, state: dict[str, Any]) -> None:
     settings = controller.ctx.settings
     if state["step"] != settings.start_step:
         raise ValueError(
             f"controller state is at step {state['step']} but settings.start_step is {settings.start_step}; "
             "resume with start_step equal to the checkpoint's step"
         )
-    if not legacy and state["prompts_per_step"] != settings.prompts_per_step:
+    if state["prompts_per_step"] != settings.prompts_per_step:
         raise ValueError(
             f"the checkpoint was written with prompts_per_step (grpo.num_prompts_per_step) = "
             f"{state['prompts_per_step']} but this run has {settings.prompts_per_step}; its buffered groups, stamps "
@@ -185,7 +179,7 @@ def _check_compatible(controller: Controller, state: dict[str, Any], legacy: boo
         )
 
 
-def _restore_buffer(controller: Controller, buffer_state: dict[str, Any]) -> None:
+def _restore_buffer(controller: ControllerParts, buffer_state: dict[str, Any]) -> None:
     ctx = controller.ctx
     restored = ctx.buffer.load_state_dict(buffer_state)
     if len(restored) > ctx.capacity.total:
@@ -196,13 +190,13 @@ def _restore_buffer(controller: Controller, buffer_state: dict[str, Any]) -> Non
     ctx.capacity.take_now(len(restored))  # restored groups keep their capacity permits
 
 
-def _drop_buffer(controller: Controller, state: dict[str, Any]) -> list[str]:
+def _drop_buffer(controller: ControllerParts, state: dict[str, Any]) -> list[str]:
     """A new sampler cannot take over another sampler's buffer: every ready group is evicted, with a fate."""
     ctx = controller.ctx
     groups = state["buffer"]["groups"]
     reason = (
         f"dropped at resume: the checkpoint's sampler {state['sampler']!r} "
-        f"(stamps={state.get('stamps', '?')}) differs from this run's {ctx.settings.sampler!r}"
+        f"(stamps={state['stamps']}) differs from this run's {ctx.settings.sampler.name!r}"
     )
     for entry in groups:
         group = entry["group"]
@@ -224,7 +218,7 @@ def _drop_buffer(controller: Controller, state: dict[str, Any]) -> list[str]:
     return [f"resume: {len(groups)} buffered group(s) {reason}; their fates are 'evicted'"] if groups else []
 
 
-def _restore_counters(controller: Controller, state: dict[str, Any]) -> None:
+def _restore_counters(controller: ControllerParts, state: dict[str, Any]) -> None:
     ctx, pump, train = controller.ctx, controller.rollout_pump, controller.train_pump
     ctx.tally.load_state_dict(state["tally"])
     ctx.budgets.load_state_dict(state["budgets"])
@@ -237,7 +231,7 @@ def _restore_counters(controller: Controller, state: dict[str, Any]) -> None:
     ctx.spare_pool.taken = int(counters["spare_pool_taken"])
 
 
-def _record_requeued(controller: Controller, slots: list[SlotState]) -> None:
+def _record_requeued(controller: ControllerParts, slots: list[SlotState]) -> None:
     """The attempts that were running at the checkpoint end here; their prompts are dispatched again."""
     ctx = controller.ctx
     for slot in slots:
@@ -252,7 +246,7 @@ def _record_requeued(controller: Controller, slots: list[SlotState]) -> None:
                 "pending",
                 resolution="requeued",
                 detail=f"in flight at the checkpoint of step {ctx.settings.start_step}; dispatched again on resume",
-                epoch=getattr(slot.item, "epoch", None),
+                epoch=slot.item.epoch,
             )
         )
         slot.group_id = slot.start_version = None  # that attempt is over; the slot starts a new one

@@ -1,4 +1,4 @@
-"""`SparePool`: prompts held back to replace groups that are filtered or lost (reference §6.3).
+"""`SparePool`: prompts held back to replace groups that are filtered or lost.
 
 The rollout pump is the only dataloader consumer; when the pool is below its low-water mark
 (``replacement_reserve_prompts``) it diverts a WHOLE loader batch here instead of admitting it, so no

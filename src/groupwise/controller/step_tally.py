@@ -1,4 +1,4 @@
-"""Per-step reward tallies for the async controller (reference §7.3), built on ``groupwise.algo.tally``.
+"""Per-step reward tallies for the async controller, built on ``groupwise.algo.tally``.
 
 Tally rule: a finished group (kept or filtered) counts toward its ``target_step`` when stamped and that
 step is still open; a stamped group whose step already closed counts toward the step being assembled and

@@ -1,19 +1,23 @@
 """`TrainPump`: assembles each RL step from streamed chunks of whole groups, then one optimizer step.
 
-Per step ``s`` (= the trainer version ``v``; reference §4.6 adapted to the ledger of §6.10):
+Per step ``s`` (= the trainer version ``v``):
 
 1. evict what the sampler says can never be selected (capacity released, fate ``evicted``);
 2. while the ledger has open slots: ``select`` a chunk of at least ``min(streaming_min, open)`` groups —
    synchronously, and record it in the ledger in the same step, so no loss can be charged against it —
    release their capacity, train the chunk (``train_chunk``); if nothing is selectable, wait for progress;
-3. close the step (ledger asserts ``selected + charged == P``), ``finish_step`` (one optimizer step),
-   advance the version clock, abort stale in-flight attempts, ``sync_weights``, emit metrics.
+3. close the step (ledger asserts ``selected + charged == P``), ``finish_step`` (one optimizer step), and only
+   then write the step's ``trained`` fates; advance the version clock, abort stale in-flight attempts,
+   ``sync_weights``, emit metrics. Groups selected for a step whose optimizer step never ran (the run stopped
+   first) get ``pending`` fates saying so (:func:`untrained_record`, written by the controller at shutdown).
 
 At the end of data: a step with nothing selected and an empty buffer ends the run cleanly; a closes-short
 sampler closes its last step short (above the floor); anything else raises
 :class:`RolloutExhaustedError`. When the rollout pump is parked on the gate or on capacity with nothing in
 flight and nothing is selectable, no event can ever arrive: :class:`ControllerStalled` names the state
-instead of hanging (the seed-002 weight_fifo hang is reported this way).
+instead of hanging (a weight_fifo bucket that can never fill is reported this way). The check runs whenever the
+train pump wakes, and the rollout pump parking wakes it (``VersionClock.on_park``, ``Permits.on_park``), so a pump
+that parks after everything else settled is always seen.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.interfaces import RolloutClient, TrainerClient
 from groupwise.controller.ledger import LedgerInvariantError, StepRecord
 from groupwise.controller.rollout_pump import RolloutPump
+from groupwise.controller.state_report import describe_state
 from groupwise.types import Group
 
 StepEndHook = Callable[[int, dict[str, float], list[Group]], "Awaitable[None] | None"]
@@ -60,6 +65,8 @@ class TrainPump:
         self.evicted_total = 0
         self.aborted_total = 0
         self.step_sizes: list[int] = []
+        # ``trained`` records of the step being assembled, written once its optimizer step has run.
+        self.selected: list[FateRecord] = []
 
     async def run(self) -> str:
         """Train until ``max_steps`` or the end of data; return the stop reason."""
@@ -94,7 +101,7 @@ class TrainPump:
             slots = ctx.sampler.select(step, min_groups, remaining)
             if slots is None:
                 if self.rollout.exhausted:
-                    return self._at_exhaustion(step, groups, evicted)
+                    return self._at_exhaustion(step, groups, evicted, min_groups)
                 if self.rollout.parked() and self.rollout.active_slots == 0:
                     raise ControllerStalled(self._stall_report(step))
                 await ctx.progress.wait()
@@ -107,18 +114,8 @@ class TrainPump:
             ctx.ledger.record_selected(step, len(slots))
             ctx.capacity.release(len(slots))
             chunk = [slot.group for slot in slots if slot.group is not None]
-            for slot in slots:
-                ctx.record_fate(
-                    FateRecord(
-                        slot.slot_id,
-                        _uid(slot.group),
-                        slot.group.attempt if slot.group else 0,
-                        slot.start_version,
-                        "trained",
-                        step,
-                        epoch=_epoch(slot.group),
-                    )
-                )
+            # ``trained`` is a promise that the step's optimizer step ran: recorded by _finish after it did.
+            self.selected.extend(_selected_record(slot, step) for slot in slots)
             ctx.tally.record_trained(step, chunk)
             first = not groups
             groups.extend(chunk)
@@ -143,24 +140,37 @@ class TrainPump:
             self.evicted_total += len(slots)
         return len(slots)
 
-    def _at_exhaustion(self, step: int, groups: list[Group], evicted: int) -> tuple[list[Group], int, bool] | None:
+    def _at_exhaustion(
+        self, step: int, groups: list[Group], evicted: int, min_groups: int
+    ) -> tuple[list[Group], int, bool] | None:
         ctx = self.ctx
         record = ctx.ledger.peek(step)
-        if record.selected == 0 and ctx.buffer.ready_count == 0:
+        ready = ctx.buffer.ready_count
+        if record.selected == 0 and ready == 0:
             return None
         if ctx.accounting.closes_short_at_exhaustion and record.selected > 0:
             return groups, evicted, True
+        open_slots = ctx.ledger.open_slots(step)
+        if ready < min_groups:
+            why = f"only {ready} ready group(s) are left for its {open_slots} open slot(s)"
+        else:
+            why = (
+                f"{ready} ready group(s) are left, but sampler {ctx.settings.sampler.name!r} selects none of them at "
+                f"version {step} (it takes at least {min_groups} at once)"
+            )
         raise RolloutExhaustedError(
             f"rollout exhausted before step {step} was assembled: selected {record.selected} + charged "
-            f"{record.charged} of P {ctx.settings.prompts_per_step} groups, with {ctx.buffer.ready_count} ready "
-            f"group(s) left that sampler {ctx.settings.sampler!r} cannot select at version {step}. Provide more "
-            "prompts (max_epochs), or choose a sampler that closes short (windowed)"
+            f"{record.charged} of P {ctx.settings.prompts_per_step} groups; {why}. Provide more prompts "
+            "(run.max_epochs), or choose a sampler that closes short (windowed)"
         )
 
     async def _finish(self, step: int, groups: list[Group], evicted: int, short: bool) -> None:
         ctx = self.ctx
         record = ctx.ledger.close_short(step) if short else ctx.ledger.close(step)
         trainer_metrics = await self.trainer.finish_step(step)
+        for selected in self.selected:
+            ctx.record_fate(selected)
+        self.selected = []
         aborted = await self._sync_weights()
         self.steps_trained += 1
         self.step_sizes.append(len(groups))
@@ -206,16 +216,24 @@ class TrainPump:
         return metrics
 
     def _stall_report(self, step: int) -> str:
-        ctx = self.ctx
-        buckets = {v: f"{ready} ready/{n} slots" for v, (ready, n) in ctx.buffer.slots_per_start_version().items()}
         return (
-            f"the controller cannot make progress at step {step}: trainer_v={ctx.clock.value} "
-            f"dispatch_index={getattr(ctx.sampler, 'dispatch_index', '?')} gate_window="
-            f"{getattr(ctx.sampler, 'window', '?')} inflight=0 buffer_len={len(ctx.buffer)} "
-            f"per_start_weight={buckets} spare_pool={len(ctx.spare_pool)} open_slots={ctx.ledger.open_slots(step)} "
-            f"capacity={ctx.capacity.in_use}/{ctx.capacity.total}. Sampler {ctx.settings.sampler!r} selects "
-            "nothing from this buffer and the rollout pump waits for the trainer, so nothing can change"
+            f"the controller cannot make progress at step {step}: {describe_state(self.ctx, self.rollout)}. Sampler "
+            f"{self.ctx.settings.sampler.name!r} selects nothing from this buffer and the rollout pump waits for the "
+            "trainer, so nothing can change"
         )
+
+
+def _selected_record(slot: Any, step: int) -> FateRecord:
+    group = slot.group
+    attempt = group.attempt if group else 0
+    return FateRecord(slot.slot_id, _uid(group), attempt, slot.start_version, "trained", step, epoch=_epoch(group))
+
+
+def untrained_record(record: FateRecord, reason: str) -> FateRecord:
+    """The ``pending`` record of a group selected for a step whose optimizer step never ran."""
+    detail = f"selected for step {record.step}, whose optimizer step never ran: {reason}"
+    return FateRecord(record.group_id, record.prompt_uid, record.attempt, record.start_version, "pending",
+                      record.step, detail=detail, epoch=record.epoch)  # fmt: skip
 
 
 def _uid(group: Any) -> str:

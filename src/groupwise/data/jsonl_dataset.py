@@ -28,7 +28,11 @@ MAX_REPORTED_ERRORS = 20
 
 
 class DatasetError(ValueError):
-    """A dataset file is missing, empty or has malformed lines."""
+    """A dataset file is missing, empty or has malformed lines; ``path`` is the file (None: no file given)."""
+
+    def __init__(self, message: str, path: Path | None = None) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 def _answer_text(value: Any) -> str | None:
@@ -76,10 +80,14 @@ def _parse_line(line: str, uid_fallback: str, seen_ids: dict[str, int], lineno: 
         text = record.pop("prompt")
         if not isinstance(text, str):
             return f"'prompt' must be a string, got {type(text).__name__}"
+        if not text.strip():
+            return "'prompt' is empty: the model would generate from nothing but BOS"
     else:
         messages = _messages(record.pop("messages"))
         if isinstance(messages, str):
             return messages
+        if not any(turn["content"].strip() for turn in messages):
+            return "every turn of 'messages' has empty content: the model would be asked nothing"
     if "answer" not in record:
         return "missing 'answer' (a string or number)"
     answer = _answer_text(record.pop("answer"))
@@ -103,9 +111,14 @@ def load_jsonl_prompts(path: str | Path, split: str) -> list[Prompt]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError as exc:
-        raise DatasetError(f"{path}: no such file (check data.jsonl paths; relative paths are from the cwd)") from exc
+        raise DatasetError(
+            f"{path}: no such file (relative paths are resolved against the working directory, here "
+            f"{Path.cwd()}, giving {path.absolute()})", path,
+        ) from exc
+    except IsADirectoryError as exc:
+        raise DatasetError(f"{path}: is a directory, not a JSON-lines file", path) from exc
     except (OSError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"{path}: cannot read as UTF-8 text: {exc}") from exc
+        raise DatasetError(f"{path}: cannot read as UTF-8 text: {exc}", path) from exc
     prompts: list[Prompt] = []
     errors: list[str] = []
     seen_ids: dict[str, int] = {}
@@ -121,9 +134,9 @@ def load_jsonl_prompts(path: str | Path, split: str) -> list[Prompt]:
         shown = errors[:MAX_REPORTED_ERRORS]
         more = len(errors) - len(shown)
         tail = f"\n  ... and {more} more bad lines" if more else ""
-        raise DatasetError(f"{path}: {len(errors)} bad line(s):\n" + "\n".join(shown) + tail)
+        raise DatasetError(f"{path}: {len(errors)} bad line(s):\n" + "\n".join(shown) + tail, path)
     if not prompts:
-        raise DatasetError(f"{path}: no prompts (the file is empty); add one JSON object per line")
+        raise DatasetError(f"{path}: no prompts (the file is empty); add one JSON object per line", path)
     return prompts
 
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from groupwise.data.addition import AdditionTask
 from groupwise.data.countdown import CountdownTask
 from groupwise.data.jsonl_dataset import JsonlTask
 from groupwise.types import Prompt
+
+if TYPE_CHECKING:
+    from groupwise.config import DataSection
 
 
 class Task(Protocol):
@@ -29,7 +32,7 @@ TASKS: dict[str, type] = {"addition": AdditionTask, "countdown": CountdownTask, 
 _SEEDED = {"addition", "countdown"}  # JSONL files are given, not generated: no seed
 
 
-def build_task(name: str, settings: Any, seed: int) -> Task:
+def build_task(name: str, settings: DataSection, seed: int) -> Task:
     """The task ``name`` built from its settings; ``seed`` fixes generated items and splits.
 
     ``settings`` is the task's own config section (a mapping or a pydantic model, e.g.
@@ -51,7 +54,7 @@ def build_task(name: str, settings: Any, seed: int) -> Task:
     return task_cls(**kwargs)
 
 
-def task_settings(name: str, settings: Any) -> dict[str, Any]:
+def task_settings(name: str, settings: DataSection) -> dict[str, Any]:
     """The keyword arguments of task ``name`` from its own section or from the whole data section."""
     if settings is None:
         return {}

@@ -18,10 +18,12 @@ Built-ins (see ``docs/rewards.md``): ``exact_numeric``, ``countdown``, ``math_ve
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import inspect
 import re
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 from fractions import Fraction
@@ -123,13 +125,16 @@ def math_verify(prompt: Prompt, completion: Completion) -> float:
         raise RewardSpecError(f"reward 'math_verify' needs the math-verify package: {_MATH_VERIFY_INSTALL}") from exc
     if completion.finish_reason != "stop":
         return 0.0
+    # math-verify bounds its own work with signal.alarm, which works on the main thread only; elsewhere (async
+    # generation, a reward.timeout_s helper thread) turn it off: reward.timeout_s bounds the call instead.
+    limit = 5 if threading.current_thread() is threading.main_thread() else None
     # The answer is math: read it as LaTeX first. Plain parsing keeps only the last number it finds, so
     # "2\sqrt{2}" would become 2 and "(-2, 2)" would become 2.
-    gold = parse(f"${prompt.answer}$") or parse(prompt.answer)
+    gold = parse(f"${prompt.answer}$", parsing_timeout=limit) or parse(prompt.answer, parsing_timeout=limit)
     if not gold:
         raise ValueError(f"math_verify: cannot parse the answer {prompt.answer!r} of prompt {prompt.uid}")
-    predicted = parse(completion.text)
-    return 1.0 if predicted and verify(gold, predicted) else 0.0
+    predicted = parse(completion.text, parsing_timeout=limit)
+    return 1.0 if predicted and verify(gold, predicted, timeout_seconds=limit) else 0.0
 
 
 BUILTIN_REWARDS: dict[str, RewardFn] = {
@@ -164,9 +169,9 @@ def _import_reward_fn(spec: str) -> RewardFn:
         raise RewardSpecError(f"reward function {spec!r}: expected 'module:function', e.g. 'my_rewards:score'")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except Exception as exc:  # ImportError, or whatever the module raised while it was imported
         raise RewardSpecError(
-            f"reward function {spec!r}: cannot import module {module_name!r} ({exc}); "
+            f"reward function {spec!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); "
             "check the name and that it is on PYTHONPATH"
         ) from exc
     target: Any = module
@@ -180,7 +185,8 @@ def _import_reward_fn(spec: str) -> RewardFn:
 
 
 def check_reward_kwargs(reward_fn: RewardFn, kwargs: Mapping[str, Any]) -> None:
-    """Fail at setup, not mid-run, when ``reward.kwargs`` does not fit ``reward_fn``'s signature."""
+    """Fail at setup, not mid-run, when ``reward.kwargs`` does not fit ``reward_fn``'s signature: the error names
+    each key the function does not take (with the closest one it does take) and the keys it accepts."""
     try:
         signature = inspect.signature(reward_fn)
     except (TypeError, ValueError):
@@ -189,8 +195,14 @@ def check_reward_kwargs(reward_fn: RewardFn, kwargs: Mapping[str, Any]) -> None:
         signature.bind(None, None, **kwargs)
     except TypeError as exc:
         name = getattr(reward_fn, "__name__", repr(reward_fn))
-        accepted = [p.name for p in list(signature.parameters.values())[2:] if p.kind is p.KEYWORD_ONLY]
+        accepted = [p.name for p in list(signature.parameters.values())[2:]
+                    if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        unknown = [key for key in kwargs if key not in accepted]
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(str(key), accepted, n=1, cutoff=0.6)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        what = f"takes no key {', '.join(hints)}" if unknown else f"cannot be called with them ({exc})"
         raise RewardSpecError(
-            f"reward.kwargs {dict(kwargs)!r} do not fit reward function {name!r} ({exc}); "
-            f"its keyword arguments are {accepted or 'none'}"
+            f"reward function {name!r} {what}; its keyword arguments are {accepted or 'none'}"
         ) from exc

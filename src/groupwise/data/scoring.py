@@ -1,9 +1,9 @@
 """Score one prompt's completions with a reward function, loudly.
 
-A reward function that raises, or returns NaN, an infinity or a non-number, is a bug in the
-verifier or the data; turning it into a 0 would silently train on wrong signal. So every such case
-becomes a :class:`RewardError` naming the prompt uid (and the completion index), with the original
-exception chained.
+A reward function that raises, or returns NaN, an infinity, a non-number or a number beyond
+±:data:`MAX_ABS_REWARD`, is a bug in the verifier or the data; turning it into a 0 would silently train on
+wrong signal. So every such case becomes a :class:`RewardError` naming the reward function, the prompt uid
+and the completion index, with the original exception chained.
 """
 
 from __future__ import annotations
@@ -16,6 +16,11 @@ from typing import Any
 from groupwise.data.rewards import RewardFn
 from groupwise.types import Completion, Prompt
 
+#: The largest reward magnitude accepted. Group statistics square reward differences, step means sum rewards over
+#: many groups, and advantages train in float32 (at most 3.4e38): beyond this they overflow (``math.fsum`` raises
+#: ``OverflowError``, a float32 column holds inf) far from the reward that caused it.
+MAX_ABS_REWARD = 1e30
+
 
 class RewardError(RuntimeError):
     """A reward function failed or returned something that is not a finite real number."""
@@ -24,6 +29,10 @@ class RewardError(RuntimeError):
         super().__init__(message)
         self.prompt_uid = prompt_uid
         self.completion_index = completion_index
+
+    def __reduce__(self) -> tuple[type[RewardError], tuple[str, str, int]]:
+        # rebuilt from its fields when it crosses a process (a Ray generation worker returns it to the driver)
+        return (type(self), (str(self), self.prompt_uid, self.completion_index))
 
 
 def score_completions(
@@ -59,11 +68,15 @@ def _checked_reward(value: object, name: str, prompt_uid: str, index: int) -> fl
             prompt_uid,
             index,
         )
-    reward = float(value)
-    if not math.isfinite(reward):
+    try:
+        reward = float(value)
+    except OverflowError:  # an int too large for a float
+        reward = math.inf if value > 0 else -math.inf
+    if not math.isfinite(reward) or abs(reward) > MAX_ABS_REWARD:
         raise RewardError(
             f"reward function {name!r} returned {reward} for prompt {prompt_uid!r}, completion {index}; "
-            "rewards must be finite",
+            f"rewards must be finite and within ±{MAX_ABS_REWARD:g} (the reward statistics and the float32 "
+            "training columns overflow beyond that)",
             prompt_uid,
             index,
         )

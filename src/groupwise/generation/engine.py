@@ -8,15 +8,20 @@ How a call runs:
    its KV cache rows are repeated for its samples. The cache is preallocated
    (:mod:`groupwise.generation.kv_cache`), so decode steps write in place instead of concatenating.
 3. One decode loop for the chunk: draw a token per row (:mod:`groupwise.generation.sampling`),
-   record its logprob, retire rows that hit EOS, a stop string or ``max_new_tokens``. Retired rows
-   are dropped from the batch and the cache once an eighth of the batch has retired, so finished
-   rows stop costing compute without a cache copy every step. For sdpa/eager attention the masks
-   are 4D masks we build (once per chunk, sliced per step), so transformers' mask construction
-   is skipped; other attention kernels (flash-attention) get the 2D padding mask (untested here).
+   record its logprob, retire rows that hit EOS, a stop string or ``max_new_tokens``
+   (:mod:`groupwise.generation.chunk_record`). Retired rows are dropped from the batch and the cache
+   once an eighth of the batch has retired, so finished rows stop costing compute without a cache copy
+   every step. For sdpa/eager attention the masks are 4D masks we build (once per chunk, sliced per
+   step), so transformers' mask construction is skipped; other attention kernels (flash-attention) get
+   the 2D padding mask (untested here).
 4. Decode steps of Llama-family models skip transformers' module tree: :mod:`groupwise.generation.llama_decode`
-   does the same maths from packed copies of the weights (rebuilt whenever the weights change), after a probe
+   does the same maths from packed copies of the weights (refreshed whenever the weights change), after a probe
    at the first ``generate`` shows its logits match the model's own forward. Other models, or
    ``fast_decode=False``, call the model's ``forward``; ``engine.decode_path`` says which path is in use and why.
+5. On CUDA the fast step runs from static slots (:mod:`groupwise.generation.slots`) as one CUDA graph per row
+   bucket (:mod:`groupwise.generation.step_graphs`); rows leave the batch by moving down to a smaller bucket.
+   Prefill stays eager. ``cuda_graphs``: ``auto`` (graphs on CUDA), ``on`` (an error where they cannot run),
+   ``off``, or ``eager`` (the slot path with every replay a plain call, on any device: the check mode).
 
 Determinism: a row's draws depend only on (request seed, sample index, position) — see
 :mod:`groupwise.generation.sampling` for the counter RNG and its documented limit.
@@ -34,6 +39,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache
 
+from groupwise.generation.chunk import ChunkRecord, Prefill, RowResult
 from groupwise.generation.kv_cache import new_kv_cache, select_cache_rows
 from groupwise.generation.llama_decode import LlamaDecoder, fast_decoder_for
 from groupwise.generation.masks import as_mask, prefill_allowed
@@ -45,13 +51,17 @@ from groupwise.generation.sampling import (
     seed_to_int64,
     tempered_logprobs_of,
 )
-from groupwise.types import Completion, FinishReason, GenerationRequest, SamplingParams
+from groupwise.generation.slot_loop import SlotLoop
+from groupwise.generation.slots import capacity_for, row_bucket
+from groupwise.generation.step_graphs import StepGraphs
+from groupwise.types import Completion, GenerationRequest, SamplingParams
 
 # Attention implementations that take a prepared 4D mask as is (flash-attention wants 2D): sdpa reads
 # a boolean mask (True = attend, 1 byte per entry), eager adds a float mask to the scores.
 _4D_MASK_ATTENTION = ("sdpa", "eager")
 # Compact the batch once this fraction of its rows has finished (see _Batch).
 _COMPACT_FRACTION = 0.125
+CUDA_GRAPH_MODES = ("auto", "on", "off", "eager")
 
 
 @dataclass(frozen=True)
@@ -64,20 +74,14 @@ class _Row:
     prompt: tuple[int, ...]
 
 
-@dataclass
-class _RowResult:
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: FinishReason
-    ended_on_eos: bool
-
-
 class Engine:
     """A :class:`~groupwise.generation.base.Generator` over an in-process Hugging Face causal LM.
 
     ``eos_token_ids`` end a completion (see :func:`groupwise.model.eos_token_ids`);
     ``max_batch_rows`` bounds how many rows share one decode loop (memory: the KV cache holds
-    ``rows × (prompt + max_new_tokens)`` positions per layer).
+    ``rows × (prompt + max_new_tokens)`` positions per layer). ``cuda_graphs`` is one of
+    :data:`CUDA_GRAPH_MODES` (module docstring); with graphs the engine keeps its static slots (KV cache
+    included) between calls, so a call of the same shape allocates nothing.
     """
 
     def __init__(
@@ -88,15 +92,18 @@ class Engine:
         version: int = 0,
         max_batch_rows: int = 256,
         fast_decode: bool = True,
+        cuda_graphs: str = "auto",
     ) -> None:
         if not eos_token_ids:
             raise ValueError("eos_token_ids is empty; pass groupwise.model.eos_token_ids(tokenizer, model)")
         if max_batch_rows < 1:
             raise ValueError(f"max_batch_rows={max_batch_rows} must be >= 1")
+        _check_cuda_graphs(cuda_graphs, fast_decode, next(model.parameters()).device)
         self.model = model
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(int(token_id) for token_id in eos_token_ids)
         self.max_batch_rows = max_batch_rows
+        self.cuda_graphs = cuda_graphs
         self._version = int(version)
         # transformers 5.24 renamed the cache kwarg to `cache` (old name deprecated); 5.17 knows only
         # `past_key_values`. We own the cache object and never read it back from the output.
@@ -105,14 +112,41 @@ class Engine:
         # Decided at the first generate (the probe runs the model): the fast step or why not.
         self._decode_path_pending = fast_decode
         self._decoder: LlamaDecoder | None = None
-        self.decode_path = "undecided (set at the first generate)" if fast_decode else "transformers forward (off)"
+        self._module_reason = "off"  # why the model's forward decodes (when it does)
+        self._slot_loop: SlotLoop | None = None  # set when the fast step runs from static slots
+        self._no_slots_reason = ""
 
     @property
     def version(self) -> int:
         return self._version
 
+    @property
+    def decode_path(self) -> str:
+        """Which decode step runs and why: the fast step (with or without CUDA graphs) or the model's forward."""
+        if self._decode_path_pending:
+            return "undecided (set at the first generate)"
+        if self._decoder is None:
+            return f"transformers forward ({self._module_reason})"
+        if self._slot_loop is None:
+            return f"fast Llama decode step ({self._no_slots_reason})"
+        graphs = self._slot_loop.graphs
+        buckets = f"row buckets 1..{row_bucket(self.max_batch_rows)}, each captured on first use"
+        if graphs.use_graphs:
+            return f"fast Llama decode step under cuda graphs ({buckets})"
+        why = graphs.fallback_reason or "cuda_graphs='eager'"
+        return f"fast Llama decode step in static slots, replayed eagerly ({buckets}; {why})"
+
+    @property
+    def decode_graphs(self) -> StepGraphs | None:
+        """The captured decode steps (keys: row bucket and sampling settings), when the slot path runs."""
+        return None if self._slot_loop is None else self._slot_loop.graphs
+
     def load_weights(self, state: Mapping[str, Tensor], version: int) -> None:
-        """Copy a full state dict into the model (no grad, same names and shapes) and set the version."""
+        """Copy a full state dict into the model (no grad, same names and shapes) and set the version.
+
+        The copy is in place, so the fast step refreshes its packed weights in place too and captured CUDA
+        graphs stay valid (nothing is captured again).
+        """
         if version < self._version:
             raise ValueError(
                 f"load_weights(version={version}) would move the engine back from version {self._version}; "
@@ -152,14 +186,31 @@ class Engine:
         """The fast decode step for this model, probed once against the module path (see llama_decode)."""
         if self._decode_path_pending:
             self._decoder, why = fast_decoder_for(self.model, self._forward, new_kv_cache, self._as_model_mask)
-            self.decode_path = why if self._decoder is not None else f"transformers forward ({why})"
             self._decode_path_pending = False
+            device = next(self.model.parameters()).device
+            if self._decoder is None:
+                graphs_wanted = self.cuda_graphs != "off" and device.type == "cuda"
+                self._module_reason = why + ("; cuda graphs capture only the fast step" if graphs_wanted else "")
+            elif self.cuda_graphs == "off":
+                self._no_slots_reason = "cuda graphs off"
+            elif self.cuda_graphs == "auto" and device.type != "cuda":
+                self._no_slots_reason = f"no cuda graphs: the model is on {device.type}"
+            else:
+                self._slot_loop = SlotLoop(use_graphs=self.cuda_graphs != "eager")
+        if self._decoder is None and self.cuda_graphs == "on":
+            raise RuntimeError(
+                f"cuda_graphs='on', but the fast decode step cannot take this model ({self._module_reason}); "
+                "graphs capture only that step: use cuda_graphs 'auto' to decode with the model's forward"
+            )
         return self._decoder
 
     def _as_model_mask(self, allowed: Tensor) -> Tensor:
         """A boolean mask as the model's attention takes it (sdpa: boolean; eager: additive)."""
         attention = getattr(self.model.config, "_attn_implementation", "sdpa")
         return as_mask(allowed, torch.bool if attention == "sdpa" else self.model.dtype)
+
+    def _takes_4d_mask(self) -> bool:
+        return getattr(self.model.config, "_attn_implementation", "sdpa") in _4D_MASK_ATTENTION
 
     def _forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: Cache) -> Tensor:
         """Last-position logits ``[B, V]``; the cache is updated in place."""
@@ -173,57 +224,67 @@ class Engine:
         )
         return outputs.logits[:, -1, :]
 
-    def _generate_chunk(self, rows: Sequence[_Row], sampling: SamplingParams) -> list[_RowResult]:
+    def _generate_chunk(self, rows: Sequence[_Row], sampling: SamplingParams) -> list[RowResult]:
         device = next(self.model.parameters()).device
         max_new = sampling.max_new_tokens
         prompt_width = max(len(row.prompt) for row in rows)
-        cache = new_kv_cache(capacity=prompt_width + max_new)
         decoder = self._fast_decoder()
+        slotted = decoder is not None and self._slot_loop is not None
         if decoder is not None:
-            decoder.prepare(prompt_width + max_new)
-        logits, batch = self._prefill(rows, cache, device, max_new)
+            decoder.prepare(capacity_for(prompt_width + max_new) if slotted else prompt_width + max_new)
+        # The slot path copies the prompts' cache into its own buffers; the compacting path decodes in this one.
+        prefill = self._prefill(rows, device, prompt_width if slotted else prompt_width + max_new)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
-        tokens_out = torch.zeros((len(rows), max_new), dtype=torch.long, device=device)
-        logprobs_out = torch.zeros((len(rows), max_new), dtype=torch.float32, device=device)
-        lengths = torch.full((len(rows),), max_new, dtype=torch.long, device=device)
-        stopped = torch.zeros(len(rows), dtype=torch.bool, device=device)
-        stop_watch = _StopWatch(self.tokenizer, sampling.stop, len(rows)) if sampling.stop else None
+        record = ChunkRecord(len(rows), max_new, eos, self.tokenizer, sampling.stop, device)
+        if slotted:
+            self._slot_loop.decode(decoder, prefill, sampling, record)
+        else:
+            self._decode_compacting(decoder, prefill, sampling, record)
+        return record.results()
+
+    def _decode_compacting(
+        self, decoder: LlamaDecoder | None, prefill: Prefill, sampling: SamplingParams, record: ChunkRecord
+    ) -> None:
+        """The decode loop without graphs: finished rows leave the batch (and the cache) in batches of an eighth."""
+        max_new, num_rows = sampling.max_new_tokens, prefill.row_to_prompt.numel()
+        cache, width = prefill.cache, prefill.width
+        if prefill.padding.shape[0] != num_rows:
+            select_cache_rows(cache, prefill.row_to_prompt)
+        # Key mask for every position the loop can reach, built once; each step takes a prefix view.
+        padding = prefill.padding[prefill.row_to_prompt]
+        key_mask = torch.cat([padding, padding.new_ones((num_rows, max_new))], dim=1)
+        if self._takes_4d_mask():
+            key_mask = self._as_model_mask(key_mask)[:, None, None, :]
+        batch = _Batch(
+            rows=torch.arange(num_rows, device=key_mask.device),
+            live=torch.ones(num_rows, dtype=torch.bool, device=key_mask.device),
+            keys=prefill.rng_keys,
+            positions=prefill.positions.clone(),
+            key_mask=key_mask,
+        )
+        logits = prefill.logits
         for step in range(max_new):
             uniforms = keyed_uniforms(batch.keys, step)
             tokens = sample_tokens(logits, uniforms, sampling.temperature, sampling.top_k, sampling.top_p)
-            # Finished rows still in the batch write past their length; _collect never reads there.
-            tokens_out[batch.rows, step] = tokens
-            logprobs_out[batch.rows, step] = tempered_logprobs_of(logits, tokens, sampling.temperature)
-            finished = batch.live & torch.isin(tokens, eos)
-            if stop_watch is not None:
-                finished |= stop_watch.update(batch, tokens)
-            lengths[batch.rows] = torch.where(finished, step + 1, lengths[batch.rows])
-            stopped[batch.rows] = stopped[batch.rows] | finished
-            batch.live &= ~finished
+            logprobs = tempered_logprobs_of(logits, tokens, sampling.temperature)
+            batch.live &= ~record.add(step, batch.rows, batch.live, tokens, logprobs)
             num_live = int(batch.live.sum())  # the one host sync per step
             if num_live == 0 or step == max_new - 1:
                 break
-            num_rows = batch.rows.numel()
-            if num_rows - num_live >= max(1, int(num_rows * _COMPACT_FRACTION)):
+            num_batch = batch.rows.numel()
+            if num_batch - num_live >= max(1, int(num_batch * _COMPACT_FRACTION)):
                 keep = batch.live.nonzero().squeeze(1)
                 batch, tokens = batch.select(keep), tokens[keep]
                 select_cache_rows(cache, keep)
-            step_mask = batch.key_mask[..., : prompt_width + step + 1]
+            step_mask = batch.key_mask[..., : width + step + 1]
             if decoder is not None:
                 logits = decoder.step(tokens, batch.positions, step_mask, cache)
             else:
                 logits = self._forward(tokens.unsqueeze(1), step_mask, batch.positions.unsqueeze(1), cache)
             batch.positions += 1
-        last_is_eos = torch.isin(tokens_out.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1), eos)
-        return _collect(tokens_out, logprobs_out, lengths, stopped & last_is_eos, stopped)
 
-    def _prefill(
-        self, rows: Sequence[_Row], cache: Cache, device: torch.device, max_new: int
-    ) -> tuple[Tensor, _Batch]:
-        """Run each distinct prompt once (left-padded); return per-row last logits ``[B, V]`` and the decode state.
-
-        The cache ends up with one row per *row* (a prompt's cache rows repeated for its samples).
-        """
+    def _prefill(self, rows: Sequence[_Row], device: torch.device, capacity: int) -> Prefill:
+        """Run each distinct prompt once (left-padded) into a cache of ``capacity`` columns."""
         unique_index: dict[int, int] = {}
         prompts: list[tuple[int, ...]] = []
         for row in rows:
@@ -238,28 +299,35 @@ class Engine:
             padding[index, width - len(prompt) :] = True
         input_ids, padding = input_ids.to(device), padding.to(device)
         position_ids = (padding.long().cumsum(dim=1) - 1).clamp_(min=0)
-        attention = getattr(self.model.config, "_attn_implementation", "sdpa")
-        takes_4d = attention in _4D_MASK_ATTENTION
-        prefill_mask = self._as_model_mask(prefill_allowed(padding))[:, None] if takes_4d else padding.long()
+        if self._takes_4d_mask():
+            prefill_mask = self._as_model_mask(prefill_allowed(padding))[:, None]
+        else:
+            prefill_mask = padding.long()
+        cache = new_kv_cache(capacity=capacity)
         logits = self._forward(input_ids, prefill_mask, position_ids, cache)
         row_to_prompt = torch.tensor([unique_index[row.request_index] for row in rows], dtype=torch.long, device=device)
-        if len(prompts) != len(rows):
-            select_cache_rows(cache, row_to_prompt)
-        # Key mask for every position the loop can reach, built once; each step takes a prefix view.
-        key_mask = torch.cat([padding[row_to_prompt], padding.new_ones((len(rows), max_new))], dim=1)
-        if takes_4d:
-            key_mask = self._as_model_mask(key_mask)[:, None, None, :]
-        batch = _Batch(
-            rows=torch.arange(len(rows), device=device),
-            live=torch.ones(len(rows), dtype=torch.bool, device=device),
-            keys=counter_keys(
+        return Prefill(
+            logits=logits[row_to_prompt],
+            cache=cache,
+            row_to_prompt=row_to_prompt,
+            padding=padding,
+            positions=torch.tensor([len(row.prompt) for row in rows], dtype=torch.long, device=device),
+            rng_keys=counter_keys(
                 torch.tensor([seed_to_int64(row.seed) for row in rows], dtype=torch.long, device=device),
                 torch.tensor([row.sample_index for row in rows], dtype=torch.long, device=device),
             ),
-            positions=torch.tensor([len(row.prompt) for row in rows], dtype=torch.long, device=device),
-            key_mask=key_mask,
         )
-        return logits[row_to_prompt], batch
+
+
+def _check_cuda_graphs(cuda_graphs: str, fast_decode: bool, device: torch.device) -> None:
+    if cuda_graphs not in CUDA_GRAPH_MODES:
+        raise ValueError(f"cuda_graphs={cuda_graphs!r} must be one of {', '.join(CUDA_GRAPH_MODES)}")
+    if cuda_graphs == "on" and device.type != "cuda":
+        raise ValueError(f"cuda_graphs='on' needs a model on a CUDA device, not {device}; use 'auto' (graphs when "
+                         "the model is on CUDA) or 'eager' (the same slot code without graphs)")
+    if cuda_graphs in ("on", "eager") and not fast_decode:
+        raise ValueError(f"cuda_graphs={cuda_graphs!r} runs the fast decode step, which fast_decode=False turns off; "
+                         "use cuda_graphs 'auto' or 'off' with fast_decode=False")
 
 
 @dataclass
@@ -281,32 +349,6 @@ class _Batch:
         return _Batch(*(getattr(self, f.name)[keep] for f in fields(self)))
 
 
-class _StopWatch:
-    """Host-side text check for stop strings; only built when stop strings are configured.
-
-    Each step appends the new token of every live row and decodes that row's generated tokens
-    (special tokens kept, as in ``Completion.text``). The first step whose text contains a stop
-    string ends the row, so tokens and text include the stop string (and whatever else the last
-    token spells after it: text always equals the decode of the kept tokens).
-    """
-
-    def __init__(self, tokenizer: Any, stop: Sequence[str], num_rows: int) -> None:
-        self.tokenizer = tokenizer
-        self.stop = tuple(stop)
-        self.generated: list[list[int]] = [[] for _ in range(num_rows)]
-
-    def update(self, batch: _Batch, tokens: Tensor) -> Tensor:
-        """Which batch rows just completed a stop string (live rows only)."""
-        live = batch.live.nonzero().squeeze(1)
-        rows = batch.rows[live].tolist()
-        for row, token in zip(rows, tokens[live].tolist(), strict=True):
-            self.generated[row].append(token)
-        texts = self.tokenizer.batch_decode([self.generated[row] for row in rows], skip_special_tokens=False)
-        hits = torch.zeros_like(batch.live)
-        hits[live] = torch.tensor([any(stop in text for stop in self.stop) for text in texts], device=hits.device)
-        return hits
-
-
 def _expand_rows(requests: Sequence[GenerationRequest]) -> list[_Row]:
     rows = []
     for index, request in enumerate(requests):
@@ -317,18 +359,6 @@ def _expand_rows(requests: Sequence[GenerationRequest]) -> list[_Row]:
         prompt = tuple(int(token_id) for token_id in request.prompt_token_ids)
         rows.extend(_Row(index, sample, request.seed, prompt) for sample in range(request.num_samples))
     return rows
-
-
-def _collect(
-    tokens: Tensor, logprobs: Tensor, lengths: Tensor, ended_on_eos: Tensor, stopped: Tensor
-) -> list[_RowResult]:
-    """Per-row results: tokens/logprobs through the finishing step and the finish reason."""
-    columns = (tokens, logprobs, lengths, ended_on_eos, stopped)
-    rows = zip(*(column.tolist() for column in columns), strict=True)
-    return [
-        _RowResult(row_tokens[:length], row_logprobs[:length], "stop" if row_stopped else "length", row_eos)
-        for row_tokens, row_logprobs, length, row_eos, row_stopped in rows
-    ]
 
 
 @contextmanager

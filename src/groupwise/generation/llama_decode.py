@@ -1,28 +1,36 @@
-"""One decode step of a Llama-family model, straight from its weights.
+"""One decode step of a Llama-family model (Llama, Qwen2), straight from its weights.
 
 Why: at the sizes this project trains on a CPU, a decode step through transformers' module tree is
 mostly Python — module calls, keyword plumbing, mask and position bookkeeping — around a few small
-matmuls. The same maths written as ~15 tensor ops per layer needs far less dispatch. Its projection
-weights are packed copies that follow the model: they are rebuilt whenever a parameter changes (an
-optimizer step, ``load_state_dict``), see :class:`LlamaDecoder`. Results agree with the module path to
-float rounding (the matmuls run on a different layout), not bit for bit.
+matmuls. The same maths written as ~15 tensor ops per layer needs far less dispatch, and it is a plain
+sequence of tensor ops with static shapes, which is what a CUDA graph can capture
+(:mod:`groupwise.generation.slots`). Its projection weights are packed copies that follow the model:
+refreshed whenever a parameter changes (an optimizer step, ``load_state_dict``), see :class:`LlamaDecoder`.
+Results agree with the module path to float rounding (the matmuls run on a different layout), not bit for bit.
 
-Scope and safety: only ``LlamaForCausalLM`` without biases, with SiLU MLPs and a rotary embedding whose
-frequencies do not depend on the sequence length. Anything else — or a model whose one-step logits on
-a probe differ from its own ``forward`` — keeps the module path; :func:`fast_decoder_for` says why.
+Scope and safety: ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` (optional biases on any projection, as
+Qwen2's q/k/v and Llama's ``attention_bias``/``mlp_bias`` have), SiLU MLPs, full attention in every layer,
+and a rotary embedding whose frequencies do not depend on the sequence length. Anything else — or a model
+whose one-step logits on a probe differ from its own ``forward`` — keeps the module path;
+:func:`fast_decoder_for` says why.
 
-Per layer, for a batch of one new token per row (``x`` is ``[B, hidden]``)::
+Per layer, for a batch of one new token per row (``x`` is ``[B, hidden]``; ``+ b`` only where a bias exists)::
 
-    h = rms_norm(x) · w_in;   q, k, v = h Wqᵀ, h Wkᵀ, h Wvᵀ;   q, k = rope(q), rope(k)
-    x = x + attention(q, [K_cache; k], [V_cache; v]) Woᵀ
-    h = rms_norm(x) · w_post;   x = x + (silu(h Wgᵀ) ⊙ h Wuᵀ) Wdᵀ
+    h = rms_norm(x) · w_in;   q, k, v = h Wqᵀ + bq, h Wkᵀ + bk, h Wvᵀ + bv;   q, k = rope(q), rope(k)
+    x = x + attention(q, [K_cache; k], [V_cache; v]) Woᵀ + bo
+    h = rms_norm(x) · w_post;   x = x + (silu(h Wgᵀ + bg) ⊙ (h Wuᵀ + bu)) Wdᵀ + bd
 
-then ``logits = rms_norm(x) · w_final Wheadᵀ``.
+then ``logits = rms_norm(x) · w_final Wheadᵀ``. Grouped-query attention runs as plain attention with the
+G = H / KV query heads of each KV head laid out as G query positions (one new token per row, so every query
+of a row sees the same keys): ``q [B, KV, G, D]`` against ``K [B, KV, T, D]``, the key mask broadcast over
+them. No K/V head is repeated and no backend needs grouped-query support.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,23 +46,56 @@ log = logging.getLogger(__name__)
 # (input_ids, mask, position_ids, cache) -> last-position logits: the engine's module path.
 ModuleForward = Callable[[Tensor, Tensor, Tensor, Any], Tensor]
 
+# Model classes (and their config.model_type) whose decoder layers have the Llama structure.
+_SUPPORTED_MODELS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 # Rotary types whose inverse frequencies are fixed at construction: cos/sin depend on the position only.
 _STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # Max |fast − module| logit difference on the probe, relative to the logits' scale, per dtype.
 _PROBE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
-_PROBE_TOLERANCE_LOW_PRECISION = 3e-2
+
+
+def probe_tolerance(dtype: torch.dtype, num_layers: int) -> float:
+    """The probe's relative tolerance: fixed for float32/64; for bfloat16/float16 ``4 · 2⁻⁸ · √layers``.
+
+    Both paths round every layer's output to 8 mantissa bits, in different places (fused adds, packed
+    matmuls), so their difference grows like a random walk over the layers: 1.9% and 1.1% of the logits' scale
+    were measured on CPU on random 24- and 30-layer models (Qwen2.5-0.5B and SmolLM2-135M shapes). The bound
+    (0.03 at 4 layers, 0.08 at 24) leaves room for other kernels and still refuses a structural mismatch
+    (a wrong norm epsilon or rotary table moves the logits by a large part of their scale).
+    """
+    return _PROBE_TOLERANCE.get(dtype, 4 * 2**-8 * math.sqrt(num_layers))
 
 
 @dataclass(frozen=True)
 class _LayerWeights:
-    """One decoder layer's weights as the decode step multiplies them: ``[in, out]``, q|k|v and gate|up packed."""
+    """One decoder layer's weights as the decode step multiplies them: ``[in, out]``, q|k|v and gate|up packed.
+
+    A bias is ``None`` when the model has none for that projection (a packed bias has zeros for the parts
+    of q|k|v or gate|up that have none).
+    """
 
     norm_in: Tensor
     qkv: Tensor  # [hidden, (H + 2·KV)·D]
+    qkv_bias: Tensor | None
     out: Tensor  # [H·D, hidden]
+    out_bias: Tensor | None
     norm_post: Tensor
     gate_up: Tensor  # [hidden, 2·I]
+    gate_up_bias: Tensor | None
     down: Tensor  # [I, hidden]
+    down_bias: Tensor | None
+
+
+@dataclass(frozen=True)
+class DecoderWeights:
+    """Every tensor one decode step reads. A CUDA graph captured from a step keeps reading these very storages,
+    so they are refreshed in place; a new ``DecoderWeights`` (see ``LlamaDecoder.generation``) means they moved."""
+
+    embed: Tensor  # the model's input embedding (a view of its parameter)
+    layers: tuple[_LayerWeights, ...]
+    final_norm: Tensor
+    head: Tensor  # the LM head weight (the embedding itself when tied)
+    cos_sin: Tensor  # [positions, 2·D]: cos | signed sin
 
 
 class LlamaDecoder:
@@ -62,10 +103,14 @@ class LlamaDecoder:
 
     The projection weights are kept as packed ``[in, out]`` copies: on CPU a small-batch ``x @ Wᵀ``
     with a transposed operand runs 1.1–2.6× slower than the same product on a contiguous ``[in, out]``
-    matrix (measured, rows 16–64), and packing q|k|v and gate|up halves the matmul calls. The copies
-    are refreshed whenever a source parameter changes (its storage or its in-place version counter),
-    so an optimizer step or ``load_state_dict`` is picked up at the next :meth:`prepare`. Norms,
-    embedding and LM head are used in place. Cost: one extra copy of the decoder layers' weights.
+    matrix (measured, rows 16–64), and packing q|k|v and gate|up halves the matmul calls. Norms, embedding
+    and LM head are used in place. Cost: one extra copy of the decoder layers' weights.
+
+    Freshness: :meth:`prepare` compares every source tensor's storage and in-place version counter with
+    the last refresh. Changed values (an optimizer step, ``load_state_dict``) are copied into the packed
+    copies in place, so their storage never moves; only a source whose storage moved (a parameter rebound,
+    the model moved to another device or dtype) or a longer rotary table builds new ``DecoderWeights`` and
+    bumps :attr:`generation` — the signal for anything that captured a step (a CUDA graph) to capture again.
     """
 
     def __init__(self, model: Any) -> None:
@@ -78,90 +123,162 @@ class LlamaDecoder:
         self.intermediate_size = config.intermediate_size
         self.eps = config.rms_norm_eps
         self.scaling = model.model.layers[0].self_attn.scaling  # head_dim^-0.5 for Llama; read, not assumed
-        self._cos_sin: Tensor | None = None  # [positions, 2·D]: cos | signed sin
-        self._layers: list[_LayerWeights] = []
-        self._signature: tuple[tuple[int, int], ...] = ()
+        self.generation = 0
+        self._weights: DecoderWeights | None = None
+        self._storages: tuple[int, ...] = ()
+        self._versions: tuple[int, ...] = ()
+
+    @property
+    def weights(self) -> DecoderWeights:
+        assert self._weights is not None, "call prepare(capacity) before reading the weights"
+        return self._weights
 
     def prepare(self, capacity: int) -> None:
         """Refresh the packed weights if the model changed; tabulate cos/sin for positions ``0 .. capacity-1``."""
-        self._refresh_weights()
+        sources = _sources(self.model)
+        storages = tuple(t.data_ptr() for t in sources)
+        # Inference tensors keep no version counter, so in-place changes to them cannot be seen: repack always.
+        versions = tuple(-1 if t.is_inference() else t._version for t in sources)
+        with torch.no_grad():
+            if self._weights is None or storages != self._storages:
+                cos_sin = self._rotary_table(capacity)
+                self._rebind(self._build(cos_sin))
+            else:
+                if versions != self._versions or -1 in versions:
+                    for packed, layer in zip(self._weights.layers, self.model.model.layers, strict=True):
+                        _repack_into(packed, layer)
+                if self._weights.cos_sin.shape[0] < capacity:
+                    self._rebind(dataclasses.replace(self._weights, cos_sin=self._rotary_table(capacity)))
+        self._storages, self._versions = storages, versions
+
+    def _rebind(self, weights: DecoderWeights) -> None:
+        self._weights = weights
+        self.generation += 1
+
+    def _build(self, cos_sin: Tensor) -> DecoderWeights:
+        inner = self.model.model
+        return DecoderWeights(
+            embed=inner.embed_tokens.weight.detach(),
+            layers=tuple(_pack(layer) for layer in inner.layers),
+            final_norm=inner.norm.weight.detach(),
+            head=self.model.lm_head.weight.detach(),
+            cos_sin=cos_sin,
+        )
+
+    def _rotary_table(self, capacity: int) -> Tensor:
         like = self.model.model.embed_tokens.weight[:1]  # only its dtype and device matter
-        cached = self._cos_sin
-        fits = cached is not None and cached.shape[0] >= capacity
-        if fits and (cached.dtype, cached.device) == (like.dtype, like.device):
-            return
         cos, sin = self.model.model.rotary_emb(like, torch.arange(capacity, device=like.device)[None])
         half = self.head_dim // 2
         # sin with the first half negated: rotate_half(x)·sin == roll(x, half)·signed_sin (see _rope).
         signed_sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
-        self._cos_sin = torch.cat([cos[0], signed_sin], dim=-1)
+        return torch.cat([cos[0], signed_sin], dim=-1)
 
-    def _refresh_weights(self) -> None:
-        sources = [p for layer in self.model.model.layers for p in _projections(layer)]
-        # Inference tensors keep no version counter, so in-place changes to them cannot be seen: repack always.
-        signature = tuple((p.data_ptr(), -1 if p.is_inference() else p._version) for p in sources)
-        if signature == self._signature and -1 not in (version for _, version in signature):
-            return
-        with torch.no_grad():
-            self._layers = [_pack(layer) for layer in self.model.model.layers]
-        self._signature = signature
+    def step(
+        self, tokens: Tensor, positions: Tensor, key_mask: Tensor, cache: Any, weights: DecoderWeights | None = None
+    ) -> Tensor:
+        """Logits ``[B, V]`` after feeding ``tokens [B]`` at ``positions [B]``; ``key_mask`` is ``[B, 1, 1, K]``.
 
-    def step(self, tokens: Tensor, positions: Tensor, key_mask: Tensor, cache: Any) -> Tensor:
-        """Logits ``[B, V]`` after feeding ``tokens [B]`` at ``positions [B]``; ``key_mask`` is ``[B, 1, 1, K]``."""
-        assert self._cos_sin is not None, "call prepare(capacity) before step()"
-        cos_sin = F.embedding(positions, self._cos_sin)[:, None, None, :]  # [B, 1, 1, 2·D], broadcast over heads
+        ``weights`` defaults to the current ones; a captured step passes the ones it was captured with.
+        """
+        weights = weights or self.weights
+        cos_sin = F.embedding(positions, weights.cos_sin)[:, None, None, :]  # [B, 1, 1, 2·D], broadcast over heads
         cos, sin = cos_sin.split(self.head_dim, dim=-1)
-        inner = self.model.model
-        x = F.embedding(tokens, inner.embed_tokens.weight)
-        for index, weights in enumerate(self._layers):
-            x = self._attention(weights, cache.layers[index], x, cos, sin, key_mask)
-            x = self._mlp(weights, x)
-        x = _rms_norm(x, inner.norm.weight, self.eps)
-        return F.linear(x, self.model.lm_head.weight)
+        x = F.embedding(tokens, weights.embed)
+        for index, layer in enumerate(weights.layers):
+            x = self._attention(layer, cache.layers[index], x, cos, sin, key_mask)
+            x = self._mlp(layer, x)
+        return F.linear(_rms_norm(x, weights.final_norm, self.eps), weights.head)
 
     def _attention(
         self, weights: _LayerWeights, cache_layer: Any, x: Tensor, cos: Tensor, sin: Tensor, key_mask: Tensor
     ) -> Tensor:
         """``x + attention(...) Woᵀ``; q and k are rotated together (one rope for both)."""
         rows, heads, kv_heads, dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = torch.mm(_rms_norm(x, weights.norm_in, self.eps), weights.qkv)
+        qkv = _linear(_rms_norm(x, weights.norm_in, self.eps), weights.qkv, weights.qkv_bias)
         query_key = _rope(qkv[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, 1, dim), cos, sin)
         value = qkv[:, (heads + kv_heads) * dim :].view(rows, kv_heads, 1, dim)
         keys, values = cache_layer.update(query_key[:, heads:], value)
-        attended = F.scaled_dot_product_attention(
-            query_key[:, :heads], keys, values, attn_mask=key_mask, scale=self.scaling, enable_gqa=heads != kv_heads
-        )
-        return torch.addmm(x, attended.reshape(rows, heads * dim), weights.out)
+        query = query_key[:, :heads].reshape(rows, kv_heads, heads // kv_heads, dim)  # query heads grouped per KV head
+        attended = F.scaled_dot_product_attention(query, keys, values, attn_mask=key_mask, scale=self.scaling)
+        return _linear(attended.reshape(rows, heads * dim), weights.out, weights.out_bias, residual=x)
 
     def _mlp(self, weights: _LayerWeights, x: Tensor) -> Tensor:
         """``x + (silu(h Wgᵀ) ⊙ h Wuᵀ) Wdᵀ`` with ``h = rms_norm(x)``."""
-        gate_up = torch.mm(_rms_norm(x, weights.norm_post, self.eps), weights.gate_up)
+        gate_up = _linear(_rms_norm(x, weights.norm_post, self.eps), weights.gate_up, weights.gate_up_bias)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        return torch.addmm(x, F.silu(gate).mul_(up), weights.down)
+        return _linear(F.silu(gate).mul_(up), weights.down, weights.down_bias, residual=x)
 
 
-def _projections(layer: Any) -> tuple[Tensor, ...]:
+def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor | None = None) -> Tensor:
+    """``residual + x·W + b`` (each addend only when given) with one matmul call."""
+    if residual is not None and bias is not None:
+        return torch.addmm(residual + bias, x, weight)
+    if residual is not None or bias is not None:
+        return torch.addmm(residual if residual is not None else bias, x, weight)
+    return torch.mm(x, weight)
+
+
+def _projections(layer: Any) -> tuple[Any, ...]:
     attn, mlp = layer.self_attn, layer.mlp
-    return (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.o_proj.weight,
-            mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)  # fmt: skip
+    return (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+
+
+def _sources(model: Any) -> list[Tensor]:
+    """Every model tensor the step reads (weights and biases of every projection, norms, embedding, head)."""
+    inner = model.model
+    tensors = [inner.embed_tokens.weight, inner.norm.weight, model.lm_head.weight]
+    for layer in inner.layers:
+        tensors += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+        for projection in _projections(layer):
+            tensors += [projection.weight] + ([projection.bias] if projection.bias is not None else [])
+    return tensors
+
+
+def _packed_bias(projections: tuple[Any, ...]) -> Tensor | None:
+    """The concatenated biases of ``projections`` (zeros for one without), or ``None`` when none has a bias."""
+    if all(p.bias is None for p in projections):
+        return None
+    return torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.weight.shape[0]) for p in projections])
+
+
+def _packed(layer: Any) -> dict[str, Tensor | None]:
+    """The layer's packed ``[in, out]`` matrices and concatenated biases, as fresh values (not yet copies)."""
+    q, k, v, o, gate, up, down = _projections(layer)
+    return {
+        "qkv": torch.cat([q.weight, k.weight, v.weight]).t(),
+        "qkv_bias": _packed_bias((q, k, v)),
+        "out": o.weight.t(),
+        "gate_up": torch.cat([gate.weight, up.weight]).t(),
+        "gate_up_bias": _packed_bias((gate, up)),
+        "down": down.weight.t(),
+    }
 
 
 def _pack(layer: Any) -> _LayerWeights:
-    q, k, v, o, gate, up, down = _projections(layer)
+    packed = {k: None if t is None else t.detach().clone(memory_format=torch.contiguous_format)
+              for k, t in _packed(layer).items()}  # fmt: skip
+    o_bias, down_bias = layer.self_attn.o_proj.bias, layer.mlp.down_proj.bias
     return _LayerWeights(
         norm_in=layer.input_layernorm.weight.detach(),
-        qkv=torch.cat([q, k, v]).t().contiguous(),
-        out=o.t().contiguous(),
         norm_post=layer.post_attention_layernorm.weight.detach(),
-        gate_up=torch.cat([gate, up]).t().contiguous(),
-        down=down.t().contiguous(),
+        out_bias=None if o_bias is None else o_bias.detach(),
+        down_bias=None if down_bias is None else down_bias.detach(),
+        **packed,
     )
 
 
+def _repack_into(weights: _LayerWeights, layer: Any) -> None:
+    """Copy the layer's current values into its packed copies, keeping their storage (captured graphs read it).
+
+    Norms and single biases are views of the parameters themselves, current by construction."""
+    for name, value in _packed(layer).items():
+        if value is not None:
+            getattr(weights, name).copy_(value)
+
+
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """``weight · x / sqrt(mean(x²) + eps)``, in float32 like transformers' ``LlamaRMSNorm``."""
-    x32 = x.float()
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    """``weight · x / sqrt(mean(x²) + eps)``, normalised in float32 like transformers' ``LlamaRMSNorm``."""
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 def _rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
@@ -175,10 +292,12 @@ def _rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
 def unsupported_reason(model: Any) -> str | None:
     """Why the fast path cannot take this model (``None`` when its structure is supported)."""
     config = getattr(model, "config", None)
-    if type(model).__name__ != "LlamaForCausalLM" or getattr(config, "model_type", None) != "llama":
-        return f"{type(model).__name__} is not LlamaForCausalLM"
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        return "the model has attention or MLP biases"
+    name = type(model).__name__
+    if name not in _SUPPORTED_MODELS or getattr(config, "model_type", None) != _SUPPORTED_MODELS[name]:
+        return f"{name} is not LlamaForCausalLM or Qwen2ForCausalLM"
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(kind != "full_attention" for kind in layer_types):
+        return f"layer types {sorted(set(layer_types))} (only full attention)"
     if getattr(config, "hidden_act", None) != "silu":
         return f"hidden_act={config.hidden_act!r} (only silu)"
     rope_parameters = getattr(config, "rope_parameters", None) or {}
@@ -196,16 +315,16 @@ def fast_decoder_for(
     """The fast decoder if the model is supported and agrees with its own forward on a probe; else why not.
 
     The probe: two left-padded prompts of different lengths, prefilled through ``forward`` (the
-    engine's module path), then one decode step both ways; the logits must agree within the dtype's
-    tolerance (float32: 1e-4 of the logits' scale). ``new_cache(capacity)`` builds the engine's cache,
-    ``as_mask(allowed)`` turns a boolean mask into the one the model's attention takes.
+    engine's module path), then one decode step both ways; the logits must agree within
+    :func:`probe_tolerance` of their scale (float32: 1e-4). ``new_cache(capacity)`` builds the engine's
+    cache, ``as_mask(allowed)`` turns a boolean mask into the one the model's attention takes.
     """
     reason = unsupported_reason(model)
     if reason is not None:
         return None, reason
     decoder = LlamaDecoder(model)
     difference, scale = _probe_difference(model, decoder, forward, new_cache, as_mask)
-    tolerance = _PROBE_TOLERANCE.get(model.dtype, _PROBE_TOLERANCE_LOW_PRECISION)
+    tolerance = probe_tolerance(model.dtype, len(model.model.layers))
     if not difference <= tolerance * max(1.0, scale):  # also catches NaN
         log.warning("fast decode path disabled: probe logits differ from the model's forward by %.3g", difference)
         return None, f"probe logits differ from the model's forward by {difference:.3g} (scale {scale:.3g})"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from groupwise.types import Prompt
@@ -48,19 +47,6 @@ class ChatTemplateMissing(ValueError):
 
 def has_chat_template(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
-
-
-def check_chat_prompts(tokenizer: Any, prompts: Iterable[Prompt], where: str) -> None:
-    """Raise :class:`ChatTemplateMissing` before any model runs when ``prompts`` hold chats the tokenizer cannot
-    render (``where`` names the data, e.g. the config key of the file)."""
-    if has_chat_template(tokenizer):
-        return
-    chats = [p.uid for p in prompts if p.messages is not None]
-    if chats:
-        raise ChatTemplateMissing(
-            f"{where}: {len(chats)} prompt(s) are chats ('messages', e.g. {chats[0]!r}) but the tokenizer has no chat "
-            "template to render them; use an instruct model whose tokenizer ships one, or plain 'prompt' strings"
-        )
 
 
 def _tokenize(tokenizer: Any, text: str, add_special_tokens: bool, uid: str) -> tuple[int, ...]:

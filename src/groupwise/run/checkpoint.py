@@ -1,4 +1,4 @@
-"""Atomic, self-verifying checkpoints under ``checkpoints/step_<N>/`` (DESIGN invariant 8).
+"""Atomic, self-verifying checkpoints under ``checkpoints/step_<N>/`` (invariant 8 in docs/design.md).
 
 The ``state`` dict a trainer passes to :func:`save_checkpoint` (every key optional, no others allowed)::
 
@@ -340,11 +340,20 @@ def _fsync_dir(path: Path) -> None:
         _fsync_file(path)
 
 
-def _remove_stale_tmp_dirs(parent: Path) -> None:
+def remove_partial_checkpoints(run_dir: RunDir | str | Path) -> int:
+    """Delete the ``.tmp-*`` directories a killed save or prune left under ``checkpoints/``; return how many."""
+    parent = RunDir.of(run_dir).checkpoints_dir
+    return _remove_stale_tmp_dirs(parent) if parent.is_dir() else 0
+
+
+def _remove_stale_tmp_dirs(parent: Path) -> int:
+    removed = 0
     for entry in parent.iterdir():
         if entry.name.startswith(".tmp-") and entry.is_dir():
             logger.info("removing stale partial checkpoint %s", entry)
             shutil.rmtree(entry, ignore_errors=True)
+            removed += 1
+    return removed
 
 
 def _prune(parent: Path, current_step: int, keep_last: int) -> None:

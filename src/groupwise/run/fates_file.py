@@ -1,4 +1,5 @@
-"""``fates.jsonl``: where every dispatched prompt attempt ended, one JSON line each (DESIGN invariant 4, auditable).
+"""``fates.jsonl``: where every dispatched prompt attempt ended, one JSON line each (auditable: invariant 4 in
+docs/design.md).
 
 One line per decision, appended as it is made::
 
@@ -22,11 +23,11 @@ One line per decision, appended as it is made::
   ``failed``/``retried`` attempt when the run stopped gets a ``pending`` line with ``group_id`` and
   ``start_version`` null: no attempt was running and no group was reserved.
 
-Crash safety: each line is one ``os.write`` on an ``O_APPEND`` descriptor, so a kill leaves whole lines (at worst
-a torn last one, which :func:`read_fates` skips). A checkpoint stores :meth:`FatesWriter.offset` (the file size,
-fsynced); resuming from it calls :meth:`FatesWriter.rollback`, which cuts the file back to that size: the lines
-after it describe a timeline the resume undid (the model rolled back too), and keeping them would show the prompts
-trained again after the resume as trained twice.
+Crash safety: each line is appended whole (:func:`groupwise.run.journal.append_line`), so a kill leaves whole
+lines (at worst a torn last one, which :func:`read_fates` skips). A checkpoint stores :meth:`FatesWriter.offset`
+(the file size, fsynced); resuming from it calls :meth:`FatesWriter.rollback`, which cuts the file back to that
+size: the lines after it describe a timeline the resume undid (the model rolled back too), and keeping them would
+show the prompts trained again after the resume as trained twice.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from groupwise.run.journal import read_json_lines
+from groupwise.run.journal import append_line, read_json_lines
 from groupwise.types import Group
 
 FATES = ("trained", "filtered", "failed", "evicted", "aborted", "discarded", "carried", "pending")
@@ -86,14 +87,7 @@ class FatesWriter:
                 f"fate line {dict(line)!r} is missing {missing} or has an unknown fate; a line needs every key of "
                 f"{list(FIELDS)} and a fate from {list(FATES)}"
             )
-        data = (json.dumps({name: line[name] for name in FIELDS}, allow_nan=False) + "\n").encode("utf-8")
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            written = os.write(fd, data)
-            while written < len(data):  # a short write is rare (signals, full disk); finish the line
-                written += os.write(fd, data[written:])
-        finally:
-            os.close(fd)
+        append_line(self.path, json.dumps({name: line[name] for name in FIELDS}, allow_nan=False) + "\n")
         self.lines_written += 1
 
     def write_controller_record(self, record: Any, mode: str = "async") -> None:

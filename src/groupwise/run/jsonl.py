@@ -1,7 +1,8 @@
 """The row-aligned JSONL writer behind ``train_data/step_<N>.jsonl`` (one line per trained row).
 
 Every column must have one entry per row: a column from another row space (pre-filter rewards, say)
-is refused rather than silently truncated, which is how seed 000's misaligned rewards reached the file.
+is refused rather than silently truncated: that is how misaligned rewards reach a training-data file when
+columns are sliced one by one (docs/design.md).
 """
 
 from __future__ import annotations

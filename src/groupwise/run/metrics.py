@@ -2,7 +2,7 @@
 
 ``metrics.jsonl`` holds one JSON object per optimizer step, ``{"step": N, <key>: <value>, ...}``, with
 strictly increasing steps (step 0 = before the first update, e.g. the initial eval). Each new line is
-written with one ``os.write`` on an ``O_APPEND`` descriptor, so a crash leaves whole lines (at worst a
+appended whole (:func:`groupwise.run.journal.append_line`), so a crash leaves whole lines (at worst a
 torn last line, which :func:`read_metrics` ignores); rewrites (same-step merge, resume truncation) go
 through a temporary file and ``os.replace``. Non-finite floats are written as JSON ``null`` (strict JSON
 for every reader) and noted in ``events.log``. On resume, :meth:`MetricsWriter.truncate_after` drops
@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from groupwise.run.journal import read_json_lines
+from groupwise.run.journal import append_line, read_json_lines
 from groupwise.run.rundir import RunDir
 
 _DEFAULT_KEYS = object()
@@ -89,7 +89,7 @@ class MetricsWriter:
         if step == self.last_step:
             self._merge_into_last_line(step, values)
         else:
-            _append_line(self.metrics_path, json.dumps({"step": step, **values}, allow_nan=False) + "\n")
+            append_line(self.metrics_path, json.dumps({"step": step, **values}, allow_nan=False) + "\n")
         self.last_step = step
         non_finite = [f"{key}={metrics[key]}" for key, value in values.items() if value is None]
         if non_finite:
@@ -140,7 +140,7 @@ class MetricsWriter:
         """Append ``<UTC ISO time>  <message>`` to ``events.log`` (one line per line of ``message``)."""
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         lines = str(message).splitlines() or [""]
-        _append_line(self.events_path, "".join(f"{stamp}  {line}\n" for line in lines))
+        append_line(self.events_path, "".join(f"{stamp}  {line}\n" for line in lines))
 
     def truncate_after(self, step: int) -> int:
         """Drop metric lines with ``step`` greater than ``step`` (the resumed checkpoint's); return how many.
@@ -157,7 +157,7 @@ class MetricsWriter:
             self._tb_writer.close()
             self._tb_writer = None
         dropped = len(records) - len(kept)
-        if dropped:
+        if dropped and step >= 0:
             self.event(f"resume: dropped {dropped} metrics line(s) after step {step}")
         return dropped
 
@@ -193,14 +193,3 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         records.append(record)
     return records
 
-
-def _append_line(path: Path, text: str) -> None:
-    # One os.write on an O_APPEND descriptor: the line lands whole, after everything already there.
-    data = text.encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        written = os.write(fd, data)
-        while written < len(data):  # a short write is rare (signals, full disk); finish the line
-            written += os.write(fd, data[written:])
-    finally:
-        os.close(fd)

@@ -17,11 +17,19 @@ One place names every file so the trainer, the checkpointer, the report and the 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from groupwise.config.issues import ConfigIssue
+from groupwise.config.sections import run_name_problem
+
 CONFIG_FILE = "config.yaml"
+
+
+class RunDirError(ValueError):
+    """The run directory cannot be started: its name, an existing non-empty directory, an unwritable parent."""
 
 
 @dataclass(frozen=True)
@@ -40,31 +48,23 @@ class RunDir:
         missing or empty directory the run simply starts fresh (``resumed`` is False), which lets a
         preemptible job always pass ``--resume``. When a resumed run's config differs from the stored
         one, the old file is kept as ``config.<timestamp>.yaml`` so the change stays auditable.
+        Every refusal is checked by :func:`start_problems` first, so nothing is created when one applies.
         """
-        output_dir = Path(output_dir)
-        if name is None:
-            if resume:
-                raise ValueError(
-                    "--resume needs the name of the run to continue, but run.name is not set; "
-                    "set run.name to the directory name under "
-                    f"{str(output_dir)!r} (for example `run.name=20260101-120000`)"
-                )
-            root = _fresh_timestamp_dir(output_dir)
-        else:
-            _check_name(name)
-            root = output_dir / name
+        problems = start_problems(output_dir, name, resume)
+        if problems:
+            raise RunDirError("; ".join(f"{issue.rule}: {issue.fix}" for issue in problems))
+        root = Path(output_dir) / name if name is not None else _fresh_timestamp_dir(Path(output_dir))
         has_content = root.is_dir() and any(root.iterdir())
-        if root.exists() and not root.is_dir():
-            raise FileExistsError(f"run directory {str(root)!r} exists and is not a directory; choose another run.name")
-        if has_content and not resume:
-            raise FileExistsError(
-                f"run directory {str(root)!r} already exists and is not empty; pass --resume to continue that "
-                "run from its latest checkpoint, or choose another run.name (or delete the directory)"
-            )
         root.mkdir(parents=True, exist_ok=True)
         run_dir = cls(root=root, resumed=has_content)
         run_dir._write_config(config_yaml)
         return run_dir
+
+    def discard_if_new(self) -> None:
+        """Delete the directory when this start made it (``resumed`` False): a start that failed after
+        :meth:`create` must not leave a directory that looks like a run to ``--resume``."""
+        if not self.resumed:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def _write_config(self, config_yaml: str) -> None:
         path = self.config_path
@@ -138,6 +138,11 @@ class RunDir:
     def sim_summary_path(self) -> Path:
         return self.root / "sim" / "summary.json"
 
+    @property
+    def is_simulation(self) -> bool:
+        """Written by ``groupwise simulate`` (it creates ``sim/`` first): its prompts are the simulator's."""
+        return self.sim_summary_path.parent.is_dir()
+
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to a temporary sibling, then ``os.replace`` it: readers see the old or new file, never half."""
@@ -157,12 +162,46 @@ def _fresh_timestamp_dir(output_dir: Path) -> Path:
     return root
 
 
-def _check_name(name: str) -> None:
-    if not name or name in {".", ".."} or "/" in name or "\\" in name or name.strip() != name:
-        raise ValueError(
-            f"run.name {name!r} is not a valid directory name; use a single path component without "
-            "slashes or surrounding spaces, e.g. `run.name=addition-ds`"
-        )
+def start_problems(output_dir: str | Path, name: str | None, resume: bool) -> list[ConfigIssue]:
+    """Why :meth:`RunDir.create` would refuse to start this run (empty when it would not). Touches nothing, so
+    ``groupwise train`` asks before it loads any model."""
+    if name is None and resume:
+        return [ConfigIssue(
+            "run.name", None, "--resume needs the name of the run to continue, but run.name is null",
+            f"set run.name to the directory name under {str(output_dir)!r} (for example run.name=20260101-120000)",
+        )]
+    if name is not None:
+        problem = run_name_problem(name)
+        if problem is not None:
+            return [ConfigIssue("run.name", name, problem, "use a plain name such as 'addition-ds'")]
+        root = Path(output_dir) / name
+        if root.is_dir() and any(root.iterdir()) and not resume:
+            return [ConfigIssue(
+                "run.name", name, f"the run directory {str(root)!r} already exists and is not empty",
+                "pass --resume to continue that run (from its newest complete checkpoint, or from step 0 when it has "
+                "none), choose another run.name, or delete the directory",
+            )]
+    return location_problems(output_dir, name)
+
+
+def location_problems(output_dir: str | Path, name: str | None) -> list[ConfigIssue]:
+    """Whether the run directory (``output_dir/name``, made with its parents when missing) can be written there."""
+    root = Path(output_dir) if name is None else Path(output_dir) / name
+    if root.exists() and not root.is_dir():
+        key, value = ("run.name", name) if name is not None else ("run.output_dir", str(output_dir))
+        return [ConfigIssue(key, value, f"{str(root)!r} exists and is a file, not a directory",
+                            f"choose another {key}, or move the file")]
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return [ConfigIssue("run.output_dir", str(output_dir), f"{str(existing)!r} is a file, so the run directory "
+                            f"{str(root)!r} cannot be created under it", "set run.output_dir to a directory")]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [ConfigIssue("run.output_dir", str(output_dir), f"{str(existing)!r} is not writable, so the run "
+                            f"directory {str(root)!r} cannot be written", "set run.output_dir to a writable directory "
+                            "(or fix its permissions)")]
+    return []
 
 
 def _check_step(step: int) -> int:

@@ -1,1 +1,2 @@
-"""Runtimes for the async controller: embedded (in-process, the default) and Ray (``ray_*.py`` only)."""
+"""Running a session: the sync loop (``sync_run``) or the async controller (``async_run``), on clients that are
+in-process (``embedded``, the default) or Ray actors (``ray_*.py`` only, the only modules that import Ray)."""

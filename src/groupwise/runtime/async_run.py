@@ -11,7 +11,9 @@ import torch
 from groupwise.controller.controller import build_controller
 from groupwise.controller.settings import ControllerSettings
 from groupwise.run.async_checkpoint import ItemDecoder, boundary_snapshot, controller_state
+from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.embedded import EmbeddedRollouts, EmbeddedTrainer
+from groupwise.runtime.watchdog import RunStalled, run_watched, watch_progress
 from groupwise.trainer.session import Session
 from groupwise.types import Group
 
@@ -26,7 +28,8 @@ def run_async(session: Session) -> Any:
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, threads // 2))
     try:
-        summary = asyncio.run(_run(session))
+        with session.progress() as progress:
+            summary = asyncio.run(_run(session, progress))
     finally:
         torch.set_num_threads(threads)
     session.events.event(
@@ -36,7 +39,7 @@ def run_async(session: Session) -> Any:
     return summary
 
 
-async def _run(session: Session) -> Any:
+async def _run(session: Session, progress: Any) -> Any:
     cfg = session.cfg
     rollouts, trainer = _runtime_clients(session)
 
@@ -52,7 +55,8 @@ async def _run(session: Session) -> Any:
         session.boundary_snapshot = boundary_snapshot(step + 1, controller, session.loader, session.fates)
         # Evaluation uses the engine: hold it so no rollout batch runs on it meanwhile.
         async with rollouts.engine_lock:
-            await asyncio.to_thread(session.end_step, step, metrics, rows)
+            await step_end.run(session.end_step, step, metrics, rows)
+        progress.update(step + 1, session.last_metrics)
 
     settings = ControllerSettings.from_config(cfg, start_step=session.state.step)
     controller = build_controller(
@@ -68,10 +72,23 @@ async def _run(session: Session) -> Any:
     for note in controller.resume_notes:
         session.events.event(note)
     faults = _FaultMeter(controller.ctx.budgets, rollouts)
+    step_end = DaemonWorker("groupwise-step-end")  # metrics, evaluation, checkpoints
+
+    def progress_marker() -> tuple[Any, ...]:
+        return (*controller.progress_marker(), rollouts.calls_returned)
+
+    stall_s = cfg.runtime.stall_timeout_s
+    watchdog = watch_progress(progress_marker, stall_s, controller.describe_state, session.events.event)
+    grace_s = 60.0  # a run that ends lets the calls in progress finish; a stalled one leaves them to their threads
     try:
-        return await controller.run()
+        return await run_watched(controller.run(), watchdog)
+    except RunStalled:
+        grace_s = 0.0
+        raise
     finally:
-        await rollouts.close()
+        await rollouts.close(grace_s)
+        await asyncio.to_thread(trainer.close, grace_s)
+        await asyncio.to_thread(step_end.close, grace_s)
 
 
 def _resume_state(session: Session) -> dict[str, Any] | None:

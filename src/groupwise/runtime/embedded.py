@@ -1,8 +1,10 @@
-"""The embedded runtime: the async controller's clients, in this process, on the real engine and learner.
+"""The embedded runtime: the async controller's clients, in this process, on the real engine and learner (the
+sync loop uses its trainer client inline: ``EmbeddedTrainer(in_thread=False)``).
 
 Generation runs concurrently with training: the engine has its own model copy and runs in a worker thread
 (PyTorch releases the GIL inside its kernels), the learner runs chunks in another. Rollout requests that
-arrive while the engine is busy are batched into its next call, so many groups share one decode loop.
+arrive while the engine is busy are batched into its next call, so many groups share one decode loop; they share
+an engine failure, never a reward failure (that fails only the prompt whose completion raised it).
 Weight sync copies the learner's parameters into the engine's model between engine calls.
 """
 
@@ -11,17 +13,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from groupwise.batch import RowBatch
 from groupwise.model.lora import generator_state_dict
 from groupwise.rows import StepRows
-from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue
+from groupwise.runtime.daemon_worker import DaemonWorker
+from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, fail_all, settle_outcomes
 from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import Group
+
+if TYPE_CHECKING:
+    from groupwise.config import GrpoSection
 
 
 class EmbeddedRollouts:
@@ -32,9 +39,11 @@ class EmbeddedRollouts:
         self.source_model = source_model
         self.max_batch_groups = max(1, max_batch_groups)
         self._queue = RolloutQueue(self._run_batches, "embedded-generation")
+        self._engine = DaemonWorker("groupwise-generation")  # a stuck engine call never blocks the run's exit
         self.engine_lock = asyncio.Lock()
         self.generated_tokens = 0
         self.busy_seconds = 0.0
+        self.calls_returned = 0  # engine calls that returned or raised: progress for the stall watchdog
 
     async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int) -> Group:
         return await self._queue.submit(prompt, group_id, attempt)
@@ -53,34 +62,33 @@ class EmbeddedRollouts:
         async with self.engine_lock:
             start = time.perf_counter()
             try:
-                groups = await asyncio.to_thread(
-                    self.worker.generate_groups,
+                outcomes = await self._engine.run(
+                    self.worker.generate_group_outcomes,
                     [p.item for p in batch],
                     [p.group_id for p in batch],
                     [p.attempt for p in batch],
                 )
-            except Exception as err:  # noqa: BLE001 — every waiting rollout gets the engine's error
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(err)
+            except Exception as err:  # noqa: BLE001 — the engine call failed: every waiting rollout gets its error
+                self.calls_returned += 1
+                fail_all(batch, err)
                 return
             finally:
                 self.busy_seconds += time.perf_counter() - start
-        self.generated_tokens += sum(g.num_completion_tokens for g in groups)
-        for p, group in zip(batch, groups, strict=True):
-            if not p.future.done():
-                p.future.set_result(group)
+        self.calls_returned += 1
+        self.generated_tokens += settle_outcomes(batch, outcomes)
 
     async def sync_weights(self, version: int) -> None:
         """Copy the learner's parameters (adapters merged, with LoRA) into the engine's model, between engine calls."""
         async with self.engine_lock:
             self.worker.generator.load_weights(generator_state_dict(self.source_model), version)
 
-    async def close(self) -> None:
+    async def close(self, grace_s: float = 60.0) -> None:
+        """Stop serving; wait up to ``grace_s`` for an engine call in progress (0 after a stall: it is stuck)."""
         if self._queue.task is not None:
             self._queue.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._queue.task
+        await asyncio.to_thread(self._engine.close, grace_s)
 
 
 @dataclass
@@ -92,24 +100,32 @@ class EmbeddedTrainer:
     """
 
     learner: Any
-    grpo: Any
+    grpo: GrpoSection
+    in_thread: bool = True  # async: train in a worker thread while generation goes on; sync: inline
     step_rows: StepRows = field(init=False)
     busy_seconds: float = 0.0
+    _thread: DaemonWorker = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.step_rows = StepRows(self.grpo)
+        self._thread = DaemonWorker("groupwise-learner")
 
     async def train_chunk(self, step: int, groups: list[Group], first_chunk: bool) -> None:
         rows = self.step_rows.add_chunk(groups, first_chunk)
-        start = time.perf_counter()
-        await asyncio.to_thread(self.learner.train_chunk, rows)
-        self.busy_seconds += time.perf_counter() - start
+        await self._call(self.learner.train_chunk, rows)
 
     async def finish_step(self, step: int) -> dict[str, float]:
+        return await self._call(self.learner.finish_step)
+
+    async def _call(self, method: Callable[..., Any], *args: Any) -> Any:
         start = time.perf_counter()
-        metrics = await asyncio.to_thread(self.learner.finish_step)
-        self.busy_seconds += time.perf_counter() - start
-        return metrics
+        try:
+            return await self._thread.run(method, *args) if self.in_thread else method(*args)
+        finally:
+            self.busy_seconds += time.perf_counter() - start
 
     def take_step_rows(self) -> RowBatch:
         return self.step_rows.take()
+
+    def close(self, grace_s: float = 60.0) -> None:
+        self._thread.close(grace_s)

@@ -15,7 +15,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from groupwise.model.lora import generator_state_dict, load_trained_state_dict, 
 from groupwise.runtime.ray_cluster import ActorResources, ray
 from groupwise.trainer.builder import build_components, build_learner, load_policy_from_config
 from groupwise.types import Completion, GenerationRequest, Group, SamplingParams
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
 
 
 def _where() -> dict[str, Any]:
@@ -37,7 +40,7 @@ def _cpu_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 class GenerationWorker:
     """An engine with its own model copy, and the reward function: turns prompts into scored groups."""
 
-    def __init__(self, cfg: Any, index: int):
+    def __init__(self, cfg: RunConfig, index: int):
         torch.manual_seed(cfg.run.seed)
         parts = build_components(cfg)
         self.index = index
@@ -52,6 +55,12 @@ class GenerationWorker:
     ) -> list[Group]:
         return self.rollouts.generate_groups(items, group_ids, attempts)
 
+    def generate_group_outcomes(
+        self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int] | None = None
+    ) -> list[Group | Exception]:
+        """Groups, with each prompt's own reward failure in its place (the async client fails only that prompt)."""
+        return self.rollouts.generate_group_outcomes(items, group_ids, attempts)
+
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
         return self.engine.generate(requests, sampling)
 
@@ -63,7 +72,7 @@ class GenerationWorker:
 class LearnerWorker:
     """The policy being trained, its optimizer and LR schedule (a :class:`~groupwise.trainer.learner.Learner`)."""
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: RunConfig):
         torch.manual_seed(cfg.run.seed)
         policy = load_policy_from_config(cfg)
         self.learner = build_learner(cfg, policy.model)

@@ -5,7 +5,8 @@ The ``ray`` module is imported here first, so a missing install fails with the i
 ``ray`` from this one.
 
 Placement is checked before anything waits on it, because Ray never fails a request it cannot place: the
-actor just stays pending and the run hangs silently (``shared/reference/feasibility.md`` §4). So:
+actor just stays pending and the run hangs silently (on 2 CPUs, two ``num_cpus=1`` actors reserve every CPU
+and any further default request waits forever, with no error). So:
 
 * a request larger than every node (:func:`unschedulable_reasons`, *infeasible*) or larger than what the
   cluster has free right now (*busy*) is refused at once with the key to change;
@@ -18,10 +19,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from groupwise.controller.failures import register_infra_error_type
 from groupwise.runtime.ray_errors import INSTALL_COMMAND, RayNotInstalledError, RaySetupError, UnschedulableError
+
+if TYPE_CHECKING:
+    from groupwise.config import RaySection
 
 try:
     import ray
@@ -68,7 +72,7 @@ class ActorResources:
         return {"num_cpus": self.cpus, "num_gpus": self.gpus}
 
 
-def generation_worker_resources(ray_cfg: Any, index: int) -> ActorResources:
+def generation_worker_resources(ray_cfg: RaySection, index: int) -> ActorResources:
     return ActorResources(
         f"generation worker {index}",
         ray_cfg.cpus_per_generation_worker,
@@ -78,13 +82,13 @@ def generation_worker_resources(ray_cfg: Any, index: int) -> ActorResources:
     )
 
 
-def learner_resources(ray_cfg: Any) -> ActorResources:
+def learner_resources(ray_cfg: RaySection) -> ActorResources:
     return ActorResources(
         "learner", ray_cfg.learner_cpus, ray_cfg.learner_gpus, "runtime.ray.learner_cpus", "runtime.ray.learner_gpus"
     )
 
 
-def run_resources(ray_cfg: Any) -> list[ActorResources]:
+def run_resources(ray_cfg: RaySection) -> list[ActorResources]:
     """The learner and every generation worker, as ``runtime.ray`` sizes them."""
     workers = [generation_worker_resources(ray_cfg, i) for i in range(ray_cfg.num_generation_workers)]
     return [learner_resources(ray_cfg), *workers]

@@ -15,13 +15,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from groupwise.controller.failures import InfraError
 from groupwise.runtime.ray_actors import GenerationWorker, kill_actor, start_actor
 from groupwise.runtime.ray_cluster import generation_worker_resources, ray, wait_until_started
 from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import Completion, GenerationRequest, Group, SamplingParams
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
 
 # Sync mode: how many times one call may replace a lost worker before giving up.
 MAX_REPLACEMENTS_PER_CALL = 3
@@ -44,7 +47,7 @@ class WorkerSlot:
 class GenerationPool:
     """The generation worker actors of a run (see the module docstring)."""
 
-    def __init__(self, cfg: Any, startup_timeout_s: float):
+    def __init__(self, cfg: RunConfig, startup_timeout_s: float):
         self.cfg = cfg
         self.startup_timeout_s = startup_timeout_s
         self.workers: list[WorkerSlot] = []

@@ -5,6 +5,7 @@
   the call's object reference. A worker that dies mid-batch fails every group of the batch with
   :class:`~groupwise.runtime.ray_pool.GenerationWorkerLost`, an infra error, so the controller retries each
   group (on another worker, under the infra budget) while a replacement worker starts with the current weights.
+  A reward failure fails only the prompt whose completion raised it: the worker returns it in that group's place.
 * :class:`RayTrainer` (``TrainerClient``): advantages per chunk of whole groups in the driver, then the rows go
   to the learner actor.
 * :class:`RayLearner`: what the session calls ``learner`` (and, through :class:`LearnerModel`, the policy's
@@ -19,15 +20,18 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from groupwise.batch import RowBatch
 from groupwise.rows import StepRows
 from groupwise.runtime.ray_cluster import ray
 from groupwise.runtime.ray_errors import UnschedulableError
 from groupwise.runtime.ray_pool import GenerationPool, GenerationWorkerLost, WorkerSlot
-from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue
+from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, fail_all, settle_outcomes
 from groupwise.types import Group
+
+if TYPE_CHECKING:
+    from groupwise.config import GrpoSection
 
 
 class LearnerFailed(RuntimeError):
@@ -95,7 +99,7 @@ class RayTrainer:
     """``TrainerClient`` over the learner actor; keeps each step's rows for the ``train_data`` file."""
 
     learner: RayLearner
-    grpo: Any
+    grpo: GrpoSection
     step_rows: StepRows = field(init=False)
     busy_seconds: float = 0.0
 
@@ -124,6 +128,9 @@ class RayTrainer:
     def take_step_rows(self) -> RowBatch:
         return self.step_rows.take()
 
+    def close(self, grace_s: float = 60.0) -> None:
+        """Nothing to stop here: the learner actor runs the steps (the session stops it)."""
+
 
 class RayRolloutClient:
     """``RolloutClient`` over the generation worker actors (see the module docstring).
@@ -139,6 +146,7 @@ class RayRolloutClient:
         self.engine_lock = asyncio.Lock()  # held by the runtime around evaluation and checkpoints
         self.generated_tokens = 0
         self.busy_seconds = 0.0
+        self.calls_returned = 0  # worker calls that returned or raised: progress for the stall watchdog
         self.replacement_error: BaseException | None = None
         self._queue = RolloutQueue(self._dispatch, "ray-generation")
         self._tasks: set[asyncio.Task] = set()
@@ -182,32 +190,24 @@ class RayRolloutClient:
         start = time.perf_counter()
         ids = [p.group_id for p in batch]
         try:
-            groups = await slot.handle.generate_groups.remote(
+            outcomes = await slot.handle.generate_group_outcomes.remote(
                 [p.item for p in batch], ids, [p.attempt for p in batch]
             )
         except ray.exceptions.RayActorError as err:
             lost = GenerationWorkerLost(f"generation worker {slot.index} died while generating groups {ids}: {err}")
             lost.__cause__ = err
-            self._fail(batch, lost)
+            fail_all(batch, lost)
             self._start_replacement(slot)
             return
-        except Exception as err:  # noqa: BLE001 — e.g. the reward function raised: every group of the batch gets it
-            self._fail(batch, err)
+        except Exception as err:  # noqa: BLE001 — the worker's engine call failed: every group of the batch gets it
+            fail_all(batch, err)
             return
         finally:
+            self.calls_returned += 1
             self.busy_seconds += (time.perf_counter() - start) / max(1, len(self.pool.workers))
             slot.busy = False
             self._queue.wake.set()
-        self.generated_tokens += sum(g.num_completion_tokens for g in groups)
-        for p, group in zip(batch, groups, strict=True):
-            if not p.future.done():
-                p.future.set_result(group)
-
-    @staticmethod
-    def _fail(batch: list[PendingRollout], error: BaseException) -> None:
-        for p in batch:
-            if not p.future.done():
-                p.future.set_exception(error)
+        self.generated_tokens += settle_outcomes(batch, outcomes)
 
     def _start_replacement(self, dead: WorkerSlot | None) -> None:
         if dead is not None and not self.pool.remove(dead):
@@ -265,7 +265,7 @@ class RayRolloutClient:
             else:
                 slot.version = version
 
-    async def close(self) -> None:
+    async def close(self, grace_s: float = 60.0) -> None:
         tasks = [t for t in (self._queue.task, *self._tasks) if t is not None]
         for task in tasks:
             task.cancel()

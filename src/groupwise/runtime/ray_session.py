@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -38,8 +38,12 @@ from groupwise.runtime.ray_cluster import (
 )
 from groupwise.runtime.ray_pool import GenerationPool, RaySyncRollouts, RemoteEngine
 from groupwise.runtime.ray_runtime import LearnerModel, RayLearner, RayRolloutClient, RayTrainer
-from groupwise.trainer.builder import build_components
+from groupwise.trainer.builder import Components, build_components
+from groupwise.trainer.preflight import Inputs, check_train_start
 from groupwise.trainer.session import Session
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
 
 DEFAULT_STARTUP_TIMEOUT_S = 300.0
 
@@ -87,7 +91,7 @@ class RaySession(Session):
         self.cluster.shutdown()
 
 
-def check_device_resources(cfg: Any) -> None:
+def check_device_resources(cfg: RunConfig) -> None:
     """A CUDA ``model.device`` needs GPUs reserved: Ray hides every GPU from an actor that reserves none."""
     if not cfg.model.device.startswith("cuda"):
         return
@@ -105,15 +109,20 @@ def check_device_resources(cfg: Any) -> None:
 
 
 def build_ray_session(
-    cfg: Any,
+    cfg: RunConfig,
     *,
     resume: bool = False,
     resume_from: Path | None = None,
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+    inputs: Inputs | None = None,
 ) -> RaySession:
-    """Join the cluster, start the learner and the generation workers, and wire a :class:`RaySession`."""
+    """Join the cluster, start the learner and the generation workers, and wire a :class:`RaySession`.
+
+    The input and run-directory checks run first (``inputs``: already made by the caller), before any actor starts.
+    """
     if cfg.runtime.backend != "ray":
         raise ValueError(f"build_ray_session needs runtime.backend: ray, got {cfg.runtime.backend!r}")
+    inputs = inputs or check_train_start(cfg, resume=resume, resume_from=resume_from)
     check_device_resources(cfg)
     cluster = connect_cluster(cfg.runtime.ray.address)
     learner_handle, pool = None, None
@@ -125,7 +134,7 @@ def build_ray_session(
         ready = {"learner": learner_handle.ready.remote(), **pool.launch(cfg.runtime.ray.num_generation_workers)}
         torch.manual_seed(cfg.run.seed)
         driver_cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"device": "cpu"})})
-        parts = build_components(driver_cfg)
+        parts = build_components(driver_cfg, inputs=inputs)
         started = wait_until_started(ready, startup_timeout_s)
         session = _assemble(cfg, cluster, pool, RayLearner(learner_handle), parts, resume, resume_from)
         session.events.event(f"learner logprobs: {started['learner']['logprob_path']}")
@@ -140,10 +149,10 @@ def build_ray_session(
 
 
 def _assemble(
-    cfg: Any, cluster: RayCluster, pool: GenerationPool, learner: RayLearner, parts: Any, resume: bool, resume_from: Any
+    cfg: RunConfig, cluster: RayCluster, pool: GenerationPool, learner: RayLearner, parts: Components, resume: bool,
+    resume_from: Path | None,
 ) -> RaySession:
-    resuming = resume or resume_from is not None
-    run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resuming)
+    run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resume or resume_from is not None)
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
     pool.on_event = writer.event
     rollouts = RaySyncRollouts(pool, parts.rollouts)
@@ -165,12 +174,14 @@ def _assemble(
         pool=pool,
     )
     where = f"Ray cluster {cluster.address}: learner + {len(pool.workers)} generation worker(s)"
-    if resuming:
-        session.restore(resume_from)
-    else:
+    try:
+        restored = session.begin(resume_from, notes=parts.notes)
+    except BaseException:
+        run_dir.discard_if_new()
+        raise
+    if not restored:
         # Workers built their own copy from the same config and seed; loading the learner's makes it certain.
         session.publish_weights()
-        writer.event(f"run started: {run_dir.path}")
     writer.event(where)
     return session
 

@@ -49,3 +49,32 @@ class RolloutQueue:
         batch = self.items[:n]
         del self.items[: len(batch)]
         return batch
+
+
+def resolve_all(batch: list[PendingRollout], groups: list[Group]) -> None:
+    """Hand each waiting requester its group (``groups`` in ``batch`` order); a cancelled requester is skipped."""
+    for pending, group in zip(batch, groups, strict=True):
+        if not pending.future.done():
+            pending.future.set_result(group)
+
+
+def fail_all(batch: list[PendingRollout], error: BaseException) -> None:
+    """Every waiting requester of ``batch`` gets ``error`` (one failed generator call fails its whole batch)."""
+    for pending in batch:
+        if not pending.future.done():
+            pending.future.set_exception(error)
+
+
+def settle_outcomes(batch: list[PendingRollout], outcomes: list[Group | BaseException]) -> int:
+    """Hand each requester its own outcome: its group, or the error that failed only it (a reward failure of that
+    prompt's completions; a cancelled requester is skipped). Returns the completion tokens generated."""
+    tokens = 0
+    for pending, outcome in zip(batch, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            if not pending.future.done():
+                pending.future.set_exception(outcome)
+            continue
+        tokens += outcome.num_completion_tokens
+        if not pending.future.done():
+            pending.future.set_result(outcome)
+    return tokens

@@ -1,9 +1,9 @@
-"""The simulator: the real async controller (or the sync loop's schedule) in virtual time against a simulated
+"""The simulator: the real async controller or the real sync loop in virtual time against a simulated
 generator and learner, for throughput evidence and invariant fuzzing at a scale no real machine here reaches.
 
 Modules: ``workload`` (the cost and learning model), ``slots`` (the engine's completion slots), ``variates``
-(seeded random draws), ``simulated_rollouts`` (the simulated ``RolloutClient``), ``simulated_learner`` (the simulated
-``TrainerClient``), ``sync_schedule`` (the sync loop's timing), ``virtual_time`` (looptime), ``meter``
-(per-step perf metrics), ``simulation`` (one run, no files), ``summary`` (``sim/summary.json``) and ``run``
-(``groupwise simulate``: a config in, a run directory out). Imports neither torch nor Ray.
+(seeded random draws), ``simulated_rollouts`` (the simulated ``RolloutClient``), ``simulated_learner`` (the
+simulated ``TrainerClient``), ``virtual_time`` (looptime), ``meter`` (per-step perf metrics), ``simulation`` (one
+run, no files), ``summary`` (``sim/summary.json``) and ``run`` (``groupwise simulate``: a config in, a run
+directory out). Imports neither torch nor Ray.
 """

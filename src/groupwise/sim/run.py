@@ -19,9 +19,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from groupwise.config import ConfigError
+from groupwise.config import ConfigError, ConfigIssue
+from groupwise.config.issues import warning_line
 from groupwise.controller.settings import ControllerSettings
 from groupwise.run.fates_file import FIELDS as FATE_FIELDS
 from groupwise.run.fates_file import FatesWriter
@@ -29,9 +30,26 @@ from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir, write_text_atomic
 from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
 from groupwise.sim.summary import summarize
-from groupwise.sim.sync_schedule import SyncSettings, check_sync_workload
 from groupwise.sim.workload import SimWorkload
 from groupwise.types import Group
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
+
+
+def check_sync_workload(workload: SimWorkload) -> list[ConfigIssue]:
+    """Issues for injected failures in mode sync (the real sync loop would stop at the first one)."""
+    return [
+        ConfigIssue(
+            f"sim.{name}",
+            getattr(workload, name),
+            f"sim.{name} injects rollout failures, but the sync loop has no failure handling (a real sync run "
+            "stops at the first failed rollout), so the simulation would only show that",
+            f"set sim.{name}: 0 for a sync simulation, or simulate mode: async",
+        )
+        for name in ("infra_failure_rate", "data_failure_rate")
+        if getattr(workload, name) > 0
+    ]
 
 
 @dataclass
@@ -43,7 +61,7 @@ class SimulationResult:
     run: SimRun
 
 
-def summary_identity(cfg: Any) -> dict[str, Any]:
+def summary_identity(cfg: RunConfig) -> dict[str, Any]:
     """The identity fields of a summary: mode, sampler and knobs (async), seed, P, G."""
     sampler: dict[str, Any] = cfg.async_.sampler.model_dump(mode="json") if cfg.mode == "async" else {}
     return {
@@ -56,11 +74,11 @@ def summary_identity(cfg: Any) -> dict[str, Any]:
     }
 
 
-def simulate(cfg: Any) -> SimulationResult:
+def simulate(cfg: RunConfig) -> SimulationResult:
     """Simulate ``cfg`` (a ``RunConfig``) and write its run directory (see the module docstring).
 
     Raises :class:`ConfigError` for a setup the simulation refuses (failures injected in mode sync) and
-    ``FileExistsError`` when the run directory exists; a run that stops with a named error still writes
+    ``RunDirError`` when the run directory exists; a run that stops with a named error still writes
     everything and reports ``outcome: failed`` with the error in the summary.
     """
     workload = SimWorkload.from_config(cfg)
@@ -69,6 +87,7 @@ def simulate(cfg: Any) -> SimulationResult:
         if issues:
             raise ConfigError(issues)
     run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=False)
+    run_dir.sim_summary_path.parent.mkdir()  # first: marks the directory as a simulation's (groupwise audit)
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
     last_reward: list[float | None] = [None]
 
@@ -78,6 +97,8 @@ def simulate(cfg: Any) -> SimulationResult:
         last_reward[0] = reward if reward is not None and math.isfinite(reward) else None
 
     writer.event(f"simulate: mode {cfg.mode}, seed {cfg.run.seed}, up to {cfg.run.max_steps} steps (virtual time)")
+    for issue in cfg.warnings():
+        writer.event(warning_line(issue))
     fates = BufferedFatesWriter(run_dir.fates_path) if cfg.sim.write_fates else None
     try:
         if cfg.mode == "async":
@@ -89,14 +110,13 @@ def simulate(cfg: Any) -> SimulationResult:
             )  # fmt: skip
         else:
             run = simulate_sync(
-                SyncSettings.from_config(cfg), workload, max_epochs=cfg.run.max_epochs, shuffle=cfg.data.shuffle,
+                cfg.grpo, cfg.run.max_steps, workload, max_epochs=cfg.run.max_epochs, shuffle=cfg.data.shuffle,
                 on_step_end=on_step_end, fates=fates, max_virtual_seconds=cfg.sim.max_virtual_seconds,
             )  # fmt: skip
     finally:
         if fates is not None:
             fates.close()
     summary = summarize(run, summary_identity(cfg), last_reward[0])
-    run_dir.sim_summary_path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(run_dir.sim_summary_path, json.dumps(summary, indent=2, allow_nan=False) + "\n")
     if run.error is not None:
         writer.event(f"simulated run failed after {run.steps_trained} steps: {summary['error']}")

@@ -22,9 +22,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from groupwise.controller.failures import InfraError
+from groupwise.controller.interfaces import LoaderItem
 from groupwise.sim.slots import EngineSlots
 from groupwise.sim.variates import VariateStream
 from groupwise.sim.workload import LearningCurve, SimWorkload, sigmoid
@@ -92,7 +92,7 @@ class SimulatedRollouts:
         self._blank: dict[int, Completion] = {}
         self._logits: dict[int, float] = {}  # weight version → success logit (before difficulty)
 
-    async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int) -> Group:
+    async def rollout(self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int) -> Group:
         w, counters = self.workload, self.counters
         G = w.group_size
         counters.attempts += 1
@@ -142,7 +142,8 @@ class SimulatedRollouts:
             raw_rewards=rewards,
             rewards=list(rewards),
             start_version=start_version,
-            epoch=getattr(prompt, "epoch", 0),
+            end_version=self.weight_version,
+            epoch=prompt.epoch,
             attempt=attempt,
             completion_tokens=tokens,
         )

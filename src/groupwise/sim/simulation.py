@@ -1,10 +1,11 @@
 """One simulated run, async or sync, in virtual time — no files (``groupwise.sim.run`` writes those).
 
 ``simulate_async`` runs the REAL controller (``groupwise.controller.controller.build_controller``: pumps,
-buffer, sampler, ledger, spare pool, failure budgets) with a real :class:`~groupwise.data.loader.PromptLoader`
-over the simulated prompts, against :class:`~groupwise.sim.simulated_rollouts.SimulatedRollouts` and
-:class:`~groupwise.sim.simulated_learner.SimulatedTrainer`. ``simulate_sync`` runs the sync loop's schedule
-(:mod:`groupwise.sim.sync_schedule`) on the same simulated workload.
+buffer, sampler, ledger, spare pool, failure budgets) and ``simulate_sync`` the REAL sync loop
+(:class:`groupwise.trainer.sync_loop.SyncLoop`: rounds, dynamic-sampling accumulator, surplus, fates), each with a
+real :class:`~groupwise.data.loader.PromptLoader` over the simulated prompts, against
+:class:`~groupwise.sim.simulated_rollouts.SimulatedRollouts` and
+:class:`~groupwise.sim.simulated_learner.SimulatedTrainer`.
 
 A run ends normally (``max_steps`` or the end of data), or with one of :data:`NAMED_FAILURES` — the errors a
 real run stops with, kept in ``error`` — or with :class:`SimulationTimeout` when it outlives its virtual-time
@@ -15,11 +16,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from groupwise.algo.accumulator import DynamicSamplingExhausted
-from groupwise.controller.controller import Controller, RunSummary, build_controller
+from groupwise.controller.controller import Controller, ControllerSummary, build_controller
 from groupwise.controller.failures import RolloutDataFailure, RolloutRedispatchExhausted
 from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.ledger import StepBelowFloorError
@@ -30,10 +31,13 @@ from groupwise.run.fates_file import FatesWriter
 from groupwise.sim.meter import StepMeter
 from groupwise.sim.simulated_learner import SimulatedTrainer
 from groupwise.sim.simulated_rollouts import SimulatedDataFailure, SimulatedInfraFailure, SimulatedRollouts
-from groupwise.sim.sync_schedule import SyncRunResult, SyncSettings, run_sync_schedule
 from groupwise.sim.virtual_time import SimulationTimeout, run_in_virtual_time
 from groupwise.sim.workload import LearningCurve, SimWorkload, make_sim_prompts
+from groupwise.trainer.sync_loop import SyncLoop, SyncStep, TrainerState, record_carried_at_end
 from groupwise.types import Group
+
+if TYPE_CHECKING:
+    from groupwise.config import GrpoSection
 
 #: Errors that end a run the way they would end a real one: reported, not raised, by the simulate functions.
 NAMED_FAILURES: tuple[type[BaseException], ...] = (
@@ -71,6 +75,25 @@ class SimParts:
 
 
 @dataclass
+class SyncRunResult:
+    """Totals over the trained steps of a sync run, for the summary."""
+
+    gen_seconds: float = 0.0
+    filtered_groups: int = 0
+    trained_groups: int = 0
+    discarded_groups: int = 0
+    step_sizes: list[int] = field(default_factory=list)
+
+    def add(self, done: SyncStep) -> None:
+        tally = done.tally
+        self.gen_seconds += done.gen_seconds
+        self.filtered_groups += tally.groups_filtered
+        self.trained_groups += tally.groups_trained
+        self.discarded_groups += tally.discarded_valid_groups
+        self.step_sizes.append(len(done.trained))
+
+
+@dataclass
 class SimRun:
     """A finished simulated run: its parts, how it ended, and its virtual wall time."""
 
@@ -82,7 +105,7 @@ class SimRun:
     error: BaseException | None = None
     meter: StepMeter | None = None
     controller: Controller | None = None
-    controller_summary: RunSummary | None = None
+    controller_summary: ControllerSummary | None = None
     sync_result: SyncRunResult | None = None
 
     @property
@@ -135,7 +158,8 @@ def simulate_async(
 
 
 def simulate_sync(
-    settings: SyncSettings,
+    grpo: GrpoSection,
+    max_steps: int,
     workload: SimWorkload,
     *,
     max_epochs: int | None = None,
@@ -144,28 +168,38 @@ def simulate_sync(
     fates: FatesWriter | None = None,
     max_virtual_seconds: float = 1.0e7,
 ) -> SimRun:
-    """The sync loop's schedule on the simulated workload (see :mod:`groupwise.sim.sync_schedule`)."""
+    """The real sync loop on the simulated workload (``grpo`` is the config's section; see the module docstring)."""
     parts = SimParts.build(workload)
     run = SimRun(mode="sync", parts=parts)
     loader = parts.loader(max_epochs, shuffle)
+    state, totals = TrainerState(), SyncRunResult()
 
-    def step_end(step: int, metrics: dict[str, float], groups: list[Group]) -> None:
+    def step_end(done: SyncStep) -> None:
         assert run.meter is not None
-        run.meter.record_trained(step, groups)
-        metrics.update(run.meter.step_metrics(async_mode=False, gen_seconds=metrics["perf/gen_seconds"]))
+        metrics, step = done.metrics, done.step
+        staleness = [step - g.start_version for g in done.trained]
+        metrics.update({
+            "perf/gen_seconds": done.gen_seconds,
+            "staleness/mean": sum(staleness) / len(staleness),
+            "staleness/max": float(max(staleness)),
+        })  # fmt: skip
+        totals.add(done)
+        run.meter.record_trained(step, done.trained)
+        metrics.update(run.meter.step_metrics(async_mode=False, gen_seconds=done.gen_seconds))
         run.steps_trained = step + 1
         if on_step_end is not None:
-            on_step_end(step, metrics, groups)
+            on_step_end(step, metrics, done.trained)
 
     async def main() -> None:
         run.meter = _meter(parts)
+        loop = SyncLoop(grpo, loader, parts.rollouts, parts.trainer, state, on_step_end=step_end, fates=fates)
         try:
-            run.sync_result = await run_sync_schedule(
-                settings, loader, parts.rollouts, parts.trainer, step_end, fates
-            )
-            run.stop_reason = run.sync_result.stop_reason
+            run.stop_reason = await loop.run(max_steps)
         except NAMED_FAILURES as error:
             run.error = error
+            return
+        run.sync_result = totals  # a run that failed reports no sync totals (its summary counts come out 0)
+        record_carried_at_end(fates, state)
 
     _run_bounded(run, main, max_virtual_seconds)
     return run

@@ -23,10 +23,13 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from groupwise.seeding import derive_seed
 from groupwise.types import Prompt
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
 
 Z_99 = 2.3263478740408408  # the standard normal's 99th percentile
 
@@ -93,7 +96,7 @@ class SimWorkload:
         return lognormal_sigma(self.length_p99_over_p50)
 
     @classmethod
-    def from_config(cls, cfg: Any) -> SimWorkload:
+    def from_config(cls, cfg: RunConfig) -> SimWorkload:
         """The workload of a ``RunConfig``: its ``sim`` section, ``grpo.num_generations_per_prompt``, ``run.seed``."""
         sim = cfg.sim.model_dump()
         for key in ("max_virtual_seconds", "write_fates"):  # run controls, not workload

@@ -3,29 +3,38 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from groupwise.config import ConfigError, ConfigIssue
 from groupwise.data.loader import PromptLoader
-from groupwise.data.registry import build_task
-from groupwise.data.rewards import load_reward_fn
+from groupwise.data.registry import Task
+from groupwise.data.reward_timeout import with_timeout
+from groupwise.data.rewards import RewardFn
 from groupwise.generation.engine import Engine
-from groupwise.model.encode import check_chat_prompts
-from groupwise.model.loading import eos_token_ids, load_policy, resolve_device
-from groupwise.model.lora import apply_lora, lora_config
+from groupwise.model.loading import Policy, eos_token_ids, load_policy, resolve_device
+from groupwise.model.lora import LoraSetupError, apply_lora, lora_config
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
 from groupwise.trainer.learner import Learner, LearnerSettings
 from groupwise.trainer.precision import LearnerPrecision, learner_precision
+from groupwise.trainer.preflight import Inputs, check_inputs, check_train_start
+from groupwise.trainer.prompt_checks import PromptReport, check_prompts
 from groupwise.trainer.rollout import RewardPipeline, RolloutWorker
 from groupwise.trainer.session import Session
 from groupwise.types import SamplingParams
 
+logger = logging.getLogger(__name__)
 
-def sampling_from_config(cfg: Any) -> SamplingParams:
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
+
+
+def sampling_from_config(cfg: RunConfig) -> SamplingParams:
     gen = cfg.generation
     return SamplingParams(
         max_new_tokens=gen.max_new_tokens,
@@ -36,18 +45,29 @@ def sampling_from_config(cfg: Any) -> SamplingParams:
     )
 
 
-def load_policy_from_config(cfg: Any) -> Any:
+def load_policy_from_config(cfg: RunConfig) -> Policy:
     m = cfg.model
     tiny = m.tiny.model_dump() if m.source == "tiny" else None
     return load_policy(m.source, m.path, m.gguf_file, tiny, device=m.device, dtype=m.dtype, seed=cfg.run.seed)
 
 
-def precision_from_config(cfg: Any) -> LearnerPrecision:
+def _check_cuda_graphs_device(cfg: RunConfig) -> None:
+    """``generation.cuda_graphs: on`` with ``model.device: auto`` on a machine without CUDA: a config error, before
+    any model is loaded (with ``model.device: cpu`` the config rules already refuse it)."""
+    if cfg.generation.cuda_graphs == "on" and resolve_device(cfg.model.device).type != "cuda":
+        raise ConfigError([ConfigIssue(
+            "generation.cuda_graphs", "on",
+            f"CUDA graphs need a CUDA device; model.device '{cfg.model.device}' is cpu on this machine",
+            "run on a machine with a CUDA GPU, or set generation.cuda_graphs: auto",
+        )])  # fmt: skip
+
+
+def precision_from_config(cfg: RunConfig) -> LearnerPrecision:
     """How the learner holds and computes its weights on ``model.device`` (groupwise.trainer.precision)."""
     return learner_precision(resolve_device(cfg.model.device), cfg.model.dtype)
 
 
-def generator_needs_own_model(cfg: Any) -> bool:
+def generator_needs_own_model(cfg: RunConfig) -> bool:
     """Whether the engine samples from a copy instead of the learner's own model.
 
     Async mode generates while training; LoRA trains a peft wrapper whose merged weights go into a plain copy
@@ -57,7 +77,7 @@ def generator_needs_own_model(cfg: Any) -> bool:
     return cfg.mode == "async" or cfg.model.lora.enabled or precision_from_config(cfg).generator_needs_own_copy
 
 
-def build_learner(cfg: Any, model: torch.nn.Module) -> Learner:
+def build_learner(cfg: RunConfig, model: torch.nn.Module) -> Learner:
     """The learner around ``model``: master dtype, reference copy, gradient checkpointing, LoRA, settings.
 
     ``learner.model`` is what trains (a peft wrapper of ``model`` with LoRA); put it back into the policy.
@@ -69,11 +89,17 @@ def build_learner(cfg: Any, model: torch.nn.Module) -> Learner:
         enable_gradient_checkpointing(model)
     lora = cfg.model.lora
     if lora.enabled:
-        model = apply_lora(model, lora_config(lora.rank, lora.alpha, lora.dropout, lora.target_modules))
+        try:
+            model = apply_lora(model, lora_config(lora.rank, lora.alpha, lora.dropout, lora.target_modules))
+        except LoraSetupError as err:  # the targets do not fit this model: bad input, reported like any other
+            raise ConfigError([ConfigIssue(
+                "model.lora.target_modules", list(lora.target_modules), str(err),
+                "list names of the model's Linear projections (print the model to see them)",
+            )]) from err
     return Learner(model, LearnerSettings.from_config(cfg), reference=reference, precision=precision)
 
 
-def enable_gradient_checkpointing(model: Any) -> None:
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     """transformers' own switch, non-reentrant (the reentrant form needs inputs that require grad and breaks with
     adapters); ``activation_checkpointing_enable`` is its name from transformers 5.24 on."""
     if hasattr(model, "activation_checkpointing_enable"):
@@ -101,30 +127,41 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 @dataclass
 class Components:
-    """What generation and scoring need, without a run directory (``train``, ``eval`` and ``sft`` share it)."""
+    """What generation and scoring need, without a run directory (``train``, ``eval`` and ``sft`` share it).
+    ``notes`` are what the prompt checks counted without refusing (the run writes them to ``events.log``)."""
 
-    policy: Any
+    policy: Policy
     engine: Engine
-    task: Any
-    reward_fn: Any
+    task: Task
+    reward_fn: RewardFn
     rollouts: RolloutWorker
+    notes: list[str] = field(default_factory=list)
 
 
-def build_components(cfg: Any, *, separate_engine_model: bool = False, group_size: int | None = None) -> Components:
-    """Load the policy and build the engine, task, reward function and rollout worker."""
-    policy = load_policy_from_config(cfg)
+def build_components(
+    cfg: RunConfig, *, separate_engine_model: bool = False, group_size: int | None = None,
+    inputs: Inputs | None = None,
+) -> Components:
+    """Check the inputs (unless ``inputs`` says they were), load the policy, build the engine, task, reward function
+    and rollout worker, and check every prompt against the tokenizer and the model's positions.
+
+    Raises :class:`ConfigError` for anything wrong with the inputs, the model included, before returning.
+    """
+    inputs = inputs or check_inputs(cfg, training=False)
+    _check_cuda_graphs_device(cfg)
+    policy = _load_policy_reported(cfg)
     # Sync mode alternates generation and training, so the engine can sample from the learner's own model.
-    # Async mode generates while training: the engine needs its own copy, refreshed at weight sync.
+    # Async mode generates while training: the engine needs its own copy, refreshed at weight sync (also LoRA and
+    # CUDA mixed precision: generator_needs_own_model).
     engine_model = generator_copy(policy.model) if separate_engine_model else policy.model
     engine = Engine(
         engine_model,
         policy.tokenizer,
         eos_token_ids(policy.tokenizer, policy.model),
         fast_decode=cfg.generation.fast_decode,
+        cuda_graphs=cfg.generation.cuda_graphs,
     )
-    task = build_task(cfg.data.task, cfg.data, cfg.run.seed)
-    check_chat_prompts(policy.tokenizer, [*task.train_prompts(), *task.eval_prompts()], f"data.task {cfg.data.task}")
-    reward_fn = load_reward_fn(cfg.reward.function, task.default_reward)
+    reward_fn = with_timeout(inputs.reward_fn, cfg.reward.timeout_s)  # bounded per call when configured
     rollouts = RolloutWorker(
         generator=engine,
         tokenizer=policy.tokenizer,
@@ -137,19 +174,55 @@ def build_components(cfg: Any, *, separate_engine_model: bool = False, group_siz
         system_prompt=cfg.data.system_prompt,
         max_groups_per_call=cfg.generation.micro_batch_groups,
     )
-    return Components(policy=policy, engine=engine, task=task, reward_fn=reward_fn, rollouts=rollouts)
+    report = _check_prompts(cfg, inputs.task, policy, rollouts)
+    if report.issues:
+        raise ConfigError(report.issues)
+    for note in report.notes:
+        logger.warning(note)
+    return Components(policy=policy, engine=engine, task=inputs.task, reward_fn=reward_fn, rollouts=rollouts,
+                      notes=report.notes)
 
 
-def build_session(cfg: Any, *, resume: bool = False, resume_from: Path | None = None) -> Session:
-    """Wire policy, engine, learner, data and run directory; restore a checkpoint when resuming."""
+def _load_policy_reported(cfg: RunConfig) -> Policy:
+    """The policy, or a :class:`ConfigError` naming the model keys when it cannot be loaded (a broken directory,
+    weights that do not match the config, a missing tokenizer): a bad model is bad input, reported like any other."""
+    try:
+        return load_policy_from_config(cfg)
+    except Exception as exc:
+        key, value = ("model.path", cfg.model.path) if cfg.model.source != "tiny" else ("model.tiny",
+                                                                                         cfg.model.tiny.model_dump())
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError([ConfigIssue(
+            key, value, f"the model could not be loaded: {type(exc).__name__}: {first_line}",
+            "check that model.path holds a complete model (config.json, weights, tokenizer files) for model.source "
+            f"'{cfg.model.source}'",
+        )]) from exc
+
+
+def _check_prompts(cfg: RunConfig, task: Task, policy: Policy, rollouts: RolloutWorker) -> PromptReport:
+    source = "data.jsonl" if cfg.data.task == "jsonl" else f"data.{cfg.data.task}"
+    splits = {
+        "train": (f"{source}.train_path" if cfg.data.task == "jsonl" else source, task.train_prompts()),
+        "eval": (f"{source}.eval_path" if cfg.data.task == "jsonl" else source, task.eval_prompts()),
+    }
+    positions = getattr(policy.model.config, "max_position_embeddings", None)
+    return check_prompts(rollouts.encode, policy.tokenizer, positions, cfg.generation.max_new_tokens, splits)
+
+
+def build_session(
+    cfg: RunConfig, *, resume: bool = False, resume_from: Path | None = None, inputs: Inputs | None = None
+) -> Session:
+    """Wire policy, engine, learner, data and run directory; restore a checkpoint when resuming.
+
+    Every check that can refuse the run (inputs, run directory, ``--resume-from``) runs before the model loads,
+    and the run directory is made only once everything loaded, so a failed start leaves nothing behind.
+    """
+    inputs = inputs or check_train_start(cfg, resume=resume, resume_from=resume_from)
     torch.manual_seed(cfg.run.seed)
-    resuming = resume or resume_from is not None
-    # Load everything that can fail on bad input before the run directory exists, so a failed start
-    # leaves nothing behind that blocks the next attempt.
-    parts = build_components(cfg, separate_engine_model=generator_needs_own_model(cfg))
+    parts = build_components(cfg, separate_engine_model=generator_needs_own_model(cfg), inputs=inputs)
     learner = build_learner(cfg, parts.policy.model)
     parts.policy.model = learner.model
-    run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resuming)
+    run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resume or resume_from is not None)
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
     loader = PromptLoader(
         parts.task.train_prompts(), seed=cfg.run.seed, shuffle=cfg.data.shuffle, max_epochs=cfg.run.max_epochs
@@ -166,9 +239,10 @@ def build_session(cfg: Any, *, resume: bool = False, resume_from: Path | None = 
         reward_fn=parts.reward_fn,
         events=writer,
     )
-    if resuming:
-        session.restore(resume_from)
-    else:
-        writer.event(f"run started: {run_dir.path}")
+    try:
+        session.begin(resume_from, notes=parts.notes)
+    except BaseException:
+        run_dir.discard_if_new()
+        raise
     writer.event(f"learner logprobs: {learner.logprob_path}")
     return session

@@ -9,19 +9,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from groupwise.data.scoring import score_completions
 from groupwise.seeding import derive_seed
 from groupwise.types import GenerationRequest, Prompt, SamplingParams
 
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
+    from groupwise.generation.base import Generator
+    from groupwise.trainer.parts import GroupRollouts
+
 CORRECT_REWARD = 1.0
 
 
-def evaluate_policy(engine: Any, rollouts: Any, prompts: Sequence[Prompt], cfg: Any) -> dict[str, float]:
+def evaluated_prompts(prompts: Sequence[Prompt], cfg: RunConfig) -> list[Prompt]:
+    """The held-out prompts an evaluation scores: the first ``eval.num_prompts`` of them (all when null)."""
+    return list(prompts) if cfg.eval.num_prompts is None else list(prompts)[: cfg.eval.num_prompts]
+
+
+def evaluate_policy(
+    engine: Generator, rollouts: GroupRollouts, prompts: Sequence[Prompt], cfg: RunConfig
+) -> dict[str, float]:
     """Greedy accuracy (``eval/accuracy``) and, when ``eval.pass_k > 1``, ``eval/pass_at_k``."""
-    if cfg.eval.num_prompts is not None:
-        prompts = list(prompts)[: cfg.eval.num_prompts]
+    prompts = evaluated_prompts(prompts, cfg)
     if not prompts:
         return {}
     greedy = replace(rollouts.sampling, temperature=0.0, top_p=1.0, top_k=0)
@@ -34,7 +45,12 @@ def evaluate_policy(engine: Any, rollouts: Any, prompts: Sequence[Prompt], cfg: 
 
 
 def _fraction_correct(
-    engine: Any, rollouts: Any, prompts: Sequence[Prompt], sampling: SamplingParams, k: int, cfg: Any
+    engine: Generator,
+    rollouts: GroupRollouts,
+    prompts: Sequence[Prompt],
+    sampling: SamplingParams,
+    k: int,
+    cfg: RunConfig,
 ) -> float:
     batch = max(1, cfg.generation.micro_batch_groups)
     solved = 0

@@ -4,7 +4,8 @@
 several chunks (the async controller streams them): each chunk's micro-batches add raw loss *sums* to the
 gradients, and :meth:`Learner.finish_step` divides them by the step's normaliser (valid tokens, or sequences:
 :func:`~groupwise.algo.loss.global_denominator` over every micro-batch's mask) before clipping and stepping.
-So the result does not depend on how the step was chunked or cut into micro-batches, beyond float rounding.
+So the result does not depend on how the step was chunked or cut into micro-batches, beyond float rounding
+(invariant 6 in docs/design.md).
 ``prev_logprobs`` (π_old) are the current logprobs, detached: the weights do not change inside the step, so a
 separate no-grad pass would compute the same numbers at twice the cost. The ratio is then exactly 1 and the
 clip never acts; the importance weight ``exp(prev − generation)`` still corrects staleness and the
@@ -26,7 +27,7 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,6 +36,7 @@ from groupwise.batch import RowBatch
 from groupwise.config.algorithm import LossSection
 from groupwise.model.completion_scorer import CompletionScorer
 from groupwise.rows import pad_right
+from groupwise.trainer.finite import NonFiniteTrainingError, check_finite_step
 from groupwise.trainer.micro_batches import (
     micro_batches_by_rows,
     micro_batches_by_tokens,
@@ -42,6 +44,9 @@ from groupwise.trainer.micro_batches import (
     padding_fraction,
 )
 from groupwise.trainer.precision import LearnerPrecision, adamw
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,7 @@ class LearnerSettings:
         return self.mini_batches_per_step * self.epochs_per_step
 
     @classmethod
-    def from_config(cls, cfg: Any) -> LearnerSettings:
+    def from_config(cls, cfg: RunConfig) -> LearnerSettings:
         opt = cfg.optimizer
         return cls(
             loss=cfg.loss.model_copy(),
@@ -311,10 +316,17 @@ class Learner:
             p.grad.mul_(scale)
         max_norm = self.settings.max_grad_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
+        loss = step.update.loss_sum / max(normaliser, 1.0)
+        try:  # before the optimizer step: a NaN gradient must never reach the weights
+            check_finite_step(loss, float(grad_norm), self.version)
+        except NonFiniteTrainingError:
+            self.optimizer.zero_grad(set_to_none=True)
+            self._step = None
+            raise
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         step.grad_norms.append(float(grad_norm))
-        step.losses.append(step.update.loss_sum / max(normaliser, 1.0))
+        step.losses.append(loss)
         step.update = _Update()
 
     def _ppo_updates(self, rows: RowBatch) -> None:

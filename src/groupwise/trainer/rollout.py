@@ -9,15 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from groupwise.algo.reward_shaping import overlong_penalty, scale_rewards
 from groupwise.data.loader import LoadedPrompt
-from groupwise.data.scoring import score_completions
+from groupwise.data.scoring import RewardError, score_completions
 from groupwise.generation.base import Generator
 from groupwise.model.encode import encode_prompt
 from groupwise.seeding import request_seed
 from groupwise.types import Completion, GenerationRequest, Group, Prompt, SamplingParams
+
+if TYPE_CHECKING:
+    from groupwise.config import GrpoSection
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,7 @@ class RewardPipeline:
     overlong: Mapping[str, float] | None = None
 
     @classmethod
-    def from_config(cls, grpo: Any) -> RewardPipeline:
+    def from_config(cls, grpo: GrpoSection) -> RewardPipeline:
         scaling = grpo.reward_scaling.model_dump(exclude={"enabled"}) if grpo.reward_scaling.enabled else None
         overlong = grpo.overlong_shaping.model_dump(exclude={"enabled"}) if grpo.overlong_shaping.enabled else None
         return cls(scaling=scaling, overlong=overlong)
@@ -80,8 +83,23 @@ class RolloutWorker:
         """Sample G completions per prompt (``max_groups_per_call`` groups per engine call), score each group.
 
         ``attempts[i]`` numbers the attempts at ``items[i]`` (all 0 when omitted); it enters the seed so a
-        retried prompt samples fresh completions.
+        retried prompt samples fresh completions. The first reward failure is raised (sync mode stops on it).
         """
+        outcomes = self.generate_group_outcomes(items, group_ids, attempts)
+        for outcome in outcomes:
+            if isinstance(outcome, RewardError):
+                raise outcome
+        return outcomes  # type: ignore[return-value]
+
+    def generate_group_outcomes(
+        self,
+        items: Sequence[LoadedPrompt],
+        group_ids: Sequence[int],
+        attempts: Sequence[int] | None = None,
+    ) -> list[Group | RewardError]:
+        """Like :meth:`generate_groups`, but each prompt's reward failure is returned in its group's place:
+        prompts that share an engine call never share a reward failure (the async runtimes fail only the
+        prompt whose completion raised)."""
         attempts = list(attempts) if attempts is not None else [0] * len(items)
         if not len(items) == len(group_ids) == len(attempts):
             raise ValueError(f"{len(items)} prompts, {len(group_ids)} group ids and {len(attempts)} attempts")
@@ -94,11 +112,15 @@ class RolloutWorker:
         for start in range(0, len(requests), self.max_groups_per_call):
             outputs += self.generator.generate(requests[start : start + self.max_groups_per_call], self.sampling)
         end_version = self.generator.version
-        groups = []
+        groups: list[Group | RewardError] = []
         for item, group_id, attempt, request, completions in zip(
             items, group_ids, attempts, requests, outputs, strict=True
         ):
-            raw = score_completions(self.reward_fn, item.prompt, completions, self.reward_kwargs)
+            try:
+                raw = score_completions(self.reward_fn, item.prompt, completions, self.reward_kwargs)
+            except RewardError as error:
+                groups.append(error)
+                continue
             groups.append(
                 Group(
                     group_id=group_id,

@@ -1,34 +1,49 @@
 """Everything one training run holds, built from a config: policy, engine, learner, data, run directory.
 
-The sync loop and the async runtime both drive a :class:`Session`; it owns the edges (metrics, train data,
-evaluation, checkpoints, the final model) so the loops stay short.
+The sync and async runtimes (``groupwise.runtime.sync_run``, ``async_run``) both drive a :class:`Session`; it owns
+the edges (metrics, train data, evaluation, checkpoints, the final model) so the loops stay short.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import logging
+import shutil
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from groupwise.algo.accumulator import StepSelection
 from groupwise.batch import RowBatch
 from groupwise.cli.progress import RunProgress
+from groupwise.data.loader import PromptLoader
+from groupwise.data.registry import Task
+from groupwise.data.rewards import RewardFn
+from groupwise.generation.base import Generator
 from groupwise.model.lora import generator_state_dict, load_trained_state_dict, trained_state_dict
 from groupwise.run.checkpoint import (
+    CheckpointError,
     capture_rng_state,
     latest_checkpoint,
     load_checkpoint,
+    remove_partial_checkpoints,
     restore_rng_state,
     save_checkpoint,
 )
+from groupwise.run.disk_full import disk_full_error, is_disk_full
 from groupwise.run.fates_file import FatesWriter
 from groupwise.run.jsonl import write_rows_jsonl
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
 from groupwise.trainer.evaluation import evaluate_policy
-from groupwise.types import group_from_dict, group_to_dict
+from groupwise.trainer.finite import check_finite_weights
+from groupwise.trainer.parts import GroupRollouts, StepLearner, TrainedPolicy
+from groupwise.trainer.sync_loop import TrainerState
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
+
+logger = logging.getLogger(__name__)
 
 TRAIN_DATA_COLUMNS = (
     "prompt_uid",
@@ -37,7 +52,7 @@ TRAIN_DATA_COLUMNS = (
     "completion_text",
     "completion_ids",
     "finish_reason",
-    "reward_raw",
+    "raw_reward",
     "reward",
     "advantage",
     "generation_logprobs",
@@ -46,64 +61,18 @@ TRAIN_DATA_COLUMNS = (
 
 
 @dataclass
-class TrainerState:
-    """Counters a checkpoint must restore for resume to equal continuing."""
-
-    step: int = 0
-    next_group_id: int = 0
-    carried: list = field(default_factory=list)
-
-    def next_group_ids(self, n: int) -> list[int]:
-        ids = list(range(self.next_group_id, self.next_group_id + n))
-        self.next_group_id += n
-        return ids
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "next_group_id": self.next_group_id,
-            "carried": [group_to_dict(g) for g in self.carried],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainerState:
-        return cls(
-            step=int(data["step"]),
-            next_group_id=int(data["next_group_id"]),
-            carried=[group_from_dict(g) for g in data.get("carried", [])],
-        )
-
-
-@dataclass
-class StepOutcome:
-    """What one step's generation produced, before training."""
-
-    selection: StepSelection
-    gen_seconds: float
-    gen_tokens: int
-    generated: list = field(default_factory=list)  # every group generated for the step (all rounds), for fates
-
-    def perf_metrics(self, step_seconds: float) -> dict[str, float]:
-        return {
-            "perf/step_seconds": step_seconds,
-            "perf/gen_seconds": self.gen_seconds,
-            "perf/gen_tokens_per_s": self.gen_tokens / self.gen_seconds if self.gen_seconds > 0 else 0.0,
-        }
-
-
-@dataclass
 class Session:
     """A run's components. Build one with :func:`groupwise.trainer.builder.build_session`."""
 
-    cfg: Any
+    cfg: RunConfig
     run_dir: RunDir
-    policy: Any
-    engine: Any
-    learner: Any
-    rollouts: Any
-    loader: Any
-    task: Any
-    reward_fn: Any
+    policy: TrainedPolicy
+    engine: Generator
+    learner: StepLearner
+    rollouts: GroupRollouts
+    loader: PromptLoader
+    task: Task
+    reward_fn: RewardFn
     events: MetricsWriter
     state: TrainerState = field(default_factory=TrainerState)
     last_metrics: dict[str, float] = field(default_factory=dict)
@@ -112,6 +81,7 @@ class Session:
     # (groupwise.run.async_checkpoint.boundary_snapshot); checkpoints of that step use it.
     boundary_snapshot: dict[str, Any] | None = None
     restored_extra: dict[str, Any] = field(default_factory=dict)  # the resumed checkpoint's extra pieces
+    latest_eval: dict[str, float] = field(default_factory=dict)  # this session's latest evaluation (progress line)
     _last_eval_step: int = -1
     _last_checkpoint_step: int = -1
 
@@ -147,6 +117,7 @@ class Session:
     def evaluate(self, step: int, log: bool = True) -> dict[str, float]:
         result = evaluate_policy(self.engine, self.rollouts, self.task.eval_prompts(), self.cfg)
         self._last_eval_step = step
+        self.latest_eval = result
         self.events.event(f"eval at step {step}: " + ", ".join(f"{k}={v:.4f}" for k, v in result.items()))
         if log:
             self.events.log(step, {"step": step, "weight_version": self.learner.version, **result})
@@ -160,7 +131,14 @@ class Session:
         if self._last_checkpoint_step != step:
             self.save_checkpoint()
         if self.cfg.checkpoint.save_final:
-            self.policy.save(self.run_dir.final_dir)
+            check_finite_weights(self.policy.model.state_dict(), f"the final policy ({self.run_dir.final_dir})")
+            try:
+                self.policy.save(self.run_dir.final_dir)
+            except Exception as err:
+                if is_disk_full(err):  # a half-written final/ must not pass for the trained policy
+                    shutil.rmtree(self.run_dir.final_dir, ignore_errors=True)
+                    raise disk_full_error(err, f"the trained policy to {self.run_dir.final_dir}", self.run_dir) from err
+                raise
             self.events.event(f"saved the trained policy to {self.run_dir.final_dir}")
         self.events.close()
 
@@ -169,7 +147,10 @@ class Session:
 
     @contextlib.contextmanager
     def progress(self) -> Iterator[RunProgress]:
-        with RunProgress(total=self.cfg.run.max_steps, start=self.state.step, enabled=self.cfg.logging.progress) as bar:
+        with RunProgress(
+            total=self.cfg.run.max_steps, start=self.state.step, enabled=self.cfg.logging.progress,
+            accuracy=self.latest_eval.get("eval/accuracy"),
+        ) as bar:  # fmt: skip
             yield bar
 
     # --- checkpoints ---------------------------------------------------------------------------------------
@@ -190,30 +171,86 @@ class Session:
         return state
 
     def save_checkpoint(self) -> Path:
-        path = save_checkpoint(
-            self.run_dir.path, self.state.step, self.checkpoint_state(), self.cfg.checkpoint.keep_last
-        )
+        state = self.checkpoint_state()
+        check_finite_weights(state["model"], f"the checkpoint of step {self.state.step}")
+        try:
+            path = save_checkpoint(self.run_dir.path, self.state.step, state, self.cfg.checkpoint.keep_last)
+        except Exception as err:
+            if is_disk_full(err):
+                raise disk_full_error(err, f"checkpoint step {self.state.step}", self.run_dir) from err
+            raise
         self._last_checkpoint_step = self.state.step
         self.events.event(f"checkpoint written: {path}")
         return path
 
+    def begin(self, resume_from: Path | None = None, notes: Sequence[str] = ()) -> bool:
+        """Start the run and return whether a checkpoint was restored.
+
+        ``resume_from`` is restored when given. A run directory that already had content (``--resume``) continues
+        from its newest complete checkpoint, or, when it has none (killed before or during its first save), starts
+        again from step 0 (:meth:`start_over`). Otherwise the run starts fresh. ``notes`` (what the prompt checks
+        counted) go to ``events.log``.
+        """
+        restored = False
+        if resume_from is not None:
+            self.restore(resume_from)
+            restored = True
+        elif self.run_dir.resumed:
+            latest = latest_checkpoint(self.run_dir.path)
+            if latest is None:
+                self.start_over()
+            else:
+                self.restore(latest)
+                restored = True
+        else:
+            self.events.event(f"run started: {self.run_dir.path}")
+        for note in notes:
+            self.events.event(f"setup: {note}")
+        return restored
+
+    def start_over(self) -> None:
+        """Resume a run directory that holds no complete checkpoint from step 0: metrics, fates and train data of
+        the earlier attempt describe steps this run will take again, so they are removed (``events.log`` keeps its
+        history and says so), and so are partial checkpoint directories."""
+        dropped = self.events.truncate_after(-1)
+        fates = self.fates.rollback(0)
+        removed = 0
+        if self.run_dir.train_data_dir.is_dir():
+            for file in self.run_dir.train_data_dir.glob("step_*.jsonl"):
+                file.unlink()
+                removed += 1
+        partial = remove_partial_checkpoints(self.run_dir.path)
+        message = (
+            f"resume: {self.run_dir.path} holds no complete checkpoint, so the run starts again from step 0; removed "
+            f"the earlier attempt's {dropped} metrics line(s), {fates.dropped_lines} fates line(s), {removed} "
+            f"train_data file(s) and {partial} partial checkpoint(s)"
+        )
+        self.events.event(message)
+        logger.warning(message)
+
     def restore(self, path: Path | None = None) -> Path:
         """Load a checkpoint (the newest complete one when ``path`` is None) into this session."""
+        from groupwise.run.async_checkpoint import ResumeError, check_sync_resume
+
         path = path or latest_checkpoint(self.run_dir.path)
         if path is None:
             raise FileNotFoundError(f"no complete checkpoint under {self.run_dir.path / 'checkpoints'} to resume from")
-        state = load_checkpoint(path)
-        if self.cfg.mode == "sync":
-            from groupwise.run.async_checkpoint import check_sync_resume
-
-            check_sync_resume(state.get("extra"), path)
-        load_trained_state_dict(self.policy.model, state["model"])
-        self.learner.load_state_dict(state["optimizer"])
-        restore_rng_state(state["rng"])
-        trainer = dict(state["trainer"])
-        self.loader.load_state_dict(trainer.pop("loader"))
-        fates_offset = trainer.pop("fates_offset", None)
-        self.state = TrainerState.from_dict(trainer)
+        try:
+            state = load_checkpoint(path)
+            if self.cfg.mode == "sync":
+                check_sync_resume(state.get("extra"), path)
+            load_trained_state_dict(self.policy.model, state["model"])  # every weight, or the LoRA adapter
+            self.learner.load_state_dict(state["optimizer"])
+            restore_rng_state(state["rng"])
+            trainer = dict(state["trainer"])
+            self.loader.load_state_dict(trainer.pop("loader"))
+            fates_offset = trainer.pop("fates_offset", None)
+            self.state = TrainerState.from_dict(trainer)
+        except ResumeError:
+            raise
+        except (CheckpointError, KeyError, RuntimeError, TypeError, ValueError) as err:
+            # another model's weights, another dataset's loader, a checkpoint that lost a piece: say which and why
+            raise ResumeError(f"cannot resume from {path}: {type(err).__name__}: {err}") from err
         self.restored_extra = dict(state.get("extra") or {})
         self._last_checkpoint_step = self.state.step  # it is on disk: finish() must not overwrite it without extras
         self.publish_weights()

@@ -12,17 +12,22 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from groupwise.config import ConfigError
 from groupwise.model.loading import eos_token_ids
 from groupwise.model.logprobs import completion_logprobs
 from groupwise.run.metrics import MetricsWriter
-from groupwise.run.rundir import RunDir
+from groupwise.run.rundir import RunDir, start_problems
+from groupwise.runtime.cpu_threads import apply_cpu_threads
 from groupwise.seeding import derive_seed
 from groupwise.trainer.builder import build_components
 from groupwise.trainer.evaluation import evaluate_policy
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
 
 
 def demonstration_ids(tokenizer: Any, text: str, eos_id: int) -> list[int]:
@@ -30,13 +35,17 @@ def demonstration_ids(tokenizer: Any, text: str, eos_id: int) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [eos_id]
 
 
-def run_sft(cfg: Any) -> Path:
+def run_sft(cfg: RunConfig) -> Path:
     """Fine-tune ``cfg.model`` on ``cfg.data``'s demonstrations; returns the saved ``final/`` directory."""
     torch.manual_seed(cfg.run.seed)
     sft = cfg.sft
+    problems = start_problems(cfg.run.output_dir, cfg.run.name, resume=False)
+    if problems:  # refused before the model loads, like train
+        raise ConfigError(problems)
+    parts = build_components(cfg, group_size=1)
     run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=False)
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
-    parts = build_components(cfg, group_size=1)
+    writer.event(apply_cpu_threads(parts.policy.model))  # the `groupwise sft` command's thread choice, as `train`'s
     policy, task, engine, rollouts = parts.policy, parts.task, parts.engine, parts.rollouts
     tokenizer, model = policy.tokenizer, policy.model
     eos = eos_token_ids(tokenizer, model)

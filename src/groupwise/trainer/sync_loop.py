@@ -1,129 +1,230 @@
-"""The sync GRPO/DAPO trainer, readable top to bottom (seed 000's system).
+"""The sync GRPO/DAPO loop, readable top to bottom, generic over its rollout and trainer clients.
 
-Each step: rounds of ``ceil(batch_multiplier × P)`` prompts → G completions each → rewards (raw, scaled,
-shaped) → per-group zero-variance filter (dynamic sampling) → accumulate kept groups until P → advantages on
-the trained groups → one optimizer step → new weights into the generator → metrics, train data, eval,
-checkpoint. With dynamic sampling off it is plain GRPO.
+Each step: rounds of ``round_size`` = ``ceil(P × batch_multiplier)`` prompts (:mod:`groupwise.algo.step_size`) →
+G completions each, scored by the rollout client (raw, scaled, shaped rewards) → per-group zero-variance filter
+(dynamic sampling) → accumulate kept groups until P → the trainer client computes advantages on the trained
+groups and takes one optimizer step → the new weights go to the generator → the caller's step hook (metrics,
+train data, evaluation, checkpoint). With dynamic sampling off it is plain GRPO.
+
+The loop talks to the two seams the async controller talks to (``groupwise.controller.interfaces``): a
+``RolloutClient`` (``rollout`` one prompt group, ``sync_weights``) and a ``TrainerClient`` (``train_chunk``,
+``finish_step``; here one chunk per step). A round's rollouts are requested together and awaited together, so
+generation and training strictly alternate. The trainer (:mod:`groupwise.runtime.sync_run`) plugs in the engine
+and the learner, in-process or on Ray; the simulator (:mod:`groupwise.sim.simulation`) plugs in the simulated
+generator and learner and runs this same loop in virtual time.
 
 Pre-filter data (every generated row's reward) lives in the step tally, never in the training rows, so the
 unfiltered metric cannot be misaligned with what was trained. Every generated group gets a line in fates.jsonl
-(trained, filtered, discarded or carried; pending when its step is never trained), written before the step's
-checkpoint so a resume rolls the file back to exactly the checkpointed steps.
+(trained, filtered, discarded or carried; pending when its step is never trained), written before the step hook
+runs (and so before the step's checkpoint), so a resume rolls the file back to exactly the checkpointed steps.
 """
 
 from __future__ import annotations
 
-import math
-import time
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from groupwise.algo.accumulator import DynamicSamplingAccumulator, DynamicSamplingExhausted
-from groupwise.rows import build_rows, group_row_advantages
+from groupwise.algo.accumulator import DynamicSamplingAccumulator, DynamicSamplingExhausted, StepSelection
+from groupwise.algo.step_size import round_size
+from groupwise.algo.tally import StepTally
 from groupwise.run.fates_file import write_sync_step_fates, write_untrained_step_fates
-from groupwise.trainer.session import Session, StepOutcome
+from groupwise.types import Group, group_from_dict, group_to_dict
+
+if TYPE_CHECKING:  # the protocols only; the loop never imports the controller itself
+    from groupwise.config import GrpoSection
+    from groupwise.controller.interfaces import LoaderItem, PromptSource, RolloutClient, TrainerClient
+    from groupwise.run.fates_file import FatesWriter
+
+DATA_RAN_OUT = "the data ran out (max_epochs) before the step filled"
+DS_GAVE_UP = "dynamic sampling exhausted its rounds; the run failed"
 
 
-def round_size(session: Session) -> int:
-    """Prompts per generation round: ``ceil(P × batch_multiplier)`` with dynamic sampling, else ``P``."""
-    grpo = session.cfg.grpo
-    ds = grpo.dynamic_sampling
-    multiplier = ds.batch_multiplier if ds.enabled else 1.0
-    return math.ceil(grpo.num_prompts_per_step * multiplier)
+@dataclass
+class TrainerState:
+    """Counters a checkpoint must restore for resume to equal continuing."""
+
+    step: int = 0
+    next_group_id: int = 0
+    carried: list[Group] = field(default_factory=list)
+
+    def next_group_ids(self, n: int) -> list[int]:
+        ids = list(range(self.next_group_id, self.next_group_id + n))
+        self.next_group_id += n
+        return ids
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "next_group_id": self.next_group_id,
+            "carried": [group_to_dict(g) for g in self.carried],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainerState:
+        return cls(
+            step=int(data["step"]),
+            next_group_id=int(data["next_group_id"]),
+            carried=[group_from_dict(g) for g in data.get("carried", [])],
+        )
 
 
-def new_accumulator(session: Session) -> DynamicSamplingAccumulator:
-    grpo = session.cfg.grpo
-    ds = grpo.dynamic_sampling
-    return DynamicSamplingAccumulator(
-        num_prompts_per_step=grpo.num_prompts_per_step,
-        enabled=ds.enabled,
-        max_gen_rounds=ds.max_gen_rounds if ds.enabled else 1,
-        on_exhausted=ds.on_exhausted,
-        min_step_batch_fraction=ds.min_step_batch_fraction,
-        surplus=ds.surplus,
-        zero_variance_tol=ds.zero_variance_tol,
-        carried_in=session.state.carried,
-    )
+@dataclass
+class SyncStep:
+    """One trained step, as the step hook sees it (``state.step`` already counts it)."""
+
+    step: int
+    metrics: dict[str, float]  # the trainer's step metrics and the step tally's
+    trained: list[Group]
+    tally: StepTally
+    started: float  # the loop clock when the step began
+    gen_seconds: float  # loop-clock seconds spent in the step's generation rounds
+    gen_tokens: int
 
 
-def collect_step(session: Session, step: int) -> StepOutcome | None:
-    """Generate rounds until P groups with signal are kept (or the round budget or the data runs out)."""
-    accumulator = new_accumulator(session)
-    gen_seconds, gen_tokens, data_exhausted = 0.0, 0, False
-    generated = []
-    # Not `while True`: groups carried in from the previous step may already fill this one (no round needed).
-    while accumulator.can_generate_more:
-        items = session.loader.take(round_size(session))
-        if not items:
-            data_exhausted = True
-            break
-        start = time.perf_counter()
-        groups = session.rollouts.generate_groups(items, session.state.next_group_ids(len(items)))
-        gen_seconds += time.perf_counter() - start
-        gen_tokens += sum(g.num_completion_tokens for g in groups)
-        generated += groups
-        accumulator.add_round(groups)
-        if accumulator.is_complete or not accumulator.can_generate_more:
-            break
-    if data_exhausted and not accumulator.is_complete:
-        session.events.event(f"step {step}: the data ran out (max_epochs reached) before the step filled; stopping")
-        _untrained_fates(session, step, generated, "the data ran out (max_epochs) before the step filled", [])
-        return None
-    try:
-        selection = accumulator.finish()
-    except DynamicSamplingExhausted as err:
-        reason = "dynamic sampling exhausted its rounds; the run failed"
-        _untrained_fates(session, step, generated, reason, session.state.carried)
-        session.fail(step, err)
-        raise
-    return StepOutcome(selection=selection, gen_seconds=gen_seconds, gen_tokens=gen_tokens, generated=generated)
+SyncStepHook = Callable[[SyncStep], "Awaitable[None] | None"]
 
 
-def _untrained_fates(session: Session, step: int, generated: list, reason: str, carried: list) -> None:
-    """Fates of a step that is never trained (carried groups: only when run_sync will not write them at the end)."""
-    ds = session.cfg.grpo.dynamic_sampling
-    write_untrained_step_fates(session.fates, step, generated, carried, ds.enabled, ds.zero_variance_tol, reason)
+@dataclass
+class _Collected:
+    selection: StepSelection
+    generated: list[Group]  # every group generated for the step (all rounds), for fates
+    gen_seconds: float
+    gen_tokens: int
 
 
-def train_one_step(session: Session, step: int) -> bool:
-    """One RL step = one optimizer step. Returns False when the data ran out before the step could fill."""
-    start = time.perf_counter()
-    outcome = collect_step(session, step)
-    if outcome is None:
-        return False
-    selection = outcome.selection
-    grpo = session.cfg.grpo
-    advantages = group_row_advantages(
-        selection.trained,
-        baseline=grpo.baseline,
-        normalize=grpo.normalize_advantages,
-        clip_low=grpo.advantage_clip_low,
-        clip_high=grpo.advantage_clip_high,
-    )
-    rows = build_rows(selection.trained, advantages)
-    metrics = session.learner.train_step(rows)
-    ds = grpo.dynamic_sampling
-    write_sync_step_fates(
-        session.fates, step, outcome.generated, selection.trained, selection.surplus, selection.surplus_carried,
-        ds.enabled, ds.zero_variance_tol,
-    )  # fmt: skip
-    session.publish_weights()
-    session.state.carried = selection.carry_over
-    session.state.step = step + 1
-    metrics.update(selection.tally.metrics())
-    metrics.update(outcome.perf_metrics(time.perf_counter() - start))
-    session.end_step(step, metrics, rows)
-    return True
+class SyncLoop:
+    """The sync loop over ``rollouts`` and ``trainer`` (see the module docstring); ``state`` is updated in place.
+
+    ``fates`` (optional) receives the step's ``fates.jsonl`` lines; ``on_step_end`` runs after each trained step,
+    once the new weights are with the generator.
+    """
+
+    def __init__(
+        self,
+        grpo: GrpoSection,
+        loader: PromptSource,
+        rollouts: RolloutClient,
+        trainer: TrainerClient,
+        state: TrainerState,
+        *,
+        on_step_end: SyncStepHook | None = None,
+        fates: FatesWriter | None = None,
+    ) -> None:
+        self.grpo = grpo
+        self.loader = loader
+        self.rollouts = rollouts
+        self.trainer = trainer
+        self.state = state
+        self.on_step_end = on_step_end
+        self.fates = fates
+        ds = grpo.dynamic_sampling
+        self.round_size = round_size(grpo.num_prompts_per_step, ds.batch_multiplier, ds.enabled)
+
+    async def run(self, max_steps: int) -> str:
+        """Train from ``state.step`` to ``max_steps``: ``"max_steps"``, or ``"exhausted"`` when the data ran out
+        first. :class:`DynamicSamplingExhausted` (``on_exhausted: raise``) propagates after the step's fates."""
+        await self.rollouts.sync_weights(self.state.step)  # the generator holds the weights it generates for
+        while self.state.step < max_steps:
+            if not await self.train_step():
+                return "exhausted"
+        return "max_steps"
+
+    async def train_step(self) -> bool:
+        """One RL step = one optimizer step. Returns False when the data ran out before the step could fill."""
+        clock = asyncio.get_running_loop().time
+        step, started = self.state.step, clock()
+        collected = await self._collect(step)
+        if collected is None:
+            return False
+        selection = collected.selection
+        try:
+            await self.trainer.train_chunk(step, selection.trained, True)
+            metrics = await self.trainer.finish_step(step)
+        except Exception as err:  # the step's optimizer step never ran: its groups are pending, saying why
+            self._untrained_fates(step, collected.generated, self.state.carried, _failed("its optimizer step", err))
+            raise
+        if self.fates is not None:
+            ds = self.grpo.dynamic_sampling
+            write_sync_step_fates(
+                self.fates, step, collected.generated, selection.trained, selection.surplus,
+                selection.surplus_carried, ds.enabled, ds.zero_variance_tol,
+            )  # fmt: skip
+        await self.rollouts.sync_weights(step + 1)
+        self.state.carried = selection.carry_over
+        self.state.step = step + 1
+        metrics.update(selection.tally.metrics())
+        if self.on_step_end is not None:
+            done = SyncStep(
+                step, metrics, selection.trained, selection.tally, started, collected.gen_seconds, collected.gen_tokens
+            )
+            outcome = self.on_step_end(done)
+            if outcome is not None:
+                await outcome
+        return True
+
+    async def _collect(self, step: int) -> _Collected | None:
+        """Generate rounds until P groups with signal are kept (or the round budget or the data runs out)."""
+        clock = asyncio.get_running_loop().time
+        accumulator = self._accumulator()
+        generated: list[Group] = []
+        gen_seconds, gen_tokens = 0.0, 0
+        # Not `while True`: groups carried in from the previous step may already fill this one (no round needed).
+        while accumulator.can_generate_more:
+            items = self.loader.take(self.round_size)
+            if not items:
+                # Carried groups get their pending line from record_carried_at_end, after the last checkpoint.
+                self._untrained_fates(step, generated, [], DATA_RAN_OUT)
+                return None
+            started = clock()
+            try:
+                groups = await self._generate_round(step, items)
+            except Exception as err:  # the earlier rounds' groups will never train: pending, saying why
+                self._untrained_fates(step, generated, [], _failed("a generation round", err))
+                raise
+            gen_seconds += clock() - started
+            gen_tokens += sum(g.num_completion_tokens for g in groups)
+            generated += groups
+            accumulator.add_round(groups)
+        try:
+            selection = accumulator.finish()
+        except DynamicSamplingExhausted:
+            self._untrained_fates(step, generated, self.state.carried, DS_GAVE_UP)
+            raise
+        return _Collected(selection, generated, gen_seconds, gen_tokens)
+
+    async def _generate_round(self, step: int, items: list[LoaderItem]) -> list[Group]:
+        """Every prompt of the round requested at once (attempt 0, under the step's weights), in order."""
+        ids = self.state.next_group_ids(len(items))
+        calls = [self.rollouts.rollout(item, gid, 0, step) for item, gid in zip(items, ids, strict=True)]
+        return list(await asyncio.gather(*calls))
+
+    def _accumulator(self) -> DynamicSamplingAccumulator:
+        ds = self.grpo.dynamic_sampling
+        return DynamicSamplingAccumulator(
+            num_prompts_per_step=self.grpo.num_prompts_per_step,
+            enabled=ds.enabled,
+            max_gen_rounds=ds.max_gen_rounds if ds.enabled else 1,
+            on_exhausted=ds.on_exhausted,
+            min_step_batch_fraction=ds.min_step_batch_fraction,
+            surplus=ds.surplus,
+            zero_variance_tol=ds.zero_variance_tol,
+            carried_in=self.state.carried,
+        )
+
+    def _untrained_fates(self, step: int, generated: list[Group], carried: list[Group], reason: str) -> None:
+        if self.fates is not None:
+            ds = self.grpo.dynamic_sampling
+            write_untrained_step_fates(self.fates, step, generated, carried, ds.enabled, ds.zero_variance_tol, reason)
 
 
-def run_sync(session: Session) -> None:
-    """Train from ``session.state.step`` to ``run.max_steps`` (or until the data runs out)."""
-    if session.state.step == 0 and session.cfg.eval.at_start:
-        session.evaluate(step=0)
-    with session.progress() as progress:
-        while session.state.step < session.cfg.run.max_steps:
-            if not train_one_step(session, session.state.step):
-                break
-            progress.update(session.state.step, session.last_metrics)
-    session.finish()
-    # After the last checkpoint (a resume rolls these lines back and trains the carried groups after all).
-    session.fates.write_groups(session.state.carried, "pending", session.state.step, detail="carried at the end")
+def _failed(what: str, error: BaseException) -> str:
+    return f"{what} failed ({type(error).__name__}); the run stopped"
+
+
+def record_carried_at_end(fates: FatesWriter | None, state: TrainerState) -> None:
+    """``pending`` lines for the groups still carried when the run stops. A trainer writes them after its last
+    checkpoint: a resume from it rolls them back and trains the carried groups after all."""
+    if fates is not None:
+        fates.write_groups(state.carried, "pending", state.step, detail="carried at the end")

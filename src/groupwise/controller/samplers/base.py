@@ -1,6 +1,6 @@
-"""The sampler protocol, the shared base classes, and the drop-accounting hooks of seed 002.
+"""The sampler protocol, the shared base classes, and the optional drop-accounting hooks.
 
-A sampler decides (reference/upstream-semantics.md §5):
+A sampler decides (``docs/samplers.md`` has the table):
 
 * ``admit(clock)`` — rollout pump: wait until the next prompt batch may be dispatched; return the
   ``target_step`` stamp for it (or None). Gated samplers keep the dispatch index ``d`` below ``v + W``.
@@ -45,12 +45,33 @@ class Sampler(Protocol):
 
 @runtime_checkable
 class DropAccountingSampler(Protocol):
-    """Optional seed-002 hooks: how the controller accounts for groups lost for good."""
+    """Optional hooks: how the controller accounts for groups lost for good."""
 
     uses_replacement_pool: bool
     closes_short_at_exhaustion: bool
 
     def charge_step_for_lost_group(self, target_step: int | None, assembling_step: int) -> int | None: ...
+
+
+class SamplerProtocolError(TypeError):
+    """A sampler returned something its protocol does not allow (a bug in a custom sampler)."""
+
+
+def sampler_name(sampler: object) -> str:
+    """``module:Class`` of a sampler, as a custom sampler's ``target`` names it."""
+    cls = type(sampler)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def checked_step(value: object, sampler: object, call: str, what: str = "a step number") -> int | None:
+    """``value`` if it is an ``int`` ≥ 0 (not a bool) or None; else :class:`SamplerProtocolError` naming the
+    sampler, the call that returned it and ``what`` it must return (a fate must never record step 2.5)."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    raise SamplerProtocolError(
+        f"sampler {sampler_name(sampler)} returned {value!r} ({type(value).__name__}) from {call}; it must return "
+        f"{what} (an int >= 0) or None. Fix the sampler's return value"
+    )
 
 
 @dataclass(frozen=True)
@@ -63,7 +84,9 @@ class DropAccounting:
 
     def charge_step_for_lost_group(self, target_step: int | None, assembling_step: int) -> int | None:
         if isinstance(self.sampler, DropAccountingSampler):
-            return self.sampler.charge_step_for_lost_group(target_step, assembling_step)
+            step = self.sampler.charge_step_for_lost_group(target_step, assembling_step)
+            call = f"charge_step_for_lost_group(target_step={target_step}, assembling_step={assembling_step})"
+            return checked_step(step, self.sampler, call)
         return default_charge_step(target_step, assembling_step)
 
 
@@ -90,12 +113,6 @@ def check_select_bounds(min_groups: int, max_groups: int) -> None:
             f"select(min_groups={min_groups}, max_groups={max_groups}) needs 1 <= min_groups <= max_groups; "
             "ask for at least one group and no fewer than the minimum"
         )
-
-
-def check_knob(name: str, value: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"sampler knob {name} must be an integer >= 0, got {value!r}")
-    return value
 
 
 class BaseSampler(ABC):

@@ -8,24 +8,50 @@ The class is instantiated with ``(buffer, **kwargs)`` and must satisfy the :clas
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 from groupwise.controller.buffer import GroupBuffer
 from groupwise.controller.samplers.base import Sampler
 
 
-def load_custom_sampler(target: str, buffer: GroupBuffer, kwargs: dict[str, Any] | None = None) -> Sampler:
-    """Import ``module:ClassName``, build it with ``(buffer, **kwargs)`` and check the protocol."""
+def import_sampler_class(target: str) -> type:
+    """The class ``module:ClassName`` names; ``ValueError`` saying what is wrong when it cannot be imported."""
     if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
         raise ValueError(f"custom sampler target must look like 'package.module:ClassName', got {target!r}")
     module_name, class_name = target.split(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"custom sampler target {target!r}: cannot import module {module_name!r} ({exc})") from exc
+    except Exception as exc:  # ImportError, or whatever the module raised while it was imported
+        raise ValueError(
+            f"custom sampler target {target!r}: cannot import module {module_name!r} "
+            f"({type(exc).__name__}: {exc}); check the name and that it is on PYTHONPATH"
+        ) from exc
     cls = getattr(module, class_name, None)
     if cls is None:
         raise ValueError(f"custom sampler target {target!r}: module {module_name!r} has no {class_name!r}")
+    if not isinstance(cls, type):
+        raise ValueError(f"custom sampler target {target!r}: {class_name!r} is a {type(cls).__name__}, not a class")
+    return cls
+
+
+def sampler_kwargs_problem(cls: type, kwargs: dict[str, Any]) -> str | None:
+    """Why ``cls(buffer, **kwargs)`` cannot be called (the kwargs do not fit its signature), or None."""
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):
+        return None  # no inspectable signature: the call itself will tell
+    try:
+        signature.bind(None, **kwargs)
+    except TypeError as exc:
+        accepted = list(signature.parameters)[1:]
+        return f"{exc}; {cls.__name__} takes (buffer, {', '.join(accepted) or 'nothing else'})"
+    return None
+
+
+def load_custom_sampler(target: str, buffer: GroupBuffer, kwargs: dict[str, Any] | None = None) -> Sampler:
+    """Import ``module:ClassName``, build it with ``(buffer, **kwargs)`` and check the protocol."""
+    cls = import_sampler_class(target)
     sampler = cls(buffer, **(kwargs or {}))
     if not isinstance(sampler, Sampler):
         missing = [

@@ -1,4 +1,4 @@
-"""`in_order`: each admitted batch is stamped with the step that must train it (§5.2).
+"""`in_order`: each admitted batch is stamped with the step that must train it.
 
 Gated with W = ``max_lookahead_versions``; ``target_step = dispatch index``. Selection ignores weight
 versions: step v takes only ready groups stamped v, in dispatch order. Eviction removes ready groups
@@ -7,19 +7,21 @@ stamped for a step the trainer has passed. With W = 0 this is the synchronous sc
 
 from __future__ import annotations
 
+from groupwise.config.async_schema import InOrderSamplerConfig
 from groupwise.controller.buffer import GroupBuffer, Slot
-from groupwise.controller.samplers.base import GatedSampler, check_knob, check_select_bounds
+from groupwise.controller.samplers.base import GatedSampler, check_select_bounds
 
 
 class InOrderSampler(GatedSampler):
     stamps_target_steps = True
-    # Declared explicitly (seed 002): pool on, no short close, a lost group shrinks its stamped step.
+    # Declared explicitly (they equal the gated defaults): pool on, no short close, a lost group shrinks its
+    # stamped step.
     uses_replacement_pool = True
     closes_short_at_exhaustion = False
 
-    def __init__(self, buffer: GroupBuffer, max_lookahead_versions: int = 1) -> None:
+    def __init__(self, buffer: GroupBuffer, config: InOrderSamplerConfig | None = None) -> None:
         super().__init__(buffer)
-        self.window = check_knob("max_lookahead_versions", max_lookahead_versions)
+        self.window = (config or InOrderSamplerConfig()).max_lookahead_versions
 
     def select(self, version: int, min_groups: int, max_groups: int) -> list[Slot] | None:
         check_select_bounds(min_groups, max_groups)

@@ -1,30 +1,28 @@
-"""`windowed`: ungated production, selection inside a start-version window (§5.2).
+"""`windowed`: ungated production, selection inside a start-version window.
 
 Admission never waits (only capacity and in-flight permits bound production). Step v selects ready groups
 with ``max(0, v − S) ≤ start_version ≤ v``, in dispatch order or freshest first (ascending lag, then
 dispatch order). Older ready groups are evicted; older in-flight attempts are aborted at weight sync.
-Drop accounting (seed 002): no spare pool, a lost group is charged to nobody (later groups make up for
+Drop accounting: no spare pool, a lost group is charged to nobody (later groups make up for
 it), and the last step may close short at exhaustion above the floor.
 """
 
 from __future__ import annotations
 
+from groupwise.config.async_schema import WindowedSamplerConfig
 from groupwise.controller.buffer import GroupBuffer, Slot
-from groupwise.controller.samplers.base import BaseSampler, check_knob, check_select_bounds
+from groupwise.controller.samplers.base import BaseSampler, check_select_bounds
 
 
 class WindowedSampler(BaseSampler):
     uses_replacement_pool = False
     closes_short_at_exhaustion = True
 
-    def __init__(
-        self, buffer: GroupBuffer, max_staleness_versions: int = 1, sample_freshest_first: bool = False
-    ) -> None:
+    def __init__(self, buffer: GroupBuffer, config: WindowedSamplerConfig | None = None) -> None:
         super().__init__(buffer)
-        self.window = check_knob("max_staleness_versions", max_staleness_versions)
-        if not isinstance(sample_freshest_first, bool):
-            raise ValueError(f"sample_freshest_first must be true or false, got {sample_freshest_first!r}")
-        self.sample_freshest_first = sample_freshest_first
+        config = config or WindowedSamplerConfig()
+        self.window = config.max_staleness_versions
+        self.sample_freshest_first = config.sample_freshest_first
 
     def select(self, version: int, min_groups: int, max_groups: int) -> list[Slot] | None:
         check_select_bounds(min_groups, max_groups)

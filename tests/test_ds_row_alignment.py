@@ -1,4 +1,5 @@
-"""Seed 000 (total_reward corrupted across dynamic-sampling rounds), replayed on our types.
+"""Rewards stay paired with their completions across dynamic-sampling rounds (docs/design.md: the misaligned
+reward bug of per-key batch slicing), replayed on our types.
 
 Every row carries an identifiable marker: raw reward = prompt × 10 + generation, completion text
 "p<prompt>g<gen>". Pins: (1) one round, one zero-variance group dropped: the trained batch's reward column
@@ -49,8 +50,8 @@ def test_case1_one_round_drops_a_zero_variance_group_and_rewards_stay_aligned():
     acc.add_round([marked_group(1), marked_group(2, zero_variance=True), marked_group(3)])
     selection = acc.finish()
     batch = trained_rows(selection.trained)
-    assert batch["raw_reward"] == [10.0, 11.0, 30.0, 31.0]
-    assert batch["text"] == ["p1g0", "p1g1", "p3g0", "p3g1"]
+    assert batch["raw_reward"] == (10.0, 11.0, 30.0, 31.0)
+    assert batch["text"] == ("p1g0", "p1g1", "p3g0", "p3g1")
     assert_rows_carry_their_own_reward(batch)
 
 
@@ -59,7 +60,8 @@ def test_case1_over_generation_keeps_first_whole_kept_groups_not_an_unfiltered_p
     acc.add_round([marked_group(1), marked_group(2, zero_variance=True), marked_group(3), marked_group(4)])
     selection = acc.finish()
     batch = trained_rows(selection.trained)
-    assert batch["raw_reward"] == [10.0, 11.0, 30.0, 31.0]  # the upstream bug reported [10, 11, 20, 20]
+    # Slicing the unfiltered reward column on its own (per key) would give [10, 11, 20, 20].
+    assert batch["raw_reward"] == (10.0, 11.0, 30.0, 31.0)
     assert [g.group_id for g in selection.surplus] == [4]
     assert selection.tally.discarded_valid_groups == 1
 
@@ -71,7 +73,7 @@ def test_case2_two_rounds_fill_the_step_with_exactly_the_kept_groups(tmp_path):
     acc.add_round([marked_group(3), marked_group(4)])
     selection = acc.finish()
     batch = trained_rows(selection.trained)
-    assert batch["raw_reward"] == [10.0, 11.0, 30.0, 31.0, 40.0, 41.0]
+    assert batch["raw_reward"] == (10.0, 11.0, 30.0, 31.0, 40.0, 41.0)
     assert_rows_carry_their_own_reward(batch)
 
     path = tmp_path / "train_data" / "step_0.jsonl"
@@ -97,7 +99,7 @@ def test_case3_unfiltered_metric_covers_every_generated_row_of_every_round():
     assert metrics["reward/unfiltered_mean"] == pytest.approx(statistics.mean(every_row))
     assert metrics["reward/trained_mean"] == pytest.approx(statistics.mean(trained))
     assert metrics["reward/unfiltered_mean"] != metrics["reward/trained_mean"]
-    # not the last round only (upstream after the fix) and not a prefix of the concatenated rounds
+    # not the last round only (the usual fix of the bug) and not a prefix of the concatenated rounds
     assert metrics["reward/unfiltered_mean"] != pytest.approx(statistics.mean(r for g in round2 for r in g.raw_rewards))
     assert metrics["reward/unfiltered_mean"] != pytest.approx(statistics.mean(every_row[: len(trained)]))
     assert metrics["ds/gen_rounds"] == 2.0 and metrics["ds/groups_filtered"] == 1.0

@@ -1,0 +1,410 @@
+"""Config fuzzing: hostile configs and data through ``groupwise config check`` and ``train``, counted by outcome.
+
+    .venv/bin/python bench/config_fuzz.py                                # 600 cases in process + 60 processes
+    .venv/bin/python bench/config_fuzz.py --cases 40 --processes 0       # about what tests/test_config_fuzz.py runs
+    .venv/bin/python bench/config_fuzz.py --record bench/RESULTS.md      # also append a "Config fuzz" section
+
+Every case starts from a valid tiny config and applies one mutation class (chosen round-robin, the variant and its
+values drawn from a seeded RNG):
+
+* ``bounds``: an alias bomb in ``reward.kwargs``, nesting past the depth limit, a 101–5,000 digit integer, more than
+  1 MiB of YAML;
+* ``duplicate_key``: two ``run:`` blocks, a nested key twice, a ``reward.kwargs`` key twice, an override given twice;
+* ``yaml11_number``: base-60 (``1:30``) or leading-zero octal (``010``), in the file or in an override;
+* ``run_name`` / ``seed`` / ``path``: a NUL byte, 300 characters, a slash or a newline in ``run.name``; 2^64, −1 or
+  ``1:30`` as the seed; ``run.output_dir`` a file or under one, a missing or non-model ``model.path``, a missing
+  JSONL file;
+* ``data_line``: JSONL files with malformed JSON, empty prompts, missing answers, duplicate ids, non-objects;
+* ``reward``: a reward module that does not import, a misspelled ``reward.kwargs`` key; ``prompt_count``: more
+  prompts per step than the dataset holds;
+* ``value``: random values at random valid keys (the mutation test's values), which may be valid or not.
+
+A case of every class but ``value`` must be refused. Outcomes: **ok** (exit 0), **clean error** (exit 2, no
+traceback, the expected key named), **run failed** (``train`` only: exit 1, a run that started and stopped with a
+named runtime failure), **unnamed** (exit 2 without the key), **traceback** (an exception escaped, "Traceback"
+printed, or another exit code), **silently accepted** (a case that must be refused started or passed), **hang**
+(past ``--timeout``). The goal is zero in the last four. ``--processes N`` runs N cases as real ``groupwise``
+processes, and ``--train`` runs ``groupwise train`` instead of ``config check`` for those (a refused case must leave
+no run directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import io
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CLASSES = ("bounds", "duplicate_key", "yaml11_number", "run_name", "seed", "path", "data_line", "reward",
+           "prompt_count", "value")  # fmt: skip
+OUTCOMES = ("ok", "clean error", "run failed", "unnamed", "traceback", "silently accepted", "hang")
+ACCEPTABLE = ("ok", "clean error", "run failed")
+TINY_MODEL = {"source": "tiny", "tiny": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 16,
+                                         "max_position_embeddings": 32}}  # fmt: skip
+
+
+@dataclass
+class Case:
+    """One fuzzed input: the config text, overrides and files (paths relative to the case directory)."""
+
+    kind: str
+    variant: str
+    text: str
+    overrides: list[str] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
+    must_refuse: bool = True
+    key: str | None = None  # what the refusal must name (None: any message)
+
+
+def base_config(workdir: Path) -> dict:
+    return {
+        "model": copy.deepcopy(TINY_MODEL),
+        "run": {"name": "fuzz", "output_dir": str(workdir / "runs"), "max_steps": 1},
+        "data": {"task": "addition", "addition": {"num_eval": 4}},
+        "grpo": {"num_prompts_per_step": 2, "num_generations_per_prompt": 2, "dynamic_sampling": {"enabled": False}},
+        "generation": {"max_new_tokens": 4},
+        "logging": {"tensorboard": False, "progress": False},
+        "eval": {"at_start": False, "at_end": False},
+        "checkpoint": {"save_final": False},
+    }
+
+
+def dump(config: dict) -> str:
+    return yaml.safe_dump(config, sort_keys=False, allow_unicode=True, width=10_000)
+
+
+def make_case(kind: str, rng: random.Random, workdir: Path) -> Case:
+    """A case of mutation class ``kind``; its files go under ``workdir`` (see :func:`write_case`)."""
+    config = base_config(workdir)
+    return _MAKERS[kind](config, rng, workdir)
+
+
+def _bounds(config: dict, rng: random.Random, workdir: Path) -> Case:
+    variant = rng.choice(["alias_bomb", "deep", "huge_int", "oversized"])
+    text = dump(config)
+    if variant == "alias_bomb":
+        levels = rng.randint(6, 9)
+        lines = ["reward:", "  kwargs:", "    l0: &l0 [" + ", ".join(['"x"'] * 10) + "]"]
+        lines += [f"    l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, levels)]
+        return Case("bounds", variant, text + "\n".join(lines) + "\n")
+    if variant == "deep":
+        depth = rng.choice([33, 100, 1000, 20_000])
+        return Case("bounds", variant, text + "reward:\n  kwargs:\n    x: " + "[" * depth + "]" * depth + "\n")
+    if variant == "huge_int":
+        digits = rng.randint(101, 5000)
+        return Case("bounds", variant, text.replace("max_steps: 1", "max_steps: " + "7" * digits), key="run.max_steps")
+    return Case("bounds", variant, text + "reward:\n  kwargs:\n    blob: '" + "a" * (1 << 20) + "'\n")
+
+
+def _duplicate_key(config: dict, rng: random.Random, workdir: Path) -> Case:
+    variant = rng.choice(["section", "nested", "kwargs", "override"])
+    text = dump(config)
+    if variant == "section":
+        return Case("duplicate_key", variant, text + "run:\n  seed: 3\n", key="run")
+    if variant == "nested":
+        return Case("duplicate_key", variant, text.replace("  num_prompts_per_step: 2\n",
+                                                           "  num_prompts_per_step: 2\n  num_prompts_per_step: 4\n"),
+                    key="grpo.num_prompts_per_step")
+    if variant == "kwargs":
+        return Case("duplicate_key", variant, text, ["reward.kwargs={a: 1, a: 2}"], key="reward.kwargs.a")
+    return Case("duplicate_key", variant, text, ["run.seed=1", "run.seed=2"], key="run.seed")
+
+
+def _yaml11_number(config: dict, rng: random.Random, workdir: Path) -> Case:
+    value = rng.choice(["1:30", "2:00:00", "010", "-1:45", "017"])
+    key = rng.choice(["run.max_steps", "grpo.num_prompts_per_step", "run.seed", "reward.kwargs.t"])
+    if rng.random() < 0.5:
+        return Case("yaml11_number", f"override {value}", dump(config), [f"{key}={value}"], key=key)
+    node = config
+    for part in key.split(".")[:-1]:
+        node = node.setdefault(part, {})
+    node[key.rsplit(".", 1)[-1]] = "__VALUE__"
+    return Case("yaml11_number", f"file {value}", dump(config).replace("__VALUE__", value), key=key)
+
+
+def _run_name(config: dict, rng: random.Random, workdir: Path) -> Case:
+    variant, name = rng.choice([("nul", "a\0b"), ("300 chars", "x" * 300), ("slash", "a/b"), ("newline", "a\nb"),
+                                ("dot-dot", ".."), ("spaces", " padded "), ("tab", "a\tb")])
+    config["run"]["name"] = name
+    return Case("run_name", variant, dump(config), key="run.name")
+
+
+def _seed(config: dict, rng: random.Random, workdir: Path) -> Case:
+    variant, seed = rng.choice([("2^64", 2**64), ("2^63", 2**63), ("-1", -1), ("float", 1.5), ("string", "abc")])
+    config["run"]["seed"] = seed
+    return Case("seed", variant, dump(config), key="run.seed")
+
+
+def _path(config: dict, rng: random.Random, workdir: Path) -> Case:
+    variant = rng.choice(["output_dir is a file", "output_dir under a file", "missing model dir", "not a model dir",
+                          "missing jsonl", "jsonl is a directory"])
+    files: dict[str, str] = {}
+    key = "run.output_dir"
+    if variant == "output_dir is a file":
+        files["runs"] = "a file\n"
+    elif variant == "output_dir under a file":
+        files["blocker"] = "a file\n"
+        config["run"]["output_dir"] = str(workdir / "blocker" / "runs")
+    elif variant in ("missing model dir", "not a model dir"):
+        config["model"] = {"source": "hf", "path": str(workdir / "model")}
+        if variant == "not a model dir":
+            files["model/README"] = "no config.json here\n"
+        key = "model.path"
+    else:
+        config["data"] = {"task": "jsonl", "jsonl": {"train_path": str(workdir / "train.jsonl")}}
+        if variant == "jsonl is a directory":
+            files["train.jsonl/README"] = "a directory\n"
+        key = "data.jsonl.train_path"
+    return Case("path", variant, dump(config), files=files, key=key)
+
+
+_BAD_LINES = ['{"prompt": "1+1=", "answer": 2', '{"prompt": "", "answer": "1"}', '{"prompt": "1+1="}',
+              '{"prompt": "a", "messages": [{"role": "user", "content": "b"}], "answer": "1"}', "[1, 2]",
+              '{"prompt": "1+2=", "answer": true}', '{"messages": [], "answer": "1"}', '{"prompt": 5, "answer": "5"}',
+              '{"prompt": "dup", "answer": "1", "id": "same"}']  # fmt: skip
+
+
+def _data_line(config: dict, rng: random.Random, workdir: Path) -> Case:
+    good = [json.dumps({"prompt": f"{i}+1=", "answer": i + 1}) for i in range(rng.randint(4, 40))]
+    bad = rng.sample(_BAD_LINES, rng.randint(1, 4))
+    lines = good + bad + (['{"prompt": "dup2", "answer": "1", "id": "same"}'] if _BAD_LINES[-1] in bad else [])
+    rng.shuffle(lines)
+    config["data"] = {"task": "jsonl", "jsonl": {"train_path": str(workdir / "train.jsonl")}}
+    return Case("data_line", f"{len(bad)} bad of {len(lines)}", dump(config), files={"train.jsonl": "\n".join(lines)},
+                key="data.jsonl.train_path")
+
+
+def _reward(config: dict, rng: random.Random, workdir: Path) -> Case:
+    if rng.random() < 0.5:
+        config["reward"] = {"function": rng.choice(["mytask.rewardz:fn", "json:no_such_function", "math:pi"])}
+        return Case("reward", "does not import", dump(config), key="reward.function")
+    config["reward"] = {"function": "exact_numeric", "kwargs": {rng.choice(["partial_credt", "credit", "x"]): 0.5}}
+    return Case("reward", "misspelled kwarg", dump(config), key="reward.kwargs")
+
+
+def _prompt_count(config: dict, rng: random.Random, workdir: Path) -> Case:
+    prompts = rng.randint(1, 20)
+    lines = [json.dumps({"prompt": f"{i}+0=", "answer": i}) for i in range(prompts)]
+    config["data"] = {"task": "jsonl", "jsonl": {"train_path": str(workdir / "train.jsonl")}}
+    config["grpo"]["num_prompts_per_step"] = prompts + rng.randint(1, 50)
+    return Case("prompt_count", f"P > {prompts}", dump(config), files={"train.jsonl": "\n".join(lines)},
+                key="grpo.num_prompts_per_step")
+
+
+_VALUES = [None, True, False, 0, -1, 1, 2, 7, 10**20, 0.5, -0.0, 1e308, "", "x", "1:30", "auto", "tiny", "hf", "async",
+           "in_order", "custom", [], [1, "a"], {}, {"k": 1}]  # fmt: skip
+
+
+def _value(config: dict, rng: random.Random, workdir: Path) -> Case:
+    from groupwise.config import config_from_dict
+
+    resolved = config_from_dict(config).model_dump(mode="json", by_alias=True)
+    paths = [p for p in _leaf_paths(resolved) if not p.startswith(("run.output_dir", "run.name", "model.path",
+                                                                    "data.jsonl"))]  # stay in the case directory
+    changes = []
+    for _ in range(rng.randint(1, 3)):
+        path = rng.choice(paths)
+        current = resolved
+        for part in path.split("."):
+            current = current[part]
+        value = _near(current, rng) if rng.random() < 0.6 else rng.choice(_VALUES)
+        node = config
+        for part in path.split(".")[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[path.rsplit(".", 1)[-1]] = value
+        changes.append(f"{path}={value!r}")
+    return Case("value", "; ".join(changes), dump(config), must_refuse=False)
+
+
+def _leaf_paths(tree: dict, prefix: str = "") -> list[str]:
+    paths = []
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        paths.extend(_leaf_paths(value, f"{path}.") if isinstance(value, dict) and value else [path])
+    return paths
+
+
+def _near(current: object, rng: random.Random) -> object:
+    """A value of the same type as ``current`` (a key's resolved value), often a valid one."""
+    if isinstance(current, bool):
+        return not current
+    if isinstance(current, int):
+        return rng.choice([0, 1, 2, current + 1, max(current - 1, 0), current * 2, 10**6])
+    if isinstance(current, float):
+        return rng.choice([0.0, 1e-6, 0.5, 1.0, current * 2, current / 2, 1e6])
+    return rng.choice(_VALUES)
+
+
+_MAKERS = {"bounds": _bounds, "duplicate_key": _duplicate_key, "yaml11_number": _yaml11_number,
+           "run_name": _run_name, "seed": _seed, "path": _path, "data_line": _data_line, "reward": _reward,
+           "prompt_count": _prompt_count, "value": _value}  # fmt: skip
+
+
+def write_case(case: Case, workdir: Path) -> Path:
+    """Write the case's files and config under ``workdir``; return the config path."""
+    for relpath, content in case.files.items():
+        target = workdir / relpath
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content, encoding="utf-8")
+    config = workdir / "config.yaml"
+    config.write_text(case.text, encoding="utf-8")
+    return config
+
+
+def classify(case: Case, code: int | None, output: str) -> str:
+    """The outcome of one case from its exit code (None: it hung) and everything it printed."""
+    if code is None:
+        return "hang"
+    if code not in (0, 1, 2) or "Traceback" in output:
+        return "traceback"
+    if code in (0, 1):  # 1: train started and stopped with a named runtime failure (dynamic sampling exhausted, say)
+        return "silently accepted" if case.must_refuse else ("ok" if code == 0 else "run failed")
+    return "clean error" if case.key is None or case.key in output else "unnamed"
+
+
+class _Hang(BaseException):
+    pass
+
+
+def run_in_process(case: Case, workdir: Path, timeout_s: float, command: str = "check") -> tuple[str, str]:
+    """Run ``groupwise config check`` (or ``train``) through ``main`` in this process; ``(outcome, output)``."""
+    from groupwise.cli.main import main
+
+    config = write_case(case, workdir)
+    args = ["config", "check", str(config)] if command == "check" else ["train", str(config)]
+    out, err = io.StringIO(), io.StringIO()
+
+    def on_alarm(signum, frame):
+        raise _Hang()
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    code: int | None
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([*args, *case.overrides])
+    except _Hang:
+        code = None
+    except BaseException as exc:  # an exception escaping main is what a user would see as a traceback
+        code, err = -1, io.StringIO(f"Traceback (escaped main): {type(exc).__name__}: {exc}")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    output = out.getvalue() + err.getvalue()
+    return classify(case, code, output), output
+
+
+def run_as_process(case: Case, workdir: Path, timeout_s: float, command: str = "check") -> tuple[str, str]:
+    """Run a real ``groupwise`` process; a refused ``train`` case must also leave no run directory."""
+    config = write_case(case, workdir)
+    args = ["config", "check", str(config)] if command == "check" else ["train", str(config)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    try:
+        result = subprocess.run([sys.executable, "-m", "groupwise.cli", *args, *case.overrides], cwd=workdir,
+                                env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return "hang", ""
+    output = result.stdout + result.stderr
+    outcome = classify(case, result.returncode, output)
+    if command == "train" and result.returncode == 2 and (workdir / "runs" / "fuzz").exists():
+        outcome, output = "traceback", output + "\n(a refused train left its run directory)"
+    return outcome, output
+
+
+def fuzz(cases: int, processes: int, seed: int, timeout_s: float, command: str = "check",
+         classes: tuple[str, ...] = CLASSES) -> list[tuple[Case, str]]:
+    """Run ``cases`` cases in process and ``processes`` as real processes, over ``classes`` in turn; every
+    (case, outcome)."""
+    rng = random.Random(f"config-fuzz|{seed}")
+    results: list[tuple[Case, str]] = []
+    for index in range(cases + processes):
+        kind = classes[index % len(classes)]
+        with tempfile.TemporaryDirectory(prefix="groupwise-fuzz-") as tmp:
+            workdir = Path(tmp)
+            case = make_case(kind, rng, workdir)
+            runner = run_in_process if index < cases else run_as_process
+            outcome, output = runner(case, workdir, timeout_s, command if index >= cases else "check")
+        results.append((case, outcome))
+        if outcome not in ACCEPTABLE:
+            print(f"case {index} {case.kind} [{case.variant[:60]!r}]: {outcome}\n{output[-2000:]}", flush=True)
+    return results
+
+
+def counts_table(results: list[tuple[Case, str]]) -> str:
+    by_kind: dict[str, Counter] = {}
+    for case, outcome in results:
+        by_kind.setdefault(case.kind, Counter())[outcome] += 1
+    header = "| class | tried | " + " | ".join(OUTCOMES) + " |"
+    lines = [header, "|" + "---|" * (len(OUTCOMES) + 2)]
+    total: Counter = Counter()
+    for kind in CLASSES:
+        counter = by_kind.get(kind, Counter())
+        total.update(counter)
+        lines.append(f"| {kind} | {sum(counter.values())} | " + " | ".join(str(counter[o]) for o in OUTCOMES) + " |")
+    lines.append(f"| **all** | {sum(total.values())} | " + " | ".join(str(total[o]) for o in OUTCOMES) + " |")
+    return "\n".join(lines)
+
+
+def bad_outcomes(results: list[tuple[Case, str]]) -> int:
+    return sum(outcome not in ACCEPTABLE for _, outcome in results)
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return "CPU"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", type=int, default=600, help="cases run in this process (config check)")
+    parser.add_argument("--processes", type=int, default=60, help="cases run as real groupwise processes")
+    parser.add_argument("--train", action="store_true", help="the processes run `groupwise train`, not config check")
+    parser.add_argument("--classes", default=",".join(CLASSES), help="comma-separated mutation classes")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds before a case counts as a hang (default 30; 180 with --train, which imports "
+                        "torch and trains a step in each process)")
+    parser.add_argument("--record", type=Path, default=None, help="append a Config fuzz section to this file")
+    args = parser.parse_args(argv)
+    start = time.monotonic()
+    classes = tuple(args.classes.split(","))
+    unknown = sorted(set(classes) - set(CLASSES))
+    if unknown:
+        parser.error(f"unknown classes {unknown}; choose from {', '.join(CLASSES)}")
+    timeout = args.timeout if args.timeout is not None else (180.0 if args.train else 30.0)
+    results = fuzz(args.cases, args.processes, args.seed, timeout, "train" if args.train else "check", classes)
+    table = counts_table(results)
+    print(table)
+    print(f"{len(results)} cases in {time.monotonic() - start:.0f} s; unnamed, tracebacks, silently accepted or hangs: "
+          f"{bad_outcomes(results)}")
+    if args.record is not None:
+        command = "python bench/config_fuzz.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        with args.record.open("a", encoding="utf-8") as handle:
+            handle.write(f"\n## Config fuzz ({date.today().isoformat()})\n\nCommand: `{command}`  \n"
+                         f"Machine: {os.cpu_count()}-core {_cpu_model()}, no GPU.\n\n{table}\n")
+    return 0 if bad_outcomes(results) == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Hazards: settings that validate but are known to end runs badly. Each yields a warning (a
+:class:`~groupwise.config.issues.ConfigIssue` whose ``rule`` says what goes wrong and ``fix`` what to use instead);
+``groupwise config check``, ``config show``, ``train`` and ``simulate`` print them, and ``train`` also writes them
+to ``events.log``. A warning never stops a run: the setting may be exactly what the user wants to study.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from groupwise.config.checks import hazard
+from groupwise.config.issues import ConfigIssue
+
+if TYPE_CHECKING:
+    from groupwise.config.schema import RunConfig
+
+
+@hazard("mode", "async_")
+def weight_fifo_stalls_after_a_failure(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """Async weight_fifo stops with ControllerStalled within a few steps of the first rollout failure (warning)."""
+    if cfg.mode != "async" or cfg.async_.sampler.name != "weight_fifo":
+        return
+    mode = cfg.async_.rollout_failure.on_dropped_prompt
+    how = (
+        "a spare that replaces a lost prompt, and every retry of a failed attempt, is generated under a newer "
+        "weight version than the batch it belongs to"
+        if mode == "replace"
+        else "every retry of a failed attempt is generated under a newer weight version than its batch, and a loss "
+        "shrinks the step being assembled, not the version bucket that lost the group"
+    )
+    yield ConfigIssue(
+        "async.sampler.name", "weight_fifo",
+        f"weight_fifo trains each step only from groups of one start version, oldest first; with on_dropped_prompt "
+        f"{mode} {how}, so the oldest bucket can stay short for good and the run stops with ControllerStalled, "
+        "typically within a few steps of the first infrastructure or data failure",
+        "use async.sampler.name: ready_first (or in_order) whenever rollouts can fail (either on_dropped_prompt); "
+        "keep weight_fifo for studies where they cannot",
+    )  # fmt: skip

@@ -1,0 +1,66 @@
+"""The parts a :class:`~groupwise.trainer.session.Session` holds, as the protocols the session and its loops use.
+
+Two implementations satisfy each: the in-process one (``groupwise.model.loading.Policy``, the engine,
+``groupwise.trainer.learner.Learner``, ``groupwise.trainer.rollout.RolloutWorker``) and the Ray one
+(``groupwise.runtime.ray_session.RayPolicy``, ``RemoteEngine``, ``RayLearner``, ``RaySyncRollouts``), whose
+weights and optimizer live in actors. The engine is a :class:`groupwise.generation.base.Generator` (on Ray a
+``RemoteEngine``, which only generates: ``RaySession.publish_weights`` sends the weights to the workers itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from groupwise.batch import RowBatch
+from groupwise.data.loader import LoadedPrompt
+from groupwise.types import Group, Prompt, SamplingParams
+
+
+class ModelWeights(Protocol):
+    """A model's weights as a state dict (a ``torch.nn.Module``; on Ray, the learner actor's model)."""
+
+    def state_dict(self) -> Mapping[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> Any: ...
+
+
+class TrainedPolicy(Protocol):
+    """The policy being trained: its weights, its tokenizer, and ``save`` as a Hugging Face directory."""
+
+    @property
+    def model(self) -> ModelWeights: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    def save(self, directory: str | Path) -> Path: ...
+
+
+class StepLearner(Protocol):
+    """The learner: one RL step as chunks of rows and one optimizer step; weight version; optimizer state."""
+
+    version: int
+
+    def train_chunk(self, rows: RowBatch) -> None: ...
+
+    def finish_step(self) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+class GroupRollouts(Protocol):
+    """Whole scored groups from loaded prompts, and what evaluation needs to encode, sample and score."""
+
+    sampling: SamplingParams
+    reward_fn: Callable[..., float]
+    reward_kwargs: Mapping[str, Any]
+
+    def encode(self, prompt: Prompt) -> tuple[int, ...]: ...
+
+    def generate_groups(
+        self, items: Sequence[LoadedPrompt], group_ids: Sequence[int], attempts: Sequence[int] | None = None
+    ) -> list[Group]: ...

