@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from groupwise.generation.stream import GenerationStream
+from groupwise.model.lora import generator_state_dict
 from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.inflight import continuation, encode_progress, prefix_tokens
 from groupwise.trainer.rollout import RolloutWorker
@@ -137,7 +138,8 @@ class StreamedRollouts:
         await load_weights_through(self.stream, lambda: self._load_weights(version))
 
     def _load_weights(self, version: int) -> None:
-        self.worker.generator.load_weights(self.source_model.state_dict(), version)
+        """(On the serving thread.) The learner's parameters, adapters merged with LoRA, into the engine's model."""
+        self.worker.generator.load_weights(generator_state_dict(self.source_model), version)
 
     async def close(self, grace_s: float = 60.0) -> None:
         """Stop the stream (waiting up to ``grace_s`` for a step in progress) and the scoring thread."""
