@@ -1,13 +1,15 @@
 """Breakdown of one sync step of the default job: where does the time go?
 
     .venv/bin/python bench/step.py [--steps 30] [--warmup 5] [--config examples/addition.yaml] [KEY=VALUE ...]
+    .venv/bin/python bench/step.py optimizer.micro_batch_tokens=1024    # the same job with token-budget packing
 
 Wraps the real components with timers (no copies of the loop) and runs the real sync loop: engine sampling,
 scoring (reward functions + group building), forward/backward (logprobs, loss, backward), the optimizer step,
 and the step's edges (metrics, train_data, events). "Loop overhead" is everything in the step that is not
 sampling, forward/backward or the optimizer step; the target is ≤ 10% of the step. Threads and the OpenMP wait
 policy are chosen as ``groupwise train`` chooses them (``groupwise.runtime.cpu_threads``) unless you set
-``OMP_NUM_THREADS`` / ``OMP_WAIT_POLICY``; the first line says what was used.
+``OMP_NUM_THREADS`` / ``OMP_WAIT_POLICY``; the first line says what was used. The mean ``perf/padding_fraction``
+of the measured steps (deterministic: it depends on the rows, not the machine) is printed last.
 """
 
 from __future__ import annotations
@@ -61,9 +63,17 @@ def main() -> None:
         rollouts.generate_groups = timed("_rollout", rollouts.generate_groups)
         learner.train_chunk = timed("forward + backward", learner.train_chunk)
         learner.finish_step = timed("optimizer step", learner.finish_step)
-        session.end_step = timed("metrics + train_data + events", session.end_step)
+        padding: list[float] = []
+        end_step = session.end_step
+
+        def recording_end_step(step, metrics, rows):
+            padding.append(metrics["perf/padding_fraction"])
+            return end_step(step, metrics, rows)
+
+        session.end_step = timed("metrics + train_data + events", recording_end_step)
         train_steps(session, args.warmup)
         TIMERS.clear()
+        padding.clear()
         start = time.perf_counter()
         train_steps(session, args.warmup + args.steps)
         total = time.perf_counter() - start
@@ -79,6 +89,7 @@ def main() -> None:
     print(
         f"\nloop overhead (step − sampling − forward/backward − optimizer): {(total - core) / total:.1%} (target ≤ 10%)"
     )
+    print(f"perf/padding_fraction (mean of the measured steps): {sum(padding) / len(padding):.3f}")
 
 
 if __name__ == "__main__":

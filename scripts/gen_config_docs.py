@@ -84,6 +84,15 @@ content, and counts the prompts with characters the tokenizer maps to its unknow
 
 **Addition data size.** With 1-digit operands there are only 100 distinct `a+b` pairs; the task splits the
 pairs it can make into disjoint train and held-out sets, so `num_train`/`num_eval` are caps, not promises.
+
+**The learner: mini-batches, epochs and clipping.** An RL step takes K × E optimizer updates
+(`optimizer.mini_batches_per_step` × `optimizer.epochs_per_step`, both 1 by default), each on a mini-batch of
+whole groups; the old-policy logprobs are computed once before the first update. Only with K·E > 1 does the
+policy ratio leave 1, so only then do `loss.epsilon_low`, `epsilon_high` and `dual_clip_c` act: with one update
+per step a non-default value is an error (no effect). Weight versions and the LR schedule count RL steps.
+Chunked logprobs (`optimizer.logprob_chunk_tokens`), token-budget micro-batches
+(`optimizer.micro_batch_tokens`), gradient checkpointing and LoRA (`model.lora`) are explained in
+[the learner](learner.md).
 """
 
 

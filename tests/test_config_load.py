@@ -60,12 +60,12 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_overrides_parse_yaml_scalars():
     config = config_from_dict(TINY, [
-        "grpo.num_prompts_per_step=8", "loss.epsilon_high=0.3", "optimizer.lr=1e-4", "optimizer.eps=2E-9",
+        "grpo.num_prompts_per_step=8", "loss.entropy_coef=0.3", "optimizer.lr=1e-4", "optimizer.eps=2E-9",
         "data.shuffle=false", "run.max_epochs=null", "run.name=my-run", "generation.stop=[a, 'b c']",
         "reward.kwargs={tolerance: 0.5, strict: true}",
     ])
     assert config.grpo.num_prompts_per_step == 8
-    assert config.loss.epsilon_high == 0.3
+    assert config.loss.entropy_coef == 0.3
     assert config.optimizer.lr == 1e-4 and config.optimizer.eps == 2e-9
     assert config.data.shuffle is False and config.run.max_epochs is None and config.run.name == "my-run"
     assert config.generation.stop == ["a", "b c"]
@@ -199,6 +199,7 @@ def test_to_yaml_round_trips_non_defaults_and_uses_the_async_key():
     config = config_from_dict(TINY, [
         "mode=async", "async.sampler={name: custom, target: 'pkg.mod:Sampler', kwargs: {depth: 2}}",
         "optimizer.betas=[0.8, 0.95]", "generation.stop=['\\n']", "run.name=x", "loss.dual_clip_c=3",
+        "optimizer.mini_batches_per_step=2",
     ])
     text = config.to_yaml()
     dumped = yaml.safe_load(text)

@@ -10,7 +10,8 @@ Invariants pinned:
   parseable wrong answer; 0 (never an exception) for hostile input: code, exponents, huge or deeply
   nested input, division by zero — and it answers quickly.
 - load_reward_fn resolves auto / built-ins / module:function and names the spec in every error;
-  math_verify without the package names the install command.
+  math_verify without the package names the install command; with it, the \boxed{}/LaTeX answers of the
+  project's math file (tests/data/math_questions.jsonl) score 1 when right, 0 when wrong or cut off.
 - check_reward_kwargs rejects kwargs that do not fit the function, naming each unknown key and the closest one.
 """
 
@@ -20,12 +21,14 @@ import importlib.util
 import sys
 import time
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from groupwise.data.expression import MAX_PAREN_DEPTH, ExpressionError, parse_expression
+from groupwise.data.jsonl_dataset import JsonlTask
 from groupwise.data.rewards import (
     RewardSpecError,
     check_reward_kwargs,
@@ -264,3 +267,22 @@ def test_check_reward_kwargs_rejects_unknown_keys():
         check_reward_kwargs(countdown, {"partial_credit": 0.5})
     with pytest.raises(RewardSpecError, match=r"'partial_credt' \(did you mean 'partial_credit'\?\)"):
         check_reward_kwargs(exact_numeric, {"partial_credt": 0.5})
+
+
+MATH_FILE = Path(__file__).parent / "data" / "math_questions.jsonl"
+
+
+@pytest.mark.skipif(not HAS_MATH_VERIFY, reason="needs math-verify (in the dev extras)")
+def test_math_verify_scores_boxed_latex_answers_of_the_math_file():
+    """Each question of the project's math file has a right and a wrong \\boxed{} completion: 1 and 0, and 0 for
+    the right one cut off by the length limit. The answers include a surd and an interval, which plain parsing
+    of the answer would have read as the number 2."""
+    task = JsonlTask(MATH_FILE, default_reward="math_verify")
+    reward = load_reward_fn("auto", task.default_reward)
+    prompts = task.train_prompts()
+    assert {p.uid for p in prompts} >= {"surd", "interval", "expand", "frac-sum"}
+    for prompt in prompts:
+        right, wrong = prompt.metadata["correct"], prompt.metadata["wrong"]
+        assert reward(prompt, completion(right)) == 1.0, prompt.uid
+        assert reward(prompt, completion(wrong)) == 0.0, prompt.uid
+        assert reward(prompt, completion(right, finish_reason="length")) == 0.0, prompt.uid

@@ -12,7 +12,7 @@
 - floats: results of different computations (batched vs alone, a float64 reference) are compared within
   1e-5; exactly only where the computation is the same (temperature 0 scores as temperature 1);
 - ``encode_prompt``: text with the tokenizer's BOS handling, messages through the chat template
-  (with generation prompt, system prompt first) or newline-joined without one.
+  (with generation prompt, system prompt first); a chat with a tokenizer that has no template is refused.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from groupwise.model import completion_logprobs, encode_prompt, load_policy, token_logprobs
+from groupwise.model.encode import ChatTemplateMissing
 from groupwise.types import Prompt
 
 pytestmark = pytest.mark.numerics
@@ -116,11 +117,12 @@ def test_encode_text_prompt_with_bos_and_optional_system_prompt(policy) -> None:
     assert tokenizer.decode(with_system) == "<bos>Add.\n1+2="
 
 
-def test_encode_messages_through_chat_template_or_newline_join(policy) -> None:
+def test_encode_messages_through_the_chat_template_and_refuses_without_one(policy) -> None:
     tokenizer = policy.tokenizer
     messages = ({"role": "user", "content": "1+2=?"},)
     prompt = Prompt(uid="t/1", answer="3", messages=messages)
-    assert tokenizer.decode(encode_prompt(tokenizer, prompt, system_prompt="Be brief.")) == "<bos>Be brief.\n1+2=?"
+    with pytest.raises(ChatTemplateMissing, match="'t/1' is a chat .* no chat template"):
+        encode_prompt(tokenizer, prompt, system_prompt="Be brief.")
     templated = load_policy("tiny", tiny=TINY, device="cpu").tokenizer
     templated.chat_template = (
         "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}"

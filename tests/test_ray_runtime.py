@@ -13,6 +13,8 @@ Invariants pinned:
 - killing a generation worker mid-group: the run completes, the lost groups are redispatched and counted
   (``rollout/redispatches`` = the failed-and-retried fates), one replacement worker is counted
   (``rollout/worker_restarts``), and no group is lost or trained twice;
+- LoRA on Ray trains bit-identical adapter weights to embedded on the same prompts, and its ``final/`` loads
+  merged (transformers) and as an adapter (peft);
 - a dead learner ends the run with a clear error and a valid last checkpoint, and resuming from it on Ray gives
   the same parameters as an uninterrupted embedded run;
 - requests the cluster cannot place fail at once (naming the key to change), and an actor that never starts
@@ -181,6 +183,41 @@ def test_sync_on_ray_trains_the_same_parameters_as_embedded(ray_cluster, embedde
     assert audit.ok, audit.format()
     events = (session.run_dir.path / "events.log").read_text()
     assert "generation worker 0 died" in events and "generation worker 1 started in place of worker 0" in events
+
+
+@pytest.mark.slow  # ~70 s: a Ray learner and worker start with peft on two shared cores
+def test_lora_on_ray_trains_the_same_adapter_as_embedded_and_saves_both_finals(ray_cluster, tmp_path):
+    """The learner actor publishes merged weights (workers keep plain models), checkpoints the adapter, and the
+    driver writes ``final/`` as a merged model plus ``adapter/`` — the same files as the embedded runtime."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from groupwise.model.lora import trained_state_dict
+
+    lora = {"model": {"lora": {"enabled": True, "rank": 4}}, "optimizer": {"lr": 1e-2}, "run": {"max_steps": 2}}
+    embedded = build(tiny_config(tmp_path / "embedded", "lora", **lora))
+    run_sync(embedded)
+    session = build(tiny_config(tmp_path / "ray", "lora", backend="ray", **lora))
+    try:
+        run_sync(session)
+        adapter = session.policy.model.state_dict()
+    finally:
+        session.close()
+    reference = trained_state_dict(embedded.policy.model)
+    assert adapter.keys() == reference.keys() and all(".lora_" in name for name in adapter)
+    for name, tensor in reference.items():
+        assert torch.equal(adapter[name], tensor), name
+    ids = torch.tensor([[1, 20, 21, 22]])
+    with torch.no_grad():
+        want = embedded.policy.model(input_ids=ids).logits
+        final = session.run_dir.final_dir
+        torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(final)(input_ids=ids).logits, want,
+                                   rtol=0, atol=1e-5)
+        base = load_policy_from_config(session.cfg).model
+        got = PeftModel.from_pretrained(base, final / "adapter")(input_ids=ids).logits
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert trained_uids_per_step(session.run_dir.path) == trained_uids_per_step(embedded.run_dir.path)
+    assert [m.get("loss/total") for m in metrics_of(session)] == [m.get("loss/total") for m in metrics_of(embedded)]
 
 
 def learner_dies_after_first_step(monkeypatch) -> None:

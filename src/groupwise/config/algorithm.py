@@ -95,11 +95,15 @@ class LossSection(Section):
     """The clipped policy-gradient loss."""
 
     epsilon_low: float = Field(0.2, ge=0)
-    """Lower clip: the ratio is clipped at ``1 − epsilon_low`` (≥ 0)."""
+    """Lower clip: the ratio is clipped at ``1 − epsilon_low`` (≥ 0). The ratio moves away from 1 only with
+    several optimizer updates per RL step (``optimizer.mini_batches_per_step × epochs_per_step > 1``); with one
+    update it is exactly 1 and a non-default value is an error (no effect)."""
     epsilon_high: float = Field(0.28, ge=0)
-    """Upper clip ("clip-higher"): the ratio is clipped at ``1 + epsilon_high`` (≥ 0)."""
+    """Upper clip ("clip-higher"): the ratio is clipped at ``1 + epsilon_high`` (≥ 0). Acts only with several
+    optimizer updates per RL step, like ``epsilon_low``."""
     dual_clip_c: float | None = Field(None, gt=1)
-    """Dual-clip bound for negative advantages (> 1); ``null`` = off."""
+    """Dual-clip bound for negative advantages (> 1); ``null`` = off. Acts only with several optimizer updates
+    per RL step, like ``epsilon_low``."""
     normalization: Literal["token_level", "sequence_level"] = "token_level"
     """``token_level`` = mean over every completion token of the step (DAPO); ``sequence_level`` = mean per
     completion, then over completions."""
@@ -135,7 +139,8 @@ class OptimizerSection(Section):
     eps: float = Field(1e-8, gt=0)
     """AdamW epsilon (> 0)."""
     warmup_steps: int = Field(0, ge=0)
-    """Linear warm-up from 0 to ``lr`` over this many optimizer steps (≥ 0, < ``run.max_steps``)."""
+    """Linear warm-up from 0 to ``lr`` over this many RL steps (≥ 0, < ``run.max_steps``). The schedule counts RL
+    steps, not optimizer updates: the updates of one step share its learning rate."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Learning rate after warm-up: ``constant``, or ``linear``/``cosine`` decay to ``lr × min_lr_ratio`` at
     ``run.max_steps``."""
@@ -144,4 +149,23 @@ class OptimizerSection(Section):
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm to this (> 0); ``null`` = no clipping."""
     micro_batch_rows: int = Field(64, ge=1)
-    """Rows (completions) per forward/backward micro-batch (≥ 1); gradients accumulate into one step."""
+    """Rows (completions) per forward/backward micro-batch at most (≥ 1); gradients accumulate into one update.
+    Without ``micro_batch_tokens``: consecutive runs of this many rows; with it, the cap on each packed
+    micro-batch."""
+    micro_batch_tokens: int | None = Field(None, ge=1)
+    """Token budget of a micro-batch (≥ 1); ``null`` = cut by rows only. Rows are sorted longest first and packed
+    whole while rows × the longest row (prompt + completion) stays within the budget; a longer row gets a
+    micro-batch of its own. The result does not depend on the split (the normaliser covers the update)."""
+    logprob_chunk_tokens: int | None = Field(512, ge=1)
+    """Positions projected through the LM head at once when scoring completions (≥ 1): peak memory is
+    O(chunk × vocabulary) instead of O(rows × length × vocabulary), and padding never reaches the head.
+    ``null`` = the model's own forward with full logits. Models whose logits are not ``lm_head(hidden)`` (logit
+    soft-capping or scaling) always use the full-logits path; the run's events.log says which path scores."""
+    mini_batches_per_step: int = Field(1, ge=1)
+    """K: optimizer updates per RL step per epoch, each on a mini-batch of whole groups (≥ 1, ≤
+    ``grpo.num_prompts_per_step``). The old-policy logprobs are computed once before the first update, so from
+    the second update on the ratio moves and the clip acts (verl ``ppo_mini_batch_size``, TRL
+    ``steps_per_generation``)."""
+    epochs_per_step: int = Field(1, ge=1)
+    """E: passes over the step's mini-batches (≥ 1); the step takes K × E optimizer updates (verl
+    ``ppo_epochs``, TRL ``num_iterations``). Weight versions still count RL steps."""

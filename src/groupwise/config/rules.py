@@ -297,3 +297,42 @@ def ray_keys_need_ray(cfg: RunConfig) -> Iterator[ConfigIssue]:
     if cfg.runtime.backend != "ray":
         yield from no_effect(cfg.runtime.ray, "runtime.ray", f"with runtime.backend '{cfg.runtime.backend}'",
                              "remove it, or set runtime.backend: ray")
+
+
+@rule("model")
+def lora_keys_need_lora(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """model.lora keys keep their defaults unless model.lora.enabled is true."""
+    if not cfg.model.lora.enabled:
+        yield from no_effect(cfg.model.lora, "model.lora", "with model.lora.enabled false",
+                             "remove it, or set model.lora.enabled: true", keep=("enabled",))
+
+
+@rule("optimizer", "grpo")
+def mini_batches_of_whole_groups(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """optimizer.mini_batches_per_step ≤ grpo.num_prompts_per_step (each mini-batch holds whole groups)."""
+    k, p = cfg.optimizer.mini_batches_per_step, cfg.grpo.num_prompts_per_step
+    if k > p:
+        yield ConfigIssue(
+            "optimizer.mini_batches_per_step", k,
+            f"a mini-batch holds whole prompt groups, and a step has only grpo.num_prompts_per_step = {p}",
+            f"set optimizer.mini_batches_per_step ≤ {p}, or raise grpo.num_prompts_per_step",
+        )
+
+
+@rule("optimizer", "loss")
+def clip_needs_several_updates(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """With one optimizer update per RL step (mini_batches_per_step × epochs_per_step = 1) the policy ratio is
+    exactly 1, so loss.epsilon_low, epsilon_high and dual_clip_c keep their defaults."""
+    opt, loss = cfg.optimizer, cfg.loss
+    if opt.mini_batches_per_step * opt.epochs_per_step > 1:
+        return
+    for key in ("epsilon_low", "epsilon_high", "dual_clip_c"):
+        value = getattr(loss, key)
+        if value != type(loss).model_fields[key].default:
+            yield ConfigIssue(
+                f"loss.{key}", value,
+                f"loss.{key} has no effect with one optimizer update per RL step: the old policy is the current "
+                "one, so the ratio is exactly 1 and never clipped (a key with no effect is an error)",
+                f"remove loss.{key}, or take several updates per step (optimizer.mini_batches_per_step or "
+                "optimizer.epochs_per_step > 1)",
+            )

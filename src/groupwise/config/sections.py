@@ -63,7 +63,8 @@ class RunSection(Section):
     """Run seed (integer, 0 ≤ seed ≤ 2^63 − 1: what every seeded generator accepts); every random source is
     derived from it."""
     max_steps: int = Field(100, ge=1)
-    """Optimizer steps to train (≥ 1); one RL step is one optimizer step."""
+    """RL steps to train (≥ 1); each takes one optimizer update, or K × E with PPO mini-batches
+    (``optimizer.mini_batches_per_step``, ``optimizer.epochs_per_step``)."""
     max_epochs: int | None = Field(None, ge=1)
     """Passes over the training prompts (≥ 1); ``null`` = unbounded (``max_steps`` ends the run)."""
 
@@ -101,6 +102,43 @@ class TinyModelSection(Section):
     character vocabulary."""
 
 
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_NO_LORA_MODULES = ("lm_head", "embed_tokens", "wte", "embed_in", "embed_out")
+
+
+class LoraSection(Section):
+    """LoRA adapters through peft: only the adapter weights train; the generator gets merged weights."""
+
+    enabled: bool = False
+    """Train LoRA adapters instead of every weight. When off, the other keys must keep their defaults."""
+    rank: int = Field(16, ge=1)
+    """Adapter rank r (≥ 1)."""
+    alpha: float = Field(32.0, gt=0)
+    """Scale numerator: the update is ``(alpha / rank) · B A`` (> 0)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter input (0 ≤ p < 1). Default 0: with dropout the old-policy logprobs of PPO
+    mini-batches and the training logprobs see different dropout masks, so the ratio is noise before any update."""
+    target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
+    """Names of the Linear layers that get adapters (non-empty; the Llama/Qwen projection names by default).
+    Not the LM head or the embeddings: the engine and the chunked logprobs read those weights directly."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _targets_are_inner_linears(cls, targets: list[str]) -> list[str]:
+        if not targets or any(not t.strip() for t in targets):
+            raise invalid("model.lora.target_modules must be a non-empty list of module names",
+                          f"list Linear layer names, e.g. {list(DEFAULT_LORA_TARGETS)}")
+        refused = [t for t in targets if t.split(".")[-1] in _NO_LORA_MODULES]
+        if refused:
+            raise invalid(
+                f"model.lora.target_modules may not name {refused}: the generator's merged weights and the chunked "
+                "logprobs read the LM head and the embeddings as plain weights",
+                "adapt the decoder layers' projections only (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                "down_proj)",
+            )
+        return targets
+
+
 class ModelSection(Section):
     """Which policy to train and where it runs."""
 
@@ -118,9 +156,16 @@ class ModelSection(Section):
     device: Literal["cpu", "cuda", "auto"] = "auto"
     """Where the policy runs; ``auto`` = CUDA when available, else CPU."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Parameter and compute dtype of the policy."""
+    """Parameter and compute dtype of the policy. On CUDA, ``bfloat16`` makes the learner compute in bfloat16
+    under autocast while its master weights and AdamW state stay float32, and gives the generator its own
+    bfloat16 copy; on the CPU the weights themselves are held in this dtype."""
     reference: Literal["none", "initial"] = "none"
     """``initial`` keeps a frozen copy of the initial policy for the KL penalty (needed when ``loss.kl_coef > 0``)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (less memory,
+    about one more forward of compute), through transformers' own switch (non-reentrant)."""
+    lora: LoraSection = Field(default_factory=LoraSection)
+    """LoRA adapters (peft) instead of full fine-tuning."""
 
     @field_validator("path", "gguf_file")
     @classmethod

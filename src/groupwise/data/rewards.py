@@ -128,7 +128,9 @@ def math_verify(prompt: Prompt, completion: Completion) -> float:
     # math-verify bounds its own work with signal.alarm, which works on the main thread only; elsewhere (async
     # generation, a reward.timeout_s helper thread) turn it off: reward.timeout_s bounds the call instead.
     limit = 5 if threading.current_thread() is threading.main_thread() else None
-    gold = parse(prompt.answer, parsing_timeout=limit) or parse(f"${prompt.answer}$", parsing_timeout=limit)
+    # The answer is math: read it as LaTeX first. Plain parsing keeps only the last number it finds, so
+    # "2\sqrt{2}" would become 2 and "(-2, 2)" would become 2.
+    gold = parse(f"${prompt.answer}$", parsing_timeout=limit) or parse(prompt.answer, parsing_timeout=limit)
     if not gold:
         raise ValueError(f"math_verify: cannot parse the answer {prompt.answer!r} of prompt {prompt.uid}")
     predicted = parse(completion.text, parsing_timeout=limit)

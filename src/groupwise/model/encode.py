@@ -13,9 +13,10 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, system_prompt: str | None = No
     - ``prompt.text`` is tokenized as is, with the tokenizer's own BOS handling; a ``system_prompt``
       is put in front of it, followed by a newline.
     - ``prompt.messages`` (chat turns) are rendered with the tokenizer's chat template and
-      ``add_generation_prompt=True`` when it has one, a ``system_prompt`` becoming a leading system
-      turn; the rendered text already holds any BOS the template wants, so no special tokens are
-      added again. Without a chat template the contents are joined with newlines and tokenized as text.
+      ``add_generation_prompt=True``, a ``system_prompt`` becoming a leading system turn; the rendered
+      text already holds any BOS the template wants, so no special tokens are added again. A tokenizer
+      without a chat template raises :class:`ChatTemplateMissing`: joining turns some other way would
+      train on a format the model was never tuned for.
     """
     if (prompt.text is None) == (prompt.messages is None):
         raise ValueError(
@@ -31,11 +32,21 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, system_prompt: str | None = No
             raise ValueError(f"prompt {prompt.uid!r} message {index} is {message!r}; each needs 'role' and 'content'")
     if system_prompt is not None:
         messages.insert(0, {"role": "system", "content": system_prompt})
-    if getattr(tokenizer, "chat_template", None):
-        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return _tokenize(tokenizer, rendered, add_special_tokens=False, uid=prompt.uid)
-    joined = "\n".join(message["content"] for message in messages)
-    return _tokenize(tokenizer, joined, add_special_tokens=True, uid=prompt.uid)
+    if not has_chat_template(tokenizer):
+        raise ChatTemplateMissing(
+            f"prompt {prompt.uid!r} is a chat (messages) but the tokenizer has no chat template to render it; use "
+            "an instruct model whose tokenizer ships one, or give the data as plain 'prompt' strings"
+        )
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return _tokenize(tokenizer, rendered, add_special_tokens=False, uid=prompt.uid)
+
+
+class ChatTemplateMissing(ValueError):
+    """Chat-format prompts (``messages``) with a tokenizer that has no chat template."""
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
 
 
 def _tokenize(tokenizer: Any, text: str, add_special_tokens: bool, uid: str) -> tuple[int, ...]:

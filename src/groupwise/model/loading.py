@@ -1,7 +1,8 @@
 """Loading a policy (model + tokenizer) from a tiny factory, a Hugging Face directory or a GGUF file.
 
 Every policy we hand out is a plain ``PreTrainedModel`` (never a GGUF-quantized one), so it can be
-trained and saved, and ``Policy.save`` writes a directory that plain ``from_pretrained`` loads.
+trained and saved, and ``Policy.save`` writes a directory that plain ``from_pretrained`` loads (for a policy
+with LoRA adapters: the merged model, plus the adapter in ``adapter/``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Literal
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from groupwise.model.lora import is_adapted, save_adapted_policy
 from groupwise.model.tiny import build_tiny_model
 from groupwise.model.tokenizer import build_char_tokenizer
 
@@ -30,13 +32,16 @@ _TINY_KEYS = {"vocab", "num_layers", "hidden_size", "num_heads", "intermediate_s
 class Policy:
     """A causal LM and its tokenizer, always saveable."""
 
-    model: PreTrainedModel
+    model: PreTrainedModel  # or a peft model around one, once the learner adds LoRA adapters
     tokenizer: Any  # a transformers tokenizer (fast or backend); its class varies by source
 
     def save(self, directory: str | Path) -> Path:
-        """Write model + generation config + tokenizer as a Hugging Face directory (safetensors)."""
+        """Write model + generation config + tokenizer as a Hugging Face directory (safetensors); an adapted
+        model is written merged, with its adapter in ``adapter/`` (:func:`groupwise.model.lora.save_adapted_policy`)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        if is_adapted(self.model):
+            return save_adapted_policy(directory, self.model, self.tokenizer)
         self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
         return directory
@@ -123,8 +128,10 @@ def load_policy(
     elif source == "hf":
         if path is None:
             raise ValueError("load_policy('hf') needs path= a Hugging Face model directory")
-        # local_files_only: a run never downloads (a missing directory must not turn into 30 s of Hub retries)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **_OFFLINE)
+        # local_files_only: a run never downloads (a missing directory must not turn into 30 s of Hub retries).
+        # On CUDA, PyTorch SDPA attention explicitly (the learner's CUDA plan, groupwise.trainer.precision).
+        attention = {"attn_implementation": "sdpa"} if torch_device.type == "cuda" else {}
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **_OFFLINE, **attention)
         policy = Policy(model, AutoTokenizer.from_pretrained(path, local_files_only=True))
     elif source == "gguf":
         policy = _load_gguf(path, gguf_file, torch_dtype)

@@ -48,6 +48,7 @@ METRIC_KEYS: tuple[str, ...] = (
     "perf/gen_tokens_per_s",
     "perf/train_tokens_per_s",
     "perf/train_tokens",
+    "perf/padding_fraction",
     "perf/elapsed_seconds",
     "perf/rollout_idle_fraction",
     "perf/trainer_idle_fraction",

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from groupwise.batch import RowBatch
+from groupwise.model.lora import generator_state_dict
 from groupwise.rows import StepRows
 from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.rollout_queue import (
@@ -91,9 +92,9 @@ class EmbeddedRollouts:
         self.generated_tokens += settle_outcomes(batch, outcomes)
 
     async def sync_weights(self, version: int) -> None:
-        """Copy the learner's parameters into the engine's model, between two engine calls."""
+        """Copy the learner's parameters (adapters merged, with LoRA) into the engine's model, between engine calls."""
         async with self.engine_lock:
-            self.worker.generator.load_weights(self.source_model.state_dict(), version)
+            self.worker.generator.load_weights(generator_state_dict(self.source_model), version)
 
     async def close(self, grace_s: float = 60.0) -> None:
         """Stop serving; wait up to ``grace_s`` for an engine call in progress (0 after a stall: it is stuck)."""

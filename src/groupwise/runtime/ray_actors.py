@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from groupwise.batch import RowBatch
+from groupwise.model.lora import generator_state_dict, load_trained_state_dict, trained_state_dict
 from groupwise.runtime.ray_cluster import ActorResources, ray
-from groupwise.trainer.builder import build_components, frozen_copy, load_policy_from_config
-from groupwise.trainer.learner import Learner, LearnerSettings
+from groupwise.trainer.builder import build_components, build_learner, load_policy_from_config
 from groupwise.types import Completion, GenerationRequest, Group, SamplingParams
 
 if TYPE_CHECKING:
@@ -33,8 +33,8 @@ def _where() -> dict[str, Any]:
     return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
 
 
-def _cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
+def _cpu_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().cpu() for name, tensor in state.items()}
 
 
 class GenerationWorker:
@@ -75,11 +75,10 @@ class LearnerWorker:
     def __init__(self, cfg: RunConfig):
         torch.manual_seed(cfg.run.seed)
         policy = load_policy_from_config(cfg)
-        reference = frozen_copy(policy.model) if cfg.model.reference == "initial" else None
-        self.learner = Learner(policy.model, LearnerSettings.from_config(cfg), reference=reference)
+        self.learner = build_learner(cfg, policy.model)
 
     def ready(self) -> dict[str, Any]:
-        return {"version": self.learner.version, **_where()}
+        return {"version": self.learner.version, "logprob_path": self.learner.logprob_path, **_where()}
 
     def train_step(self, rows: RowBatch) -> tuple[dict[str, float], int]:
         metrics = self.learner.train_step(rows)
@@ -93,15 +92,18 @@ class LearnerWorker:
         return metrics, self.learner.version
 
     def publish_weights(self) -> tuple[list[Any], int]:
-        """Put the current weights in the object store once: ``([reference], version)``."""
-        return [ray.put(_cpu_state(self.learner.model))], self.learner.version
+        """Put the generator's weights (adapters merged) in the object store once: ``([reference], version)``."""
+        return [ray.put(self.generator_state())], self.learner.version
+
+    def generator_state(self) -> dict[str, torch.Tensor]:
+        return _cpu_state(generator_state_dict(self.learner.model))
 
     def model_state(self) -> dict[str, torch.Tensor]:
-        return _cpu_state(self.learner.model)
+        """What a checkpoint stores: every weight, or the LoRA adapter only."""
+        return _cpu_state(trained_state_dict(self.learner.model))
 
     def load_model_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            self.learner.model.load_state_dict(state)
+        load_trained_state_dict(self.learner.model, state)
 
     def optimizer_state(self) -> dict[str, Any]:
         return self.learner.state_dict()

@@ -24,6 +24,7 @@ import torch
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.data.loader import PromptLoader
 from groupwise.model.loading import Policy
+from groupwise.model.lora import ADAPTER_DIR, lora_config, write_adapter
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
 from groupwise.runtime.ray_actors import LearnerWorker, kill_actor, start_actor
@@ -53,12 +54,18 @@ class RayPolicy:
 
     model: LearnerModel
     tokenizer: Any
-    local: Policy  # a CPU copy, refreshed from the learner only to save
+    local: Policy  # a plain CPU copy, refreshed from the learner only to save
+    lora: Any = None  # the peft LoraConfig when the learner trains adapters
 
     def save(self, directory: str | Path) -> Path:
+        """``final/``: the merged weights in the local plain copy, plus the adapter in ``adapter/`` with LoRA."""
+        learner = self.model.learner
         with torch.no_grad():
-            self.local.model.load_state_dict(self.model.state_dict())
-        return self.local.save(directory)
+            self.local.model.load_state_dict(learner.call("merging weights", learner.handle.generator_state.remote()))
+        saved = self.local.save(directory)
+        if self.lora is not None:
+            write_adapter(saved / ADAPTER_DIR, self.model.state_dict(), self.lora)
+        return saved
 
 
 @dataclass
@@ -128,8 +135,10 @@ def build_ray_session(
         torch.manual_seed(cfg.run.seed)
         driver_cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"device": "cpu"})})
         parts = build_components(driver_cfg, inputs=inputs)
-        wait_until_started(ready, startup_timeout_s)
-        return _assemble(cfg, cluster, pool, RayLearner(learner_handle), parts, resume, resume_from)
+        started = wait_until_started(ready, startup_timeout_s)
+        session = _assemble(cfg, cluster, pool, RayLearner(learner_handle), parts, resume, resume_from)
+        session.events.event(f"learner logprobs: {started['learner']['logprob_path']}")
+        return session
     except BaseException:
         if pool is not None:
             pool.shutdown()
@@ -153,7 +162,7 @@ def _assemble(
     session = RaySession(
         cfg=cfg,
         run_dir=run_dir,
-        policy=RayPolicy(LearnerModel(learner), parts.policy.tokenizer, parts.policy),
+        policy=RayPolicy(LearnerModel(learner), parts.policy.tokenizer, parts.policy, _lora_config(cfg)),
         engine=RemoteEngine(pool),
         learner=learner,
         rollouts=rollouts,
@@ -175,6 +184,11 @@ def _assemble(
         session.publish_weights()
     writer.event(where)
     return session
+
+
+def _lora_config(cfg: Any) -> Any:
+    lora = cfg.model.lora
+    return lora_config(lora.rank, lora.alpha, lora.dropout, lora.target_modules) if lora.enabled else None
 
 
 def ray_clients(session: RaySession) -> tuple[RayRolloutClient, RayTrainer]:

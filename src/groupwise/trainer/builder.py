@@ -17,9 +17,11 @@ from groupwise.data.reward_timeout import with_timeout
 from groupwise.data.rewards import RewardFn
 from groupwise.generation.engine import Engine
 from groupwise.model.loading import Policy, eos_token_ids, load_policy, resolve_device
+from groupwise.model.lora import LoraSetupError, apply_lora, lora_config
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
 from groupwise.trainer.learner import Learner, LearnerSettings
+from groupwise.trainer.precision import LearnerPrecision, learner_precision
 from groupwise.trainer.preflight import Inputs, check_inputs, check_train_start
 from groupwise.trainer.prompt_checks import PromptReport, check_prompts
 from groupwise.trainer.rollout import RewardPipeline, RolloutWorker
@@ -60,6 +62,61 @@ def _check_cuda_graphs_device(cfg: RunConfig) -> None:
         )])  # fmt: skip
 
 
+def precision_from_config(cfg: RunConfig) -> LearnerPrecision:
+    """How the learner holds and computes its weights on ``model.device`` (groupwise.trainer.precision)."""
+    return learner_precision(resolve_device(cfg.model.device), cfg.model.dtype)
+
+
+def generator_needs_own_model(cfg: RunConfig) -> bool:
+    """Whether the engine samples from a copy instead of the learner's own model.
+
+    Async mode generates while training; LoRA trains a peft wrapper whose merged weights go into a plain copy
+    (so the engine's fast decode step keeps working); CUDA mixed precision samples in bfloat16, not from the
+    float32 masters.
+    """
+    return cfg.mode == "async" or cfg.model.lora.enabled or precision_from_config(cfg).generator_needs_own_copy
+
+
+def build_learner(cfg: RunConfig, model: torch.nn.Module) -> Learner:
+    """The learner around ``model``: master dtype, reference copy, gradient checkpointing, LoRA, settings.
+
+    ``learner.model`` is what trains (a peft wrapper of ``model`` with LoRA); put it back into the policy.
+    """
+    precision = precision_from_config(cfg)
+    model.to(dtype=precision.master_dtype)
+    reference = frozen_copy(model) if cfg.model.reference == "initial" else None
+    if cfg.model.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    lora = cfg.model.lora
+    if lora.enabled:
+        try:
+            model = apply_lora(model, lora_config(lora.rank, lora.alpha, lora.dropout, lora.target_modules))
+        except LoraSetupError as err:  # the targets do not fit this model: bad input, reported like any other
+            raise ConfigError([ConfigIssue(
+                "model.lora.target_modules", list(lora.target_modules), str(err),
+                "list names of the model's Linear projections (print the model to see them)",
+            )]) from err
+    return Learner(model, LearnerSettings.from_config(cfg), reference=reference, precision=precision)
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """transformers' own switch, non-reentrant (the reentrant form needs inputs that require grad and breaks with
+    adapters); ``activation_checkpointing_enable`` is its name from transformers 5.24 on."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def generator_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """The engine's own copy of the policy, in eval mode. Its parameters keep ``requires_grad`` as the policy's
+    (the engine never runs a backward pass): a CPU prefill over frozen weights takes another matmul kernel, so a
+    frozen copy would sample with last-bit differences from the learner's own model and from a Ray worker's."""
+    clone = copy.deepcopy(model)
+    clone.eval()
+    return clone
+
+
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     clone = copy.deepcopy(model)
     clone.eval()
@@ -94,8 +151,9 @@ def build_components(
     _check_cuda_graphs_device(cfg)
     policy = _load_policy_reported(cfg)
     # Sync mode alternates generation and training, so the engine can sample from the learner's own model.
-    # Async mode generates while training: the engine needs its own copy, refreshed at weight sync.
-    engine_model = frozen_copy(policy.model) if separate_engine_model else policy.model
+    # Async mode generates while training: the engine needs its own copy, refreshed at weight sync (also LoRA and
+    # CUDA mixed precision: generator_needs_own_model).
+    engine_model = generator_copy(policy.model) if separate_engine_model else policy.model
     engine = Engine(
         engine_model,
         policy.tokenizer,
@@ -161,11 +219,11 @@ def build_session(
     """
     inputs = inputs or check_train_start(cfg, resume=resume, resume_from=resume_from)
     torch.manual_seed(cfg.run.seed)
-    parts = build_components(cfg, separate_engine_model=cfg.mode == "async", inputs=inputs)
+    parts = build_components(cfg, separate_engine_model=generator_needs_own_model(cfg), inputs=inputs)
+    learner = build_learner(cfg, parts.policy.model)
+    parts.policy.model = learner.model
     run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resume or resume_from is not None)
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
-    reference = frozen_copy(parts.policy.model) if cfg.model.reference == "initial" else None
-    learner = Learner(parts.policy.model, LearnerSettings.from_config(cfg), reference=reference)
     loader = PromptLoader(
         parts.task.train_prompts(), seed=cfg.run.seed, shuffle=cfg.data.shuffle, max_epochs=cfg.run.max_epochs
     )
@@ -186,4 +244,5 @@ def build_session(
     except BaseException:
         run_dir.discard_if_new()
         raise
+    writer.event(f"learner logprobs: {learner.logprob_path}")
     return session

@@ -1,13 +1,24 @@
-"""The learner: a policy and its optimizer. One RL step is exactly one optimizer step.
+"""The learner: a policy and its optimizer. An RL step takes K × E optimizer updates (K = E = 1 by default).
 
-A step may be assembled from several chunks (the async controller streams them): ``begin`` happens at the
-first chunk, each chunk adds raw loss *sums* to the gradients, and :meth:`Learner.finish_step` divides the
-gradients by the step's global normaliser (valid tokens, or sequences) before clipping and stepping. So a step
-trained in chunks equals the same step trained at once (invariant 6 in docs/design.md).
+**One update per step** (``optimizer.mini_batches_per_step × epochs_per_step = 1``). A step may arrive in
+several chunks (the async controller streams them): each chunk's micro-batches add raw loss *sums* to the
+gradients, and :meth:`Learner.finish_step` divides them by the step's normaliser (valid tokens, or sequences:
+:func:`~groupwise.algo.loss.global_denominator` over every micro-batch's mask) before clipping and stepping.
+So the result does not depend on how the step was chunked or cut into micro-batches, beyond float rounding
+(invariant 6 in docs/design.md).
+``prev_logprobs`` (π_old) are the current logprobs, detached: the weights do not change inside the step, so a
+separate no-grad pass would compute the same numbers at twice the cost. The ratio is then exactly 1 and the
+clip never acts; the importance weight ``exp(prev − generation)`` still corrects staleness and the
+engine/trainer mismatch.
 
-``prev_logprobs`` (π_old) are the current logprobs, detached: weights do not change inside a step (one
-optimizer step per RL step), so a separate no-grad forward would compute the same numbers at twice the cost.
-The importance weight ``exp(prev − generation)`` still corrects staleness and engine/trainer mismatch.
+**PPO mini-batches** (K·E > 1). Chunks are kept until :meth:`finish_step`; the step's groups are split into K
+mini-batches of whole groups (:mod:`groupwise.trainer.micro_batches`); the old-policy logprobs of every row are
+computed once, under no_grad, with the same micro-batches as training (a different cut would change their
+float rounding); then E epochs over the K mini-batches, each mini-batch one optimizer update normalised over
+its own tokens. From the second update on the ratio moves away from 1 and the clip acts.
+
+Weight versions count RL steps (one per :meth:`finish_step`), so staleness keeps its meaning; the LR schedule
+counts RL steps too: the K·E updates of a step share its learning rate.
 """
 
 from __future__ import annotations
@@ -15,23 +26,35 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from groupwise.algo.loss import LossStats, policy_loss
+from groupwise.algo.loss import LossStats, global_denominator, policy_loss
 from groupwise.batch import RowBatch
-from groupwise.model.logprobs import completion_logprobs
+from groupwise.config.algorithm import LossSection
+from groupwise.model.completion_scorer import CompletionScorer
 from groupwise.rows import pad_right
 from groupwise.trainer.finite import NonFiniteTrainingError, check_finite_step
+from groupwise.trainer.micro_batches import (
+    micro_batches_by_rows,
+    micro_batches_by_tokens,
+    mini_batch_groups,
+    padding_fraction,
+)
+from groupwise.trainer.precision import LearnerPrecision, adamw
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
 
 
 @dataclass(frozen=True)
 class LearnerSettings:
-    """What the learner needs from the run config (``loss``, ``optimizer``, sampling temperature)."""
+    """What the learner needs from the run config: the ``loss`` section, ``optimizer`` keys, the sampling
+    temperature. Plain typed values (a pydantic section and scalars), so it pickles for the Ray learner actor."""
 
-    loss: Mapping[str, Any]
+    loss: LossSection
     lr: float
     betas: tuple[float, float]
     weight_decay: float
@@ -43,12 +66,20 @@ class LearnerSettings:
     micro_batch_rows: int
     total_steps: int
     temperature: float
+    micro_batch_tokens: int | None = None
+    logprob_chunk_tokens: int | None = None
+    mini_batches_per_step: int = 1
+    epochs_per_step: int = 1
+
+    @property
+    def updates_per_step(self) -> int:
+        return self.mini_batches_per_step * self.epochs_per_step
 
     @classmethod
-    def from_config(cls, cfg: Any) -> LearnerSettings:
+    def from_config(cls, cfg: RunConfig) -> LearnerSettings:
         opt = cfg.optimizer
         return cls(
-            loss=cfg.loss.model_dump(),
+            loss=cfg.loss.model_copy(),
             lr=opt.lr,
             betas=tuple(opt.betas),
             weight_decay=opt.weight_decay,
@@ -60,11 +91,15 @@ class LearnerSettings:
             micro_batch_rows=opt.micro_batch_rows,
             total_steps=cfg.run.max_steps,
             temperature=cfg.generation.temperature,
+            micro_batch_tokens=opt.micro_batch_tokens,
+            logprob_chunk_tokens=opt.logprob_chunk_tokens,
+            mini_batches_per_step=opt.mini_batches_per_step,
+            epochs_per_step=opt.epochs_per_step,
         )
 
 
 def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
-    """Learning-rate factor at optimizer step ``step`` (0-based).
+    """Learning-rate factor at RL step ``step`` (0-based).
 
     Warm-up: ``(step + 1) / warmup_steps`` for ``step < warmup_steps``. Then with ``p = (step − warmup) /
     max(1, total − warmup)`` clamped to [0, 1]: constant ``1``; linear ``1 − (1 − m)·p``; cosine
@@ -82,15 +117,47 @@ def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, schedule: s
     raise ValueError(f"unknown schedule {schedule!r}; expected constant, linear or cosine")
 
 
+@dataclass
+class _Update:
+    """Sums over the micro-batches of one optimizer update."""
+
+    masks: list[torch.Tensor] = field(default_factory=list)
+    loss_sum: float = 0.0
+
+
+@dataclass
+class _OpenStep:
+    """Everything a step accumulates between its first chunk and :meth:`Learner.finish_step`."""
+
+    stats: LossStats = field(default_factory=LossStats)
+    update: _Update = field(default_factory=_Update)
+    pending: list[RowBatch] = field(default_factory=list)  # K·E > 1: chunks kept for finish_step
+    losses: list[float] = field(default_factory=list)  # normalised loss of each update taken
+    grad_norms: list[float] = field(default_factory=list)
+    train_tokens: int = 0
+    padded_tokens: int = 0
+    real_tokens: int = 0
+    seconds: float = 0.0
+
+
 class Learner:
     """Owns the policy's parameters, the optimizer and the LR schedule; counts weight versions."""
 
-    def __init__(self, model: torch.nn.Module, settings: LearnerSettings, reference: torch.nn.Module | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        settings: LearnerSettings,
+        reference: torch.nn.Module | None = None,
+        precision: LearnerPrecision | None = None,
+    ):
         self.model = model
         self.reference = reference
         self.settings = settings
-        self.optimizer = torch.optim.AdamW(
+        precision = precision or LearnerPrecision(master_dtype=next(model.parameters()).dtype)
+        self.scorer = CompletionScorer(settings.temperature, settings.logprob_chunk_tokens, precision.compute_dtype)
+        self.optimizer = adamw(
             [p for p in model.parameters() if p.requires_grad],
+            precision,
             lr=settings.lr,
             betas=settings.betas,
             weight_decay=settings.weight_decay,
@@ -107,118 +174,64 @@ class Learner:
             ),
         )
         self.version = 0
-        self._stats: LossStats | None = None
-        self._normaliser = 0.0
-        self._loss_sum = 0.0
-        self._train_tokens = 0
-        self._train_seconds = 0.0
+        self._step: _OpenStep | None = None
 
     @property
     def step_open(self) -> bool:
-        return self._stats is not None
+        return self._step is not None
+
+    @property
+    def logprob_path(self) -> str:
+        """How the policy's logprobs are computed (chunked or plain, and why), for the run's events.log."""
+        return self.scorer.describe(self.model)
 
     def train_chunk(self, rows: RowBatch) -> None:
-        """Forward/backward one chunk of whole groups; gradients accumulate until :meth:`finish_step`."""
+        """Add one chunk of whole groups to the open step (K·E = 1: its forward/backward passes run now)."""
         start = time.perf_counter()
-        if self._stats is None:
+        if self._step is None:
             self.optimizer.zero_grad(set_to_none=True)
-            self._stats = LossStats()
-            self._normaliser = 0.0
-            self._loss_sum = 0.0
-            self._train_tokens = 0
-            self._train_seconds = 0.0
-        self.model.train()
-        device = next(self.model.parameters()).device
-        for micro in rows.iter_slices(self.settings.micro_batch_rows):
-            stats, loss_sum, normaliser, tokens = self._micro_batch(micro, device)
-            self._stats.merge(stats)
-            self._loss_sum += loss_sum
-            self._normaliser += normaliser
-            self._train_tokens += tokens
-        self._train_seconds += time.perf_counter() - start
-
-    def _micro_batch(self, micro: RowBatch, device: torch.device) -> tuple[LossStats, float, float, int]:
-        loss_cfg = self.settings.loss
-        # Entropy is always computed: `loss/entropy` is the collapse alarm for small models.
-        logprobs, entropy, mask = completion_logprobs(
-            self.model, micro["prompt_ids"], micro["completion_ids"], self.settings.temperature, with_entropy=True
-        )
-        width = logprobs.shape[1]
-        generation = pad_right(micro["generation_logprobs"], width).to(device)
-        ref = None
-        if loss_cfg["kl_coef"] > 0:
-            if self.reference is None:
-                raise RuntimeError("loss.kl_coef > 0 but the learner has no reference model (model.reference)")
-            with torch.no_grad():
-                ref, _, _ = completion_logprobs(
-                    self.reference, micro["prompt_ids"], micro["completion_ids"], self.settings.temperature
-                )
-        loss, stats = policy_loss(
-            logprobs,
-            logprobs.detach(),
-            generation,
-            micro["advantage"].to(device),
-            mask,
-            epsilon_low=loss_cfg["epsilon_low"],
-            epsilon_high=loss_cfg["epsilon_high"],
-            dual_clip_c=loss_cfg["dual_clip_c"],
-            normalization=loss_cfg["normalization"],
-            denominator=1.0,
-            kl_coef=loss_cfg["kl_coef"],
-            ref_logprobs=ref,
-            kl_input_clamp=loss_cfg["kl_input_clamp"],
-            kl_output_clamp=loss_cfg["kl_output_clamp"],
-            importance_sampling=loss_cfg["importance_sampling"],
-            is_truncation=loss_cfg["is_truncation"],
-            is_ratio_min=loss_cfg["is_ratio_min"],
-            is_ratio_max=loss_cfg["is_ratio_max"],
-            entropy=entropy,
-            entropy_coef=loss_cfg["entropy_coef"],
-        )
-        loss.backward()
-        tokens = int(mask.sum().item())
-        normaliser = float(tokens) if loss_cfg["normalization"] == "token_level" else float(mask.shape[0])
-        return stats, float(loss.detach()), normaliser, tokens
+            self._step = _OpenStep()
+        step = self._step
+        step.train_tokens += sum(len(c) for c in rows["completion_ids"])
+        if self.settings.updates_per_step == 1:
+            self.model.train()
+            for micro in self._micro_batches(rows):
+                self._backward(micro, prev=None, ref=None)
+        else:
+            step.pending.append(rows)
+        step.seconds += time.perf_counter() - start
 
     def finish_step(self) -> dict[str, float]:
-        """Divide the accumulated gradients by the step's normaliser, clip, take one optimizer step."""
-        if self._stats is None:
+        """Take the step's optimizer update(s), advance the LR schedule and the weight version; the step's metrics."""
+        if self._step is None:
             raise RuntimeError("finish_step called with no open step: train at least one chunk first")
         start = time.perf_counter()
-        scale = 1.0 / max(self._normaliser, 1.0)
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        for p in params:
-            p.grad.mul_(scale)
-        max_norm = self.settings.max_grad_norm
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
-        try:  # before the optimizer step: a NaN gradient must never reach the weights
-            check_finite_step(self._loss_sum / max(self._normaliser, 1.0), float(grad_norm), self.version)
-        except NonFiniteTrainingError:
-            self.optimizer.zero_grad(set_to_none=True)
-            self._stats = None
-            raise
+        step = self._step
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
+        if self.settings.updates_per_step == 1:
+            self._optimizer_update()
+        else:
+            self._ppo_updates(RowBatch.concat(step.pending) if len(step.pending) > 1 else step.pending[0])
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
-        seconds = self._train_seconds + time.perf_counter() - start
-        metrics = self._stats.as_metrics(total_loss=self._loss_sum / max(self._normaliser, 1.0))
+        seconds = step.seconds + time.perf_counter() - start
+        self._step = None
+        metrics = step.stats.as_metrics(total_loss=sum(step.losses) / len(step.losses))
         metrics.setdefault("loss/kl", 0.0)  # no reference model: the KL term is off (docs/metrics.md)
         metrics.update(
             {
-                "optim/grad_norm": float(grad_norm),
+                "optim/grad_norm": sum(step.grad_norms) / len(step.grad_norms),
                 "optim/lr": lr,
                 "perf/train_seconds": seconds,
-                "perf/train_tokens_per_s": self._train_tokens / seconds if seconds > 0 else 0.0,
-                "perf/train_tokens": float(self._train_tokens),
+                "perf/train_tokens_per_s": step.train_tokens / seconds if seconds > 0 else 0.0,
+                "perf/train_tokens": float(step.train_tokens),
+                "perf/padding_fraction": padding_fraction(step.padded_tokens, step.real_tokens),
             }
         )
-        self._stats = None
         return metrics
 
     def train_step(self, rows: RowBatch) -> dict[str, float]:
-        """A whole step at once (the sync loop): one chunk, one optimizer step."""
+        """A whole step at once (the sync loop): one chunk, then its update(s)."""
         self.train_chunk(rows)
         return self.finish_step()
 
@@ -233,3 +246,107 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
+
+    # --- the passes -------------------------------------------------------------------------------------------
+    def _micro_batches(self, rows: RowBatch) -> list[RowBatch]:
+        """``rows`` cut into micro-batches: by rows, or packed under the token budget (micro_batches module)."""
+        settings = self.settings
+        if settings.micro_batch_tokens is None:
+            plan = micro_batches_by_rows(rows.num_rows, settings.micro_batch_rows)
+            if len(plan) == 1:
+                return [rows]
+        else:
+            lengths = [len(p) + len(c) for p, c in zip(rows["prompt_ids"], rows["completion_ids"], strict=True)]
+            plan = micro_batches_by_tokens(lengths, settings.micro_batch_tokens, settings.micro_batch_rows)
+        return [rows.select(indices) for indices in plan]
+
+    def _backward(self, micro: RowBatch, prev: torch.Tensor | None, ref: torch.Tensor | None) -> None:
+        """Forward one micro-batch, add its loss *sum* to the gradients; ``prev`` None = the current logprobs."""
+        step, loss_cfg = self._step, self.settings.loss
+        assert step is not None
+        # Entropy is always computed: `loss/entropy` is the collapse alarm for small models.
+        scored = self.scorer.score(self.model, micro["prompt_ids"], micro["completion_ids"], with_entropy=True)
+        logprobs, mask = scored.logprobs, scored.mask
+        device = logprobs.device
+        if ref is None and loss_cfg.kl_coef > 0:
+            ref = self._reference_logprobs(micro)
+        loss, stats = policy_loss(
+            logprobs,
+            logprobs.detach() if prev is None else prev,
+            pad_right(micro["generation_logprobs"], logprobs.shape[1]).to(device),
+            micro["advantage"].to(device),
+            mask,
+            epsilon_low=loss_cfg.epsilon_low,
+            epsilon_high=loss_cfg.epsilon_high,
+            dual_clip_c=loss_cfg.dual_clip_c,
+            normalization=loss_cfg.normalization,
+            denominator=1.0,
+            kl_coef=loss_cfg.kl_coef,
+            ref_logprobs=ref,
+            kl_input_clamp=loss_cfg.kl_input_clamp,
+            kl_output_clamp=loss_cfg.kl_output_clamp,
+            importance_sampling=loss_cfg.importance_sampling,
+            is_truncation=loss_cfg.is_truncation,
+            is_ratio_min=loss_cfg.is_ratio_min,
+            is_ratio_max=loss_cfg.is_ratio_max,
+            entropy=scored.entropy,
+            entropy_coef=loss_cfg.entropy_coef,
+        )
+        loss.backward()
+        step.stats.merge(stats)
+        step.update.masks.append(mask)
+        step.update.loss_sum += float(loss.detach())
+        step.padded_tokens += scored.padded_tokens
+        step.real_tokens += scored.real_tokens
+
+    def _reference_logprobs(self, micro: RowBatch) -> torch.Tensor:
+        if self.reference is None:
+            raise RuntimeError("loss.kl_coef > 0 but the learner has no reference model (model.reference)")
+        with torch.no_grad():
+            return self.scorer.score(self.reference, micro["prompt_ids"], micro["completion_ids"]).logprobs
+
+    def _optimizer_update(self) -> None:
+        """Scale the summed gradients by the update's normaliser, clip, step; record loss and grad norm."""
+        step = self._step
+        assert step is not None
+        normaliser = global_denominator(step.update.masks, self.settings.loss.normalization)
+        scale = 1.0 / max(normaliser, 1.0)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        for p in params:
+            p.grad.mul_(scale)
+        max_norm = self.settings.max_grad_norm
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
+        loss = step.update.loss_sum / max(normaliser, 1.0)
+        try:  # before the optimizer step: a NaN gradient must never reach the weights
+            check_finite_step(loss, float(grad_norm), self.version)
+        except NonFiniteTrainingError:
+            self.optimizer.zero_grad(set_to_none=True)
+            self._step = None
+            raise
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        step.grad_norms.append(float(grad_norm))
+        step.losses.append(loss)
+        step.update = _Update()
+
+    def _ppo_updates(self, rows: RowBatch) -> None:
+        """K mini-batches × E epochs of updates from old-policy logprobs computed once (module docstring)."""
+        settings = self.settings
+        self.model.train()
+        plans = [
+            self._micro_batches(rows.select_groups(groups))
+            for groups in mini_batch_groups(rows.group_ids(), settings.mini_batches_per_step)
+        ]
+        with torch.no_grad():
+            old = [[self._old_logprobs(micro) for micro in plan] for plan in plans]
+        for _ in range(settings.epochs_per_step):
+            for plan, plan_old in zip(plans, old, strict=True):
+                for micro, (prev, ref) in zip(plan, plan_old, strict=True):
+                    self._backward(micro, prev=prev, ref=ref)
+                self._optimizer_update()
+
+    def _old_logprobs(self, micro: RowBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """π_old (and the reference's logprobs when the KL term is on) of one micro-batch, before any update."""
+        prev = self.scorer.score(self.model, micro["prompt_ids"], micro["completion_ids"]).logprobs
+        ref = self._reference_logprobs(micro) if self.settings.loss.kl_coef > 0 else None
+        return prev, ref

@@ -5,6 +5,9 @@
 - **Too long** (refused): prompt tokens + ``generation.max_new_tokens`` beyond the model's positions
   (``max_position_embeddings``). Refused rather than truncated: a cut prompt asks another question than the one the
   reward checks, and positions past the trained range give a model's output no meaning.
+- **A chat without a template** (refused): a ``messages`` prompt when the tokenizer has no chat template to render
+  it (a base model, the built-in character tokenizer); joining turns some other way would train on a format the
+  model was never tuned for.
 - **Unknown characters** (counted and reported, not refused): characters the tokenizer maps to its unknown token.
   The run still asks a well-defined question (the model sees ``<unk>`` there) and real datasets hold the odd symbol
   a vocabulary lacks; refusing would leave no way to train on them. The note names how many prompts are affected,
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from groupwise.config import ConfigIssue
+from groupwise.model.encode import has_chat_template
 from groupwise.types import Prompt
 
 MAX_LISTED = 10
@@ -48,7 +52,17 @@ def check_prompts(
     report = PromptReport()
     unk = getattr(tokenizer, "unk_token_id", None)
     special = set(getattr(tokenizer, "all_special_ids", ()) or ()) - {unk}  # an unknown character is content
+    renders_chats = has_chat_template(tokenizer)
     for split, (key, prompts) in splits.items():
+        chats = [prompt.uid for prompt in prompts if prompt.messages is not None and not renders_chats]
+        if chats:
+            report.issues.append(ConfigIssue(
+                key, f"{len(chats)} {split} prompt(s)", "these prompts are chats ('messages') but the tokenizer has "
+                "no chat template to render them:\n" + _listed(chats),
+                "use an instruct model whose tokenizer ships a chat template, or give the data as plain 'prompt' "
+                "strings",
+            ))
+            continue
         empty: list[str] = []
         too_long: list[str] = []
         with_unknown: list[Prompt] = []

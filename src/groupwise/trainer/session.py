@@ -14,14 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from groupwise.batch import RowBatch
 from groupwise.cli.progress import RunProgress
 from groupwise.data.loader import PromptLoader
 from groupwise.data.registry import Task
 from groupwise.data.rewards import RewardFn
 from groupwise.generation.base import Generator
+from groupwise.model.lora import generator_state_dict, load_trained_state_dict, trained_state_dict
 from groupwise.run.checkpoint import (
     CheckpointError,
     capture_rng_state,
@@ -92,8 +91,8 @@ class Session:
 
     # --- weights -------------------------------------------------------------------------------------------
     def publish_weights(self) -> None:
-        """Hand the learner's new weights (version v+1) to the generator."""
-        self.engine.load_weights(self.policy.model.state_dict(), self.learner.version)
+        """Hand the learner's new weights (version v+1) to the generator (adapters merged, when training LoRA)."""
+        self.engine.load_weights(generator_state_dict(self.policy.model), self.learner.version)
 
     # --- per-step edges ------------------------------------------------------------------------------------
     def end_step(self, step: int, metrics: dict[str, float], rows: RowBatch) -> None:
@@ -105,7 +104,9 @@ class Session:
         if every and done % every == 0 and done < self.cfg.run.max_steps:
             metrics.update(self.evaluate(done, log=False))
         if self.cfg.logging.train_data:
-            write_rows_jsonl(self.run_dir.train_data_path(done), {name: rows[name] for name in TRAIN_DATA_COLUMNS})
+            columns = {name: rows[name] for name in TRAIN_DATA_COLUMNS}
+            columns["prompt_text"] = prompt_texts(self.policy.tokenizer, rows["prompt_ids"])
+            write_rows_jsonl(self.run_dir.train_data_path(done), columns)
         self.events.log(done, metrics)
         self.events.event(step_summary(done, metrics))
         self.last_metrics = metrics
@@ -156,7 +157,7 @@ class Session:
     def checkpoint_state(self) -> dict[str, Any]:
         trainer = {**self.state.to_dict(), "loader": self.loader.state_dict(), "fates_offset": self.fates.offset()}
         state = {
-            "model": self.policy.model.state_dict(),
+            "model": trained_state_dict(self.policy.model),  # the adapter only, when training LoRA
             "optimizer": self.learner.state_dict(),
             "rng": capture_rng_state(),
             "trainer": trainer,
@@ -238,8 +239,7 @@ class Session:
             state = load_checkpoint(path)
             if self.cfg.mode == "sync":
                 check_sync_resume(state.get("extra"), path)
-            with torch.no_grad():
-                self.policy.model.load_state_dict(state["model"])
+            load_trained_state_dict(self.policy.model, state["model"])  # every weight, or the LoRA adapter
             self.learner.load_state_dict(state["optimizer"])
             restore_rng_state(state["rng"])
             trainer = dict(state["trainer"])
@@ -273,6 +273,12 @@ class Session:
                 f"resume: fates.jsonl is {result.missing_bytes} bytes shorter than at the checkpoint (lost in a "
                 "crash); `groupwise audit` will list the prompts whose fates are missing"
             )
+
+
+def prompt_texts(tokenizer: Any, prompt_ids: list) -> list[str]:
+    """The prompts as the model saw them: token ids decoded with special tokens kept (a chat prompt reads as its
+    rendered template, generation prompt included)."""
+    return tokenizer.batch_decode([list(ids) for ids in prompt_ids], skip_special_tokens=False)
 
 
 def step_summary(step: int, metrics: dict[str, float]) -> str:

@@ -1,0 +1,210 @@
+"""Scoring completions under a policy for the learner: per-token logprobs, entropies and the completion mask.
+
+Two paths, same numbers (within float rounding; a test pins 1e-5):
+
+* **chunked** (``chunk_tokens`` set, the default): rows laid out as ``prompt ++ completion``, right-padded to
+  the longest row; the model's decoder gives the final hidden states, only the positions that predict a
+  completion token are kept (padding and prompt positions never reach the LM head), and
+  :func:`~groupwise.model.chunked_logprobs.head_logprobs` projects them through the head ``chunk_tokens`` at a
+  time, so peak memory is O(chunk × V) instead of O(rows × T × V).
+* **plain** (``chunk_tokens`` null, or a model the chunked path cannot score exactly):
+  :func:`~groupwise.model.logprobs.completion_logprobs`, the model's own forward with full logits.
+
+The chunked path reads the head's weight and bias directly, so it needs a model whose logits are exactly
+``lm_head(decoder(x))``: a plain ``nn.Linear`` head (tied embeddings and a bias are fine), no logit soft-capping
+or scaling (Gemma 2, Cohere, Granite), no adapter on the head. Known departures are refused by name; anything
+else is caught by a probe at first use that compares both paths on a few tokens. A refused model is scored
+on the plain path and :meth:`CompletionScorer.describe` says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from groupwise.generation.sampling import logprob_temperature
+from groupwise.model.chunked_logprobs import head_logprobs
+from groupwise.model.logprobs import completion_logprobs, position_ids_from_mask
+
+# Max |chunked − forward| logit difference on the probe, relative to the logits' scale.
+_PROBE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
+_PROBE_TOLERANCE_LOW_PRECISION = 3e-2
+# Config attributes of model families whose forward changes the logits after the head (value = "no change").
+_LOGIT_TRANSFORMS = {"final_logit_softcapping": None, "logit_softcapping": None, "logit_scale": 1.0,
+                     "logits_scaling": 1.0}
+
+
+@dataclass
+class ScoredRows:
+    """One micro-batch scored: ``[R, Tc]`` tensors (masked entries 0) and what its forward pass cost."""
+
+    logprobs: Tensor
+    entropy: Tensor | None
+    mask: Tensor
+    padded_tokens: int  # positions fed through the model (rows × width)
+    real_tokens: int  # of which prompt or completion tokens
+
+
+def unwrap_adapter(model: torch.nn.Module) -> torch.nn.Module:
+    """The causal LM inside a peft wrapper (its modules carry the adapters), or ``model`` itself."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def chunked_path_refusal(model: torch.nn.Module) -> str | None:
+    """Why the chunked path cannot score ``model`` exactly (a known departure), or None."""
+    base = unwrap_adapter(model)
+    prefix = getattr(base, "base_model_prefix", "")
+    decoder = getattr(base, prefix, None) if prefix else None
+    if not isinstance(decoder, torch.nn.Module) or decoder is base:
+        return f"{type(base).__name__} has no decoder submodule to take final hidden states from"
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if type(head) is not torch.nn.Linear:
+        return f"the output head is a {type(head).__name__}, not a plain Linear (an adapter on the LM head?)"
+    config = getattr(base, "config", None)
+    for key, neutral in _LOGIT_TRANSFORMS.items():
+        value = getattr(config, key, neutral)
+        if value is not None and value != neutral:
+            return f"the model transforms its logits after the head ({key}={value})"
+    return None
+
+
+class CompletionScorer:
+    """Scores completions on the chunked path when the model allows it, else the plain path (module docstring).
+
+    ``temperature`` is the sampling temperature (greedy scores at 1, as the engine records); ``chunk_tokens``
+    the positions per LM-head chunk (None = plain path); ``compute_dtype`` runs the forward under autocast
+    (CUDA mixed precision), None = the weights' dtype.
+    """
+
+    def __init__(self, temperature: float, chunk_tokens: int | None, compute_dtype: torch.dtype | None = None):
+        if chunk_tokens is not None and chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens={chunk_tokens} must be >= 1 (or None for the plain path)")
+        self.temperature = temperature
+        self.chunk_tokens = chunk_tokens
+        self.compute_dtype = compute_dtype
+        self._refusals: dict[int, str | None] = {}  # id(model) -> why not chunked (None = chunked)
+
+    def describe(self, model: torch.nn.Module) -> str:
+        """Which path scores ``model`` and, for the plain path, why."""
+        if self.chunk_tokens is None:
+            return "plain: full [rows, T, V] logits (optimizer.logprob_chunk_tokens is null)"
+        refusal = self._refusal(model)
+        if refusal is None:
+            return f"chunked: {self.chunk_tokens} positions per LM-head chunk, padding dropped"
+        return f"plain: full [rows, T, V] logits ({refusal})"
+
+    def score(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+        with_entropy: bool = False,
+    ) -> ScoredRows:
+        """Logprobs (and entropies) ``[R, Tc]`` of each completion given its prompt; gradient when under grad."""
+        if len(prompt_ids) != len(completion_ids):
+            raise ValueError(f"{len(prompt_ids)} prompts but {len(completion_ids)} completions; one prompt per row")
+        if self.chunk_tokens is None or self._refusal(model) is not None:
+            with self._autocast(model):
+                logprobs, entropy, mask = completion_logprobs(
+                    model, prompt_ids, completion_ids, self.temperature, with_entropy
+                )
+            width = max(len(p) for p in prompt_ids) + mask.shape[1]
+            real = sum(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids, strict=True))
+            return ScoredRows(logprobs, entropy, mask, len(prompt_ids) * width, real)
+        return self._chunked(model, prompt_ids, completion_ids, with_entropy)
+
+    def _chunked(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+        with_entropy: bool,
+    ) -> ScoredRows:
+        base = unwrap_adapter(model)
+        decoder, head = getattr(base, base.base_model_prefix), base.get_output_embeddings()
+        device = head.weight.device
+        input_ids, attention_mask, scored, mask = right_padded_rows(prompt_ids, completion_ids, device)
+        with self._autocast(model):
+            hidden = decoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids_from_mask(attention_mask),
+                use_cache=False,
+            ).last_hidden_state
+        # Position t predicts token t + 1: shift the targets left by one.
+        targets = input_ids[:, 1:][scored[:, :-1]]
+        logprobs, entropy = head_logprobs(
+            hidden[scored], head.weight, targets, logprob_temperature(self.temperature), self.chunk_tokens,
+            bias=head.bias, compute_dtype=self.compute_dtype,
+        )  # fmt: skip
+        out_logprobs = logprobs.new_zeros(mask.shape).masked_scatter(mask, logprobs)
+        out_entropy = entropy.new_zeros(mask.shape).masked_scatter(mask, entropy) if with_entropy else None
+        return ScoredRows(out_logprobs, out_entropy, mask, input_ids.numel(), int(attention_mask.sum()))
+
+    @contextlib.contextmanager
+    def _autocast(self, model: torch.nn.Module) -> Iterator[None]:
+        if self.compute_dtype is None:
+            yield
+            return
+        device = next(model.parameters()).device
+        with torch.autocast(device_type=device.type, dtype=self.compute_dtype):
+            yield
+
+    def _refusal(self, model: torch.nn.Module) -> str | None:
+        key = id(model)
+        if key not in self._refusals:
+            self._refusals[key] = chunked_path_refusal(model) or self._probe(model)
+        return self._refusals[key]
+
+    def _probe(self, model: torch.nn.Module) -> str | None:
+        """Compare ``head(decoder(x))`` with the model's own logits on a few tokens; a reason when they differ."""
+        base = unwrap_adapter(model)
+        decoder, head = getattr(base, base.base_model_prefix), base.get_output_embeddings()
+        ids = (torch.arange(4, device=head.weight.device) % head.weight.shape[0])[None]
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                expected = model(input_ids=ids, use_cache=False).logits.float()
+                got = head(decoder(input_ids=ids, use_cache=False).last_hidden_state).float()
+        finally:
+            model.train(was_training)
+        if got.shape != expected.shape:
+            return f"probe logits have shape {tuple(got.shape)}, the model's forward {tuple(expected.shape)}"
+        difference = float((got - expected).abs().max())
+        scale = max(1.0, float(expected.abs().max()))
+        tolerance = _PROBE_TOLERANCE.get(head.weight.dtype, _PROBE_TOLERANCE_LOW_PRECISION)
+        if difference > tolerance * scale:
+            return f"probe logits differ from the model's forward by {difference:.3g} (scale {scale:.3g})"
+        return None
+
+
+def right_padded_rows(
+    prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], device: torch.device
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``prompt ++ completion`` per row, right-padded: ids and attention mask ``[R, L]``, ``scored`` ``[R, L]``
+    (True at the positions whose next token is a completion token) and the completion mask ``[R, Tc]``.
+
+    Padding positions hold id 0 and are masked; the masks are positional (a sampled pad id is a real token).
+    """
+    for row, prompt in enumerate(prompt_ids):
+        if len(prompt) == 0:
+            raise ValueError(f"prompt of row {row} is empty; the first completion token needs a prompt token before it")
+    lengths = [(len(p), len(c)) for p, c in zip(prompt_ids, completion_ids, strict=True)]
+    width = max(p + c for p, c in lengths)
+    completion_width = max(c for _, c in lengths)
+    input_ids = torch.zeros((len(lengths), width), dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    scored = torch.zeros((len(lengths), width), dtype=torch.bool)
+    mask = torch.zeros((len(lengths), completion_width), dtype=torch.bool)
+    for row, ((p, c), prompt, completion) in enumerate(zip(lengths, prompt_ids, completion_ids, strict=True)):
+        input_ids[row, : p + c] = torch.as_tensor([*prompt, *completion], dtype=torch.long)
+        attention_mask[row, : p + c] = 1
+        scored[row, p - 1 : p + c - 1] = True
+        mask[row, :c] = True
+    return input_ids.to(device), attention_mask.to(device), scored.to(device), mask.to(device)
