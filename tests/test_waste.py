@@ -111,7 +111,8 @@ def assert_simulated_run_accounts_every_token(result) -> dict:
     by_fate = tokens_by_fate(lines)
     assert summary["engine_generated_tokens"] == summary["generated_tokens"]
     assert summary["generated_tokens"] == sum(by_fate.values())
-    assert summary["generated_tokens"] == summary["trained_tokens"] + summary["wasted_tokens"] + summary["pending_tokens"]
+    settled = summary["trained_tokens"] + summary["wasted_tokens"] + summary["pending_tokens"]
+    assert summary["generated_tokens"] == settled
     for fate in (*WASTE_FATES, "trained", "pending"):
         assert summary[f"{fate}_tokens"] == by_fate.get(fate, 0), fate
     assert summary["waste_fraction"] == pytest.approx(summary["wasted_tokens"] / summary["generated_tokens"], abs=1e-6)
@@ -189,7 +190,8 @@ def test_a_real_sync_run_accounts_every_step_against_its_fates(tmp_path):
         assert record["waste/generated_gen_seconds"] == pytest.approx(record["perf/gen_seconds"], rel=1e-9)
     assert step_sum(records, "waste/discarded_tokens") > 0 and step_sum(records, "waste/filtered_tokens") > 0
     totals = session.state.generation.totals()
-    assert totals["generated_tokens"] == sum(tokens_by_fate(lines).values()) == step_sum(records, "waste/generated_tokens")
+    by_fate = sum(tokens_by_fate(lines).values())
+    assert totals["generated_tokens"] == by_fate == step_sum(records, "waste/generated_tokens")
     events = session.run_dir.events_path.read_text()
     assert f"generation: {totals['generated_tokens']} completion tokens" in events
     assert f"wasted {totals['wasted_tokens']} " in events
