@@ -9,8 +9,9 @@ Invariants pinned (a real tiny model and engine in this process; ``GenerationWor
   carry version 0 tokens then version 1 tokens, and the group's ``start_version`` is its oldest token's; with
   ``off`` it returns only once the running rows finished, and every completion has one version;
 - ``progress`` during a call reports, by group id, a prefix of each sample's final tokens; a resumed call given
-  that progress returns the uninterrupted tokens; ``cancel_groups`` ends a running call with ``GroupCancelled``
-  and frees its rows (the stream goes on serving).
+  that progress returns the uninterrupted tokens; ``cancel_groups`` ends a running call with ``GroupCancelled`` in
+  the group's place, carrying its cost (at least the tokens it held when cancelled, and some seconds), and frees
+  its rows (the stream goes on serving); a returned group's ``gen_seconds`` is the stream's time for it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from test_sync_trainer import tiny_config
 
 from groupwise.data.loader import LoadedPrompt
 from groupwise.runtime.inflight import prefixes_from
+from groupwise.types import cost_of
 
 pytest.importorskip("ray")
 from groupwise.runtime.ray_actors import GenerationWorker  # noqa: E402
@@ -77,6 +79,8 @@ def test_concurrent_calls_share_the_stream_and_give_the_batch_per_call_tokens(tm
         thread.join(60)
     got = [out["value"][0] for _, out in calls]
     assert worker.stream.stream.joins >= 1
+    assert all(g.gen_seconds > 0 for g in got)  # the stream's time, split among the rows each step ran
+    assert sum(g.gen_seconds for g in got) <= worker.stream.stream.busy_seconds
     reference = GenerationWorker(_cfg(tmp_path, continuous=False), 0)
     expected = reference.generate_group_outcomes(items, list(range(len(items))), [0] * len(items))
     for a, b in zip(got, expected, strict=True):
@@ -128,9 +132,14 @@ def test_progress_resume_and_cancel(tmp_path):
 
     thread, out = _in_thread(worker.generate_group_outcomes, items[1:], [3], [0])
     _when_decoding(worker, worker.stream.stream.steps + 2)
+    with worker.stream.stream.paused():
+        held = worker.stream.stream.progress()
     worker.cancel_groups([3])
     thread.join(60)
-    assert isinstance(out["value"], GroupCancelled)
+    (cancelled,) = out["value"]  # in the group's place, with what it cost until its rows left the stream
+    assert isinstance(cancelled, GroupCancelled)
+    at_cancel = sum(len(row.token_ids) for rows in held.values() for row in rows if row is not None)
+    assert cost_of(cancelled).tokens >= at_cancel > 0 and cost_of(cancelled).seconds > 0
     deadline = time.monotonic() + 60
     while worker.stream.stream.progress():  # the stream drops the cancelled rows at its next token boundary
         assert time.monotonic() < deadline, "the cancelled group kept its rows"

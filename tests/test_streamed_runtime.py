@@ -9,7 +9,10 @@ Invariants pinned:
 - evaluation while the stream runs parks it (``PausingGenerator``: no decode step meanwhile, the rollouts go on
   afterwards) and gets the answers it gets alone;
 - an async run with continuous batching and partial rollouts balances every step (trained + dropped = P),
-  writes aligned train data and audits clean.
+  writes aligned train data, audits clean and accounts every generated token (generated = trained + wasted +
+  pending; each fate's tokens = those of its fates.jsonl lines; every step's groups charged some seconds);
+- a rollout cancelled mid-generation (an abort) is charged what the stream spent on it once its rows left their
+  slots: the tokens it held and some seconds (``spent``); a group the client never ran costs nothing.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ from types import SimpleNamespace
 import pytest
 from test_async_runtime import ready_first_async
 from test_sync_trainer import tiny_config
+from test_waste import tokens_by_fate
 
 from groupwise.config import config_from_dict
 from groupwise.data.loader import LoadedPrompt
 from groupwise.run.audit import audit_run
+from groupwise.run.fates_file import read_fates
 from groupwise.run.metrics import read_metrics
 from groupwise.runtime.async_run import run_async
 from groupwise.runtime.embedded import EmbeddedRollouts
@@ -162,7 +167,7 @@ def test_an_async_run_with_continuous_batching_and_partial_rollouts(tmp_path):
     data = ready_first_async(cfg.model_dump(by_alias=True))
     data["async"]["partial_rollouts"] = "continue"
     session = build_session(config_from_dict(data))
-    run_async(session)
+    summary = run_async(session)
     records = [r for r in read_metrics(session.run_dir.metrics_path) if "loss/total" in r]
     assert [r["step"] for r in records] == [1, 2, 3]
     for record in records:
@@ -174,3 +179,36 @@ def test_an_async_run_with_continuous_batching_and_partial_rollouts(tmp_path):
         assert all(len(r["completion_ids"]) == len(r["generation_logprobs"]) for r in rows)
     report = audit_run(session.run_dir.path)
     assert report.ok, report.format()
+    # every generated token is accounted: generated = trained + wasted + pending, and each fate's tokens are those
+    # of its fates.jsonl lines (the streamed client charges each group the stream's time for its rows)
+    lines = read_fates(session.run_dir.fates_path)
+    totals = summary.fates.generation.totals()
+    by_fate = tokens_by_fate(lines)
+    assert totals["generated_tokens"] == sum(by_fate.values()) > 0
+    assert totals["generated_tokens"] == totals["trained_tokens"] + totals["wasted_tokens"] + totals["pending_tokens"]
+    assert totals["trained_tokens"] == by_fate["trained"] == sum(r["perf/train_tokens"] for r in records)
+    assert all(r["waste/generated_gen_seconds"] > 0 for r in records)
+
+
+def test_a_cancelled_rollout_is_charged_what_the_stream_spent_on_it(tmp_path):
+    cfg, parts = _parts(tmp_path, max_new=48)
+    items = _items(parts, 2)
+
+    async def run():
+        streamed = _streamed(parts)
+        try:
+            task = asyncio.ensure_future(streamed.rollout(items[0], 0, 0, 0))
+            await _when_decoding(streamed.stream, 3)
+            held = sum(len(r.token_ids) for rows in streamed.stream.progress().values() for r in rows if r)
+            task.cancel()
+            streamed.stream.resume()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            cost = await asyncio.wait_for(streamed.spent(0), 30)
+            return held, cost, await streamed.spent(99), streamed.stream.progress()
+        finally:
+            await streamed.close()
+
+    held, cost, never_ran, left = asyncio.run(run())
+    assert cost.tokens >= held > 0 and cost.seconds > 0
+    assert never_ran.tokens == 0 and never_ran.seconds == 0 and left == {}

@@ -88,8 +88,8 @@ class Completion:
     ``logprobs[i]`` is the log-probability of ``token_ids[i]`` recorded at sampling time, under the
     sampling temperature, under the weights that produced it. ``token_versions[i]`` is the weight version that
     produced ``token_ids[i]``; ``weight_version`` is the version of the last token. Without partial rollouts every
-    token of a completion comes from one version (``token_versions`` may then be omitted: it defaults to
-    ``weight_version`` for every token); with them a completion can span weight syncs.
+    token of a completion comes from one version (``token_versions`` may then be left out: every token gets
+    ``weight_version``); with them a completion can span weight syncs.
     """
 
     token_ids: tuple[int, ...]
@@ -97,7 +97,7 @@ class Completion:
     text: str
     finish_reason: FinishReason
     weight_version: int
-    token_versions: tuple[int, ...] = ()
+    token_versions: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -105,7 +105,7 @@ class Completion:
                 f"Completion has {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs; "
                 "every token needs the logprob recorded when it was sampled"
             )
-        if not self.token_versions and self.token_ids:
+        if self.token_versions is None:
             object.__setattr__(self, "token_versions", (self.weight_version,) * len(self.token_ids))
         elif len(self.token_versions) != len(self.token_ids):
             raise ValueError(
@@ -118,6 +118,43 @@ class Completion:
         return len(self.token_ids)
 
 
+@dataclass(frozen=True)
+class GenerationCost:
+    """What the generator spent on one attempt: its completion tokens and the generation seconds attributed to it.
+
+    ``seconds`` is a share of a generator call's wall time, pro rata by completion tokens among the groups of the
+    call (:func:`groupwise.algo.waste.split_call_seconds`; docs/metrics.md, "Wasted compute", says how each runtime
+    and the simulator attribute it).
+    """
+
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+NO_COST = GenerationCost()
+
+
+def attach_cost(error: BaseException, cost: GenerationCost) -> BaseException:
+    """Record on ``error`` what the failed (or cancelled) attempt had cost; returns ``error``."""
+    error.generation_cost = cost  # type: ignore[attr-defined]
+    return error
+
+
+def cost_of(error: BaseException) -> GenerationCost:
+    """What :func:`attach_cost` recorded on ``error`` (nothing recorded: :data:`NO_COST`)."""
+    cost = getattr(error, "generation_cost", None)
+    return cost if isinstance(cost, GenerationCost) else NO_COST
+
+
+def charge_seconds(outcome: Group | BaseException, seconds: float) -> Group | BaseException:
+    """``outcome`` of one attempt charged ``seconds`` of generation: a group's ``gen_seconds``, or on an error (a
+    reward failure) its recorded cost, keeping the tokens already recorded there. Returns ``outcome``."""
+    if isinstance(outcome, Group):
+        outcome.gen_seconds = seconds
+        return outcome
+    return attach_cost(outcome, GenerationCost(cost_of(outcome).tokens, seconds))
+
+
 @dataclass
 class Group:
     """One prompt with its G scored completions.
@@ -126,7 +163,8 @@ class Group:
     sees; ``rewards`` are after scaling and overlong shaping and are what advantages use. The two
     lists are never overwritten by anything else (an advantage lives in its own column).
     ``start_version``/``end_version`` are the generator's weight versions at dispatch and finish.
-    ``target_step`` is the step an ``in_order`` sampler stamped on the slot (else None).
+    ``target_step`` is the step an ``in_order`` sampler stamped on the slot (else None). ``gen_seconds`` is the
+    generation time attributed to the group (see :class:`GenerationCost`).
     """
 
     group_id: int
@@ -140,6 +178,7 @@ class Group:
     epoch: int = 0
     attempt: int = 0
     target_step: int | None = None
+    gen_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         n = len(self.completions)
@@ -166,6 +205,11 @@ class Group:
         versions = [v for c in self.completions for v in c.token_versions]
         return sum(versions) / len(versions) if versions else float(self.start_version)
 
+    @property
+    def cost(self) -> GenerationCost:
+        """The group's generation cost: its completion tokens and :attr:`gen_seconds`."""
+        return GenerationCost(self.num_completion_tokens, self.gen_seconds)
+
 
 def group_to_dict(group: Group) -> dict[str, Any]:
     """A JSON-serialisable copy of a group (for checkpoints of buffered or carried groups)."""
@@ -186,7 +230,7 @@ def group_to_dict(group: Group) -> dict[str, Any]:
                 "text": c.text,
                 "finish_reason": c.finish_reason,
                 "weight_version": c.weight_version,
-                "token_versions": list(c.token_versions),
+                **({} if _uninterrupted(c) else {"token_versions": list(c.token_versions or ())}),
             }
             for c in group.completions
         ],
@@ -197,7 +241,12 @@ def group_to_dict(group: Group) -> dict[str, Any]:
         "epoch": group.epoch,
         "attempt": group.attempt,
         "target_step": group.target_step,
+        "gen_seconds": group.gen_seconds,
     }
+
+
+def _uninterrupted(completion: Completion) -> bool:
+    return all(v == completion.weight_version for v in completion.token_versions or ())
 
 
 def group_from_dict(data: dict[str, Any]) -> Group:
@@ -217,7 +266,7 @@ def group_from_dict(data: dict[str, Any]) -> Group:
             text=c["text"],
             finish_reason=c["finish_reason"],
             weight_version=c["weight_version"],
-            token_versions=tuple(c.get("token_versions", ())),  # absent in checkpoints written before it existed
+            token_versions=tuple(c["token_versions"]) if "token_versions" in c else None,
         )
         for c in data["completions"]
     ]
@@ -233,4 +282,5 @@ def group_from_dict(data: dict[str, Any]) -> Group:
         epoch=data["epoch"],
         attempt=data["attempt"],
         target_step=data["target_step"],
+        gen_seconds=float(data.get("gen_seconds", 0.0)),  # absent in checkpoints written before it was recorded
     )

@@ -138,19 +138,10 @@ def async_rollout_failure(cfg: RunConfig) -> Iterator[ConfigIssue]:
                                   f"remove {path}, or set async.rollout_failure.on_dropped_prompt: replace")
 
 
-@rule("mode", "async_", "generation")
-def partial_rollouts_need_continuous_batching(cfg: RunConfig) -> Iterator[ConfigIssue]:
-    """Async mode: partial_rollouts continue needs generation.continuous_batching; partial_rollout_kv keeps its
-    default unless partial_rollouts is continue."""
-    if cfg.mode != "async":
-        return
+@rule("async_")
+def partial_rollout_kv_needs_partial_rollouts(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """async.partial_rollout_kv keeps its default unless async.partial_rollouts is continue."""
     section = cfg.async_
-    if section.partial_rollouts == "continue" and not cfg.generation.continuous_batching:
-        yield ConfigIssue(
-            "async.partial_rollouts", section.partial_rollouts,
-            "partial rollouts swap weights inside a running decode loop, which only continuous batching has",
-            "set generation.continuous_batching: true, or async.partial_rollouts: off",
-        )
     if section.partial_rollouts == "off" and section.partial_rollout_kv != "recompute":
         yield ConfigIssue(
             "async.partial_rollout_kv", section.partial_rollout_kv,

@@ -77,6 +77,7 @@ class GenerationStream:
         self._cond = threading.Condition(threading.Lock())
         self._inbox: list[StreamRequest] = []
         self._cancels: set[int] = set()
+        self._on_dropped: dict[int, Callable[[int, float], None]] = {}
         self._post: _WeightPost | None = None
         self._requests: dict[int, StreamRequest] = {}  # every unfinished request, by handle
         self._answered: dict[int, StreamRequest] = {}  # answered, kept for progress until forgotten
@@ -105,13 +106,27 @@ class GenerationStream:
             self._cond.notify_all()
         return handle
 
-    def cancel(self, handle: int) -> None:
-        """Drop a request (its requester gave up): its rows leave their slots at the next token boundary."""
+    def cancel(self, handle: int, on_dropped: Callable[[int, float], None] | None = None) -> None:
+        """Drop a request (its requester gave up): its rows leave their slots at the next token boundary. Then
+        ``on_dropped(tokens, seconds)`` gets what it had cost (:meth:`cost`) — at once for a request already
+        answered, never when the stream closes first."""
         with self._cond:
-            self._answered.pop(handle, None)
+            answered = self._answered.pop(handle, None)
             if handle in self._requests:
                 self._cancels.add(handle)
+                if on_dropped is not None:
+                    self._on_dropped[handle] = on_dropped
                 self._cond.notify_all()
+                return
+        if on_dropped is not None:
+            on_dropped(*(_cost(answered) if answered is not None else (0, 0.0)))
+
+    def cost(self, handle: int) -> tuple[int, float]:
+        """What a request not yet forgotten cost so far: the tokens its rows hold and the stream's seconds
+        attributed to it (every prefill, decode step and KV rebuild split evenly among the rows it ran)."""
+        with self._cond:
+            entry = self._requests.get(handle) or self._answered.get(handle)
+            return _cost(entry) if entry is not None else (0, 0.0)
 
     def post_weights(self, load: Callable[[], None], done: Callable[[BaseException | None], None]) -> None:
         """Have the serving thread run ``load`` (copy new weights into the engine) at a token boundary — at once
@@ -257,12 +272,15 @@ class GenerationStream:
     def _drop(self, handle: int) -> None:
         with self._cond:
             entry = self._requests.pop(handle, None)
+            on_dropped = self._on_dropped.pop(handle, None)
         if entry is None:
             return
         self._waiting = deque(row for row in self._waiting if row.request is not entry)
         for row in entry.rows:
             if row.slot is not None:
                 self._slots.free(row)
+        if on_dropped is not None:
+            on_dropped(*_cost(entry))
 
     def _resolve(self, entry: StreamRequest) -> None:
         with self._cond:
@@ -279,12 +297,16 @@ class GenerationStream:
         with self._cond:
             entries = list(self._requests.values())
             self._requests.clear()
+            dropped = [(self._on_dropped.pop(entry.handle), entry) for entry in entries
+                       if entry.handle in self._on_dropped]  # fmt: skip
             self._inbox, self._cancels = [], set()
             post, self._post = self._post, None
         self._waiting.clear()
         self._slots.clear()
         if post is not None:
             post.done(error)
+        for on_dropped, entry in dropped:  # cancelled before the failure: their requesters want the cost only
+            on_dropped(*_cost(entry))
         for entry in entries:
             entry.on_done(error)
 
@@ -309,10 +331,18 @@ class GenerationStream:
 
     def _recompute_live(self) -> None:
         """Rebuild the live rows' KV under the weights just loaded: prefill prompt + tokens but the last."""
+        start = time.perf_counter()
         rows = self._slots.live_rows()
         prefill = self._prefill(rows)
         self._slots.ensure_room(self._slots.live, prefill.width + self.sampling.max_new_tokens)
         self._slots.load(rows, prefill, list(range(len(rows))), into_own=True)
+        self._charge(rows, time.perf_counter() - start)
+
+    def _charge(self, rows: list[StreamRow], seconds: float) -> None:
+        """Attribute ``seconds`` of work on ``rows`` to their requests, evenly per row."""
+        with self._cond:
+            for row in rows:
+                row.request.seconds += seconds / len(rows)
 
     # -- admission --------------------------------------------------------------------------------------------
     def _admit(self) -> None:
@@ -331,12 +361,14 @@ class GenerationStream:
             return
         if self._slots.live:
             self.joins += len({row.request.handle for row in batch})
+        start = time.perf_counter()
         prefill = self._prefill(batch)
         self._slots.ensure_room(self._slots.live + len(batch), prefill.width + self.sampling.max_new_tokens)
         fresh = [i for i, row in enumerate(batch) if not row.token_ids]
         finished = set(self._draw_first(batch, fresh, prefill)) if fresh else set()
         loaded = [i for i, row in enumerate(batch) if row not in finished]
         self._slots.load([batch[i] for i in loaded], prefill, loaded)
+        self._charge(batch, time.perf_counter() - start)
         self._finish(finished)
 
     def _prefill(self, rows: list[StreamRow]) -> Any:
@@ -368,13 +400,16 @@ class GenerationStream:
 
     # -- decoding ---------------------------------------------------------------------------------------------
     def _step(self) -> None:
+        start = time.perf_counter()
         rows, tokens, logprobs = self._slots.step()
         version = self.engine.version
+        seconds = (time.perf_counter() - start) / max(1, len(rows))
         with self._cond:  # progress readers see every row at a token boundary
             for row, token, logprob in zip(rows, tokens, logprobs, strict=True):
                 row.token_ids.append(token)
                 row.logprobs.append(logprob)
                 row.versions.append(version)
+                row.request.seconds += seconds
             finished = self._rules.apply(rows)
         self.steps += 1
         self.generated_tokens += len(rows)
@@ -389,3 +424,7 @@ class GenerationStream:
         for entry in sorted({row.request for row in finished}, key=lambda e: e.handle):
             if entry.unfinished == 0:
                 self._resolve(entry)
+
+
+def _cost(entry: StreamRequest) -> tuple[int, float]:
+    return entry.tokens, entry.seconds

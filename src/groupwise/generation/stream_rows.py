@@ -52,10 +52,16 @@ class StreamRequest:
     on_done: Done
     rows: list[StreamRow] = field(default_factory=list)
     unfinished: int = 0
+    seconds: float = 0.0  # the stream's time attributed to its rows (each step's time split among the live rows)
 
     @property
     def prompt(self) -> tuple[int, ...]:
         return self.request.prompt_token_ids
+
+    @property
+    def tokens(self) -> int:
+        """Tokens its rows hold (a continued row's prefix included)."""
+        return sum(len(row.token_ids) for row in self.rows)
 
     def progress(self) -> tuple[RowPrefix | None, ...]:
         if not self.rows:  # not yet taken in: any prefixes it came with are all it has

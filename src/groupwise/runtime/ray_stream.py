@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from groupwise.runtime.inflight import encode_progress, oldest_version
-from groupwise.types import GenerationRequest, Group
+from groupwise.types import GenerationCost, GenerationRequest, Group, attach_cost, charge_seconds
 
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 
 class GroupCancelled(RuntimeError):
-    """The driver cancelled a group this call was waiting for (its requester is gone)."""
+    """The driver cancelled a group this call was waiting for (its requester is gone); carries what the group cost
+    (``groupwise.types.cost_of``) once its rows left the stream."""
 
 
 class _Answer:
@@ -71,14 +72,18 @@ class StreamedWorker:
             waiting.append((item, group_id, attempt, request, handle, answer))
         try:
             outcomes = []
-            for item, group_id, attempt, request, _, answer in waiting:
+            for item, group_id, attempt, request, handle, answer in waiting:
                 answer.ready.wait()
+                if isinstance(answer.value, GroupCancelled):  # its place holds the cost, for the driver's books
+                    outcomes.append(answer.value)
+                    continue
                 if isinstance(answer.value, BaseException):
                     raise answer.value
+                _, seconds = self.stream.cost(handle)
                 start = oldest_version(request.prefixes, version)  # a continued attempt: its oldest kept token
-                outcomes.append(self.rollouts.score_group(
+                outcomes.append(charge_seconds(self.rollouts.score_group(
                     item, group_id, attempt, request, answer.value, start, self.rollouts.generator.version
-                ))  # fmt: skip
+                ), seconds))  # fmt: skip
             return outcomes
         finally:
             with self._lock:
@@ -93,8 +98,8 @@ class StreamedWorker:
         for entry in running:
             if entry is not None:
                 handle, _, answer = entry
-                self.stream.cancel(handle)
-                answer(GroupCancelled("the driver cancelled this group"))
+                self.stream.cancel(handle, lambda tokens, seconds, answer=answer: answer(attach_cost(
+                    GroupCancelled("the driver cancelled this group"), GenerationCost(tokens, seconds))))
 
     def load_weights(self, load: Callable[[], None]) -> None:
         """Have the stream run ``load`` at a token boundary (or after a drain) and wait for it; one at a time (the

@@ -31,7 +31,7 @@ from typing import Any
 from groupwise.runtime.inflight import continuation, prefix_tokens
 from groupwise.runtime.ray_pool import GenerationPool, WorkerSlot
 from groupwise.runtime.ray_runtime import RayRolloutClient
-from groupwise.runtime.rollout_queue import PendingRollout
+from groupwise.runtime.rollout_queue import PendingRollout, charge_reported
 from groupwise.types import Group
 
 # How long a checkpoint waits for the workers' progress; past it, their attempts are saved to start over.
@@ -82,11 +82,15 @@ class RayStreamedRollouts(RayRolloutClient):
             [p.prefixes for p in batch],
         )  # fmt: skip
 
-    def _release(self, slot: WorkerSlot, batch: list[PendingRollout], start: float) -> None:
+    def _charge(self, batch: list[PendingRollout], outcomes: Any, seconds: float) -> None:
+        """A group's cost is what its worker's stream attributed to it (calls overlap: their wall time is not)."""
+        charge_reported(batch, outcomes)
+
+    def _release(self, slot: WorkerSlot, batch: list[PendingRollout], seconds: float) -> None:
         """Busy time is the time a worker held at least one group (its stream decodes them all at once)."""
         slot.groups -= len(batch)
         if not slot.groups:
-            since = self._holding_since.pop(slot.index, start)
+            since = self._holding_since.pop(slot.index, time.perf_counter() - seconds)
             self.busy_seconds += (time.perf_counter() - since) / max(1, len(self.pool.workers))
 
     async def fetch_progress(self) -> dict[int, Any]:

@@ -27,7 +27,15 @@ from groupwise.model.lora import generator_state_dict
 from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.inflight import continuation, encode_progress, prefix_tokens
 from groupwise.trainer.rollout import RolloutWorker
-from groupwise.types import Completion, GenerationRequest, Group, SamplingParams
+from groupwise.types import (
+    NO_COST,
+    Completion,
+    GenerationCost,
+    GenerationRequest,
+    Group,
+    SamplingParams,
+    charge_seconds,
+)
 
 
 @dataclass
@@ -45,12 +53,15 @@ def _settle(future: asyncio.Future, outcome: Any) -> None:
         future.set_result(outcome)
 
 
-def answer_from_thread(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Callable[[Any], None]:
-    """A callback for the serving thread that settles ``future`` on ``loop`` (dropped once the loop is closed)."""
+def answer_from_thread(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future, unpack: bool = False
+) -> Callable[..., None]:
+    """A callback for the serving thread that settles ``future`` on ``loop`` (dropped once the loop is closed) with
+    its one argument, or with the tuple of its arguments when ``unpack``."""
 
-    def answer(outcome: Any) -> None:
+    def answer(*outcome: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the run ended and its loop closed: nobody waits any more
-            loop.call_soon_threadsafe(_settle, future, outcome)
+            loop.call_soon_threadsafe(_settle, future, outcome if unpack else outcome[0])
 
     return answer
 
@@ -81,6 +92,7 @@ class StreamedRollouts:
         self.resumed_tokens = 0  # tokens of resumed attempts that were continued, not generated again
         self._returned = 0
         self._running: dict[int, _Running] = {}
+        self._spent: dict[int, asyncio.Future] = {}  # cancelled rollouts' costs, until the controller asks
         self._scorer = DaemonWorker("groupwise-scoring")
         stream.start("groupwise-generation")
 
@@ -102,21 +114,34 @@ class StreamedRollouts:
         self._running[group_id] = _Running(handle, request)
         try:
             completions = await generated
+            _, seconds = self.stream.cost(handle)
             outcome = await self._scorer.run(
                 self.worker.score_group, prompt, group_id, attempt, request, completions, start_version,
                 self.worker.generator.version,
             )  # fmt: skip
         except asyncio.CancelledError:
-            self.stream.cancel(handle)
+            spent: asyncio.Future[tuple[int, float]] = loop.create_future()
+            self._spent[group_id] = spent
+            self.stream.cancel(handle, answer_from_thread(loop, spent, unpack=True))
             raise
         finally:
             self._running.pop(group_id, None)
             self.stream.forget(handle)
         self._returned += 1
+        outcome = charge_seconds(outcome, seconds)  # a reward failure keeps its completions' tokens
         if isinstance(outcome, BaseException):
             raise outcome
         self.generated_tokens += outcome.num_completion_tokens
         return outcome
+
+    async def spent(self, group_id: int) -> GenerationCost:
+        """What a rollout the controller cancelled cost: its tokens and the stream's time until its rows left their
+        slots (nothing for a group this client never ran)."""
+        spent = self._spent.pop(group_id, None)
+        if spent is None:
+            return NO_COST
+        tokens, seconds = await spent
+        return GenerationCost(tokens, seconds)
 
     def _prefixes(self, prompt: Any, group_id: int, attempt: int, resume: Any) -> tuple:
         prefixes = continuation(self.worker, prompt, group_id, attempt, resume, self.on_event)

@@ -63,6 +63,19 @@ def check_train_start(cfg: Any, *, resume: bool, resume_from: Path | None) -> In
     return inputs
 
 
+def partial_rollout_issues(cfg: Any) -> list[ConfigIssue]:
+    """Training with ``async.partial_rollouts: continue`` needs ``generation.continuous_batching: true``: weights
+    are swapped inside a running decode loop, which only the generation stream has (``groupwise simulate`` models
+    partial rollouts without it)."""
+    if cfg.mode != "async" or cfg.async_.partial_rollouts == "off" or cfg.generation.continuous_batching:
+        return []
+    return [ConfigIssue(
+        "async.partial_rollouts", cfg.async_.partial_rollouts,
+        "partial rollouts swap weights inside a running decode loop, which only continuous batching has",
+        "set generation.continuous_batching: true, or async.partial_rollouts: off",
+    )]  # fmt: skip
+
+
 def input_issues(cfg: Any, *, training: bool, location: bool) -> tuple[Inputs | None, list[ConfigIssue]]:
     """``(inputs, every problem found)``; ``inputs`` is None when the task or the reward could not be built."""
     issues = model_issues(cfg.model)
@@ -70,6 +83,8 @@ def input_issues(cfg: Any, *, training: bool, location: bool) -> tuple[Inputs | 
     issues.extend(task_issues)
     if training and task is not None:
         issues.extend(prompt_count_issues(cfg, len(task.train_prompts())))
+    if training:
+        issues.extend(partial_rollout_issues(cfg))
     reward_fn, reward_issues = _reward(cfg, task)
     issues.extend(reward_issues)
     issues.extend(_sampler_issues(cfg))

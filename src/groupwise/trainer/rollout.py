@@ -17,7 +17,16 @@ from groupwise.data.scoring import RewardError, score_completions
 from groupwise.generation.base import Generator
 from groupwise.model.encode import encode_prompt
 from groupwise.seeding import request_seed
-from groupwise.types import Completion, GenerationRequest, Group, Prompt, RowPrefix, SamplingParams
+from groupwise.types import (
+    Completion,
+    GenerationCost,
+    GenerationRequest,
+    Group,
+    Prompt,
+    RowPrefix,
+    SamplingParams,
+    attach_cost,
+)
 
 if TYPE_CHECKING:
     from groupwise.config import GrpoSection
@@ -130,8 +139,8 @@ class RolloutWorker:
         """Score one prompt's completions into its group, or the reward failure that only this prompt gets."""
         try:
             raw = score_completions(self.reward_fn, item.prompt, completions, self.reward_kwargs)
-        except RewardError as error:
-            return error
+        except RewardError as error:  # its completions were generated: the runtime charges them to the attempt
+            return attach_cost(error, GenerationCost(sum(c.num_tokens for c in completions)))
         return Group(
             group_id=group_id,
             prompt=item.prompt,
