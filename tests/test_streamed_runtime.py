@@ -12,7 +12,8 @@ Invariants pinned:
   writes aligned train data, audits clean and accounts every generated token (generated = trained + wasted +
   pending; each fate's tokens = those of its fates.jsonl lines; every step's groups charged some seconds);
 - a rollout cancelled mid-generation (an abort) is charged what the stream spent on it once its rows left their
-  slots: the tokens it held and some seconds (``spent``); a group the client never ran costs nothing.
+  slots: the tokens it held and some seconds (``spent``); a group the client never ran costs nothing;
+- partial rollouts on a model the stream cannot decode are a config error (never silently one version per call).
 """
 
 from __future__ import annotations
@@ -212,3 +213,15 @@ def test_a_cancelled_rollout_is_charged_what_the_stream_spent_on_it(tmp_path):
     held, cost, never_ran, left = asyncio.run(run())
     assert cost.tokens >= held > 0 and cost.seconds > 0
     assert never_ran.tokens == 0 and never_ran.seconds == 0 and left == {}
+
+
+def test_partial_rollouts_on_a_model_without_the_stream_are_refused_not_ignored(tmp_path, monkeypatch):
+    from groupwise.config import ConfigError
+    from groupwise.generation.engine import Engine
+
+    monkeypatch.setattr(Engine, "stream_unavailable", lambda self: "the model decodes with its own forward (test)")
+    data = ready_first_async(tiny_config(tmp_path, generation={"continuous_batching": True}).model_dump(by_alias=True))
+    build_components(config_from_dict(data))  # off: a note, and one batch per engine call
+    data["async"]["partial_rollouts"] = "continue"
+    with pytest.raises(ConfigError, match=r"(?s)async.partial_rollouts.*own forward \(test\)"):
+        build_components(config_from_dict(data))

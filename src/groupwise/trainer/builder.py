@@ -180,6 +180,11 @@ def build_components(
         raise ConfigError(report.issues)
     notes = list(report.notes)
     if cfg.generation.continuous_batching and (why := engine.stream_unavailable()) is not None:
+        if cfg.mode == "async" and cfg.async_.partial_rollouts == "continue":  # it would silently do nothing
+            raise ConfigError([ConfigIssue(
+                "async.partial_rollouts", "continue", f"partial rollouts need the generation stream, but {why}",
+                "set async.partial_rollouts: off for this model (a Llama or Qwen2 architecture has the fast step)",
+            )])  # fmt: skip
         notes.append(f"generation.continuous_batching is on, but {why}: generation runs one batch per engine call")
     for note in notes:
         logger.warning(note)
