@@ -20,6 +20,7 @@ import threading
 import time
 
 import pytest
+from test_streamed_runtime import assert_same_groups
 from test_sync_trainer import tiny_config
 
 from groupwise.data.loader import LoadedPrompt
@@ -83,11 +84,7 @@ def test_concurrent_calls_share_the_stream_and_give_the_batch_per_call_tokens(tm
     assert sum(g.gen_seconds for g in got) <= worker.stream.stream.busy_seconds
     reference = GenerationWorker(_cfg(tmp_path, continuous=False), 0)
     expected = reference.generate_group_outcomes(items, list(range(len(items))), [0] * len(items))
-    for a, b in zip(got, expected, strict=True):
-        assert [c.token_ids for c in a.completions] == [c.token_ids for c in b.completions]
-        assert a.raw_rewards == b.raw_rewards and a.group_id == b.group_id
-        for x, y in zip(a.completions, b.completions, strict=True):
-            assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) <= 1e-5
+    assert_same_groups(got, expected)
 
 
 @pytest.mark.parametrize("partial", ["continue", "off"])
