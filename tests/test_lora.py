@@ -103,8 +103,10 @@ def test_lora_resume_equals_continuing(tmp_path, trained):
     assert _trained_prompts(trained.run_dir.path) == _trained_prompts(resumed.run_dir.path)
 
 
-def test_async_weight_sync_hands_the_engine_merged_weights(tmp_path):
-    cfg = tiny_config(tmp_path, run={"name": "async-lora", "max_steps": 2}, model=LORA, **QUIET)
+@pytest.mark.parametrize("continuous_batching", [False, True])
+def test_async_weight_sync_hands_the_engine_merged_weights(tmp_path, continuous_batching):
+    cfg = tiny_config(tmp_path, run={"name": "async-lora", "max_steps": 2}, model=LORA,
+                      generation={"continuous_batching": continuous_batching}, **QUIET)  # fmt: skip
     data = cfg.model_dump(by_alias=True)
     data["mode"] = "async"
     data["grpo"]["dynamic_sampling"] = {"enabled": True}

@@ -13,6 +13,11 @@ Invariants pinned:
 - killing a generation worker mid-group: the run completes, the lost groups are redispatched and counted
   (``rollout/redispatches`` = the failed-and-retried fates), one replacement worker is counted
   (``rollout/worker_restarts``), and no group is lost or trained twice;
+- with continuous batching (one call per group on threaded, streamed workers) and partial rollouts, an async run
+  keeps the same contract, every trained row's logprobs align with its tokens, and token staleness is at most
+  group staleness; (slow tier) a checkpoint taken while groups run on the workers saves their tokens so far, and
+  a resume continues them: the kept tokens are counted in ``rollout/resumed_tokens`` and ``events.log``, and
+  the resumed run audits clean;
 - LoRA on Ray trains bit-identical adapter weights to embedded on the same prompts, and its ``final/`` loads
   merged (transformers) and as an adapter (peft);
 - a dead learner ends the run with a clear error and a valid last checkpoint, and resuming from it on Ray gives
@@ -342,6 +347,77 @@ def test_killed_generation_worker_is_replaced_and_its_groups_redispatched(ray_cl
     assert sum(line["rollout/worker_restarts"] for line in lines) == 1
     events = (session.run_dir.path / "events.log").read_text()
     assert "generation worker 0 died" in events and "generation worker 1 started in place of worker 0" in events
+
+
+# --- continuous batching -----------------------------------------------------------------------------------------
+
+
+def slow_marker_reward(prompt, completion) -> float:
+    """``scripted_rewards.marker_reward`` after 50 ms: groups are still being scored on the workers (their rows done,
+    their calls running) whenever a step ends, so every checkpoint finds attempts to keep."""
+    import time
+
+    from scripted_rewards import marker_reward
+
+    time.sleep(0.05)
+    return marker_reward(prompt, completion)
+
+
+def streamed_config(root: Path, name: str, max_steps: int, **sections):
+    return tiny_config(
+        root, name, backend="ray", mode="async", run={"max_steps": max_steps},
+        generation={"continuous_batching": True, "max_new_tokens": 8, "micro_batch_groups": 2},
+        model={"tiny": {"max_position_embeddings": 64}},
+        **{"async": {"partial_rollouts": "continue", **sections.pop("async", {})}}, **sections,
+    )  # fmt: skip
+
+
+def test_an_async_run_on_streamed_workers_keeps_the_contract(ray_cluster, tmp_path):
+    from groupwise.runtime.ray_session import ray_clients
+    from groupwise.runtime.ray_stream_client import RayStreamedRollouts
+
+    session = build(streamed_config(tmp_path, "streamed", ASYNC_STEPS))
+    try:
+        assert isinstance(ray_clients(session)[0], RayStreamedRollouts)
+        summary = run_async(session)
+    finally:
+        session.close()
+    assert_contract(session, summary)
+    for line in metrics_of(session):
+        assert line["rollout/resumed_tokens"] == 0 and line["rollout/redispatches"] == 0
+        assert 0 <= line["staleness/token_mean"] <= line["staleness/mean"]
+    for path in session.run_dir.path.glob("train_data/step_*.jsonl"):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        assert rows and all(len(r["completion_ids"]) == len(r["generation_logprobs"]) for r in rows)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_on_ray_keeps_running_attempts_and_a_resume_continues_them(ray_cluster, tmp_path):
+    reward = {"function": "test_ray_runtime:slow_marker_reward"}
+    checkpoint = {"every": 1, "keep_last": 10, "save_final": False}
+    sections = {"reward": reward, "checkpoint": checkpoint,  # attempts run ahead of the step being trained
+                "async": {"partial_rollouts": "continue", "max_buffered_rollouts": 12,
+                          "sampler": {"name": "ready_first", "max_staleness_versions": 2}}}
+    cut = build(streamed_config(tmp_path, "cut", 2, **sections))
+    try:
+        run_async(cut)
+    finally:
+        cut.close()
+    state = load_checkpoint(cut.run_dir.path / "checkpoints" / "step_2")["extra"]["controller"]
+    kept = sum(len(r["token_ids"]) for s in state["inflight_slots"] if s["progress"]
+               for r in s["progress"]["rows"] if r)  # fmt: skip
+    assert kept > 0, "the checkpoint must hold the workers' running attempts"
+    resumed = build(streamed_config(tmp_path, "cut", 4, **sections), resume=True)
+    try:
+        summary = run_async(resumed)
+    finally:
+        resumed.close()
+    assert summary.stop_reason == "max_steps"
+    run_dir = resumed.run_dir.path
+    assert sum(line.get("rollout/resumed_tokens", 0) for line in metrics_of(resumed)) == kept
+    assert f"with {kept} generated token(s) kept" in (run_dir / "events.log").read_text()
+    audit = audit_run(run_dir)
+    assert audit.ok, audit.format()
 
 
 # --- placement --------------------------------------------------------------------------------------------------

@@ -12,8 +12,10 @@ Invariants pinned:
   (every version equally good) a run with them on writes the same fates and metrics as one with them off;
 - on the long-tailed workload, partial rollouts raise throughput over a draining sync, back to the throughput
   of a sync that overlaps generation;
-- a draining sync with partial rollouts on, or in mode sync, is a config error naming the key; ``groupwise
-  train`` refuses ``partial_rollouts: continue`` (the engine does not do it) before any work.
+- a draining sync with partial rollouts on, or in mode sync, is a config error naming the key, and so are the
+  engine keys a simulation ignores (generation.continuous_batching, async.partial_rollout_kv); the simulator
+  models ``partial_rollouts: continue`` without ``generation.continuous_batching``, while ``groupwise train`` (and
+  ``config check``) refuse it without, before any work (the engine swaps weights only inside its stream).
 """
 
 from __future__ import annotations
@@ -127,11 +129,24 @@ def test_a_draining_sync_where_nothing_can_drain_is_a_config_error(tmp_path):
     assert not (tmp_path / "a").exists() and not (tmp_path / "s").exists()
 
 
-def test_training_refuses_partial_rollouts_before_any_work(tmp_path):
-    from groupwise.trainer.preflight import partial_rollout_issues
+def test_training_with_partial_rollouts_needs_continuous_batching_before_any_work(tmp_path):
+    from groupwise.trainer.preflight import check_inputs, partial_rollout_issues
 
     cfg = sim_config(tmp_path, "t", **{"async": {"sampler": {"name": "ready_first", "max_staleness_versions": 1},
                                                  "partial_rollouts": "continue"}})  # fmt: skip
     (issue,) = partial_rollout_issues(cfg)
-    assert issue.path == "async.partial_rollouts" and "groupwise simulate" in issue.fix
+    assert issue.path == "async.partial_rollouts" and "generation.continuous_batching: true" in issue.fix
+    with pytest.raises(ConfigError, match="generation.continuous_batching"):
+        check_inputs(cfg)  # what `groupwise config check` and `groupwise train` run first
+    streamed = cfg.model_copy(update={"generation": cfg.generation.model_copy(update={"continuous_batching": True})})
+    assert partial_rollout_issues(streamed) == []
     assert partial_rollout_issues(sim_config(tmp_path, "u")) == []
+
+
+def test_engine_keys_without_effect_in_a_simulation_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError) as refused:
+        simulate(sim_config(tmp_path, "e", generation={"continuous_batching": True}, **{
+            "async": {"sampler": {"name": "ready_first", "max_staleness_versions": 1},
+                      "partial_rollouts": "continue", "partial_rollout_kv": "keep"}}))  # fmt: skip
+    assert "generation.continuous_batching" in str(refused.value) and "async.partial_rollout_kv" in str(refused.value)
+    assert not (tmp_path / "e").exists()

@@ -41,16 +41,42 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class RowPrefix:
+    """What one sample of a request already generated, to be continued rather than sampled again.
+
+    ``token_ids`` with the ``logprobs`` recorded when each was sampled and the ``token_versions`` (weight versions)
+    that produced them; ``finish_reason`` is set when the row had already finished (then nothing is generated for
+    it). A continued row draws token ``k = len(token_ids)`` next, with the same counter-RNG draw an uninterrupted
+    row makes there (the draws depend only on seed, sample index and position).
+    """
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    token_versions: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+
+    def __post_init__(self) -> None:
+        if not len(self.token_ids) == len(self.logprobs) == len(self.token_versions):
+            raise ValueError(
+                f"RowPrefix has {len(self.token_ids)} token ids, {len(self.logprobs)} logprobs and "
+                f"{len(self.token_versions)} versions; each token needs one of each"
+            )
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """Ask for ``num_samples`` completions of one tokenized prompt.
 
     ``seed`` fixes the randomness of this request independently of the batch it is scheduled in;
     callers derive it from (run seed, prompt uid, attempt) with :func:`groupwise.seeding.request_seed`.
+    ``prefixes`` (empty, or one entry per sample: a :class:`RowPrefix` or None) continues samples that were
+    already partly generated (a resumed in-flight attempt); a None entry samples that row from its start.
     """
 
     prompt_token_ids: tuple[int, ...]
     num_samples: int
     seed: int
+    prefixes: tuple[RowPrefix | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,9 +86,10 @@ class Completion:
     ``token_ids`` run through the first EOS (included when the finish reason is ``stop`` because of
     EOS) and nothing after it, so the completion mask is positional: every listed token is real.
     ``logprobs[i]`` is the log-probability of ``token_ids[i]`` recorded at sampling time, under the
-    sampling temperature. ``weight_version`` is the generator's weight version that produced it;
-    ``token_versions[i]`` the version that produced ``token_ids[i]`` (left out, every token gets
-    ``weight_version``: a generation that no weight update interrupted).
+    sampling temperature, under the weights that produced it. ``token_versions[i]`` is the weight version that
+    produced ``token_ids[i]``; ``weight_version`` is the version of the last token. Without partial rollouts every
+    token of a completion comes from one version (``token_versions`` may then be left out: every token gets
+    ``weight_version``); with them a completion can span weight syncs.
     """
 
     token_ids: tuple[int, ...]
@@ -119,6 +146,15 @@ def cost_of(error: BaseException) -> GenerationCost:
     return cost if isinstance(cost, GenerationCost) else NO_COST
 
 
+def charge_seconds(outcome: Group | BaseException, seconds: float) -> Group | BaseException:
+    """``outcome`` of one attempt charged ``seconds`` of generation: a group's ``gen_seconds``, or on an error (a
+    reward failure) its recorded cost, keeping the tokens already recorded there. Returns ``outcome``."""
+    if isinstance(outcome, Group):
+        outcome.gen_seconds = seconds
+        return outcome
+    return attach_cost(outcome, GenerationCost(cost_of(outcome).tokens, seconds))
+
+
 @dataclass
 class Group:
     """One prompt with its G scored completions.
@@ -159,6 +195,15 @@ class Group:
     @property
     def num_completion_tokens(self) -> int:
         return sum(c.num_tokens for c in self.completions)
+
+    @property
+    def token_version_mean(self) -> float:
+        """The mean weight version over every completion token (``start_version`` for a group with no tokens).
+
+        Staleness bounds use ``start_version`` (no token is older); this token-weighted mean says how far partial
+        rollouts moved a group's tokens forward."""
+        versions = [v for c in self.completions for v in c.token_versions]
+        return sum(versions) / len(versions) if versions else float(self.start_version)
 
     @property
     def cost(self) -> GenerationCost:

@@ -136,3 +136,15 @@ def async_rollout_failure(cfg: RunConfig) -> Iterator[ConfigIssue]:
                 path = f"async.rollout_failure.{key}"
                 yield ConfigIssue(path, value, f"{path} has no effect with on_dropped_prompt shrink",
                                   f"remove {path}, or set async.rollout_failure.on_dropped_prompt: replace")
+
+
+@rule("async_")
+def partial_rollout_kv_needs_partial_rollouts(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """async.partial_rollout_kv keeps its default unless async.partial_rollouts is continue."""
+    section = cfg.async_
+    if section.partial_rollouts == "off" and section.partial_rollout_kv != "recompute":
+        yield ConfigIssue(
+            "async.partial_rollout_kv", section.partial_rollout_kv,
+            "async.partial_rollout_kv has no effect with async.partial_rollouts off (no row spans a weight sync)",
+            "remove async.partial_rollout_kv, or set async.partial_rollouts: continue",
+        )

@@ -197,12 +197,21 @@ class AsyncSection(Section):
     rollout_failure: RolloutFailureSection = Field(default_factory=RolloutFailureSection)
     """Failure budgets, retries and replacement."""
     partial_rollouts: Literal["off", "continue"] = "off"
-    """What a weight update does to the generations in flight: ``off`` (default) = each runs to its end under the
-    version it started with; ``continue`` = they go on under the new weights from the next token, so one
-    completion's tokens can come from several versions (``Completion.token_versions``). A group's staleness is
-    still measured from its oldest token (``start_version``). Simulated by ``groupwise simulate`` (docs/samplers.md,
-    "Partial rollouts"); ``groupwise train`` refuses ``continue`` until the engine supports it. YAML reads a bare
-    ``off`` as false, which means ``off`` here."""
+    """What a weight sync does to the generations in flight (docs/samplers.md, "Partial rollouts"): ``off``
+    (default) = each runs to its end under the version it started with (with continuous batching the sync waits for
+    the rows still generating: every completion has one weight version); ``continue`` = the new weights are loaded
+    at the next token boundary and the rows go on under them, so one completion's tokens can come from several
+    versions (``Completion.token_versions``; each token keeps its sampling-time logprob). A group's staleness is
+    still measured from its oldest token (``start_version``). Training with ``continue`` needs
+    ``generation.continuous_batching: true``; ``groupwise simulate`` models it without. YAML reads a bare ``off``
+    as false, which means ``off`` here."""
+    partial_rollout_kv: Literal["recompute", "keep"] = "recompute"
+    """With ``partial_rollouts: continue``, the KV cache of rows that go on under new weights: ``recompute`` =
+    rebuilt under the new weights (one prefill of prompt + tokens so far per row), so every later token is
+    sampled from the new policy exactly; ``keep`` = left as computed under the older versions (no recompute), so a
+    later token's distribution, and its recorded logprob, conditions on stale keys and values: the behaviour
+    policy is a mix of versions (still the one that sampled it, so importance weights stay exact). Training only
+    (the simulator does not charge the recompute)."""
 
     @field_validator("partial_rollouts", mode="before")
     @classmethod

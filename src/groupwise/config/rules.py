@@ -48,6 +48,17 @@ def model_source_keys(cfg: RunConfig) -> Iterator[ConfigIssue]:
                              "remove it, or set model.source: tiny")
 
 
+@rule("generation")
+def continuous_batching_needs_the_fast_step(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """generation.continuous_batching needs generation.fast_decode (rows share the fast step's static slots)."""
+    if cfg.generation.continuous_batching and not cfg.generation.fast_decode:
+        yield ConfigIssue(
+            "generation.continuous_batching", True,
+            "continuous batching decodes on the fast step's static slots, which generation.fast_decode: false turns "
+            "off", "remove generation.continuous_batching, or set generation.fast_decode: true",
+        )
+
+
 @rule("model")
 def tiny_model_heads(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """A tiny model needs model.tiny.hidden_size divisible by model.tiny.num_heads."""

@@ -288,6 +288,12 @@ class GenerationSection(Section):
     ``auto`` = when the model is on a CUDA device and the fast step takes it; ``on`` = the same, and an error
     where graphs cannot run (no CUDA device, or a model the fast step refuses); ``off`` = no graphs on CUDA.
     YAML reads a bare on/off as true/false; those mean on/off here."""
+    continuous_batching: bool = False
+    """Decode with continuous batching (docs/generation.md): requests join a running decode loop as rows finish,
+    each handed back as soon as its own G completions are done, instead of one batch per engine call that only
+    shrinks. The async runtimes feed requests to the engine while it runs; in sync mode a call with more rows than
+    fit at once no longer waits for each chunk's slowest row. Needs the fast decode step (Llama and Qwen2 models;
+    other models run one batch per call, and ``events.log`` says so); needed by ``async.partial_rollouts``."""
 
     @field_validator("cuda_graphs", mode="before")
     @classmethod

@@ -335,23 +335,32 @@ class GroupBuffer:
             )
         return {"groups": groups, "next_slot_id": self._next_id}
 
-    def load_state_dict(self, state: dict[str, Any]) -> list[int]:
+    def load_state_dict(
+        self, state: dict[str, Any], inflight: Iterable[tuple[int, int, int | None, Any]] = ()
+    ) -> list[int]:
         """Restore the saved ready groups into an empty buffer; return their slot ids.
 
         A restored slot keeps its group id as slot id (group ids stay unique across a resume) and new
-        reservations continue after the saved ``next_slot_id``.
+        reservations continue after the saved ``next_slot_id``. ``inflight`` holds ``(slot id, start version,
+        target step, payload)`` of attempts that continue across the resume: they are reserved again (unready)
+        in dispatch order among the ready groups.
         """
         if self._slots:
             raise ValueError(f"load_state_dict needs an empty buffer, this one holds {len(self._slots)} slots")
         if set(state) != {"groups", "next_slot_id"}:
             raise ValueError(f"buffer state must have exactly the keys ['groups', 'next_slot_id'], got {sorted(state)}")
         ids = []
-        for entry in sorted(state["groups"], key=lambda e: e["group"]["group_id"]):
+        for entry in state["groups"]:
             missing = {"start_version", "end_version", "target_step", "group"} - set(entry)
             if missing:
                 raise ValueError(f"buffer state group entry is missing {sorted(missing)}")
+        pending = [(e["group"]["group_id"], e) for e in state["groups"]] + [(r[0], r) for r in inflight]
+        for slot_id, entry in sorted(pending, key=lambda pair: pair[0]):
+            if isinstance(entry, tuple):  # a reservation of an attempt that goes on
+                self._reserve(slot_id, entry[1], entry[2], entry[3])
+                continue
             group = group_from_dict(entry["group"])
-            slot_id = self._reserve(group.group_id, entry["start_version"], entry["target_step"], None)
+            self._reserve(slot_id, entry["start_version"], entry["target_step"], None)
             self.commit(slot_id, group, entry["end_version"])
             ids.append(slot_id)
         self._next_id = max(self._next_id, int(state["next_slot_id"]))

@@ -86,15 +86,22 @@ class Controller:
     def fates(self) -> FateCounts:
         return self.ctx.fates
 
-    def state_dict(self, encode: Callable[[Any], Any] = lambda item: item) -> dict[str, Any]:
+    def state_dict(
+        self, encode: Callable[[Any], Any] = lambda item: item, progress: Callable[[int], Any] | None = None
+    ) -> dict[str, Any]:
         """A resumable snapshot; take it synchronously between steps (e.g. inside ``on_step_end``).
 
         Holds the next step, the sampler, its dispatch cursor and whether it stamps, the READY buffered groups,
         the spare pool, the unsettled dispatch slots (re-dispatched first on resume, under their stamps), prompts
         waiting at the gate, the open steps' ledger entries and tallies, failure budgets and run counters — see
-        :mod:`groupwise.controller.snapshot`. ``encode`` turns a loader item into plain data.
+        :mod:`groupwise.controller.snapshot`. ``encode`` turns a loader item into plain data; ``progress`` (the
+        rollout client's, by group id) saves what each running attempt generated so far, so it can continue.
         """
-        return take_snapshot(self, encode)
+        return take_snapshot(self, encode, progress)
+
+    def continued_attempts(self) -> list[Any]:
+        """The progress of every attempt a restore set to continue (not yet handed back to the rollout client)."""
+        return [slot.progress for slot in self.rollout_pump.unsettled()[0] if slot.progress is not None]
 
     def describe_state(self) -> str:
         """Where the controller stands, on one line (:mod:`groupwise.controller.state_report`)."""

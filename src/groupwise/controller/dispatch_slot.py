@@ -11,13 +11,16 @@ record, carrying the attempt's generation cost (:mod:`groupwise.algo.waste`): a 
 comes back (``ctx.fates.generation``).
 
 A slot's :class:`SlotState` always names the prompt it works on, its stamp, its attempt number and budgets, so a
-checkpoint can re-dispatch it under the same stamp after a resume.
+checkpoint can re-dispatch it under the same stamp after a resume. A slot restored with ``progress`` (what the
+rollout client had generated of its running attempt) continues that attempt — same group id, same start version —
+by handing the progress back to the client (``rollout(..., resume=progress)``) instead of starting a new one.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from groupwise.controller.context import PumpContext
 from groupwise.controller.failures import PromptAttempts
@@ -56,6 +59,7 @@ class SlotState:
     replacements_used: int = 0
     group_id: int | None = None  # the buffer slot of the attempt running now (None between attempts)
     start_version: int | None = None  # the generator version that attempt started under
+    progress: Any = None  # restored from a checkpoint: the rollout client's record of that attempt so far
 
 
 @dataclass
@@ -154,9 +158,13 @@ class DispatchSlots:
         ctx = self.ctx
         item, target = slot.item, slot.target
         while True:
-            start = ctx.generator_version
-            slot_id = ctx.buffer.reserve(start, target, payload=item)
-            slot.group_id, slot.start_version = slot_id, start
+            resume, slot.progress = slot.progress, None
+            if resume is not None and slot.group_id is not None and slot.start_version is not None:
+                slot_id, start = slot.group_id, slot.start_version  # reserved at restore: the attempt goes on
+            else:
+                resume, start = None, ctx.generator_version
+                slot_id = ctx.buffer.reserve(start, target, payload=item)
+                slot.group_id, slot.start_version = slot_id, start
             # The rollout runs in the slot's worker task, not in a task of its own (a task per attempt would be most
             # of the controller's cost per group); an abort cancels that task, and uncancel() tells an abort from a
             # shutdown.
@@ -164,7 +172,10 @@ class DispatchSlots:
             assert current is not None, "a dispatch slot runs in a worker task"
             self._attempts[slot_id] = attempt = _Attempt(current, start, slot_id, item, slot.attempt)
             try:
-                group = await self.rollouts.rollout(item, slot_id, slot.attempt, start)
+                if resume is None:
+                    group = await self.rollouts.rollout(item, slot_id, slot.attempt, start)
+                else:
+                    group = await self.rollouts.rollout(item, slot_id, slot.attempt, start, resume=resume)
             except asyncio.CancelledError:
                 del self._attempts[slot_id]
                 ctx.buffer.remove(slot_id)

@@ -9,10 +9,13 @@ selected nothing). It holds, as JSON-able data:
   resume, their capacity permits);
 * ``spare_pool`` — the spares, led by those of a drain batch still waiting at the gate;
 * ``inflight_prompts`` — prompts of a loader batch still waiting at the gate (back to the loader front);
-* ``inflight_slots`` — unsettled dispatch slots: running attempts and admitted prompts waiting for a permit.
-  In-flight GROUPS are not saved: each slot's prompt is dispatched again on resume, first and under its stamp,
-  with its attempt number, failure counts and replacements used (so seeds and budgets continue). Its interrupted
-  attempt gets a ``pending`` fate with resolution ``requeued``;
+* ``inflight_slots`` — unsettled dispatch slots: running attempts and admitted prompts waiting for a permit, each
+  dispatched again on resume, first and under its stamp, with its attempt number, failure counts and replacements
+  used (so seeds and budgets continue). A running attempt saves ``progress``, what the rollout client generated of
+  it so far (``progress(group_id)``, opaque JSON-able data; None when the client keeps none): on resume that
+  attempt *continues* — same group id and start version, reserved again in dispatch order, and the progress handed
+  back to the client — under the same sampler and cursor. Otherwise its interrupted attempt gets a ``pending`` fate
+  with resolution ``requeued`` and the prompt starts a new one;
 * ``ledger`` (open steps' records), ``tally`` (open steps' reward tallies), ``budgets`` (run failure budgets),
   ``fates`` (fate counts) and ``counters`` (evicted, aborted, unused prompts, admitted batches, ...).
 
@@ -64,8 +67,11 @@ def sampler_stamps(sampler: object) -> bool:
     return bool(getattr(sampler, "stamps_target_steps", False))
 
 
-def take_snapshot(controller: ControllerParts, encode: Encode) -> dict[str, Any]:
-    """A snapshot of ``controller`` (see the module docstring); ``encode`` turns a loader item into plain data."""
+def take_snapshot(
+    controller: ControllerParts, encode: Encode, progress: Callable[[int], Any] | None = None
+) -> dict[str, Any]:
+    """A snapshot of ``controller`` (see the module docstring); ``encode`` turns a loader item into plain data,
+    ``progress`` gives a running attempt's client-side progress by group id."""
     ctx, pump, train = controller.ctx, controller.rollout_pump, controller.train_pump
     slots, loader_items, spare_items = pump.unsettled()
     spare_pool = ctx.spare_pool.state_dict(encode)
@@ -79,7 +85,7 @@ def take_snapshot(controller: ControllerParts, encode: Encode) -> dict[str, Any]
         "buffer": ctx.buffer.state_dict(),
         "spare_pool": {"items": [encode(item) for item in spare_items] + spare_pool["items"]},
         "inflight_prompts": [encode(item) for item in loader_items],
-        "inflight_slots": [_slot_to_dict(slot, encode) for slot in slots],
+        "inflight_slots": [_slot_to_dict(slot, encode, progress) for slot in slots],
         "ledger": ctx.ledger.state_dict(),
         "tally": ctx.tally.state_dict(),
         "budgets": ctx.budgets.state_dict(),
@@ -92,7 +98,11 @@ def take_snapshot(controller: ControllerParts, encode: Encode) -> dict[str, Any]
     }
 
 
-def _slot_to_dict(slot: SlotState, encode: Encode) -> dict[str, Any]:
+def _slot_to_dict(slot: SlotState, encode: Encode, progress: Callable[[int], Any] | None) -> dict[str, Any]:
+    if slot.progress is not None:  # restored to continue and not yet handed back to the client
+        kept = slot.progress
+    else:
+        kept = progress(slot.group_id) if progress is not None and slot.group_id is not None else None
     return {
         "prompt": encode(slot.item),
         "target_step": slot.target,
@@ -102,6 +112,7 @@ def _slot_to_dict(slot: SlotState, encode: Encode) -> dict[str, Any]:
         "replacements_used": slot.replacements_used,
         "group_id": slot.group_id,
         "start_version": slot.start_version,
+        "progress": kept,
     }
 
 
@@ -114,6 +125,7 @@ def _slot_from_dict(data: dict[str, Any], decode: Decode) -> SlotState:
         replacements_used=int(data["replacements_used"]),
         group_id=data["group_id"],
         start_version=data["start_version"],
+        progress=data.get("progress"),  # absent in checkpoints written before attempts could continue
     )
 
 
@@ -134,21 +146,28 @@ def restore_snapshot(
     _restore_counters(controller, state)
     notes: list[str] = []
     same_sampler = state["sampler"] == ctx.settings.sampler.name and state["stamps"] == sampler_stamps(ctx.sampler)
+    keeps_cursor = same_sampler and state["dispatch_index"] is not None
+    slots = [_slot_from_dict(data, decode) for data in state["inflight_slots"]]
+    continuing = [s for s in slots if keeps_cursor and s.progress is not None and s.group_id is not None]
+    continues = {id(slot) for slot in continuing}
     if same_sampler:
-        _restore_buffer(controller, state["buffer"])
+        _restore_buffer(controller, state["buffer"], continuing)
     else:
         notes += _drop_buffer(controller, state)
     ctx.spare_pool.load_state_dict(state["spare_pool"], decode)
     loader.push_front([decode(data) for data in state["inflight_prompts"]])
-    slots = [_slot_from_dict(data, decode) for data in state["inflight_slots"]]
     for slot in slots:
         if slot.target is not None and slot.target < ctx.settings.start_step:
             raise ValueError(
                 f"controller state holds an unsettled slot stamped for step {slot.target}, which closed before the "
                 f"checkpoint's step {ctx.settings.start_step}; the checkpoint is corrupted"
             )
-    _record_requeued(controller, slots)
-    if same_sampler and state["dispatch_index"] is not None:
+    dropped = [slot for slot in slots if slot.progress is not None and id(slot) not in continues]
+    if dropped:
+        notes.append(f"resume: {len(dropped)} in-flight attempt(s) start again instead of continuing: the sampler "
+                     "changed or keeps no dispatch cursor")  # fmt: skip
+    _record_requeued(controller, [slot for slot in slots if id(slot) not in continues])
+    if keeps_cursor:
         ctx.ledger.load_state_dict(state["ledger"])
         ctx.sampler.set_dispatch_index(int(state["dispatch_index"]) + 1)
         controller.rollout_pump.restore_unsettled(slots)
@@ -180,9 +199,11 @@ def _check_compatible(controller: ControllerParts, state: dict[str, Any]) -> Non
         )
 
 
-def _restore_buffer(controller: ControllerParts, buffer_state: dict[str, Any]) -> None:
+def _restore_buffer(controller: ControllerParts, buffer_state: dict[str, Any], continuing: list[SlotState]) -> None:
+    """The ready groups, and the reservations of attempts that continue, in dispatch order."""
     ctx = controller.ctx
-    restored = ctx.buffer.load_state_dict(buffer_state)
+    inflight = [(slot.group_id, slot.start_version, slot.target, slot.item) for slot in continuing]
+    restored = ctx.buffer.load_state_dict(buffer_state, inflight=inflight)
     if len(restored) > ctx.capacity.total:
         raise ValueError(
             f"the checkpoint buffers {len(restored)} groups but max_buffered_rollouts is {ctx.capacity.total}; "
@@ -253,3 +274,4 @@ def _record_requeued(controller: ControllerParts, slots: list[SlotState]) -> Non
             )
         )
         slot.group_id = slot.start_version = None  # that attempt is over; the slot starts a new one
+        slot.progress = None

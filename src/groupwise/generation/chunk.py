@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from groupwise.types import FinishReason
+from groupwise.types import Completion, FinishReason
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,25 @@ class StopWatch:
         live_rows = rows[live_index].tolist()
         for row, token in zip(live_rows, tokens[live_index].tolist(), strict=True):
             self.generated[row].append(token)
-        texts = self.tokenizer.batch_decode([self.generated[row] for row in live_rows], skip_special_tokens=False)
         hits = torch.zeros_like(live)
-        hits[live_index] = torch.tensor([any(s in text for s in self.stop) for text in texts], device=hits.device)
+        found = self.contains_stop([self.generated[row] for row in live_rows])
+        hits[live_index] = torch.tensor(found, device=hits.device)
         return hits
+
+    def contains_stop(self, generated: Sequence[Sequence[int]]) -> list[bool]:
+        """Whether the text of each token list (special tokens kept) contains a stop string."""
+        texts = self.tokenizer.batch_decode([list(tokens) for tokens in generated], skip_special_tokens=False)
+        return [any(s in text for s in self.stop) for text in texts]
+
+
+def completions_of(
+    results: Sequence[RowResult], versions: Sequence[Sequence[int]], tokenizer: Any
+) -> list[Completion]:
+    """Package finished rows: ``versions[i]`` holds the weight version of each token of ``results[i]``; the text
+    drops a final EOS but keeps every other special token, and ``weight_version`` is the last token's version."""
+    text_ids = [r.token_ids[:-1] if r.ended_on_eos else r.token_ids for r in results]
+    texts = tokenizer.batch_decode(text_ids, skip_special_tokens=False)
+    return [
+        Completion(tuple(r.token_ids), tuple(r.logprobs), text, r.finish_reason, row_versions[-1], tuple(row_versions))
+        for r, text, row_versions in zip(results, texts, versions, strict=True)
+    ]

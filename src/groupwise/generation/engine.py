@@ -23,6 +23,11 @@ How a call runs:
    Prefill stays eager. ``cuda_graphs``: ``auto`` (graphs on CUDA), ``on`` (an error where they cannot run),
    ``off``, or ``eager`` (the slot path with every replay a plain call, on any device: the check mode).
 
+With ``continuous_batching`` (or for requests that continue earlier rows) a call runs as one
+:class:`~groupwise.generation.stream.GenerationStream` on the static slots instead of chunks: rows join the decode
+loop as others finish, so a call with more rows than ``max_batch_rows`` never waits for a chunk's slowest row;
+:meth:`Engine.open_stream` gives the runtimes a stream that requests join while it runs.
+
 Determinism: a row's draws depend only on (request seed, sample index, position) — see
 :mod:`groupwise.generation.sampling` for the counter RNG and its documented limit.
 """
@@ -32,7 +37,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -40,27 +46,25 @@ from torch import Tensor
 from transformers.cache_utils import Cache
 
 from groupwise.generation.chunk import ChunkRecord, Prefill, RowResult
-from groupwise.generation.kv_cache import new_kv_cache, select_cache_rows
+from groupwise.generation.compacting import decode_compacting
+from groupwise.generation.kv_cache import new_kv_cache
 from groupwise.generation.llama_decode import LlamaDecoder, fast_decoder_for
 from groupwise.generation.masks import as_mask, prefill_allowed
 from groupwise.generation.sampling import (
     check_sampling_params,
     counter_keys,
-    keyed_uniforms,
-    sample_tokens,
     seed_to_int64,
-    tempered_logprobs_of,
 )
 from groupwise.generation.slot_loop import SlotLoop
 from groupwise.generation.slots import capacity_for, row_bucket
 from groupwise.generation.step_graphs import StepGraphs
+from groupwise.generation.stream import GenerationStream
+from groupwise.generation.stream_slots import StreamSlots
 from groupwise.types import Completion, GenerationRequest, SamplingParams
 
 # Attention implementations that take a prepared 4D mask as is (flash-attention wants 2D): sdpa reads
 # a boolean mask (True = attend, 1 byte per entry), eager adds a float mask to the scores.
 _4D_MASK_ATTENTION = ("sdpa", "eager")
-# Compact the batch once this fraction of its rows has finished (see _Batch).
-_COMPACT_FRACTION = 0.125
 CUDA_GRAPH_MODES = ("auto", "on", "off", "eager")
 
 
@@ -81,7 +85,8 @@ class Engine:
     ``max_batch_rows`` bounds how many rows share one decode loop (memory: the KV cache holds
     ``rows × (prompt + max_new_tokens)`` positions per layer). ``cuda_graphs`` is one of
     :data:`CUDA_GRAPH_MODES` (module docstring); with graphs the engine keeps its static slots (KV cache
-    included) between calls, so a call of the same shape allocates nothing.
+    included) between calls, so a call of the same shape allocates nothing. ``continuous_batching`` runs every
+    call as a stream on the static slots (module docstring), where the fast step can take the model.
     """
 
     def __init__(
@@ -93,6 +98,7 @@ class Engine:
         max_batch_rows: int = 256,
         fast_decode: bool = True,
         cuda_graphs: str = "auto",
+        continuous_batching: bool = False,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("eos_token_ids is empty; pass groupwise.model.eos_token_ids(tokenizer, model)")
@@ -104,6 +110,7 @@ class Engine:
         self.eos_token_ids = tuple(int(token_id) for token_id in eos_token_ids)
         self.max_batch_rows = max_batch_rows
         self.cuda_graphs = cuda_graphs
+        self.continuous_batching = continuous_batching
         self._version = int(version)
         # transformers 5.24 renamed the cache kwarg to `cache` (old name deprecated); 5.17 knows only
         # `past_key_values`. We own the cache object and never read it back from the output.
@@ -115,6 +122,7 @@ class Engine:
         self._module_reason = "off"  # why the model's forward decodes (when it does)
         self._slot_loop: SlotLoop | None = None  # set when the fast step runs from static slots
         self._no_slots_reason = ""
+        self._stream_slots: StreamSlots | None = None  # the slots of this engine's own streamed calls
 
     @property
     def version(self) -> int:
@@ -159,9 +167,49 @@ class Engine:
                 raise ValueError(f"load_weights: the state dict does not match the engine's model: {error}") from error
         self._version = int(version)
 
+    def stream_unavailable(self) -> str | None:
+        """Why this engine cannot decode a stream (continuous batching, continuations), or None when it can: a
+        stream needs the fast decode step, which the first call (or this one) probes."""
+        with _inference(self.model):
+            decoder = self._fast_decoder()
+        if decoder is None:
+            return f"the model decodes with its own forward ({self._module_reason}), not the fast step on slots"
+        return None
+
+    def open_stream(
+        self, sampling: SamplingParams, *, max_rows: int | None = None, partial: str = "off", kv: str = "recompute"
+    ) -> GenerationStream:
+        """A stream with slots of its own, for a runtime to feed while it runs (call :meth:`stream_unavailable`
+        first); ``partial``/``kv`` say what a weight load mid-stream does (:mod:`groupwise.generation.stream`)."""
+        why = self.stream_unavailable()
+        if why is not None:
+            raise ValueError(f"this engine cannot run a generation stream: {why}")
+        return GenerationStream(
+            self, self._decoder, sampling, max_rows=max_rows or self.max_batch_rows, partial=partial, kv=kv,
+            slots=StreamSlots(self._stream_graphs()),
+        )  # fmt: skip
+
+    def _stream_graphs(self) -> bool:
+        """Whether a stream's steps are CUDA graphs: on a CUDA model unless ``cuda_graphs`` is off or eager."""
+        device = next(self.model.parameters()).device
+        return device.type == "cuda" and self.cuda_graphs in ("auto", "on")
+
+    def prefill_rows(self, rows: Sequence[tuple[int, int, int, tuple[int, ...]]]) -> Prefill:
+        """Prefill ``(sequence id, sample index, seed, sequence)`` rows, each distinct sequence once, into a cache of
+        exactly the sequences' width (a stream copies it into its slots)."""
+        specs = [_Row(sequence_id, sample, seed, sequence) for sequence_id, sample, seed, sequence in rows]
+        device = next(self.model.parameters()).device
+        return self._prefill(specs, device, max(len(row.prompt) for row in specs))
+
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
         """``request.num_samples`` completions per request, in request order (see ``Generator``)."""
         check_sampling_params(sampling)
+        if self.continuous_batching or any(request.prefixes for request in requests):
+            why = self.stream_unavailable()
+            if why is None:
+                return self._generate_streamed(requests, sampling)
+            if any(request.prefixes for request in requests):
+                raise ValueError(f"a request continues earlier rows, which needs a generation stream: {why}")
         rows = _expand_rows(requests)
         results: list[list[Completion | None]] = [[None] * request.num_samples for request in requests]
         rows.sort(key=lambda row: len(row.prompt), reverse=True)
@@ -171,6 +219,23 @@ class Engine:
                 for row, completion in zip(chunk, self._completions(chunk, sampling), strict=True):
                     results[row.request_index][row.sample_index] = completion
         return [[completion for completion in per_request if completion is not None] for per_request in results]
+
+    def _generate_streamed(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingParams
+    ) -> list[list[Completion]]:
+        """Every request through one stream on this engine's own slots, in this thread, until all are done."""
+        if self._stream_slots is None:
+            self._stream_slots = StreamSlots(self._stream_graphs())
+        stream = GenerationStream(self, self._decoder, sampling, max_rows=self.max_batch_rows, slots=self._stream_slots)
+        results: dict[int, Any] = {}
+        for index, request in enumerate(requests):
+            stream.submit(request, partial(results.__setitem__, index))
+        with _inference(self.model):
+            stream.run_until_idle()
+        for outcome in results.values():
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return [results[index] for index in range(len(requests))]
 
     def _completions(self, chunk: Sequence[_Row], sampling: SamplingParams) -> list[Completion]:
         """Sample a chunk and package it; text drops a final EOS but keeps every other special token."""
@@ -209,6 +274,10 @@ class Engine:
         attention = getattr(self.model.config, "_attn_implementation", "sdpa")
         return as_mask(allowed, torch.bool if attention == "sdpa" else self.model.dtype)
 
+    def _key_mask(self, allowed: Tensor) -> Tensor:
+        """A ``[B, K]`` boolean key mask as the model's decode step takes it: 4D for sdpa/eager, else 2D 0/1."""
+        return self._as_model_mask(allowed)[:, None, None, :] if self._takes_4d_mask() else allowed
+
     def _takes_4d_mask(self) -> bool:
         return getattr(self.model.config, "_attn_implementation", "sdpa") in _4D_MASK_ATTENTION
 
@@ -239,49 +308,8 @@ class Engine:
         if slotted:
             self._slot_loop.decode(decoder, prefill, sampling, record)
         else:
-            self._decode_compacting(decoder, prefill, sampling, record)
+            decode_compacting(decoder, prefill, sampling, record, self._forward, self._key_mask)
         return record.results()
-
-    def _decode_compacting(
-        self, decoder: LlamaDecoder | None, prefill: Prefill, sampling: SamplingParams, record: ChunkRecord
-    ) -> None:
-        """The decode loop without graphs: finished rows leave the batch (and the cache) in batches of an eighth."""
-        max_new, num_rows = sampling.max_new_tokens, prefill.row_to_prompt.numel()
-        cache, width = prefill.cache, prefill.width
-        if prefill.padding.shape[0] != num_rows:
-            select_cache_rows(cache, prefill.row_to_prompt)
-        # Key mask for every position the loop can reach, built once; each step takes a prefix view.
-        padding = prefill.padding[prefill.row_to_prompt]
-        key_mask = torch.cat([padding, padding.new_ones((num_rows, max_new))], dim=1)
-        if self._takes_4d_mask():
-            key_mask = self._as_model_mask(key_mask)[:, None, None, :]
-        batch = _Batch(
-            rows=torch.arange(num_rows, device=key_mask.device),
-            live=torch.ones(num_rows, dtype=torch.bool, device=key_mask.device),
-            keys=prefill.rng_keys,
-            positions=prefill.positions.clone(),
-            key_mask=key_mask,
-        )
-        logits = prefill.logits
-        for step in range(max_new):
-            uniforms = keyed_uniforms(batch.keys, step)
-            tokens = sample_tokens(logits, uniforms, sampling.temperature, sampling.top_k, sampling.top_p)
-            logprobs = tempered_logprobs_of(logits, tokens, sampling.temperature)
-            batch.live &= ~record.add(step, batch.rows, batch.live, tokens, logprobs)
-            num_live = int(batch.live.sum())  # the one host sync per step
-            if num_live == 0 or step == max_new - 1:
-                break
-            num_batch = batch.rows.numel()
-            if num_batch - num_live >= max(1, int(num_batch * _COMPACT_FRACTION)):
-                keep = batch.live.nonzero().squeeze(1)
-                batch, tokens = batch.select(keep), tokens[keep]
-                select_cache_rows(cache, keep)
-            step_mask = batch.key_mask[..., : width + step + 1]
-            if decoder is not None:
-                logits = decoder.step(tokens, batch.positions, step_mask, cache)
-            else:
-                logits = self._forward(tokens.unsqueeze(1), step_mask, batch.positions.unsqueeze(1), cache)
-            batch.positions += 1
 
     def _prefill(self, rows: Sequence[_Row], device: torch.device, capacity: int) -> Prefill:
         """Run each distinct prompt once (left-padded) into a cache of ``capacity`` columns."""
@@ -328,25 +356,6 @@ def _check_cuda_graphs(cuda_graphs: str, fast_decode: bool, device: torch.device
     if cuda_graphs in ("on", "eager") and not fast_decode:
         raise ValueError(f"cuda_graphs={cuda_graphs!r} runs the fast decode step, which fast_decode=False turns off; "
                          "use cuda_graphs 'auto' or 'off' with fast_decode=False")
-
-
-@dataclass
-class _Batch:
-    """Decode state of the rows in the batch, one entry per batch row.
-
-    Rows that finished stay in the batch (``live`` False, their draws ignored) until enough have
-    finished to be worth compacting: each compaction copies the KV cache, each lingering row costs
-    one row of compute per step.
-    """
-
-    rows: Tensor  # index of the row in the chunk
-    live: Tensor  # still generating
-    keys: Tensor  # int64 counter-RNG key per row, from (request seed, sample index)
-    positions: Tensor  # position id of the next token fed
-    key_mask: Tensor  # [B, K] 0/1, or [B, 1, 1, K] additive
-
-    def select(self, keep: Tensor) -> _Batch:
-        return _Batch(*(getattr(self, f.name)[keep] for f in fields(self)))
 
 
 def _expand_rows(requests: Sequence[GenerationRequest]) -> list[_Row]:

@@ -116,6 +116,41 @@ class DecodeSlots:
         columns.fill_(width)  # the first decode step writes the column after the prompts
         sample_index.fill_(1)  # token 0 was sampled from the prefill logits
 
+    def load_rows(
+        self, slot_index: Tensor, prefill: Prefill, rows: Tensor, feed: Tensor, sample_index: Tensor
+    ) -> None:
+        """Load rows ``rows`` of ``prefill`` into the (free) slots ``slot_index``, wherever they are: each gets its
+        sequence's cache columns ``[0, W)`` and padding mask (later columns masked, whatever they hold), its RNG key,
+        the token to feed next (``feed``, at rotary position ``prefill.positions``, written at column W) and the
+        index of the token it samples next (``sample_index``). The slots of other rows are left untouched, so rows
+        that joined at different times share the step (continuous batching)."""
+        width, to_prompt = prefill.width, prefill.row_to_prompt[rows]
+        for keys, values, layer in zip(self.keys, self.values, prefill.cache.layers, strict=True):
+            keys[slot_index, :, :width] = layer.keys[to_prompt]
+            values[slot_index, :, :width] = layer.values[to_prompt]
+        mask = torch.zeros((slot_index.numel(), 1, 1, self.capacity), dtype=torch.bool, device=self.device)
+        mask[:, 0, 0, :width] = prefill.padding[to_prompt]
+        self.key_mask[slot_index] = mask
+        self.tokens[slot_index] = feed
+        self.rng_keys[slot_index] = prefill.rng_keys[rows]
+        self.counters[0, slot_index] = prefill.positions[rows]
+        self.counters[1, slot_index] = width
+        self.counters[2, slot_index] = sample_index
+
+    def grown(self, num_slots: int, capacity: int) -> DecodeSlots:
+        """New slots with at least this many slots and columns, holding every slot's state and cache."""
+        num_slots, capacity = max(num_slots, self.num_slots), max(capacity, self.capacity)
+        kv_heads, head_dim = self.keys[0].shape[1], self.keys[0].shape[3]
+        bigger = DecodeSlots(len(self.keys), num_slots, capacity, kv_heads, head_dim, self.dtype, self.device)
+        slots, columns = self.num_slots, self.capacity
+        for new, old in zip((*bigger.keys, *bigger.values), (*self.keys, *self.values), strict=True):
+            new[:slots, :, :columns] = old
+        bigger.key_mask[:slots, ..., :columns] = self.key_mask
+        for name in ("tokens", "rng_keys", "next_tokens", "next_logprobs"):
+            getattr(bigger, name)[:slots] = getattr(self, name)
+        bigger.counters[:, :slots] = self.counters
+        return bigger
+
     def compact(self, keep: Tensor, filled: int) -> None:
         """Move slots ``keep`` (ascending) to ``[0, len(keep))``: state, mask and the first ``filled`` cache columns."""
         count = keep.numel()

@@ -13,15 +13,17 @@ The rollout pump keeps running while the checkpoint is written (in a worker thre
 controller state and the fates offset are captured together, synchronously on the event loop, by
 :func:`boundary_snapshot`; the session writes that snapshot with the weights of the same step.
 
-In-flight groups are not saved. On resume each unsettled slot's prompt is dispatched again first, under its stamp
-(so ``in_order`` steps fill exactly as before and stamps continue from the restored cursor); prompts of a batch
+On resume each unsettled slot's prompt is dispatched again first, under its stamp (so ``in_order`` steps fill
+exactly as before and stamps continue from the restored cursor). An attempt that was running when the snapshot was
+taken keeps what it had generated (its tokens, their logprobs and versions, recorded by the rollout client at a
+token boundary): it continues from there with the same random draws instead of starting over. Prompts of a batch
 still waiting at the gate go back to the loader front (or the spare pool front at the end-of-data drain). Nothing
 taken from the loader is lost, and nothing trained before the checkpoint is trained again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from groupwise.data.loader import LoadedPrompt
@@ -55,15 +57,18 @@ class ItemDecoder:
         return LoadedPrompt(prompt=prompt, epoch=int(data["epoch"]), index_in_epoch=int(data["index_in_epoch"]))
 
 
-def boundary_snapshot(step: int, controller: Any, loader: Any, fates: Any) -> dict[str, Any]:
+def boundary_snapshot(
+    step: int, controller: Any, loader: Any, fates: Any, progress: Callable[[int], Any] | None = None
+) -> dict[str, Any]:
     """Everything of the async run a checkpoint of ``step`` needs beyond weights and optimizer.
 
     Call synchronously on the event loop inside ``on_step_end`` (nothing else may run in between), at every step:
     a run that stops at the end of data saves its final checkpoint from the last one. Its cost grows with the
     buffered groups' tokens (copied into plain lists), small next to an RL step. ``step`` is the number of
-    optimizer steps done (the checkpoint's step).
+    optimizer steps done (the checkpoint's step). ``progress`` is the rollout client's record of each running attempt
+    by group id (what it generated so far), saved so that attempt continues on resume instead of starting over.
     """
-    state = controller.state_dict(encode_item)
+    state = controller.state_dict(encode_item, progress)
     if state["step"] != step:
         raise AssertionError(f"controller snapshot is at step {state['step']}, the checkpoint at step {step}")
     return {

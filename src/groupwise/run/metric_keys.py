@@ -68,6 +68,8 @@ METRIC_KEYS: tuple[str, ...] = (
     "staleness/max",
     "rollout/redispatches",
     "rollout/worker_restarts",
+    "rollout/resumed_tokens",
+    "staleness/token_mean",
     # wasted compute (groupwise.algo.waste)
     "waste/tokens",
     "waste/gen_seconds",

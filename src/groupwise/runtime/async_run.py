@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -14,6 +15,8 @@ from groupwise.controller.settings import ControllerSettings
 from groupwise.run.async_checkpoint import ItemDecoder, boundary_snapshot, controller_state
 from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.embedded import EmbeddedRollouts, EmbeddedTrainer
+from groupwise.runtime.inflight import attach_progress, kept_tokens
+from groupwise.runtime.streamed import PausingGenerator, StreamedRollouts
 from groupwise.runtime.watchdog import RunStalled, run_watched, watch_progress
 from groupwise.trainer.session import Session
 from groupwise.types import Group
@@ -42,21 +45,42 @@ def run_async(session: Session) -> Any:
 
 
 async def _run(session: Session, progress: Any) -> Any:
-    cfg = session.cfg
     rollouts, trainer = _runtime_clients(session)
+    stream = getattr(rollouts, "stream", None)
+    engine = session.engine
+    if stream is not None:  # evaluation shares the engine with the running stream: it parks the stream meanwhile
+        session.engine = PausingGenerator(engine, stream)
+    try:
+        return await _run_controller(session, progress, rollouts, trainer)
+    finally:
+        session.engine = engine
 
+
+async def _run_controller(session: Session, progress: Any, rollouts: Any, trainer: Any) -> Any:
+    cfg = session.cfg
     meter = _StepMeter(rollouts, trainer)
+    local_progress = getattr(rollouts, "progress_by_group", None)  # the embedded stream: read synchronously
+    remote_progress = getattr(rollouts, "fetch_progress", None)  # Ray workers' streams: a round trip
+    streamed = local_progress is not None or remote_progress is not None
 
     async def on_step_end(step: int, metrics: dict[str, float], groups: list[Group]) -> None:
         rows = trainer.take_step_rows()
         metrics.update(meter.step_metrics())
         metrics.update(faults.step_metrics())
+        if cfg.async_.partial_rollouts == "continue":
+            metrics["staleness/token_mean"] = token_staleness_mean(step, groups)
         session.state.step = step + 1
         # The rollout pump keeps running while end_step writes a checkpoint in a thread: capture what the
         # checkpoint needs of the controller, loader and fates now, in one synchronous block.
-        session.boundary_snapshot = boundary_snapshot(step + 1, controller, session.loader, session.fates)
-        # Evaluation uses the engine: hold it so no rollout batch runs on it meanwhile.
-        async with rollouts.engine_lock:
+        # What each running attempt generated so far is saved with it, so a resume continues it.
+        inflight = local_progress().get if local_progress is not None else None
+        snapshot = boundary_snapshot(step + 1, controller, session.loader, session.fates, inflight)
+        if remote_progress is not None:  # read after the snapshot: a later boundary of the same attempts
+            attach_progress(controller_state(snapshot["extra"]), await remote_progress())
+        session.boundary_snapshot = snapshot
+        # Evaluation uses the engine: hold it so no rollout batch runs on it meanwhile (a stream is paused instead,
+        # by PausingGenerator, only while evaluation generates).
+        async with contextlib.nullcontext() if streamed else rollouts.engine_lock:
             await step_end.run(session.end_step, step, metrics, rows)
         progress.update(step + 1, session.last_metrics)
 
@@ -73,6 +97,12 @@ async def _run(session: Session, progress: Any) -> Any:
     )
     for note in controller.resume_notes:
         session.events.event(note)
+    continued = controller.continued_attempts()
+    if continued:
+        session.events.event(
+            f"resume: {len(continued)} in-flight attempt(s) continue from the checkpoint with "
+            f"{sum(kept_tokens(data) for data in continued)} generated token(s) kept, not generated again"
+        )
     faults = _FaultMeter(controller.ctx.budgets, rollouts)
     step_end = DaemonWorker("groupwise-step-end")  # metrics, evaluation, checkpoints
 
@@ -91,6 +121,13 @@ async def _run(session: Session, progress: Any) -> Any:
         await rollouts.close(grace_s)
         await asyncio.to_thread(trainer.close, grace_s)
         await asyncio.to_thread(step_end.close, grace_s)
+
+
+def token_staleness_mean(version: int, groups: list[Group]) -> float:
+    """``Σ (version − v_token) / tokens`` over every completion token of ``groups``: staleness weighted by tokens
+    (a partial rollout's later tokens are fresher than its first); 0 when there are no tokens."""
+    versions = [v for group in groups for completion in group.completions for v in completion.token_versions]
+    return sum(version - v for v in versions) / len(versions) if versions else 0.0
 
 
 def _resume_state(session: Session) -> dict[str, Any] | None:
@@ -115,17 +152,28 @@ def _runtime_clients(session: Session) -> tuple[Any, Any]:
         from groupwise.runtime.ray_session import ray_clients  # Ray is imported only when chosen
 
         return ray_clients(session)
+    trainer = EmbeddedTrainer(session.learner, cfg.grpo)
+    if cfg.generation.continuous_batching and session.engine.stream_unavailable() is None:
+        stream = session.engine.open_stream(
+            session.rollouts.sampling,
+            max_rows=cfg.generation.micro_batch_groups * cfg.grpo.num_generations_per_prompt,
+            partial=cfg.async_.partial_rollouts,
+            kv=cfg.async_.partial_rollout_kv,
+        )
+        return StreamedRollouts(session.rollouts, session.policy.model, stream, session.events.event), trainer
     rollouts = EmbeddedRollouts(session.rollouts, session.policy.model, cfg.generation.micro_batch_groups)
-    return rollouts, EmbeddedTrainer(session.learner, cfg.grpo)
+    return rollouts, trainer
 
 
 class _FaultMeter:
-    """``rollout/redispatches`` (infra retries the controller made) and ``rollout/worker_restarts`` (replacement
-    generation workers) since the previous step closed."""
+    """``rollout/redispatches`` (infra retries the controller made), ``rollout/worker_restarts`` (replacement
+    generation workers) and, with continuous batching, ``rollout/resumed_tokens`` (tokens of resumed attempts
+    continued rather than generated again) since the previous step closed."""
 
     def __init__(self, budgets: Any, rollouts: Any):
         self.budgets, self.rollouts = budgets, rollouts
         self.redispatches, self.restarts = budgets.infra_retries, self._restarts()
+        self.resumed = 0
 
     def _restarts(self) -> int:
         return getattr(self.rollouts, "worker_restarts", 0)  # the embedded engine is never restarted
@@ -137,6 +185,10 @@ class _FaultMeter:
             "rollout/worker_restarts": float(restarts - self.restarts),
         }
         self.redispatches, self.restarts = redispatches, restarts
+        resumed = getattr(self.rollouts, "resumed_tokens", None)  # only clients that can continue an attempt
+        if resumed is not None:
+            metrics["rollout/resumed_tokens"] = float(resumed - self.resumed)
+            self.resumed = resumed
         return metrics
 
 

@@ -7,6 +7,12 @@ them into actors with :func:`start_actor`, which sets each one's CPU and GPU res
 
 The learner publishes its weights with one ``ray.put`` per version and returns the reference wrapped in a list
 (a bare returned reference would be resolved); every generation worker then loads that single stored copy.
+
+With ``generation.continuous_batching`` a generation worker is a *threaded* actor (:func:`generation_concurrency`
+calls at once) around a generation stream on its own thread: every ``generate_group_outcomes`` call joins the
+running decode loop and returns as soon as its own groups are done, ``load_weights`` is accepted while calls run
+(applied at a token boundary with ``async.partial_rollouts: continue``, after the running rows otherwise), and
+``progress`` reports what the running attempts generated so far, for the driver's checkpoints.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +29,7 @@ import torch
 from groupwise.batch import RowBatch
 from groupwise.model.lora import generator_state_dict, load_trained_state_dict, trained_state_dict
 from groupwise.runtime.ray_cluster import ActorResources, ray
+from groupwise.runtime.ray_stream import StreamedWorker
 from groupwise.trainer.builder import build_components, build_learner, load_policy_from_config
 from groupwise.types import Completion, GenerationRequest, Group, SamplingParams
 
@@ -37,6 +45,19 @@ def _cpu_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().cpu() for name, tensor in state.items()}
 
 
+def groups_per_streamed_worker(cfg: RunConfig) -> int:
+    """Continuous batching: groups the driver keeps on one worker at once — a full batch of slots
+    (``generation.micro_batch_groups``) and as many waiting in its stream, so a freed slot is refilled at the next
+    token boundary rather than after a round trip to the driver."""
+    return 2 * cfg.generation.micro_batch_groups
+
+
+def generation_concurrency(cfg: RunConfig) -> int:
+    """Calls a generation worker takes at once: 1, or with continuous batching one per group it may hold plus
+    a weight load, a progress read, a cancel and evaluation."""
+    return groups_per_streamed_worker(cfg) + 4 if cfg.generation.continuous_batching else 1
+
+
 class GenerationWorker:
     """An engine with its own model copy, and the reward function: turns prompts into scored groups."""
 
@@ -46,6 +67,11 @@ class GenerationWorker:
         self.index = index
         self.engine = parts.engine
         self.rollouts = parts.rollouts
+        self.stream: Any = None
+        if cfg.generation.continuous_batching and parts.engine.stream_unavailable() is None:
+            self.stream = StreamedWorker(parts, cfg)
+        # A threaded actor without a stream (a model without the fast step) runs one engine call at a time.
+        self._engine_lock = threading.Lock()
 
     def ready(self) -> dict[str, Any]:
         return {"index": self.index, "version": self.engine.version, **_where()}
@@ -56,17 +82,41 @@ class GenerationWorker:
         return self.rollouts.generate_groups(items, group_ids, attempts)
 
     def generate_group_outcomes(
-        self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int] | None = None
-    ) -> list[Group | Exception]:
-        """Groups, with each prompt's own reward failure in its place (the async client fails only that prompt)."""
-        return self.rollouts.generate_group_outcomes(items, group_ids, attempts)
+        self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int] | None = None,
+        prefixes: Sequence[tuple] | None = None,
+    ) -> list[Group | Exception]:  # fmt: skip
+        """Groups, with each prompt's own reward failure in its place (the async client fails only that prompt);
+        with a stream, ``prefixes[i]`` continues the samples of a resumed attempt."""
+        if self.stream is not None:
+            return self.stream.outcomes(items, group_ids, attempts, prefixes)
+        if prefixes and any(prefixes):
+            raise ValueError("this worker has no generation stream, so it cannot continue a resumed attempt")
+        with self._engine_lock:
+            return self.rollouts.generate_group_outcomes(items, group_ids, attempts)
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
-        return self.engine.generate(requests, sampling)
+        if self.stream is not None:  # evaluation: the running stream is parked meanwhile
+            with self.stream.stream.paused():
+                return self.engine.generate(requests, sampling)
+        with self._engine_lock:
+            return self.engine.generate(requests, sampling)
 
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> int:
-        self.engine.load_weights(state, version)
+        if self.stream is not None:
+            self.stream.load_weights(lambda: self.engine.load_weights(state, version))
+        else:
+            with self._engine_lock:
+                self.engine.load_weights(state, version)
         return version
+
+    def cancel_groups(self, group_ids: Sequence[int]) -> None:
+        """Stop generating groups whose requester gave up (continuous batching; otherwise nothing to stop)."""
+        if self.stream is not None:
+            self.stream.cancel(group_ids)
+
+    def progress(self) -> dict[int, Any]:
+        """What each running attempt generated so far, by group id (checkpoint data; empty without a stream)."""
+        return self.stream.progress_by_group() if self.stream is not None else {}
 
 
 class LearnerWorker:
@@ -113,12 +163,13 @@ class LearnerWorker:
         return self.learner.version
 
 
-def start_actor(cls: type, resources: ActorResources, *args: Any) -> Any:
-    """Create ``cls(*args)`` as a Ray actor reserving ``resources``; returns its handle (it starts in the
-    background: wait on its ``ready`` call)."""
+def start_actor(cls: type, resources: ActorResources, *args: Any, concurrency: int = 1) -> Any:
+    """Create ``cls(*args)`` as a Ray actor reserving ``resources``, taking ``concurrency`` calls at once (a threaded
+    actor when above 1); returns its handle (it starts in the background: wait on its ``ready`` call)."""
     # No restarts by Ray: a lost generation worker is replaced by the runtime (which counts it and reloads the
     # current weights), and a lost learner ends the run (its optimizer state is gone).
-    return _remote_class(cls).options(**resources.options()).remote(*args)
+    options = {**resources.options(), **({"max_concurrency": concurrency} if concurrency > 1 else {})}
+    return _remote_class(cls).options(**options).remote(*args)
 
 
 @functools.cache

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from groupwise.controller.failures import InfraError
-from groupwise.runtime.ray_actors import GenerationWorker, kill_actor, start_actor
+from groupwise.runtime.ray_actors import GenerationWorker, generation_concurrency, kill_actor, start_actor
 from groupwise.runtime.ray_cluster import generation_worker_resources, ray, wait_until_started
 from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import Completion, GenerationRequest, Group, SamplingParams
@@ -42,6 +42,7 @@ class WorkerSlot:
     handle: Any
     version: int = 0
     busy: bool = False
+    groups: int = 0  # groups in flight on it (continuous batching: several calls at once)
 
 
 class GenerationPool:
@@ -76,7 +77,7 @@ class GenerationPool:
 
     def _create(self, index: int) -> tuple[WorkerSlot, Any]:
         resources = generation_worker_resources(self.cfg.runtime.ray, index)
-        handle = start_actor(GenerationWorker, resources, self.cfg, index)
+        handle = start_actor(GenerationWorker, resources, self.cfg, index, concurrency=generation_concurrency(self.cfg))
         return WorkerSlot(index, handle), handle.ready.remote()
 
     def create_replacement(self) -> tuple[WorkerSlot, Any]:
@@ -163,6 +164,12 @@ class GenerationPool:
         """The idle worker with the newest weights (the first such one), or None."""
         idle = [slot for slot in self.workers if not slot.busy]
         return max(idle, key=lambda slot: slot.version) if idle else None
+
+    def worker_with_room(self, max_groups: int) -> WorkerSlot | None:
+        """Continuous batching: the worker holding the fewest groups (below ``max_groups``; newest weights first
+        among equals), or None when every worker is full."""
+        open_slots = [slot for slot in self.workers if slot.groups < max_groups]
+        return min(open_slots, key=lambda slot: (slot.groups, -slot.version)) if open_slots else None
 
 
 class RemoteEngine:

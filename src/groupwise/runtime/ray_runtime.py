@@ -172,10 +172,14 @@ class RayRolloutClient:
             self._queue.items = [p for p in self._queue.items if not p.future.done()]
             if self._queue.items and not self.pool.workers and self._replacing == 0:
                 self._no_worker_alive()
-            while self._queue.items and (slot := self.pool.idle_worker()) is not None:
-                batch = self._queue.take(self.max_batch_groups)
-                slot.busy = True
-                self._spawn(self._run_batch(slot, batch), f"ray-batch-worker-{slot.index}")
+            self._fill_workers()
+
+    def _fill_workers(self) -> None:
+        """Each idle worker takes up to ``max_batch_groups`` waiting groups as one call."""
+        while self._queue.items and (slot := self.pool.idle_worker()) is not None:
+            batch = self._queue.take(self.max_batch_groups)
+            slot.busy = True
+            self._spawn(self._run_batch(slot, batch), f"ray-batch-worker-{slot.index}")
 
     def _no_worker_alive(self) -> None:
         """Every worker is gone and no replacement is starting: fail the waiting groups (infra: the controller
@@ -196,28 +200,38 @@ class RayRolloutClient:
         start = time.perf_counter()
         ids = [p.group_id for p in batch]
         try:
-            outcomes = await slot.handle.generate_group_outcomes.remote(
-                [p.item for p in batch], ids, [p.attempt for p in batch]
-            )
+            outcomes = await self._call(slot, batch)
         except ray.exceptions.RayActorError as err:
             lost = GenerationWorkerLost(f"generation worker {slot.index} died while generating groups {ids}: {err}")
             lost.__cause__ = err
-            charge_call(batch, lost, time.perf_counter() - start)
+            self._charge(batch, lost, time.perf_counter() - start)
             fail_all(batch, lost)
             self._start_replacement(slot)
             return
         except Exception as err:  # noqa: BLE001 — the worker's engine call failed: every group of the batch gets it
-            charge_call(batch, err, time.perf_counter() - start)
+            self._charge(batch, err, time.perf_counter() - start)
             fail_all(batch, err)
             return
         finally:
             seconds = time.perf_counter() - start
             self.calls_returned += 1
-            self.busy_seconds += seconds / max(1, len(self.pool.workers))
-            slot.busy = False
+            self._release(slot, batch, seconds)
             self._queue.wake.set()
-        charge_call(batch, outcomes, seconds)
+        self._charge(batch, outcomes, seconds)
         self.generated_tokens += settle_outcomes(batch, outcomes)
+
+    def _call(self, slot: WorkerSlot, batch: list[PendingRollout]) -> Any:
+        return slot.handle.generate_group_outcomes.remote([p.item for p in batch], [p.group_id for p in batch],
+                                                          [p.attempt for p in batch])  # fmt: skip
+
+    def _charge(self, batch: list[PendingRollout], outcomes: Any, seconds: float) -> None:
+        """Record what each group of a call that took ``seconds`` cost (split pro rata by tokens)."""
+        charge_call(batch, outcomes, seconds)
+
+    def _release(self, slot: WorkerSlot, batch: list[PendingRollout], seconds: float) -> None:
+        """The call of ``batch`` on ``slot`` ended after ``seconds``: count its time, free the worker."""
+        self.busy_seconds += seconds / max(1, len(self.pool.workers))
+        slot.busy = False
 
     def _start_replacement(self, dead: WorkerSlot | None) -> None:
         if dead is not None and not self.pool.remove(dead):

@@ -27,7 +27,7 @@ from groupwise.model.loading import Policy
 from groupwise.model.lora import ADAPTER_DIR, lora_config, write_adapter
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
-from groupwise.runtime.ray_actors import LearnerWorker, kill_actor, start_actor
+from groupwise.runtime.ray_actors import LearnerWorker, groups_per_streamed_worker, kill_actor, start_actor
 from groupwise.runtime.ray_cluster import (
     RayCluster,
     check_schedulable,
@@ -192,7 +192,17 @@ def _lora_config(cfg: Any) -> Any:
 
 
 def ray_clients(session: RaySession) -> tuple[RayRolloutClient, RayTrainer]:
-    """The async controller's rollout and trainer clients for a :class:`RaySession`."""
-    learner = session.learner
-    rollouts = RayRolloutClient(session.pool, session.cfg.generation.micro_batch_groups, learner.publish_weights)
-    return rollouts, RayTrainer(learner, session.cfg.grpo)
+    """The async controller's rollout and trainer clients for a :class:`RaySession`: with
+    ``generation.continuous_batching`` (and a model the stream takes: the workers build the same one) a call per
+    group on streamed workers, otherwise batches of ``generation.micro_batch_groups``."""
+    cfg, learner, local = session.cfg, session.learner, session.rollouts.local
+    rollouts: RayRolloutClient
+    if cfg.generation.continuous_batching and local.generator.stream_unavailable() is None:
+        from groupwise.runtime.ray_stream_client import RayStreamedRollouts
+
+        rollouts = RayStreamedRollouts(
+            session.pool, groups_per_streamed_worker(cfg), learner.publish_weights, local, session.events.event
+        )
+    else:
+        rollouts = RayRolloutClient(session.pool, cfg.generation.micro_batch_groups, learner.publish_weights)
+    return rollouts, RayTrainer(learner, cfg.grpo)

@@ -29,6 +29,7 @@ class PendingRollout:
     group_id: int
     attempt: int
     future: asyncio.Future
+    prefixes: tuple = ()  # a resumed attempt's samples generated so far (continuous batching only)
     in_call: bool = False  # taken for a generator call (or to be dropped from one: then its cost is NO_COST)
     cost: GenerationCost | None = None  # known once that call ended
     _waiter: asyncio.Future | None = None
@@ -57,12 +58,12 @@ class RolloutQueue:
         self._serve = serve
         self._name = name
 
-    async def submit(self, item: Any, group_id: int, attempt: int) -> Group:
+    async def submit(self, item: Any, group_id: int, attempt: int, prefixes: tuple = ()) -> Group:
         loop = asyncio.get_running_loop()
         if self.task is None or self.task.done():
             self.task = loop.create_task(self._serve(), name=self._name)
         future = loop.create_future()
-        pending = PendingRollout(item, group_id, attempt, future)
+        pending = PendingRollout(item, group_id, attempt, future, prefixes)
         self.items.append(pending)
         self.wake.set()
         try:
@@ -118,6 +119,17 @@ def charge_call(batch: Sequence[PendingRollout], outcomes: Sequence[Group | Base
         else:
             attach_cost(outcome, cost)
         pending.record_cost(cost)
+
+
+def charge_reported(batch: Sequence[PendingRollout], outcomes: Sequence[Group | BaseException] | BaseException) -> None:
+    """Record what each request of a call cost as its generator reported it, on its group (tokens, ``gen_seconds``)
+    or error (``cost_of``): a streamed generator times each request itself. A call that failed as a whole reported
+    nothing: its requests cost nothing recorded."""
+    if isinstance(outcomes, BaseException):
+        charge_call(batch, outcomes, 0.0)
+        return
+    for pending, outcome in zip(batch, outcomes, strict=True):
+        pending.record_cost(outcome.cost if isinstance(outcome, Group) else cost_of(outcome))
 
 
 def resolve_all(batch: list[PendingRollout], groups: list[Group]) -> None:

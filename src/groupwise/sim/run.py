@@ -72,6 +72,25 @@ def check_async_workload(cfg: RunConfig, workload: SimWorkload) -> list[ConfigIs
     return []
 
 
+def check_engine_keys(cfg: RunConfig) -> list[ConfigIssue]:
+    """Engine keys the simulator has no use for: its slots take a completion as soon as one frees (continuous
+    batching always), and it does not charge the KV rebuild of a partial rollout."""
+    issues = []
+    if cfg.generation.continuous_batching:
+        issues.append(ConfigIssue(
+            "generation.continuous_batching", True, "generation.continuous_batching has no effect in a simulation: "
+            "the simulated engine books each completion on the slot that frees first (continuous batching always)",
+            "remove generation.continuous_batching for groupwise simulate",
+        ))  # fmt: skip
+    if cfg.async_.partial_rollout_kv != "recompute":
+        issues.append(ConfigIssue(
+            "async.partial_rollout_kv", cfg.async_.partial_rollout_kv, "async.partial_rollout_kv has no effect in a "
+            "simulation: it does not charge rebuilding the KV cache of rows that go on under new weights",
+            "remove async.partial_rollout_kv for groupwise simulate",
+        ))  # fmt: skip
+    return issues
+
+
 @dataclass
 class SimulationResult:
     """The run directory written, its summary, and the in-memory run (parts, controller, meter)."""
@@ -103,6 +122,7 @@ def simulate(cfg: RunConfig) -> SimulationResult:
     """
     workload = SimWorkload.from_config(cfg)
     issues = check_sync_workload(workload) if cfg.mode == "sync" else check_async_workload(cfg, workload)
+    issues.extend(check_engine_keys(cfg))
     if issues:
         raise ConfigError(issues)
     run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=False)

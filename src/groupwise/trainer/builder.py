@@ -160,6 +160,7 @@ def build_components(
         eos_token_ids(policy.tokenizer, policy.model),
         fast_decode=cfg.generation.fast_decode,
         cuda_graphs=cfg.generation.cuda_graphs,
+        continuous_batching=cfg.generation.continuous_batching,
     )
     reward_fn = with_timeout(inputs.reward_fn, cfg.reward.timeout_s)  # bounded per call when configured
     rollouts = RolloutWorker(
@@ -177,10 +178,18 @@ def build_components(
     report = _check_prompts(cfg, inputs.task, policy, rollouts)
     if report.issues:
         raise ConfigError(report.issues)
-    for note in report.notes:
+    notes = list(report.notes)
+    if cfg.generation.continuous_batching and (why := engine.stream_unavailable()) is not None:
+        if cfg.mode == "async" and cfg.async_.partial_rollouts == "continue":  # it would silently do nothing
+            raise ConfigError([ConfigIssue(
+                "async.partial_rollouts", "continue", f"partial rollouts need the generation stream, but {why}",
+                "set async.partial_rollouts: off for this model (a Llama or Qwen2 architecture has the fast step)",
+            )])  # fmt: skip
+        notes.append(f"generation.continuous_batching is on, but {why}: generation runs one batch per engine call")
+    for note in notes:
         logger.warning(note)
     return Components(policy=policy, engine=engine, task=inputs.task, reward_fn=reward_fn, rollouts=rollouts,
-                      notes=report.notes)
+                      notes=notes)
 
 
 def _load_policy_reported(cfg: RunConfig) -> Policy:

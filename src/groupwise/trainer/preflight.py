@@ -54,7 +54,6 @@ def check_inputs(cfg: Any, *, training: bool = True) -> Inputs:
 def check_train_start(cfg: Any, *, resume: bool, resume_from: Path | None) -> Inputs:
     """:func:`check_inputs` plus whether this run may start (its directory, ``--resume``, ``--resume-from``)."""
     inputs, issues = input_issues(cfg, training=True, location=False)
-    issues.extend(partial_rollout_issues(cfg))
     issues.extend(start_problems(cfg.run.output_dir, cfg.run.name, resume or resume_from is not None))
     if resume_from is not None:
         issues.extend(_checkpoint_issues(resume_from))
@@ -65,15 +64,15 @@ def check_train_start(cfg: Any, *, resume: bool, resume_from: Path | None) -> In
 
 
 def partial_rollout_issues(cfg: Any) -> list[ConfigIssue]:
-    """``async.partial_rollouts: continue`` is simulated (``groupwise simulate``) but the engine does not do it yet:
-    training with it would generate every call under one version, silently."""
-    if cfg.mode != "async" or cfg.async_.partial_rollouts == "off":
+    """Training with ``async.partial_rollouts: continue`` needs ``generation.continuous_batching: true``: weights
+    are swapped inside a running decode loop, which only the generation stream has (``groupwise simulate`` models
+    partial rollouts without it)."""
+    if cfg.mode != "async" or cfg.async_.partial_rollouts == "off" or cfg.generation.continuous_batching:
         return []
     return [ConfigIssue(
         "async.partial_rollouts", cfg.async_.partial_rollouts,
-        "partial rollouts are modelled by groupwise simulate only: the engine runs every generation call to its end "
-        "under the weights it started with, so training would not do what the key says",
-        "set async.partial_rollouts: off to train, or run groupwise simulate to see what partial rollouts would change",
+        "partial rollouts swap weights inside a running decode loop, which only continuous batching has",
+        "set generation.continuous_batching: true, or async.partial_rollouts: off",
     )]  # fmt: skip
 
 
@@ -84,6 +83,8 @@ def input_issues(cfg: Any, *, training: bool, location: bool) -> tuple[Inputs | 
     issues.extend(task_issues)
     if training and task is not None:
         issues.extend(prompt_count_issues(cfg, len(task.train_prompts())))
+    if training:
+        issues.extend(partial_rollout_issues(cfg))
     reward_fn, reward_issues = _reward(cfg, task)
     issues.extend(reward_issues)
     issues.extend(_sampler_issues(cfg))

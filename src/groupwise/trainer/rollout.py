@@ -17,7 +17,16 @@ from groupwise.data.scoring import RewardError, score_completions
 from groupwise.generation.base import Generator
 from groupwise.model.encode import encode_prompt
 from groupwise.seeding import request_seed
-from groupwise.types import Completion, GenerationCost, GenerationRequest, Group, Prompt, SamplingParams, attach_cost
+from groupwise.types import (
+    Completion,
+    GenerationCost,
+    GenerationRequest,
+    Group,
+    Prompt,
+    RowPrefix,
+    SamplingParams,
+    attach_cost,
+)
 
 if TYPE_CHECKING:
     from groupwise.config import GrpoSection
@@ -104,35 +113,43 @@ class RolloutWorker:
         if not len(items) == len(group_ids) == len(attempts):
             raise ValueError(f"{len(items)} prompts, {len(group_ids)} group ids and {len(attempts)} attempts")
         start_version = self.generator.version
-        requests = [
-            GenerationRequest(self.encode(item.prompt), self.group_size, self.seed_for(item, attempt))
-            for item, attempt in zip(items, attempts, strict=True)
-        ]
+        requests = [self.request_for(item, attempt) for item, attempt in zip(items, attempts, strict=True)]
         outputs: list[list[Completion]] = []
         for start in range(0, len(requests), self.max_groups_per_call):
             outputs += self.generator.generate(requests[start : start + self.max_groups_per_call], self.sampling)
         end_version = self.generator.version
-        groups: list[Group | RewardError] = []
-        for item, group_id, attempt, request, completions in zip(
-            items, group_ids, attempts, requests, outputs, strict=True
-        ):
-            try:
-                raw = score_completions(self.reward_fn, item.prompt, completions, self.reward_kwargs)
-            except RewardError as error:  # its completions were generated: the runtime charges them to the attempt
-                groups.append(attach_cost(error, GenerationCost(sum(c.num_tokens for c in completions))))
-                continue
-            groups.append(
-                Group(
-                    group_id=group_id,
-                    prompt=item.prompt,
-                    prompt_token_ids=request.prompt_token_ids,
-                    completions=list(completions),
-                    raw_rewards=list(raw),
-                    rewards=self.rewards.apply(raw, completions),
-                    start_version=start_version,
-                    end_version=end_version,
-                    epoch=item.epoch,
-                    attempt=attempt,
-                )
+        return [
+            self.score_group(item, group_id, attempt, request, completions, start_version, end_version)
+            for item, group_id, attempt, request, completions in zip(
+                items, group_ids, attempts, requests, outputs, strict=True
             )
-        return groups
+        ]
+
+    def request_for(
+        self, item: LoadedPrompt, attempt: int, prefixes: tuple[RowPrefix | None, ...] = ()
+    ) -> GenerationRequest:
+        """The generation request of one attempt at ``item`` (G samples, the attempt's seed); ``prefixes`` continue
+        samples an interrupted attempt had already generated."""
+        return GenerationRequest(self.encode(item.prompt), self.group_size, self.seed_for(item, attempt), prefixes)
+
+    def score_group(
+        self, item: LoadedPrompt, group_id: int, attempt: int, request: GenerationRequest,
+        completions: Sequence[Completion], start_version: int, end_version: int,
+    ) -> Group | RewardError:  # fmt: skip
+        """Score one prompt's completions into its group, or the reward failure that only this prompt gets."""
+        try:
+            raw = score_completions(self.reward_fn, item.prompt, completions, self.reward_kwargs)
+        except RewardError as error:  # its completions were generated: the runtime charges them to the attempt
+            return attach_cost(error, GenerationCost(sum(c.num_tokens for c in completions)))
+        return Group(
+            group_id=group_id,
+            prompt=item.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            completions=list(completions),
+            raw_rewards=list(raw),
+            rewards=self.rewards.apply(raw, completions),
+            start_version=start_version,
+            end_version=end_version,
+            epoch=item.epoch,
+            attempt=attempt,
+        )

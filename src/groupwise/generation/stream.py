@@ -1,0 +1,430 @@
+"""Continuous batching and partial rollouts: one decode loop that requests join as rows finish.
+
+A :class:`GenerationStream` decodes on the engine's static slots (:mod:`groupwise.generation.slots`), where every
+slot has its own position, cache column and RNG counter, so rows that joined at different times share a step:
+
+* **Requests join a running batch.** :meth:`GenerationStream.submit` (any thread) queues a request; at the next
+  token boundary its rows are prefilled (one prompt forward per request) and loaded into free slots. A request is
+  handed back (``on_done``) as soon as its own rows are done, not when the batch ends. Rows of a request are taken
+  in together when their slots are free (or when nothing else is decoding), in arrival order.
+* **Continuations.** A request may carry a :class:`~groupwise.types.RowPrefix` per sample (a resumed in-flight
+  attempt): that row is prefilled with prompt + its tokens but the last, which it feeds next, and it draws token
+  ``k = len(prefix)`` with the same counter-RNG draw an uninterrupted row makes there.
+* **Weights mid-call** (:meth:`GenerationStream.post_weights`). With ``partial="continue"`` the new weights are
+  loaded at the next token boundary and the rows still generating go on under them: with ``kv="recompute"`` their
+  KV cache is rebuilt under the new weights first (a prefill of prompt + tokens so far), with ``kv="keep"`` it is
+  kept as it was computed (under older versions). With ``partial="off"`` no row spans versions: the stream stops
+  taking rows in, lets the live ones finish, then loads the weights (a drain, as a batch-per-call engine does).
+  Every token records the version that ran the step that drew it and its sampling-time logprob.
+* **Progress** (:meth:`GenerationStream.progress`, any thread): what every unfinished request generated so far,
+  read under the lock the serving thread appends tokens under, so a checkpoint taken while the engine runs sees
+  each row at a token boundary.
+
+The loop runs on the stream's own daemon thread (:meth:`start`), or in the caller's thread until there is nothing
+left to do (:meth:`run_until_idle`, which is how ``Engine.generate`` uses it). :meth:`pause` parks the thread at a
+token boundary (evaluation uses the engine meanwhile). A failure inside the loop fails every request it holds
+with that error and the stream goes on serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from groupwise.generation.sampling import check_sampling_params, keyed_uniforms, sample_tokens, tempered_logprobs_of
+from groupwise.generation.stream_rows import Done, FinishRules, StreamRequest, StreamRow, new_request
+from groupwise.generation.stream_slots import SlotRows, StreamSlots
+from groupwise.types import GenerationRequest, RowPrefix, SamplingParams
+
+PARTIAL_MODES = ("off", "continue")
+KV_MODES = ("recompute", "keep")
+
+
+@dataclass
+class _WeightPost:
+    load: Callable[[], None]  # copies the new weights into the engine (in place) and sets its version
+    on_done: Callable[[BaseException | None], None]
+    answered: bool = False
+
+    def done(self, error: BaseException | None) -> None:
+        """Answer the poster once (a close and the serving thread may both try)."""
+        if not self.answered:
+            self.answered = True
+            self.on_done(error)
+
+
+class GenerationStream:
+    """A continuous-batching decode loop over an engine (see the module docstring)."""
+
+    def __init__(
+        self, engine: Any, decoder: Any, sampling: SamplingParams, *, max_rows: int, partial: str = "off",
+        kv: str = "recompute", slots: StreamSlots,
+    ) -> None:  # fmt: skip
+        check_sampling_params(sampling)
+        if partial not in PARTIAL_MODES or kv not in KV_MODES:
+            raise ValueError(f"partial={partial!r} must be one of {PARTIAL_MODES} and kv={kv!r} one of {KV_MODES}")
+        self.engine, self.decoder, self.sampling = engine, decoder, sampling
+        self.max_rows, self.partial, self.kv = max(1, max_rows), partial, kv
+        self._slots = SlotRows(slots, decoder, sampling)
+        self._rules = FinishRules(engine.eos_token_ids, engine.tokenizer, sampling)
+        self._cond = threading.Condition(threading.Lock())
+        self._inbox: list[StreamRequest] = []
+        self._cancels: set[int] = set()
+        self._on_dropped: dict[int, Callable[[int, float], None]] = {}
+        self._post: _WeightPost | None = None
+        self._requests: dict[int, StreamRequest] = {}  # every unfinished request, by handle
+        self._answered: dict[int, StreamRequest] = {}  # answered, kept for progress until forgotten
+        self._waiting: deque[StreamRow] = deque()  # rows taken in, waiting for a slot
+        self._next_handle = 0
+        self._pauses = 0
+        self._parked = False
+        self._serving = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.steps = 0  # decode steps run: progress for a stall watchdog
+        self.joins = 0  # requests taken in while other rows were decoding
+        self.generated_tokens = 0
+        self.busy_seconds = 0.0
+        self.weight_loads = 0
+
+    # -- any thread -------------------------------------------------------------------------------------------
+    def submit(self, request: GenerationRequest, on_done: Done) -> int:
+        """Queue ``request``; ``on_done`` gets its completions (or the error that failed it), from the serving
+        thread. Returns the handle :meth:`cancel` and :meth:`progress` use."""
+        with self._cond:
+            handle, self._next_handle = self._next_handle, self._next_handle + 1
+            entry = new_request(handle, request, on_done, self.sampling.max_new_tokens)
+            self._requests[handle] = entry
+            self._inbox.append(entry)
+            self._cond.notify_all()
+        return handle
+
+    def cancel(self, handle: int, on_dropped: Callable[[int, float], None] | None = None) -> None:
+        """Drop a request (its requester gave up): its rows leave their slots at the next token boundary. Then
+        ``on_dropped(tokens, seconds)`` gets what it had cost (:meth:`cost`) — at once for a request already
+        answered, never when the stream closes first."""
+        with self._cond:
+            answered = self._answered.pop(handle, None)
+            if handle in self._requests:
+                self._cancels.add(handle)
+                if on_dropped is not None:
+                    self._on_dropped[handle] = on_dropped
+                self._cond.notify_all()
+                return
+        if on_dropped is not None:
+            on_dropped(*(_cost(answered) if answered is not None else (0, 0.0)))
+
+    def cost(self, handle: int) -> tuple[int, float]:
+        """What a request not yet forgotten cost so far: the tokens its rows hold and the stream's seconds
+        attributed to it (every prefill, decode step and KV rebuild split evenly among the rows it ran)."""
+        with self._cond:
+            entry = self._requests.get(handle) or self._answered.get(handle)
+            return _cost(entry) if entry is not None else (0, 0.0)
+
+    def post_weights(self, load: Callable[[], None], done: Callable[[BaseException | None], None]) -> None:
+        """Have the serving thread run ``load`` (copy new weights into the engine) at a token boundary — at once
+        with ``partial="continue"``, after the live rows finish with ``"off"`` — then call ``done``."""
+        with self._cond:
+            if self._post is not None:
+                raise RuntimeError("a weight load is already pending; wait for its done callback before the next")
+            self._post = _WeightPost(load, done)
+            self._cond.notify_all()
+
+    def forget(self, handle: int) -> None:
+        """The requester has what an answered request generated: :meth:`progress` stops reporting it."""
+        with self._cond:
+            self._answered.pop(handle, None)
+
+    def progress(self) -> dict[int, tuple[RowPrefix | None, ...]]:
+        """Per request not yet forgotten (by handle): what each sample generated so far (None: nothing yet). An
+        answered request stays here, every row finished, until :meth:`forget`: between the answer and its requester
+        taking it in, a checkpoint still finds it."""
+        with self._cond:
+            entries = [*self._requests.items(), *self._answered.items()]
+            return {handle: entry.progress() for handle, entry in entries}
+
+    def pause(self) -> None:
+        """Block until the serving thread is parked at a token boundary (or idle); it stays there until
+        :meth:`resume`. Rows keep their slots."""
+        with self._cond:
+            self._pauses += 1
+            self._cond.notify_all()
+            while self._serving and not self._parked and not self._closed:
+                self._cond.wait()
+
+    def resume(self) -> None:
+        with self._cond:
+            self._pauses -= 1
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
+
+    def start(self, name: str) -> None:
+        """Serve on a daemon thread of this name (never joined at exit: a stuck step cannot keep a run alive)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve_forever, name=name, daemon=True)
+            self._thread.start()
+
+    def close(self, timeout_s: float) -> bool:
+        """Stop serving: requests still held get no answer (their requesters are gone). Waits up to ``timeout_s``
+        for a step in progress; True when the thread ended."""
+        with self._cond:
+            self._closed = True
+            post, self._post = self._post, None
+            self._cond.notify_all()
+        if post is not None:
+            post.done(RuntimeError("the generation stream was closed before the weights were loaded"))
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return True
+        thread.join(timeout_s)
+        return not thread.is_alive()
+
+    # -- the serving thread -----------------------------------------------------------------------------------
+    def run_until_idle(self, max_ticks: int | None = None) -> bool:
+        """Run the loop in this thread (no thread of its own) until every submitted request is done, or for at most
+        ``max_ticks`` token boundaries; returns whether work is left."""
+        ticks = 0
+        while self._has_work() and (max_ticks is None or ticks < max_ticks):
+            self._guarded_tick()
+            ticks += 1
+        return self._has_work()
+
+    def _serve_forever(self) -> None:
+        while True:
+            with self._cond:
+                self._serving = False
+                self._cond.notify_all()
+                while not self._closed and (self._pauses or not self._work_locked()):
+                    self._cond.wait()
+                if self._closed:
+                    return
+                self._serving = True
+            self._park_if_paused()  # (not timed: a paused stream is not busy)
+            self._guarded_tick()
+
+    def _has_work(self) -> bool:
+        with self._cond:
+            return self._work_locked()
+
+    def _work_locked(self) -> bool:
+        return bool(self._inbox or self._cancels or self._post or self._slots.live or self._waiting)
+
+    def _park_if_paused(self) -> None:
+        with self._cond:
+            if not self._pauses:
+                return
+            self._parked = True
+            self._cond.notify_all()
+            while self._pauses and not self._closed:
+                self._cond.wait()
+            self._parked = False
+
+    def _guarded_tick(self) -> None:
+        start = time.perf_counter()
+        try:
+            self._tick()
+        except BaseException as error:  # noqa: BLE001 — every request the loop holds gets the error
+            self._fail_all(error)
+            if not isinstance(error, Exception):
+                raise
+        finally:
+            self.busy_seconds += time.perf_counter() - start
+
+    def _tick(self) -> None:
+        """One token boundary: mail, weights, admission, then one decode step of every live row."""
+        with self._cond:
+            new, self._inbox = self._inbox, []
+            cancels, self._cancels = self._cancels, set()
+            post = self._post
+        for entry in new:
+            self._take_in(entry)
+        for handle in cancels:
+            self._drop(handle)
+        if post is not None and (self.partial == "continue" or self._slots.live == 0):
+            self._apply_weights(post)
+            post = None
+        with torch.inference_mode():
+            if post is None:  # a drain ("off" mode) takes nothing in until the weights are loaded
+                self._admit()
+            if self._slots.live:
+                self._step()
+
+    def _take_in(self, entry: StreamRequest) -> None:
+        if entry.unfinished == 0:
+            self._resolve(entry)
+            return
+        self._waiting.extend(row for row in entry.rows if row.finish is None)
+
+    def _drop(self, handle: int) -> None:
+        with self._cond:
+            entry = self._requests.pop(handle, None)
+            on_dropped = self._on_dropped.pop(handle, None)
+        if entry is None:
+            return
+        self._waiting = deque(row for row in self._waiting if row.request is not entry)
+        for row in entry.rows:
+            if row.slot is not None:
+                self._slots.free(row)
+        if on_dropped is not None:
+            on_dropped(*_cost(entry))
+
+    def _resolve(self, entry: StreamRequest) -> None:
+        with self._cond:
+            if self._requests.pop(entry.handle, None) is None:
+                return  # cancelled meanwhile
+            self._answered[entry.handle] = entry
+        try:
+            result: Any = self._rules.completions(entry)
+        except Exception as error:  # noqa: BLE001 — packaging failed (the tokenizer): that request gets it
+            result = error
+        entry.on_done(result)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cond:
+            entries = list(self._requests.values())
+            self._requests.clear()
+            dropped = [(self._on_dropped.pop(entry.handle), entry) for entry in entries
+                       if entry.handle in self._on_dropped]  # fmt: skip
+            self._inbox, self._cancels = [], set()
+            post, self._post = self._post, None
+        self._waiting.clear()
+        self._slots.clear()
+        if post is not None:
+            post.done(error)
+        for on_dropped, entry in dropped:  # cancelled before the failure: their requesters want the cost only
+            on_dropped(*_cost(entry))
+        for entry in entries:
+            entry.on_done(error)
+
+    # -- weights ----------------------------------------------------------------------------------------------
+    def _apply_weights(self, post: _WeightPost) -> None:
+        try:
+            post.load()
+            self.weight_loads += 1
+            if self._slots.live:
+                with torch.inference_mode():  # the packed copies are inference tensors: refreshed in there
+                    self._slots.ensure_room(self._slots.live, 1)
+                    if self.kv == "recompute":
+                        self._recompute_live()
+        except BaseException as error:
+            with self._cond:
+                self._post = None
+            post.done(error)
+            raise
+        with self._cond:
+            self._post = None
+        post.done(None)
+
+    def _recompute_live(self) -> None:
+        """Rebuild the live rows' KV under the weights just loaded: prefill prompt + tokens but the last."""
+        start = time.perf_counter()
+        rows = self._slots.live_rows()
+        prefill = self._prefill(rows)
+        self._slots.ensure_room(self._slots.live, prefill.width + self.sampling.max_new_tokens)
+        self._slots.load(rows, prefill, list(range(len(rows))), into_own=True)
+        self._charge(rows, time.perf_counter() - start)
+
+    def _charge(self, rows: list[StreamRow], seconds: float) -> None:
+        """Attribute ``seconds`` of work on ``rows`` to their requests, evenly per row."""
+        with self._cond:
+            for row in rows:
+                row.request.seconds += seconds / len(rows)
+
+    # -- admission --------------------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        """Take waiting rows into free slots, whole requests at a time in arrival order."""
+        room = self.max_rows - self._slots.live
+        batch: list[StreamRow] = []
+        while self._waiting and room > len(batch):
+            head = self._waiting[0].request
+            pending = [row for row in self._waiting if row.request is head]
+            if len(pending) > room - len(batch) and (batch or self._slots.live):
+                break  # wait for its slots to free up rather than prefill its prompt twice
+            for row in pending[: room - len(batch)]:
+                self._waiting.remove(row)
+                batch.append(row)
+        if not batch:
+            return
+        if self._slots.live:
+            self.joins += len({row.request.handle for row in batch})
+        start = time.perf_counter()
+        prefill = self._prefill(batch)
+        self._slots.ensure_room(self._slots.live + len(batch), prefill.width + self.sampling.max_new_tokens)
+        fresh = [i for i, row in enumerate(batch) if not row.token_ids]
+        finished = set(self._draw_first(batch, fresh, prefill)) if fresh else set()
+        loaded = [i for i, row in enumerate(batch) if row not in finished]
+        self._slots.load([batch[i] for i in loaded], prefill, loaded)
+        self._charge(batch, time.perf_counter() - start)
+        self._finish(finished)
+
+    def _prefill(self, rows: list[StreamRow]) -> Any:
+        """One forward per distinct sequence (a fresh request's samples share their prompt's)."""
+        index: dict[tuple[int, ...], int] = {}
+        specs = []
+        for row in rows:
+            sequence = row.sequence
+            specs.append((index.setdefault(sequence, len(index)), row.sample, row.request.request.seed, sequence))
+        return self.engine.prefill_rows(specs)
+
+    def _draw_first(self, batch: list[StreamRow], fresh: list[int], prefill: Any) -> list[StreamRow]:
+        """Token 0 of fresh rows, from their prefill logits (the same sampling functions as every step); returns
+        the rows that finished with it."""
+        at = torch.tensor(fresh, dtype=torch.long, device=prefill.positions.device)
+        logits, keys = prefill.logits[at], prefill.rng_keys[at]
+        s = self.sampling
+        first = sample_tokens(logits, keyed_uniforms(keys, 0), s.temperature, s.top_k, s.top_p)
+        logprobs = tempered_logprobs_of(logits, first, s.temperature)
+        version = self.engine.version
+        with self._cond:
+            for i, token, logprob in zip(fresh, first.tolist(), logprobs.tolist(), strict=True):
+                batch[i].token_ids.append(token)
+                batch[i].logprobs.append(logprob)
+                batch[i].versions.append(version)
+            finished = self._rules.apply([batch[i] for i in fresh])
+        self.generated_tokens += len(fresh)
+        return finished
+
+    # -- decoding ---------------------------------------------------------------------------------------------
+    def _step(self) -> None:
+        start = time.perf_counter()
+        rows, tokens, logprobs = self._slots.step()
+        version = self.engine.version
+        seconds = (time.perf_counter() - start) / max(1, len(rows))
+        with self._cond:  # progress readers see every row at a token boundary
+            for row, token, logprob in zip(rows, tokens, logprobs, strict=True):
+                row.token_ids.append(token)
+                row.logprobs.append(logprob)
+                row.versions.append(version)
+                row.request.seconds += seconds
+            finished = self._rules.apply(rows)
+        self.steps += 1
+        self.generated_tokens += len(rows)
+        for row in finished:
+            self._slots.free(row)
+        self._finish(finished)
+
+    def _finish(self, finished: Any) -> None:
+        """Count finished rows against their requests; hand back every request whose rows are all done."""
+        for row in finished:
+            row.request.unfinished -= 1
+        for entry in sorted({row.request for row in finished}, key=lambda e: e.handle):
+            if entry.unfinished == 0:
+                self._resolve(entry)
+
+
+def _cost(entry: StreamRequest) -> tuple[int, float]:
+    return entry.tokens, entry.seconds

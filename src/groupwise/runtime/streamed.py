@@ -1,0 +1,191 @@
+"""The embedded runtime's rollout client with continuous batching: requests join the engine's running decode loop.
+
+:class:`StreamedRollouts` feeds every rollout request to a :class:`~groupwise.generation.stream.GenerationStream`
+as it arrives (the stream decodes on its own daemon thread), and settles each request as soon as its own G
+completions are done; scoring runs on a worker thread of its own, so a slow verifier never stalls decoding.
+Weight syncs are posted to the stream and applied at a token boundary (``async.partial_rollouts: continue``) or
+after the running rows finish (``off``); the sync returns once the engine decodes under the new version.
+Evaluation uses the same engine: :class:`PausingGenerator` parks the stream around every evaluation call.
+
+For checkpoints, :meth:`StreamedRollouts.progress_by_group` reads what every running attempt has generated
+(at a token boundary, under the stream's lock) as plain data (:mod:`groupwise.runtime.inflight`), and
+``rollout(..., resume=data)`` continues such an attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from groupwise.generation.stream import GenerationStream
+from groupwise.model.lora import generator_state_dict
+from groupwise.runtime.daemon_worker import DaemonWorker
+from groupwise.runtime.inflight import continuation, encode_progress, prefix_tokens
+from groupwise.trainer.rollout import RolloutWorker
+from groupwise.types import (
+    NO_COST,
+    Completion,
+    GenerationCost,
+    GenerationRequest,
+    Group,
+    SamplingParams,
+    charge_seconds,
+)
+
+
+@dataclass
+class _Running:
+    handle: int
+    request: GenerationRequest
+
+
+def _settle(future: asyncio.Future, outcome: Any) -> None:
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
+def answer_from_thread(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future, unpack: bool = False
+) -> Callable[..., None]:
+    """A callback for the serving thread that settles ``future`` on ``loop`` (dropped once the loop is closed) with
+    its one argument, or with the tuple of its arguments when ``unpack``."""
+
+    def answer(*outcome: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the run ended and its loop closed: nobody waits any more
+            loop.call_soon_threadsafe(_settle, future, outcome if unpack else outcome[0])
+
+    return answer
+
+
+async def load_weights_through(stream: GenerationStream, load: Callable[[], None]) -> None:
+    """Post ``load`` to ``stream`` and wait until the serving thread ran it at a token boundary."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    stream.post_weights(load, answer_from_thread(loop, done))
+    error = await done
+    if error is not None:
+        raise error
+
+
+class StreamedRollouts:
+    """``RolloutClient`` over a generation stream on the embedded engine (see the module docstring)."""
+
+    def __init__(
+        self, worker: RolloutWorker, source_model: torch.nn.Module, stream: GenerationStream,
+        on_event: Callable[[str], None] = lambda message: None,
+    ) -> None:  # fmt: skip
+        self.worker = worker
+        self.source_model = source_model
+        self.stream = stream
+        self.on_event = on_event
+        self.engine_lock = asyncio.Lock()  # the runtime's interface; the stream is paused for evaluation instead
+        self.generated_tokens = 0  # completion tokens of the groups handed back
+        self.resumed_tokens = 0  # tokens of resumed attempts that were continued, not generated again
+        self._returned = 0
+        self._running: dict[int, _Running] = {}
+        self._spent: dict[int, asyncio.Future] = {}  # cancelled rollouts' costs, until the controller asks
+        self._scorer = DaemonWorker("groupwise-scoring")
+        stream.start("groupwise-generation")
+
+    @property
+    def busy_seconds(self) -> float:
+        return self.stream.busy_seconds
+
+    @property
+    def calls_returned(self) -> int:
+        """Progress for the stall watchdog: decode steps, weight loads and groups handed back."""
+        return self.stream.steps + self.stream.weight_loads + self._returned
+
+    async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int, resume: Any = None) -> Group:
+        prefixes = self._prefixes(prompt, group_id, attempt, resume) if resume is not None else ()
+        request = self.worker.request_for(prompt, attempt, prefixes)
+        loop = asyncio.get_running_loop()
+        generated: asyncio.Future[list[Completion]] = loop.create_future()
+        handle = self.stream.submit(request, answer_from_thread(loop, generated))
+        self._running[group_id] = _Running(handle, request)
+        try:
+            completions = await generated
+            _, seconds = self.stream.cost(handle)
+            outcome = await self._scorer.run(
+                self.worker.score_group, prompt, group_id, attempt, request, completions, start_version,
+                self.worker.generator.version,
+            )  # fmt: skip
+        except asyncio.CancelledError:
+            spent: asyncio.Future[tuple[int, float]] = loop.create_future()
+            self._spent[group_id] = spent
+            self.stream.cancel(handle, answer_from_thread(loop, spent, unpack=True))
+            raise
+        finally:
+            self._running.pop(group_id, None)
+            self.stream.forget(handle)
+        self._returned += 1
+        outcome = charge_seconds(outcome, seconds)  # a reward failure keeps its completions' tokens
+        if isinstance(outcome, BaseException):
+            raise outcome
+        self.generated_tokens += outcome.num_completion_tokens
+        return outcome
+
+    async def spent(self, group_id: int) -> GenerationCost:
+        """What a rollout the controller cancelled cost: its tokens and the stream's time until its rows left their
+        slots (nothing for a group this client never ran)."""
+        spent = self._spent.pop(group_id, None)
+        if spent is None:
+            return NO_COST
+        tokens, seconds = await spent
+        return GenerationCost(tokens, seconds)
+
+    def _prefixes(self, prompt: Any, group_id: int, attempt: int, resume: Any) -> tuple:
+        prefixes = continuation(self.worker, prompt, group_id, attempt, resume, self.on_event)
+        self.resumed_tokens += prefix_tokens(prefixes)
+        return prefixes
+
+    def progress_by_group(self) -> dict[int, Any]:
+        """What every running attempt generated so far, by group id, as checkpoint data (None: nothing yet)."""
+        progress = self.stream.progress()
+        sampling = self.worker.sampling
+        return {
+            group_id: encode_progress(running.request, sampling, progress[running.handle])
+            for group_id, running in list(self._running.items())
+            if running.handle in progress
+        }
+
+    async def sync_weights(self, version: int) -> None:
+        """Copy the learner's parameters into the engine's model at a token boundary of the stream."""
+        await load_weights_through(self.stream, lambda: self._load_weights(version))
+
+    def _load_weights(self, version: int) -> None:
+        """(On the serving thread.) The learner's parameters, adapters merged with LoRA, into the engine's model."""
+        self.worker.generator.load_weights(generator_state_dict(self.source_model), version)
+
+    async def close(self, grace_s: float = 60.0) -> None:
+        """Stop the stream (waiting up to ``grace_s`` for a step in progress) and the scoring thread."""
+        await asyncio.to_thread(self.stream.close, grace_s)
+        await asyncio.to_thread(self._scorer.close, grace_s)
+
+
+class PausingGenerator:
+    """The engine as evaluation uses it while a stream runs on it: every call parks the stream first."""
+
+    def __init__(self, engine: Any, stream: GenerationStream) -> None:
+        self.engine, self.stream = engine, stream
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
+        with self.stream.paused():
+            return self.engine.generate(requests, sampling)
+
+    def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        with self.stream.paused():
+            self.engine.load_weights(state, version)
