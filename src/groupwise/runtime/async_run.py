@@ -113,7 +113,7 @@ def _runtime_clients(session: Session) -> tuple[Any, Any]:
         from groupwise.runtime.ray_session import ray_clients  # Ray is imported only when chosen
 
         return ray_clients(session)
-    rollouts = EmbeddedRollouts(session.rollouts, session.policy.model, cfg.generation.micro_batch_groups)
+    rollouts = EmbeddedRollouts(session.rollouts, session.generator_weights, cfg.generation.micro_batch_groups)
     return rollouts, EmbeddedTrainer(session.learner, cfg.grpo)
 
 

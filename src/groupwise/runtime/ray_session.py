@@ -4,7 +4,8 @@
 loop and the async runtime drive, with Ray-backed parts that have the methods they call — ``learner``
 (:class:`~groupwise.runtime.ray_runtime.RayLearner`), ``rollouts``
 (:class:`~groupwise.runtime.ray_pool.RaySyncRollouts`), ``engine``
-(:class:`~groupwise.runtime.ray_pool.RemoteEngine`) and ``policy`` (:class:`RayPolicy`, whose model state
+(:class:`~groupwise.runtime.ray_pool.RemoteEngine`) and ``policy`` (a
+:class:`~groupwise.trainer.remote_policy.RemotePolicy`, whose model state
 lives in the learner actor). Only ``publish_weights`` differs: the learner puts its weights in the object
 store itself and the workers load them, so the weights never pass through the driver. Checkpoints fetch the
 model and optimizer state from the learner actor; resuming sends them back.
@@ -23,8 +24,7 @@ import torch
 
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.data.loader import PromptLoader
-from groupwise.model.loading import Policy
-from groupwise.model.lora import ADAPTER_DIR, lora_config, write_adapter
+from groupwise.model.lora import lora_config
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
 from groupwise.runtime.ray_actors import LearnerWorker, kill_actor, start_actor
@@ -40,32 +40,13 @@ from groupwise.runtime.ray_pool import GenerationPool, RaySyncRollouts, RemoteEn
 from groupwise.runtime.ray_runtime import LearnerModel, RayLearner, RayRolloutClient, RayTrainer
 from groupwise.trainer.builder import Components, build_components
 from groupwise.trainer.preflight import Inputs, check_train_start
+from groupwise.trainer.remote_policy import RemotePolicy
 from groupwise.trainer.session import Session
 
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
 
 DEFAULT_STARTUP_TIMEOUT_S = 300.0
-
-
-@dataclass
-class RayPolicy:
-    """The policy as the driver sees it: the tokenizer here, the trained weights in the learner actor."""
-
-    model: LearnerModel
-    tokenizer: Any
-    local: Policy  # a plain CPU copy, refreshed from the learner only to save
-    lora: Any = None  # the peft LoraConfig when the learner trains adapters
-
-    def save(self, directory: str | Path) -> Path:
-        """``final/``: the merged weights in the local plain copy, plus the adapter in ``adapter/`` with LoRA."""
-        learner = self.model.learner
-        with torch.no_grad():
-            self.local.model.load_state_dict(learner.call("merging weights", learner.handle.generator_state.remote()))
-        saved = self.local.save(directory)
-        if self.lora is not None:
-            write_adapter(saved / ADAPTER_DIR, self.model.state_dict(), self.lora)
-        return saved
 
 
 @dataclass
@@ -162,7 +143,10 @@ def _assemble(
     session = RaySession(
         cfg=cfg,
         run_dir=run_dir,
-        policy=RayPolicy(LearnerModel(learner), parts.policy.tokenizer, parts.policy, _lora_config(cfg)),
+        policy=RemotePolicy(
+            LearnerModel(learner), parts.policy.tokenizer, parts.policy,
+            lambda: learner.call("merging weights", learner.handle.generator_state.remote()), _lora_config(cfg),
+        ),
         engine=RemoteEngine(pool),
         learner=learner,
         rollouts=rollouts,
