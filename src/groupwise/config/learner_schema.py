@@ -16,7 +16,9 @@ class LearnerSection(Section):
     """Learner processes in one ``torch.distributed`` process group (≥ 1; gloo on CPU, NCCL on CUDA, one GPU per
     rank). Each RL step's groups are split across the ranks by whole groups, balanced by tokens, and the loss
     normaliser covers the whole step on every rank, so N ranks take the update one rank would (beyond float
-    rounding). ``1`` = the learner runs in the run's own process. Embedded runtime only for now."""
+    rounding). ``1`` = one learner (in the run's own process, or one Ray actor). Embedded runtime: the ranks are
+    processes the run spawns; Ray: N learner actors, each reserving ``runtime.ray.learner_cpus`` /
+    ``learner_gpus``."""
     sharding: Literal["ddp", "fsdp"] = "ddp"
     """``ddp`` = every rank holds the whole model, gradients are all-reduced once per optimizer update
     (``DistributedDataParallel``); ``fsdp`` = parameters, gradients and optimizer state are sharded across the

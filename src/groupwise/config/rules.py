@@ -338,17 +338,10 @@ def clip_needs_several_updates(cfg: RunConfig) -> Iterator[ConfigIssue]:
             )
 
 
-@rule("learner", "runtime")
+@rule("learner")
 def learner_ranks(cfg: RunConfig) -> Iterator[ConfigIssue]:
-    """learner.sharding and learner.collective_timeout_s need learner.num_ranks ≥ 2; several ranks need the
-    embedded runtime (the Ray runtime trains with one learner actor)."""
+    """learner.sharding and learner.collective_timeout_s need learner.num_ranks ≥ 2."""
     learner = cfg.learner
     if learner.num_ranks == 1:
         yield from no_effect(learner, "learner", "with learner.num_ranks 1 (one learner process)",
                              "remove it, or set learner.num_ranks to 2 or more", keep=("num_ranks",))
-    elif cfg.runtime.backend != "embedded":
-        yield ConfigIssue(
-            "learner.num_ranks", learner.num_ranks,
-            f"several learner ranks run on the embedded runtime only, not runtime.backend '{cfg.runtime.backend}'",
-            "set runtime.backend: embedded (the ranks are processes this run spawns), or learner.num_ranks: 1",
-        )

@@ -175,7 +175,7 @@ def rank_main(rank: int, world_size: int, port: int, cfg: RunConfig, conn: Any) 
     import torch.distributed as dist
 
     try:
-        learner = _build_rank_learner(cfg, rank, world_size, port)
+        learner = build_rank_learner(cfg, rank, world_size, "127.0.0.1", port, cuda_index=rank, share_cpus=True)
         _reply(conn, rank, {"version": learner.version, "logprob_path": learner.warm_up()})
     except BaseException as err:  # noqa: BLE001 — the driver reports it, naming this rank
         send(conn, ("error", _portable(err)))
@@ -211,19 +211,23 @@ def _portable(err: BaseException) -> tuple[BaseException | None, str]:
     return err, text
 
 
-def _build_rank_learner(cfg: RunConfig, rank: int, world_size: int, port: int) -> Any:
+def build_rank_learner(
+    cfg: RunConfig, rank: int, world_size: int, host: str, port: int, cuda_index: int, share_cpus: bool
+) -> Any:
+    """Rank ``rank``'s learner in the group that meets at ``host:port``, on GPU ``cuda_index`` with CUDA;
+    ``share_cpus``: split this machine's cores among the ranks (Ray sets each actor's threads itself)."""
     from groupwise.model.loading import resolve_device
     from groupwise.trainer.builder import build_learner, load_policy_from_config
     from groupwise.trainer.data_parallel import DataParallel, init_process_group
 
     device = resolve_device(cfg.model.device)
     if device.type == "cuda":
-        device = torch.device("cuda", rank)  # one GPU per rank
+        device = torch.device("cuda", cuda_index)  # one GPU per rank
         torch.cuda.set_device(device)
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"device": str(device)})})
-    else:
+    elif share_cpus:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    init_process_group(rank, world_size, port, device, cfg.learner.collective_timeout_s)
+    init_process_group(rank, world_size, host, port, device, cfg.learner.collective_timeout_s)
     torch.manual_seed(cfg.run.seed)
     policy = load_policy_from_config(cfg)
     parallel = DataParallel(rank, world_size, cfg.learner.sharding, device)

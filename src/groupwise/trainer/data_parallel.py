@@ -46,12 +46,14 @@ class ScoringModule(torch.nn.Module):
         return scored.logprobs, scored.entropy, scored.mask, scored.padded_tokens, scored.real_tokens
 
 
-def init_process_group(rank: int, world_size: int, port: int, device: torch.device, timeout_s: float) -> None:
-    """Join the run's group on ``127.0.0.1:port``: NCCL on CUDA, gloo on CPU; every collective gives up after
-    ``timeout_s`` (a dead peer is an error, not a hang)."""
+def init_process_group(
+    rank: int, world_size: int, host: str, port: int, device: torch.device, timeout_s: float
+) -> None:
+    """Join the run's group meeting at ``host:port`` (rank 0's address): NCCL on CUDA, gloo on CPU; every
+    collective gives up after ``timeout_s`` (a dead peer is an error, not a hang)."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
-        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+        backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )  # fmt: skip
 
