@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/controller.py [--part bookkeeping|million|throughput|all] [--groups 1000000]
     .venv/bin/python bench/controller.py --part evidence [--out runs/sim-evidence]   # docs/samplers.md evidence
+    .venv/bin/python bench/controller.py --part partial_rollouts [--steps 300]       # bench/RESULTS.md
 
 * **bookkeeping** — the controller's own work per group, with 10^2, 10^4 and 10^6 groups buffered: one batch
   admitted (``sampler.admit``), P slots reserved and committed (tally, buffer), then evict → select → ledger
@@ -16,6 +17,10 @@
   ``sim`` defaults' training cost: trained groups per hour of each async sampler ÷ sync.
 * **evidence** — ``groupwise simulate`` of the four ``examples/sim`` configs into ``--out``, then ``groupwise
   compare`` of them plus rows from their ``sim/summary.json``: the evidence section of ``docs/samplers.md``.
+* **partial_rollouts** — ``examples/sim/partial_rollouts.yaml`` (the long-tailed workload, p99/p50 = 8) for each
+  gated sampler and windowed at staleness 1 and 2: partial rollouts off with a draining weight sync, on, and off
+  with the simulator's overlapping sync (the model the other examples use): trained groups per hour, trainer
+  idle fraction, token staleness. Simulated figures: deterministic, so measurable on any machine.
 
 CPU time is ``time.process_time()`` around the measured call (imports excluded).
 """
@@ -198,9 +203,48 @@ def evidence(out_dir: Path) -> list[str]:
     return lines
 
 
+PARTIAL_SETTINGS = (
+    ("off (sync drains)", []),
+    ("on (continue)", ["async.partial_rollouts=continue", "sim.weight_sync_drains=false"]),
+    ("off (sync overlaps)", ["sim.weight_sync_drains=false"]),
+)
+WINDOW_KNOB = {"in_order": "max_lookahead_versions", "ready_first": "max_staleness_versions",
+               "windowed": "max_staleness_versions"}  # fmt: skip
+
+
+def partial_rollouts_table(steps: int) -> list[str]:
+    """Per sampler, window and setting: trained groups/h (÷ partial rollouts off with draining syncs), trainer idle
+    fraction, staleness of the trained groups and of their tokens, wasted share of the generated tokens."""
+    lines = ["| sampler | window | partial rollouts | trained groups/h | ÷ off (drains) | trainer idle | staleness "
+             "(groups) | staleness (tokens) | wasted share of tokens |", "|---|---|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    for name, knob in WINDOW_KNOB.items():
+        for window in (1, 2):
+            base = None
+            for label, overrides in PARTIAL_SETTINGS:
+                cfg = load_config(ROOT / "examples/sim/partial_rollouts.yaml", [
+                    f"run.max_steps={steps}", f"async.sampler={{name: {name}, {knob}: {window}}}", *overrides])
+                run = simulate_async(ControllerSettings.from_config(cfg), SimWorkload.from_config(cfg),
+                                     partial_rollouts=cfg.async_.partial_rollouts == "continue")  # fmt: skip
+                assert run.completed and run.meter is not None and run.generation is not None, run.error
+                rate = _rate(run)
+                base = base or rate
+                trained = sum(run.meter.staleness.values())
+                staleness = sum(v * n for v, n in run.meter.staleness.items()) / trained
+                totals = run.generation.totals()
+                cells = [name, str(window), label, f"{rate:,.0f}", f"{rate / base:.2f}×",
+                         f"{1 - run.parts.trainer.busy_seconds / run.wall_seconds:.3f}", f"{staleness:.3f}",
+                         f"{run.meter.token_staleness_mean:.3f}", f"{totals['waste_fraction']:.3f}"]  # fmt: skip
+                lines.append("| " + " | ".join(cells) + " |")
+                print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=["bookkeeping", "million", "throughput", "evidence", "all"], default="all")
+    parts = ["bookkeeping", "million", "throughput", "evidence", "partial_rollouts", "all"]
+    parser.add_argument("--part", choices=parts, default="all")
+    parser.add_argument("--steps", type=int, default=300, help="steps of each --part partial_rollouts run")
     parser.add_argument("--groups", type=int, default=1_000_000, help="trained groups in the million-group run")
     parser.add_argument("--out", type=Path, default=Path("runs/sim-evidence"), help="run dirs of --part evidence")
     args = parser.parse_args()
@@ -217,6 +261,10 @@ def main() -> None:
     if args.part in ("throughput", "all"):
         print("\nTrained groups per hour, async ÷ sync, 300 steps, P = 16, G = 8, 64 slots:", flush=True)
         throughput_table()
+    if args.part in ("partial_rollouts", "all"):
+        print(f"\nPartial rollouts on the long-tailed workload (p99/p50 = 8), {args.steps} steps, P = 16, G = 8, "
+              "64 slots:", flush=True)
+        partial_rollouts_table(args.steps)
 
 
 if __name__ == "__main__":

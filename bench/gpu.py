@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 import transformers
+from gpu_learning import learning_check
 from gpu_runs import (
     SHAPES,
     SMOKE_SHAPES,
@@ -56,7 +57,6 @@ from gpu_runs import (
     generation_rows,
     gpu_checks,
     learner_rows,
-    learning_check,
     profile_rows,
 )
 

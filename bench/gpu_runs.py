@@ -1,4 +1,5 @@
-"""The measurements of ``bench/gpu.py``: model shapes, GPU checks, generation, learner step, learning check, profile.
+"""The measurements of ``bench/gpu.py``: model shapes, GPU checks, generation, learner step, profile (the learning
+check is in ``gpu_learning``).
 
 Each function returns result rows (plain dicts: what the table prints and the JSON keeps) and never raises for
 a failed measurement: a CUDA out-of-memory or any other error becomes a row whose note says what failed.
@@ -105,7 +106,7 @@ def run_hf(model, prompts: list[list[int]], new_tokens: int, eos: list[int], pad
     return count_generated(generated, set(eos)), len(generated[0])
 
 
-def _failure_row(section: str, model: str, shape: str, method: str, error: BaseException) -> dict[str, Any]:
+def failure_row(section: str, model: str, shape: str, method: str, error: BaseException) -> dict[str, Any]:
     if isinstance(error, torch.cuda.OutOfMemoryError):
         note = "CUDA out of memory"
     else:
@@ -157,7 +158,7 @@ def gpu_checks(shape: Shape, device: str, smoke: bool) -> list[dict[str, Any]]:
         got, expected = graphs.generate(requests, sampling), plain.generate(requests, sampling)
         rows.append(_compare("graph path vs compacting path (fp32)", small.name, "peaked", got, expected, 1e-4, ""))
     except Exception as error:  # a failed check is a row, not a crash
-        rows.append(_failure_row("check", small.name, "", "graphs", error))
+        rows.append(failure_row("check", small.name, "", "graphs", error))
     _release()
     return rows
 
@@ -186,7 +187,7 @@ def generation_rows(
     try:
         model = shape.build(device, torch.bfloat16)
     except Exception as error:
-        return [_failure_row("generation", shape.name, "", "build", error)]
+        return [failure_row("generation", shape.name, "", "build", error)]
     eos, pad = [0], 1
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     largest = max(s.rows for s in settings)
@@ -218,7 +219,7 @@ def generation_rows(
                         for _ in range(count)]  # fmt: skip
                 results[method] = max(runs, key=lambda m: m.tokens / m.seconds)
             except Exception as error:
-                rows.append(_failure_row("generation", shape.name, str(setting), method, error))
+                rows.append(failure_row("generation", shape.name, str(setting), method, error))
                 _release()
         hf = results.get("HF generate")
         for method, m in results.items():
@@ -293,7 +294,7 @@ def learner_rows(
             })  # fmt: skip
             del learner, model
         except Exception as error:
-            rows.append(_failure_row("learner", shape.name, label, "train_step", error))
+            rows.append(failure_row("learner", shape.name, label, "train_step", error))
         _release()
     return rows
 
@@ -325,60 +326,6 @@ def _timed_steps(learner, batch, device: str, repeats: int) -> list[float]:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return times
-
-
-# --- the end-to-end learning check: SFT on the device, then GRPO with dynamic sampling -------------------------------
-
-
-def learning_check(device: str, workdir: Path, seconds_left: Callable[[], float], smoke: bool) -> list[dict[str, Any]]:
-    """``recipes/warm_start_addition.yaml`` on the device, then ``examples/addition.yaml`` from its result,
-    time-boxed: held-out greedy accuracy at the start of GRPO and at its end."""
-    from groupwise.config import load_config
-    from groupwise.runtime.sync_run import train_steps
-    from groupwise.trainer.builder import build_session
-    from groupwise.trainer.sft import run_sft
-
-    common = [f"model.device={device}", f"run.output_dir={workdir}", "logging.tensorboard=false"]
-    small = ["data.addition.num_eval=16", "data.addition.num_train=200"] if smoke else []
-    try:
-        start = time.perf_counter()
-        sft_overrides = [*common, *small, "run.name=gpu-sft"]
-        if smoke:
-            sft_overrides += ["sft.steps=4", "sft.eval_every=2", "sft.stop_at_accuracy=null", "sft.batch_size=8"]
-        final = run_sft(load_config(REPO / "recipes/warm_start_addition.yaml", sft_overrides))
-        sft_seconds = time.perf_counter() - start
-        # Smoke: a 4-step SFT model gives every group the same reward (dynamic sampling would find none to
-        # train), so GRPO starts from the shipped warm start made by the same recipe.
-        start_from = REPO / "models/addition-tiny" if smoke else final
-        rl_overrides = [*common, *small, "run.name=gpu-grpo", f"model.path={start_from}", "logging.progress=false",
-                        "logging.train_data=false", "checkpoint.every=0"]  # fmt: skip
-        if smoke:
-            rl_overrides += ["run.max_steps=2", "grpo.num_prompts_per_step=4", "eval.every=0"]
-        session = build_session(load_config(REPO / "examples/addition.yaml", rl_overrides))
-        start = time.perf_counter()
-        curve = [(0, session.evaluate(step=0)["eval/accuracy"])]
-        reserve = 5.0 if smoke else 15.0  # the final evaluation and checkpoint
-        while session.state.step < session.cfg.run.max_steps and seconds_left() > reserve:
-            if train_steps(session, session.state.step + 1) == "exhausted":  # one step at a time: time-boxed
-                break
-            if "eval/accuracy" in session.last_metrics and session.last_metrics["step"] == session.state.step:
-                curve.append((session.state.step, session.last_metrics["eval/accuracy"]))
-        session.finish()
-        if curve[-1][0] != session.state.step:
-            curve.append((session.state.step, session.last_metrics["eval/accuracy"]))
-        rl_seconds = time.perf_counter() - start
-    except Exception as error:
-        return [_failure_row("learning", "addition-tiny (SFT on device)", "", "sft + grpo", error)]
-    gain = curve[-1][1] - curve[0][1]
-    steps = session.state.step
-    return [{
-        "section": "learning", "model": "addition-tiny (SFT on device)", "shape": f"{steps} GRPO steps",
-        "method": "sft -> grpo + dynamic sampling", "time": f"{sft_seconds:.0f} s sft + {rl_seconds:.0f} s grpo",
-        "ratio": f"accuracy {curve[0][1]:.3f} -> {curve[-1][1]:.3f} ({100 * gain:+.1f} points)",
-        "note": "curve " + ", ".join(f"{s}:{a:.2f}" for s, a in curve) + f"; decode: {session.engine.decode_path}",
-        "accuracy_start": curve[0][1], "accuracy_end": curve[-1][1], "gain_points": 100 * gain, "curve": curve,
-        "sft_seconds": sft_seconds, "grpo_seconds": rl_seconds, "grpo_steps": steps,
-    }]  # fmt: skip
 
 
 # --- profile: where a decode step's time goes, engine vs HF --------------------------------------------------------
@@ -421,10 +368,10 @@ def profile_rows(shape: Shape, device: str, out_text: Path, smoke: bool) -> list
         out_text.write_text("\n\n".join(sections))
         del engine, model
     except Exception as error:
-        rows.append(_failure_row("profile", shape.name, "", "profiler", error))
+        rows.append(failure_row("profile", shape.name, "", "profiler", error))
     _release()
     return rows
 
 
-__all__ = ["SHAPES", "SMOKE_SHAPES", "Setting", "gpu_checks", "generation_rows", "learner_rows",
-           "learning_check", "profile_rows"]  # fmt: skip
+__all__ = ["REPO", "SHAPES", "SMOKE_SHAPES", "Setting", "failure_row", "gpu_checks", "generation_rows",
+           "learner_rows", "profile_rows"]  # fmt: skip

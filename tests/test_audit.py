@@ -29,7 +29,7 @@ DATASET = [f"p{i}" for i in range(6)]
 def line(uid: str, fate: str, group_id: int, epoch: int = 0, resolution: str | None = None) -> dict:
     return {
         "group_id": group_id, "prompt_uid": uid, "epoch": epoch, "attempt": 0, "start_version": 0, "fate": fate,
-        "step": 0, "resolution": resolution, "detail": "", "mode": "async",
+        "step": 0, "resolution": resolution, "detail": "", "mode": "async", "tokens": 0,
     }  # fmt: skip
 
 

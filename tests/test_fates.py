@@ -28,14 +28,14 @@ from groupwise.controller.controller import build_controller
 from groupwise.controller.settings import ControllerSettings
 from groupwise.data.loader import PromptLoader
 from groupwise.run.audit import audit_run
-from groupwise.run.fates_file import FIELDS, FatesWriter, is_interim, read_fates, write_sync_step_fates
+from groupwise.run.fates_file import LINE_FIELDS, FatesWriter, is_interim, read_fates, write_sync_step_fates
 from groupwise.types import Completion, Group, Prompt
 
 
 def line(group_id: int, fate: str = "trained", **kw) -> dict:
     base = {
         "group_id": group_id, "prompt_uid": f"p{group_id}", "epoch": 0, "attempt": 0, "start_version": 0,
-        "fate": fate, "step": 0, "resolution": None, "detail": "", "mode": "async",
+        "fate": fate, "step": 0, "resolution": None, "detail": "", "mode": "async", "tokens": 0,
     }  # fmt: skip
     return {**base, **kw}
 
@@ -119,7 +119,7 @@ def test_a_sync_step_gives_every_generated_group_one_line(tmp_path, carry):
     got = {(entry["group_id"], entry["fate"], entry["step"]) for entry in read_fates(writer.path)}
     surplus_fate = "carried" if carry else "discarded"
     assert got == {(0, "trained", 7), (2, "trained", 7), (4, surplus_fate, 7), (1, "filtered", 7), (3, "filtered", 7)}
-    assert all(entry["mode"] == "sync" and set(entry) == set(FIELDS) for entry in read_fates(writer.path))
+    assert all(entry["mode"] == "sync" and set(entry) == set(LINE_FIELDS) for entry in read_fates(writer.path))
     with pytest.raises(AssertionError, match="group 4 was generated with reward variance"):
         write_sync_step_fates(writer, 8, generated, trained, [], carry, dynamic_sampling=True, zero_variance_tol=0.0)
 

@@ -59,6 +59,7 @@ def nan_session(tmp_path, mode):
     session = build_session(cfg)
     # The learner scores completions at temperature 1e-300 (the engine still samples at 1): logits / T overflow.
     session.learner.settings = dataclasses.replace(session.learner.settings, temperature=1e-300)
+    session.learner.scorer.temperature = 1e-300
     return session
 
 

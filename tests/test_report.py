@@ -10,8 +10,11 @@
   ticks; the legend lies outside the axes.
 - A plot whose metrics no run logged is not drawn and the report says so.
 - compare gives one column per run with counts summed over steps, trained groups/h, staleness
-  (group-weighted mean, max), idle fractions from sim/summary.json, final rewards; a key a run lacks is "—".
-- compare writes its four PNGs; bad inputs fail with an error naming the directory.
+  (group-weighted mean, max), idle fractions from sim/summary.json, tokens generated and wasted (summed), the
+  last wasted share, final rewards; a key a run lacks is "—".
+- compare writes its PNGs; bad inputs fail with an error naming the directory.
+- The wasted-generation plot draws, per run, the cumulative tokens of each waste fate the run logged (in that
+  fate's colour) and their sum only when there are two or more; a run without waste/* metrics gets no plot.
 """
 
 from __future__ import annotations
@@ -36,9 +39,9 @@ ASYNC_CONFIG = {"mode": "async", "run": {"seed": 3},
                 "grpo": {"num_generations_per_prompt": 8, "dynamic_sampling": {"enabled": True}},
                 "async": {"sampler": {"name": "in_order", "max_lookahead_versions": 1}}}
 REPORT_PLOTS = ["reward_vs_step.png", "reward_vs_generated_samples.png", "zero_variance_fraction.png",
-                "gen_rounds.png", "eval_accuracy.png"]
+                "gen_rounds.png", "eval_accuracy.png", "waste_fraction.png", "waste_tokens.png"]
 COMPARE_PLOTS = ["compare_reward_vs_generated.png", "compare_reward_vs_trained.png", "compare_fates.png",
-                 "compare_throughput.png"]
+                 "compare_throughput.png", "compare_waste_tokens.png", "compare_waste_fraction.png"]
 BLUE, ORANGE, GREEN, RED = (np.array(c) / 255 for c in ((31, 119, 180), (255, 127, 14), (44, 160, 44),
                                                          (214, 39, 40)))  # matplotlib's C0..C3
 
@@ -63,6 +66,9 @@ def sync_steps() -> dict[int, dict]:
             "ds/zero_variance_fraction": s / (10 + s), "ds/zero_variance_max_fraction": s / (10 + s) / 2,
             "ds/zero_variance_min_fraction": s / (10 + s) / 2, "ds/gen_rounds": float(1 + s % 2),
             "perf/step_seconds": 2.0 + s,
+            "waste/filtered_tokens": 10.0 * s, "waste/discarded_tokens": 5.0, "waste/tokens": 10.0 * s + 5,
+            "waste/gen_seconds": 0.5, "waste/generated_tokens": 100.0,
+            "waste/cumulative_fraction": sum(10 * k + 5 for k in range(1, s + 1)) / (100 * s),
         }
     steps[3]["eval/accuracy"] = 1.0
     steps[6]["eval/accuracy"] = 0.4
@@ -238,6 +244,10 @@ def test_compare_table_values(tmp_path: Path) -> None:
         "trainer idle fraction": ["—", "0.300"],  # the simulator summary wins over the step metric
         "staleness mean": ["—", f"{(0 + 0.5 + 1 + 1) / 4:.3f}"],
         "staleness max": ["—", "2"],
+        "tokens generated": ["600", "—"],
+        "tokens wasted": [str(sum(10 * s + 5 for s in range(1, 7))), "—"],
+        "wasted share of tokens": [f"{sum(10 * s + 5 for s in range(1, 7)) / 600:.3f}", "—"],
+        "generation seconds wasted": ["3.000", "—"],
         "final reward (unfiltered)": ["0.600", "0.400"],
         "final reward (trained)": ["0.800", "0.300"],
         "final eval accuracy": ["0.400", "—"],
@@ -266,3 +276,23 @@ def test_bad_inputs_name_the_problem(tmp_path: Path) -> None:
         run_report([tmp_path / "empty"])
     with pytest.raises(ValueError, match="no run directories"):
         run_compare([])
+
+
+def test_the_waste_plot_draws_each_wasted_fate_and_their_sum(tmp_path: Path) -> None:
+    from groupwise.run.plots import draw_waste
+
+    sync_run = load_run(make_run(tmp_path, "sync-a", SYNC_CONFIG, sync_steps()))
+    one_fate = {s: {"waste/filtered_tokens": 7.0, "waste/tokens": 7.0} for s in (1, 2, 3)}
+    async_run = load_run(make_run(tmp_path, "async-b", ASYNC_CONFIG, one_fate))
+    bare = load_run(make_run(tmp_path, "bare", SYNC_CONFIG, {1: {"ds/groups_generated": 4.0}}))
+    figure = draw_waste([sync_run, bare, async_run])
+    assert len(figure.axes) == 2  # the run without waste/* metrics has no panel
+    sync_ax, async_ax = figure.axes
+    lines = {line.get_label(): line for line in sync_ax.get_lines()}
+    assert set(lines) == {"filtered", "discarded", "all wasted"}
+    # steps 0 (the eval before training: nothing generated) to 6
+    assert list(lines["filtered"].get_ydata()) == [10.0 * s * (s + 1) / 2 for s in range(7)]
+    assert list(lines["all wasted"].get_ydata()) == [5.0 * s * (s + 1) + 5.0 * s for s in range(7)]
+    assert lines["filtered"].get_color() == "C0" and lines["discarded"].get_color() == "C1"
+    assert [line.get_label() for line in async_ax.get_lines()] == ["filtered"]  # one fate: no separate sum
+    assert draw_waste([bare]) is None

@@ -16,6 +16,9 @@ streaming chunk sizes × budgets × data size. Every run must:
 - say ``trained`` only for groups whose step's optimizer step ran (a step selected but never stepped leaves its
   groups ``pending``, saying so), with the in-memory counts equal to the records;
 - train no group twice (trained fates are unique and equal the groups selected in the ledger);
+- account every generated token: the simulated engine's count of what it handed back equals the controller's
+  generated tokens, and equals the tokens of the fate records (every one of them settled by the end, a failed
+  run's too);
 - keep staleness (step − start version) >= 0, <= max_lookahead_versions for in_order and <= the window for
   windowed; ready_first is unbounded for stragglers by design, its excess over the admission window is
   recorded as a hypothesis event (``pytest --hypothesis-show-statistics`` reports the tail).
@@ -66,6 +69,7 @@ def scenarios(draw):
         per_token_s=draw(st.sampled_from([0.0, 0.001, 0.01, 0.1])),
         train_s_per_token=draw(st.sampled_from([0.0, 0.0001, 0.001, 0.01])),
         weight_sync_s=draw(st.sampled_from([0.0, 0.5, 5.0])),
+        weight_sync_drains=draw(st.booleans()),
         infra_failure_rate=draw(st.sampled_from([0.0, 0.0, 0.05, 0.3])),
         data_failure_rate=draw(st.sampled_from([0.0, 0.0, 0.05, 0.3])),
         straggler_rate=draw(st.sampled_from([0.0, 0.1, 0.5])),
@@ -170,6 +174,10 @@ def check_accounting(cfg, workload, max_epochs, run, fates, closes, trained_ids,
     assert all(r.fate == "pending" and r.start_version is None for r in fates if r.group_id is None)
     assert set(fate_ids) == set(range(controller.ctx.buffer.next_slot_id))
     assert all(n == 1 for n in fate_ids.values())
+    # Every generated token is accounted: the engine's count = the controller's = the fate records' (all settled).
+    generation = controller.fates.generation.run
+    assert run.parts.rollouts.counters.generated_tokens == generation.generated_tokens
+    assert sum(r.tokens for r in fates) == sum(generation.tokens.values()) == generation.generated_tokens
     if run.error is not None:
         event(f"named failure: {type(run.error).__name__}")
         return

@@ -60,7 +60,9 @@ class Completion:
     ``token_ids`` run through the first EOS (included when the finish reason is ``stop`` because of
     EOS) and nothing after it, so the completion mask is positional: every listed token is real.
     ``logprobs[i]`` is the log-probability of ``token_ids[i]`` recorded at sampling time, under the
-    sampling temperature. ``weight_version`` is the generator's weight version that produced it.
+    sampling temperature. ``weight_version`` is the generator's weight version that produced it;
+    ``token_versions[i]`` the version that produced ``token_ids[i]`` (left out, every token gets
+    ``weight_version``: a generation that no weight update interrupted).
     """
 
     token_ids: tuple[int, ...]
@@ -68,6 +70,7 @@ class Completion:
     text: str
     finish_reason: FinishReason
     weight_version: int
+    token_versions: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -75,10 +78,45 @@ class Completion:
                 f"Completion has {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs; "
                 "every token needs the logprob recorded when it was sampled"
             )
+        if self.token_versions is None:
+            object.__setattr__(self, "token_versions", (self.weight_version,) * len(self.token_ids))
+        elif len(self.token_versions) != len(self.token_ids):
+            raise ValueError(
+                f"Completion has {len(self.token_ids)} token ids but {len(self.token_versions)} token versions; "
+                "every token needs the weight version that produced it"
+            )
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class GenerationCost:
+    """What the generator spent on one attempt: its completion tokens and the generation seconds attributed to it.
+
+    ``seconds`` is a share of a generator call's wall time, pro rata by completion tokens among the groups of the
+    call (:func:`groupwise.algo.waste.split_call_seconds`; docs/metrics.md, "Wasted compute", says how each runtime
+    and the simulator attribute it).
+    """
+
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+NO_COST = GenerationCost()
+
+
+def attach_cost(error: BaseException, cost: GenerationCost) -> BaseException:
+    """Record on ``error`` what the failed (or cancelled) attempt had cost; returns ``error``."""
+    error.generation_cost = cost  # type: ignore[attr-defined]
+    return error
+
+
+def cost_of(error: BaseException) -> GenerationCost:
+    """What :func:`attach_cost` recorded on ``error`` (nothing recorded: :data:`NO_COST`)."""
+    cost = getattr(error, "generation_cost", None)
+    return cost if isinstance(cost, GenerationCost) else NO_COST
 
 
 @dataclass
@@ -89,7 +127,8 @@ class Group:
     sees; ``rewards`` are after scaling and overlong shaping and are what advantages use. The two
     lists are never overwritten by anything else (an advantage lives in its own column).
     ``start_version``/``end_version`` are the generator's weight versions at dispatch and finish.
-    ``target_step`` is the step an ``in_order`` sampler stamped on the slot (else None).
+    ``target_step`` is the step an ``in_order`` sampler stamped on the slot (else None). ``gen_seconds`` is the
+    generation time attributed to the group (see :class:`GenerationCost`).
     """
 
     group_id: int
@@ -103,6 +142,7 @@ class Group:
     epoch: int = 0
     attempt: int = 0
     target_step: int | None = None
+    gen_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         n = len(self.completions)
@@ -119,6 +159,11 @@ class Group:
     @property
     def num_completion_tokens(self) -> int:
         return sum(c.num_tokens for c in self.completions)
+
+    @property
+    def cost(self) -> GenerationCost:
+        """The group's generation cost: its completion tokens and :attr:`gen_seconds`."""
+        return GenerationCost(self.num_completion_tokens, self.gen_seconds)
 
 
 def group_to_dict(group: Group) -> dict[str, Any]:
@@ -140,6 +185,7 @@ def group_to_dict(group: Group) -> dict[str, Any]:
                 "text": c.text,
                 "finish_reason": c.finish_reason,
                 "weight_version": c.weight_version,
+                **({} if _uninterrupted(c) else {"token_versions": list(c.token_versions or ())}),
             }
             for c in group.completions
         ],
@@ -150,7 +196,12 @@ def group_to_dict(group: Group) -> dict[str, Any]:
         "epoch": group.epoch,
         "attempt": group.attempt,
         "target_step": group.target_step,
+        "gen_seconds": group.gen_seconds,
     }
+
+
+def _uninterrupted(completion: Completion) -> bool:
+    return all(v == completion.weight_version for v in completion.token_versions or ())
 
 
 def group_from_dict(data: dict[str, Any]) -> Group:
@@ -170,6 +221,7 @@ def group_from_dict(data: dict[str, Any]) -> Group:
             text=c["text"],
             finish_reason=c["finish_reason"],
             weight_version=c["weight_version"],
+            token_versions=tuple(c["token_versions"]) if "token_versions" in c else None,
         )
         for c in data["completions"]
     ]
@@ -185,4 +237,5 @@ def group_from_dict(data: dict[str, Any]) -> Group:
         epoch=data["epoch"],
         attempt=data["attempt"],
         target_step=data["target_step"],
+        gen_seconds=float(data.get("gen_seconds", 0.0)),  # absent in checkpoints written before it was recorded
     )

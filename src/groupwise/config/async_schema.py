@@ -196,6 +196,18 @@ class AsyncSection(Section):
     """Groups in flight or buffered but not yet trained (≥ 1; ≥ P × (window + 1) for gated samplers)."""
     rollout_failure: RolloutFailureSection = Field(default_factory=RolloutFailureSection)
     """Failure budgets, retries and replacement."""
+    partial_rollouts: Literal["off", "continue"] = "off"
+    """What a weight update does to the generations in flight: ``off`` (default) = each runs to its end under the
+    version it started with; ``continue`` = they go on under the new weights from the next token, so one
+    completion's tokens can come from several versions (``Completion.token_versions``). A group's staleness is
+    still measured from its oldest token (``start_version``). Simulated by ``groupwise simulate`` (docs/samplers.md,
+    "Partial rollouts"); ``groupwise train`` refuses ``continue`` until the engine supports it. YAML reads a bare
+    ``off`` as false, which means ``off`` here."""
+
+    @field_validator("partial_rollouts", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value
 
     @field_validator("sampler", mode="before")
     @classmethod

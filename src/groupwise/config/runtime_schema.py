@@ -59,6 +59,10 @@ class SimSection(Section):
     """Trainer seconds per completion token (≥ 0)."""
     weight_sync_s: float = Field(1.0, ge=0)
     """Seconds to push new weights to the generators (≥ 0)."""
+    weight_sync_drains: bool = False
+    """Whether a weight sync first waits until every completion the engine accepted has ended, as an engine with
+    one copy of the weights must when ``async.partial_rollouts`` is ``off``; ``false`` (default) lets them finish
+    under their old weights while the sync goes on. Async mode with ``partial_rollouts: off`` only."""
     infra_failure_rate: float = Field(0.0, ge=0, le=1)
     """Probability that one rollout attempt fails for infrastructure reasons (0 ≤ p ≤ 1); it fails part-way
     through its generation (uniformly) and is retried with backoff per ``async.rollout_failure``."""

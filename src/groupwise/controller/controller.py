@@ -162,6 +162,8 @@ class Controller:
                     "pending",
                     slot.target_step,
                     epoch=group.epoch if group else None,
+                    tokens=group.num_completion_tokens if group else 0,
+                    gen_seconds=group.gen_seconds if group else 0.0,
                 )
             )
 

@@ -5,7 +5,10 @@ either commits the group, or — filtered by dynamic sampling or given up after 
 (per-slot ``max_replacement_attempts``; an ``in_order`` slot first promotes a later step's ready group into its own
 step and re-aims itself at the lender) or charges the loss through the sampler's drop accounting. Filtered groups
 never consume failure budgets and reset the consecutive-drop streak. Every reserved slot gets exactly one fate
-record.
+record, carrying the attempt's generation cost (:mod:`groupwise.algo.waste`): a group's, a failed attempt's
+(``groupwise.types.cost_of`` its error), or an aborted one's, asked of the rollout client's optional
+``spent(group_id)`` once its generator has stopped working on it. Each cost is also counted as generated when it
+comes back (``ctx.fates.generation``).
 
 A slot's :class:`SlotState` always names the prompt it works on, its stamp, its attempt number and budgets, so a
 checkpoint can re-dispatch it under the same stamp after a resume.
@@ -21,7 +24,7 @@ from groupwise.controller.failures import PromptAttempts
 from groupwise.controller.fate_records import Fate, FateRecord
 from groupwise.controller.interfaces import LoaderItem, RolloutClient
 from groupwise.controller.permits import Permits
-from groupwise.types import Group
+from groupwise.types import NO_COST, GenerationCost, Group, cost_of
 
 
 @dataclass
@@ -36,9 +39,10 @@ class _Attempt:
     number: int  # the slot's attempt counter when this attempt started
     aborted: bool = False
 
-    def record(self, fate: Fate = "pending", detail: str = "") -> FateRecord:
+    def record(self, fate: Fate = "pending", detail: str = "", cost: GenerationCost = NO_COST) -> FateRecord:
         uid, epoch = self.item.prompt.uid, self.item.epoch
-        return FateRecord(self.group_id, uid, self.number, self.start_version, fate, detail=detail, epoch=epoch)
+        return FateRecord(self.group_id, uid, self.number, self.start_version, fate, detail=detail, epoch=epoch,
+                          tokens=cost.tokens, gen_seconds=cost.seconds)  # fmt: skip
 
 
 @dataclass
@@ -166,17 +170,20 @@ class DispatchSlots:
                 ctx.buffer.remove(slot_id)
                 slot.group_id = None
                 if attempt.aborted and current.uncancel() == 0:  # only the abort asked: the slot lives on
-                    return _Lost(attempt.record("aborted", f"stale at trainer version {ctx.clock.value}"), True)
+                    detail = f"stale at trainer version {ctx.clock.value}"
+                    return _Lost(attempt.record("aborted", detail, await self._spent(attempt)), True)
                 ctx.record_fate(attempt.record())
                 raise
             except Exception as error:  # classified below; cancellation is handled above
                 del self._attempts[slot_id]
                 ctx.buffer.remove(slot_id)
                 slot.group_id = None
-                delay = self._on_failure(slot.attempts, error, attempt, target)
+                cost = cost_of(error)
+                ctx.fates.generation.generated(cost.tokens, cost.seconds)
+                delay = self._on_failure(slot.attempts, error, attempt, target, cost)
                 if delay is None:
-                    return _Lost(attempt.record("failed", repr(error)))
-                ctx.record_fate(_resolved(attempt.record("failed", repr(error)), "retried", None))
+                    return _Lost(attempt.record("failed", repr(error), cost))
+                ctx.record_fate(_resolved(attempt.record("failed", repr(error), cost), "retried", None))
                 slot.attempt += 1
                 await self._wait_to_retry(slot, delay)
                 continue
@@ -185,6 +192,20 @@ class DispatchSlots:
             if attempt.aborted:  # the client swallowed the abort's cancellation and returned: balance the count
                 current.uncancel()
             return self._finish(group, attempt, target)
+
+    async def _spent(self, attempt: _Attempt) -> GenerationCost:
+        """What the generator spent on an aborted attempt, once it stopped working on it (a client without
+        ``spent`` reports nothing). A shutdown meanwhile records the attempt ``pending``, as for any other."""
+        spent = getattr(self.rollouts, "spent", None)
+        if spent is None:
+            return NO_COST
+        try:
+            cost: GenerationCost = await spent(attempt.group_id)
+        except asyncio.CancelledError:
+            self.ctx.record_fate(attempt.record())
+            raise
+        self.ctx.fates.generation.generated(cost.tokens, cost.seconds)
+        return cost
 
     async def _wait_to_retry(self, slot: SlotState, delay: float) -> None:
         """Back off, then wait for the gate. A shutdown meanwhile writes a slot-less ``pending`` line: the prompt's
@@ -200,13 +221,13 @@ class DispatchSlots:
             raise
 
     def _on_failure(
-        self, attempts: PromptAttempts, error: Exception, attempt: _Attempt, target: int | None
+        self, attempts: PromptAttempts, error: Exception, attempt: _Attempt, target: int | None, cost: GenerationCost
     ) -> float | None:
         context = "rollout of " + self._where(attempt.item.prompt.uid, attempt.group_id, attempt.number, target)
         try:
             return self.ctx.budgets.on_failure(attempts, error, context)
         except BaseException as fatal:
-            self.ctx.record_fate(_resolved(attempt.record("failed", repr(error)), "fatal", None))
+            self.ctx.record_fate(_resolved(attempt.record("failed", repr(error), cost), "fatal", None))
             _add_note(fatal, context)
             raise
 
@@ -214,6 +235,7 @@ class DispatchSlots:
         ctx = self.ctx
         slot_id = attempt.group_id
         self._check_group(group, slot_id, attempt.item.prompt.uid)
+        ctx.fates.generation.generated(group.num_completion_tokens, group.gen_seconds)
         group.start_version = attempt.start_version
         group.end_version = ctx.generator_version
         group.target_step = target
@@ -225,7 +247,8 @@ class DispatchSlots:
         if ctx.settings.dynamic_sampling and zero_variance:
             ctx.buffer.remove(slot_id)
             ctx.signal()
-            return _Lost(attempt.record("filtered", f"tallied to step {step}; raw rewards {group.raw_rewards}"))
+            detail = f"tallied to step {step}; raw rewards {group.raw_rewards}"
+            return _Lost(attempt.record("filtered", detail, group.cost))
         ctx.buffer.commit(slot_id, group, group.end_version)
         ctx.signal()
         return None
@@ -247,4 +270,5 @@ def _resolved(record: FateRecord, resolution: str, step: int | None) -> FateReco
     """``record`` with its resolution (and step) set; built directly, ``dataclasses.replace`` costs ~3× as much."""
     r = record
     step = step if step is not None else r.step
-    return FateRecord(r.group_id, r.prompt_uid, r.attempt, r.start_version, r.fate, step, resolution, r.detail, r.epoch)  # type: ignore[arg-type]
+    return FateRecord(r.group_id, r.prompt_uid, r.attempt, r.start_version, r.fate, step, resolution, r.detail, r.epoch,  # type: ignore[arg-type]
+                      r.tokens, r.gen_seconds)  # fmt: skip

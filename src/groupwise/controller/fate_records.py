@@ -16,7 +16,11 @@ The one record not tied to a slot: a prompt backing off after a ``failed``/``ret
 has no attempt running and no slot reserved; it gets ``pending`` with ``group_id`` and ``start_version`` None, so
 its last line settles it.
 
-``epoch`` is the loader epoch the prompt came from (None when the prompt source does not say).
+``epoch`` is the loader epoch the prompt came from (None when the prompt source does not say). ``tokens`` and
+``gen_seconds`` are the attempt's generation cost (:mod:`groupwise.algo.waste`): what the generator spent on it,
+whatever its fate (0 for an attempt still in flight when the run stopped, or one whose work a resume discarded);
+``as_dict`` (a ``fates.jsonl`` line) leaves the seconds out, a wall-clock measurement that would make the file
+differ between identical runs.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
+
+from groupwise.algo.waste import GenerationAccount
 
 Fate = Literal["trained", "filtered", "failed", "evicted", "aborted", "pending"]
 Resolution = Literal["retried", "replaced", "charged", "uncharged", "fatal", "requeued"]
@@ -41,6 +47,8 @@ class FateRecord:
     resolution: Resolution | None = None
     detail: str = ""
     epoch: int | None = None
+    tokens: int = 0
+    gen_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -53,21 +61,25 @@ class FateRecord:
             "resolution": self.resolution,
             "detail": self.detail,
             "epoch": self.epoch,
+            "tokens": self.tokens,
         }
 
 
 class FateCounts:
-    """In-memory tally of fate records: per fate, and per (fate, resolution)."""
+    """In-memory tally of fate records: per fate, and per (fate, resolution); ``generation`` sums their costs (and
+    the dispatch slots add what the generator handed back, settled or not)."""
 
     def __init__(self) -> None:
         self.by_fate: Counter[str] = Counter()
         self.by_resolution: Counter[tuple[str, str | None]] = Counter()
         self.total = 0
+        self.generation = GenerationAccount()
 
     def add(self, record: FateRecord) -> None:
         self.total += 1
         self.by_fate[record.fate] += 1
         self.by_resolution[(record.fate, record.resolution)] += 1
+        self.generation.settled(record.fate, record.tokens, record.gen_seconds)
 
     def __getitem__(self, fate: str) -> int:
         return self.by_fate[fate]
@@ -80,6 +92,7 @@ class FateCounts:
         return {
             "total": self.total,
             "by_resolution": [[fate, res, n] for (fate, res), n in sorted(self.by_resolution.items(), key=str)],
+            "generation": self.generation.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
@@ -89,6 +102,9 @@ class FateCounts:
             self.by_resolution[(fate, resolution)] += n
             self.by_fate[fate] += n
         self.total = int(state["total"])  # type: ignore[arg-type]
+        self.generation = GenerationAccount()
+        if "generation" in state:  # absent in checkpoints written before costs were counted: they start at 0
+            self.generation.load_state_dict(state["generation"])  # type: ignore[arg-type]
 
     def as_dict(self) -> dict[str, int]:
         out = {f"fates/{fate}": n for fate, n in sorted(self.by_fate.items())}

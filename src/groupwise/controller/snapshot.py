@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from groupwise.controller.dispatch_slot import SlotState
 from groupwise.controller.failures import PromptAttempts
 from groupwise.controller.fate_records import FateRecord
+from groupwise.types import group_from_dict
 
 if TYPE_CHECKING:
     from groupwise.controller.context import PumpContext
@@ -199,17 +200,19 @@ def _drop_buffer(controller: ControllerParts, state: dict[str, Any]) -> list[str
         f"(stamps={state['stamps']}) differs from this run's {ctx.settings.sampler.name!r}"
     )
     for entry in groups:
-        group = entry["group"]
+        group = group_from_dict(entry["group"])
         ctx.record_fate(
             FateRecord(
-                group["group_id"],
-                group["prompt"]["uid"],
-                group["attempt"],
+                group.group_id,
+                group.prompt.uid,
+                group.attempt,
                 entry["start_version"],
                 "evicted",
                 ctx.settings.start_step,
                 detail=reason,
-                epoch=group["epoch"],
+                epoch=group.epoch,
+                tokens=group.num_completion_tokens,
+                gen_seconds=group.gen_seconds,
             )
         )
     # Group ids stay unique across the resume even though the groups are gone.

@@ -26,6 +26,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from groupwise.algo.waste import ASYNC_WASTE_FATES
 from groupwise.controller.context import PumpContext
 from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.interfaces import RolloutClient, TrainerClient
@@ -135,6 +136,8 @@ class TrainPump:
                         "evicted",
                         version,
                         epoch=_epoch(slot.group),
+                        tokens=_tokens(slot.group),
+                        gen_seconds=_seconds(slot.group),
                     )
                 )
             self.evicted_total += len(slots)
@@ -198,6 +201,7 @@ class TrainPump:
     ) -> dict[str, float]:
         staleness = [step - g.start_version for g in groups]
         metrics = self.ctx.tally.pop_metrics(step)
+        metrics.update(self.ctx.fates.generation.step_metrics(ASYNC_WASTE_FATES))
         metrics.update(
             {
                 "accounting/dropped_groups": float(record.charged),
@@ -226,14 +230,16 @@ class TrainPump:
 def _selected_record(slot: Any, step: int) -> FateRecord:
     group = slot.group
     attempt = group.attempt if group else 0
-    return FateRecord(slot.slot_id, _uid(group), attempt, slot.start_version, "trained", step, epoch=_epoch(group))
+    return FateRecord(slot.slot_id, _uid(group), attempt, slot.start_version, "trained", step, epoch=_epoch(group),
+                      tokens=_tokens(group), gen_seconds=_seconds(group))  # fmt: skip
 
 
 def untrained_record(record: FateRecord, reason: str) -> FateRecord:
     """The ``pending`` record of a group selected for a step whose optimizer step never ran."""
     detail = f"selected for step {record.step}, whose optimizer step never ran: {reason}"
     return FateRecord(record.group_id, record.prompt_uid, record.attempt, record.start_version, "pending",
-                      record.step, detail=detail, epoch=record.epoch)  # fmt: skip
+                      record.step, detail=detail, epoch=record.epoch, tokens=record.tokens,
+                      gen_seconds=record.gen_seconds)  # fmt: skip
 
 
 def _uid(group: Any) -> str:
@@ -242,3 +248,11 @@ def _uid(group: Any) -> str:
 
 def _epoch(group: Any) -> int | None:
     return group.epoch if group is not None else None
+
+
+def _tokens(group: Any) -> int:
+    return group.num_completion_tokens if group is not None else 0
+
+
+def _seconds(group: Any) -> float:
+    return group.gen_seconds if group is not None else 0.0

@@ -30,9 +30,10 @@ class RewardError(RuntimeError):
         self.prompt_uid = prompt_uid
         self.completion_index = completion_index
 
-    def __reduce__(self) -> tuple[type[RewardError], tuple[str, str, int]]:
-        # rebuilt from its fields when it crosses a process (a Ray generation worker returns it to the driver)
-        return (type(self), (str(self), self.prompt_uid, self.completion_index))
+    def __reduce__(self) -> tuple[type[RewardError], tuple[str, str, int], dict[str, Any]]:
+        # rebuilt from its fields when it crosses a process (a Ray generation worker returns it to the driver),
+        # with the attributes set on it since (the generation cost of the attempt whose reward failed)
+        return (type(self), (str(self), self.prompt_uid, self.completion_index), dict(self.__dict__))
 
 
 def score_completions(

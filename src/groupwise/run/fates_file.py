@@ -4,7 +4,7 @@ docs/design.md).
 One line per decision, appended as it is made::
 
     {"group_id": 17, "prompt_uid": "addition/train/42", "epoch": 0, "attempt": 0, "start_version": 3,
-     "fate": "trained", "step": 4, "resolution": null, "detail": "", "mode": "async"}
+     "fate": "trained", "step": 4, "resolution": null, "detail": "", "mode": "async", "tokens": 61}
 
 ``fate`` is one of
 
@@ -22,6 +22,13 @@ One line per decision, appended as it is made::
   was dispatched again, and a later attempt carries the prompt's fate. A prompt backing off after a
   ``failed``/``retried`` attempt when the run stopped gets a ``pending`` line with ``group_id`` and
   ``start_version`` null: no attempt was running and no group was reserved.
+
+``tokens`` is the attempt's completion tokens: what the generator spent on it (:mod:`groupwise.algo.waste`; 0 for
+an attempt still in flight when the run stopped). Every line of a group id carries the same count (a sync group
+carried and then trained has two lines): count each group id once, by its last line, and the lines add up to the
+tokens the run generated. Generation seconds, a wall-clock measurement, stay out of the file, so the same run
+writes the same lines (resume equals continuing); they are in the ``waste/*`` metrics. Files written before
+tokens were recorded lack the key (:data:`COST_FIELDS`); readers treat it as 0.
 
 Crash safety: each line is appended whole (:func:`groupwise.run.journal.append_line`), so a kill leaves whole
 lines (at worst a torn last one, which :func:`read_fates` skips). A checkpoint stores :meth:`FatesWriter.offset`
@@ -46,6 +53,8 @@ FATES = ("trained", "filtered", "failed", "evicted", "aborted", "discarded", "ca
 FIELDS = (
     "group_id", "prompt_uid", "epoch", "attempt", "start_version", "fate", "step", "resolution", "detail", "mode",
 )  # fmt: skip
+COST_FIELDS = ("tokens",)  # written on every line; optional when read (older files lack it)
+LINE_FIELDS = FIELDS + COST_FIELDS
 
 
 def is_interim(line: Mapping[str, Any]) -> bool:
@@ -80,14 +89,8 @@ class FatesWriter:
         self.lines_written = 0
 
     def write(self, line: Mapping[str, Any]) -> None:
-        """Append one fate line; ``line`` needs every key of :data:`FIELDS` and a known ``fate``."""
-        missing = [name for name in FIELDS if name not in line]
-        if missing or line["fate"] not in FATES:
-            raise ValueError(
-                f"fate line {dict(line)!r} is missing {missing} or has an unknown fate; a line needs every key of "
-                f"{list(FIELDS)} and a fate from {list(FATES)}"
-            )
-        append_line(self.path, json.dumps({name: line[name] for name in FIELDS}, allow_nan=False) + "\n")
+        """Append one fate line; ``line`` needs every key of :data:`LINE_FIELDS` and a known ``fate``."""
+        append_line(self.path, fate_line_json(line))
         self.lines_written += 1
 
     def write_controller_record(self, record: Any, mode: str = "async") -> None:
@@ -95,7 +98,7 @@ class FatesWriter:
         self.write({**record.as_dict(), "mode": mode})
 
     def write_groups(self, groups: Iterable[Group], fate: str, step: int | None, detail: str = "") -> None:
-        """Append one sync-mode line per group, all with the same fate and step."""
+        """Append one sync-mode line per group, all with the same fate and step (each with its group's cost)."""
         for group in groups:
             self.write(
                 {
@@ -109,6 +112,7 @@ class FatesWriter:
                     "resolution": None,
                     "detail": detail,
                     "mode": "sync",
+                    "tokens": group.num_completion_tokens,
                 }
             )
 
@@ -144,6 +148,17 @@ class FatesWriter:
             handle.flush()
             os.fsync(handle.fileno())
         return RollbackResult(size - offset, tail.count(b"\n"), 0)
+
+
+def fate_line_json(line: Mapping[str, Any]) -> str:
+    """``line`` as one JSON line (keys in :data:`LINE_FIELDS` order); a missing key or an unknown fate raises."""
+    missing = [name for name in LINE_FIELDS if name not in line]
+    if missing or line["fate"] not in FATES:
+        raise ValueError(
+            f"fate line {dict(line)!r} is missing {missing} or has an unknown fate; a line needs every key of "
+            f"{list(LINE_FIELDS)} and a fate from {list(FATES)}"
+        )
+    return json.dumps({name: line[name] for name in LINE_FIELDS}, allow_nan=False) + "\n"
 
 
 def read_fates(path: str | Path) -> list[dict[str, Any]]:

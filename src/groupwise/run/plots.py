@@ -9,7 +9,9 @@ How the plots read:
 * every line of a plot has its own colour: series ``k`` of run ``r`` gets colour ``C(r·K + k)`` for K series per
   run, so paired series (unfiltered / trained, all-at-max / all-at-min) differ in colour, and in dash style too;
 * axes of whole quantities (steps, samples, rounds, group counts) get integer ticks;
-* legends sit outside the axes, below the plot, so they never cover data.
+* legends sit outside the axes, below the plot, so they never cover data;
+* wasted generation (``waste/*``) is drawn cumulatively: tokens per waste fate and their sum, one panel per run
+  (:func:`draw_waste`), and the wasted share of all generated tokens over the run (``waste_fraction.png``).
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ from groupwise.run.run_stats import (
 STYLES = ("-", "--", ":", "-.")
 RAW_ALPHA = 0.25
 SMOOTH_MIN_POINTS = 8  # fewer points are drawn as they are, with markers
+MARKER_MAX_POINTS = 40  # an unsmoothed series with more points is drawn as a plain line
 # What became of the generated groups (and slots replaced with a spare prompt): the summary's counts but "generated".
 FATE_KEYS = {label: key for label, key in GROUP_COUNT_KEYS.items() if label != "generated"}
+# Wasted tokens per fate (each mode logs its own), in groupwise.algo.waste.WASTE_FATES order.
+WASTE_KEYS = {fate: f"waste/{fate}_tokens" for fate in ("filtered", "discarded", "failed", "aborted", "evicted")}
 
 
 @dataclass(frozen=True)
@@ -125,8 +130,9 @@ def draw_lines(runs: Sequence[RunData], title: str, ylabel: str, keys: Sequence[
                 windows.add(window)
                 ax.plot(xs, ys, color=colour, linewidth=0.8, alpha=RAW_ALPHA)
                 ax.plot(xs, moving_mean(ys, window), color=colour, linestyle=style, linewidth=2.0, label=label)
-            else:
-                ax.plot(xs, ys, color=colour, linestyle=style, marker="o", markersize=4, label=label)
+            else:  # markers show where the few measurements are; on a long series they would hide the line
+                marker = "o" if len(ys) <= MARKER_MAX_POINTS else None
+                ax.plot(xs, ys, color=colour, linestyle=style, marker=marker, markersize=4, label=label)
     if not ax.get_lines():
         return None
     if windows:
@@ -145,6 +151,7 @@ def line_plot(runs: Sequence[RunData], path: Path, title: str, ylabel: str, keys
     return save(figure, path)
 
 
+WASTE_FRACTION = (Series("waste/cumulative_fraction", ""),)
 REWARDS = (Series("reward/unfiltered_mean", "unfiltered (every generated row)"),
            Series("reward/trained_mean", "trained rows"))
 ZERO_VARIANCE = (Series("ds/zero_variance_fraction", "all equal"),
@@ -164,9 +171,13 @@ def report_plots(runs: Sequence[RunData], plots_dir: Path) -> list[tuple[str, st
          True),
         ("Eval accuracy (greedy, held-out)", "eval_accuracy.png", "accuracy", (Series("eval/accuracy", ""),),
          "step", False, False),
+        ("Wasted share of generated tokens (cumulative)", "waste_fraction.png", "wasted ÷ generated tokens",
+         WASTE_FRACTION, "step", False, False),
     ]  # fmt: skip
-    return [(title, line_plot(runs, plots_dir / name, title, ylabel, keys, x_of, smooth, integer_y))
-            for title, name, ylabel, keys, x_of, smooth, integer_y in specs]
+    plots = [(title, line_plot(runs, plots_dir / name, title, ylabel, keys, x_of, smooth, integer_y))
+             for title, name, ylabel, keys, x_of, smooth, integer_y in specs]
+    plots.append(("Wasted generation by fate (cumulative tokens)", waste_plot(runs, plots_dir / "waste_tokens.png")))
+    return plots
 
 
 def draw_fates(runs: Sequence[RunData]) -> Any:
@@ -180,6 +191,33 @@ def draw_fates(runs: Sequence[RunData]) -> Any:
                 ax.plot(steps, cumulative(run.records, key), color=f"C{index}", linestyle=STYLES[index % 4],
                         label=fate)
     return finish(figure, axes, integer_y=True)
+
+
+def draw_waste(runs: Sequence[RunData]) -> Any | None:
+    """Cumulative wasted tokens per fate and in all, one panel per run (None when no run logged ``waste/*``)."""
+    logged = [run for run in runs if total(run.records, "waste/tokens") is not None]
+    if not logged:
+        return None
+    figure, axes = new_axes("Wasted generation (cumulative)", "step", "completion tokens", ncols=len(logged))
+    for ax, run in zip(axes, logged, strict=True):
+        ax.set_title(run.name, fontsize="medium")
+        steps = [r["step"] for r in run.records]
+        wasted = [(index, fate, key) for index, (fate, key) in enumerate(WASTE_KEYS.items())
+                  if total(run.records, key)]  # a fate the run never wasted a token on stays out of the legend
+        for index, fate, key in wasted:
+            ax.plot(steps, cumulative(run.records, key), color=f"C{index}", linestyle=STYLES[index % 4], label=fate)
+        if len(wasted) > 1:  # with one fate the sum is that fate's line
+            ax.plot(steps, cumulative(run.records, "waste/tokens"), color="black", linewidth=2.0, label="all wasted")
+    return finish(figure, axes, integer_y=True)
+
+
+def waste_plot(runs: Sequence[RunData], path: Path) -> str | None:
+    """Write :func:`draw_waste`'s figure to ``path``; None (and no stale file) when no run logged ``waste/*``."""
+    figure = draw_waste(runs)
+    if figure is None:
+        path.unlink(missing_ok=True)
+        return None
+    return save(figure, path)
 
 
 def draw_throughput(runs: Sequence[RunData]) -> Any:
@@ -202,4 +240,8 @@ def compare_plots(runs: Sequence[RunData], plots_dir: Path) -> list[str | None]:
     ]
     written.append(save(draw_fates(runs), plots_dir / "compare_fates.png"))
     written.append(save(draw_throughput(runs), plots_dir / "compare_throughput.png"))
+    written.append(waste_plot(runs, plots_dir / "compare_waste_tokens.png"))
+    written.append(line_plot(runs, plots_dir / "compare_waste_fraction.png",
+                             "Wasted share of generated tokens (cumulative)", "wasted ÷ generated tokens",
+                             WASTE_FRACTION, "step", smooth=False))  # fmt: skip
     return written

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from groupwise.algo.waste import describe_totals
 from groupwise.controller.controller import build_controller
 from groupwise.controller.settings import ControllerSettings
 from groupwise.run.async_checkpoint import ItemDecoder, boundary_snapshot, controller_state
@@ -35,6 +36,7 @@ def run_async(session: Session) -> Any:
     session.events.event(
         f"async run stopped ({summary.stop_reason}) after {summary.steps_trained} steps; fates: {summary.fates}"
     )
+    session.events.event(describe_totals(summary.fates.generation.totals()))
     session.finish()
     return summary
 

@@ -4,7 +4,8 @@ sync loop uses its trainer client inline: ``EmbeddedTrainer(in_thread=False)``).
 Generation runs concurrently with training: the engine has its own model copy and runs in a worker thread
 (PyTorch releases the GIL inside its kernels), the learner runs chunks in another. Rollout requests that
 arrive while the engine is busy are batched into its next call, so many groups share one decode loop; they share
-an engine failure, never a reward failure (that fails only the prompt whose completion raised it).
+an engine failure, never a reward failure (that fails only the prompt whose completion raised it), and the call's
+wall time is split among them pro rata by completion tokens (:func:`~groupwise.runtime.rollout_queue.charge_call`).
 Weight sync copies the learner's parameters into the engine's model between engine calls.
 """
 
@@ -20,9 +21,16 @@ from typing import TYPE_CHECKING, Any
 from groupwise.batch import RowBatch
 from groupwise.rows import StepRows
 from groupwise.runtime.daemon_worker import DaemonWorker
-from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, fail_all, settle_outcomes
+from groupwise.runtime.rollout_queue import (
+    PendingRollout,
+    RolloutQueue,
+    charge_call,
+    drop_cancelled,
+    fail_all,
+    settle_outcomes,
+)
 from groupwise.trainer.rollout import RolloutWorker
-from groupwise.types import Group
+from groupwise.types import GenerationCost, Group
 
 if TYPE_CHECKING:
     from groupwise.config import GrpoSection
@@ -45,13 +53,16 @@ class EmbeddedRollouts:
     async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int) -> Group:
         return await self._queue.submit(prompt, group_id, attempt)
 
+    async def spent(self, group_id: int) -> GenerationCost:
+        """What a rollout the controller cancelled cost (waits for the engine call it is in)."""
+        return await self._queue.spent(group_id)
+
     async def _run_batches(self) -> None:
         while True:
             await self._queue.wake.wait()
             self._queue.wake.clear()
             while self._queue.items:
-                batch = self._queue.take(self.max_batch_groups)
-                batch = [p for p in batch if not p.future.cancelled()]
+                batch = drop_cancelled(self._queue.take(self.max_batch_groups))
                 if batch:
                     await self._generate(batch)
 
@@ -67,11 +78,14 @@ class EmbeddedRollouts:
                 )
             except Exception as err:  # noqa: BLE001 — the engine call failed: every waiting rollout gets its error
                 self.calls_returned += 1
+                charge_call(batch, err, time.perf_counter() - start)
                 fail_all(batch, err)
                 return
             finally:
-                self.busy_seconds += time.perf_counter() - start
+                seconds = time.perf_counter() - start
+                self.busy_seconds += seconds
         self.calls_returned += 1
+        charge_call(batch, outcomes, seconds)
         self.generated_tokens += settle_outcomes(batch, outcomes)
 
     async def sync_weights(self, version: int) -> None:

@@ -6,6 +6,8 @@
   :class:`~groupwise.runtime.ray_pool.GenerationWorkerLost`, an infra error, so the controller retries each
   group (on another worker, under the infra budget) while a replacement worker starts with the current weights.
   A reward failure fails only the prompt whose completion raised it: the worker returns it in that group's place.
+  Each call's wall time, as the driver waits for it, is split among its groups pro rata by completion tokens
+  (:func:`~groupwise.runtime.rollout_queue.charge_call`).
 * :class:`RayTrainer` (``TrainerClient``): advantages per chunk of whole groups in the driver, then the rows go
   to the learner actor.
 * :class:`RayLearner`: what the session calls ``learner`` (and, through :class:`LearnerModel`, the policy's
@@ -27,8 +29,8 @@ from groupwise.rows import StepRows
 from groupwise.runtime.ray_cluster import ray
 from groupwise.runtime.ray_errors import UnschedulableError
 from groupwise.runtime.ray_pool import GenerationPool, GenerationWorkerLost, WorkerSlot
-from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, fail_all, settle_outcomes
-from groupwise.types import Group
+from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, charge_call, fail_all, settle_outcomes
+from groupwise.types import GenerationCost, Group
 
 if TYPE_CHECKING:
     from groupwise.config import GrpoSection
@@ -159,6 +161,10 @@ class RayRolloutClient:
     async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int) -> Group:
         return await self._queue.submit(prompt, group_id, attempt)
 
+    async def spent(self, group_id: int) -> GenerationCost:
+        """What a rollout the controller cancelled cost (waits for the worker call it is in)."""
+        return await self._queue.spent(group_id)
+
     async def _dispatch(self) -> None:
         while True:
             await self._queue.wake.wait()
@@ -196,17 +202,21 @@ class RayRolloutClient:
         except ray.exceptions.RayActorError as err:
             lost = GenerationWorkerLost(f"generation worker {slot.index} died while generating groups {ids}: {err}")
             lost.__cause__ = err
+            charge_call(batch, lost, time.perf_counter() - start)
             fail_all(batch, lost)
             self._start_replacement(slot)
             return
         except Exception as err:  # noqa: BLE001 — the worker's engine call failed: every group of the batch gets it
+            charge_call(batch, err, time.perf_counter() - start)
             fail_all(batch, err)
             return
         finally:
+            seconds = time.perf_counter() - start
             self.calls_returned += 1
-            self.busy_seconds += (time.perf_counter() - start) / max(1, len(self.pool.workers))
+            self.busy_seconds += seconds / max(1, len(self.pool.workers))
             slot.busy = False
             self._queue.wake.set()
+        charge_call(batch, outcomes, seconds)
         self.generated_tokens += settle_outcomes(batch, outcomes)
 
     def _start_replacement(self, dead: WorkerSlot | None) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from groupwise.algo.accumulator import DynamicSamplingExhausted
+from groupwise.algo.waste import describe_totals
 from groupwise.controller.interfaces import LoaderItem
 from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.embedded import EmbeddedTrainer
@@ -159,3 +160,4 @@ def run_sync(session: Session) -> None:
     session.finish()
     # After the last checkpoint (a resume rolls these lines back and trains the carried groups after all).
     record_carried_at_end(session.fates, session.state)
+    session.events.event(describe_totals(session.state.generation.totals()))

@@ -9,7 +9,8 @@ At each step end (virtual time ``t``, previous step end ``t₀``, ``Δ = t − t
 
 The idle fractions keep the meaning they have in real async runs (``docs/metrics.md``); the share of slot
 capacity left unused (long tails, too few prompts in flight) is a whole-run figure in ``sim/summary.json``.
-Staleness of a trained group = the step that trains it − its start version.
+Staleness of a trained group = the step that trains it − its start version; of a token, the step − the version
+that produced it (``SimulatedGroup.version_tokens``; every token of ``start_version`` without partial rollouts).
 """
 
 from __future__ import annotations
@@ -31,15 +32,26 @@ class StepMeter:
         self.trainer = trainer
         self.clock = clock
         self.staleness: Counter[int] = Counter()
+        self._token_staleness = 0  # Σ over trained tokens of (step − their version)
+        self._trained_tokens = 0
         self._last_time = clock()
         self._last_idle = rollouts.slots.engine_idle_seconds(self._last_time)
         self._last_train = trainer.busy_seconds
         self._last_tokens = rollouts.counters.returned_tokens
 
     def record_trained(self, step: int, groups: Iterable[Group]) -> None:
-        """Count the staleness ``step − start_version`` of each trained group."""
+        """Count the staleness ``step − start_version`` of each trained group, and of its tokens."""
         for group in groups:
             self.staleness[step - group.start_version] += 1
+            mix = getattr(group, "version_tokens", ()) or ((group.start_version, group.num_completion_tokens),)
+            for version, tokens in mix:
+                self._token_staleness += (step - version) * tokens
+                self._trained_tokens += tokens
+
+    @property
+    def token_staleness_mean(self) -> float | None:
+        """Mean over trained tokens of ``step − the version that produced the token`` (None before any)."""
+        return self._token_staleness / self._trained_tokens if self._trained_tokens else None
 
     def step_metrics(self, *, async_mode: bool, gen_seconds: float = 0.0) -> dict[str, float]:
         """The ``perf/*`` metrics of the step that just ended (async keys only in async mode, as in real runs)."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.config.issues import warning_line
 from groupwise.controller.settings import ControllerSettings
-from groupwise.run.fates_file import FIELDS as FATE_FIELDS
+from groupwise.run.fates_file import LINE_FIELDS as FATE_FIELDS
 from groupwise.run.fates_file import FatesWriter
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir, write_text_atomic
@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 
 
 def check_sync_workload(workload: SimWorkload) -> list[ConfigIssue]:
-    """Issues for injected failures in mode sync (the real sync loop would stop at the first one)."""
-    return [
+    """Issues for injected failures in mode sync (the real sync loop would stop at the first one), and for a
+    draining weight sync (a sync round has ended before its weight sync: there is nothing to drain)."""
+    issues = [
         ConfigIssue(
             f"sim.{name}",
             getattr(workload, name),
@@ -50,6 +51,25 @@ def check_sync_workload(workload: SimWorkload) -> list[ConfigIssue]:
         for name in ("infra_failure_rate", "data_failure_rate")
         if getattr(workload, name) > 0
     ]
+    if workload.weight_sync_drains:
+        issues.append(ConfigIssue(
+            "sim.weight_sync_drains", True, "sim.weight_sync_drains has no effect in mode sync: every round has "
+            "ended before its weight sync, so there is nothing in flight to drain",
+            "remove sim.weight_sync_drains, or simulate mode: async",
+        ))  # fmt: skip
+    return issues
+
+
+def check_async_workload(cfg: RunConfig, workload: SimWorkload) -> list[ConfigIssue]:
+    """A draining weight sync with partial rollouts on: they never drain (the update reaches the generations in
+    flight), so the key would have no effect."""
+    if workload.weight_sync_drains and cfg.async_.partial_rollouts == "continue":
+        return [ConfigIssue(
+            "sim.weight_sync_drains", True, "sim.weight_sync_drains has no effect with async.partial_rollouts: "
+            "continue: the weight update reaches the generations in flight, so no sync waits for them",
+            "remove sim.weight_sync_drains (it describes a sync under partial_rollouts: off)",
+        )]  # fmt: skip
+    return []
 
 
 @dataclass
@@ -77,15 +97,14 @@ def summary_identity(cfg: RunConfig) -> dict[str, Any]:
 def simulate(cfg: RunConfig) -> SimulationResult:
     """Simulate ``cfg`` (a ``RunConfig``) and write its run directory (see the module docstring).
 
-    Raises :class:`ConfigError` for a setup the simulation refuses (failures injected in mode sync) and
-    ``RunDirError`` when the run directory exists; a run that stops with a named error still writes
-    everything and reports ``outcome: failed`` with the error in the summary.
+    Raises :class:`ConfigError` for a setup the simulation refuses (failures injected in mode sync, a draining
+    weight sync where nothing can drain) and ``RunDirError`` when the run directory exists; a run that stops with a
+    named error still writes everything and reports ``outcome: failed`` with the error in the summary.
     """
     workload = SimWorkload.from_config(cfg)
-    if cfg.mode == "sync":
-        issues = check_sync_workload(workload)
-        if issues:
-            raise ConfigError(issues)
+    issues = check_sync_workload(workload) if cfg.mode == "sync" else check_async_workload(cfg, workload)
+    if issues:
+        raise ConfigError(issues)
     run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=False)
     run_dir.sim_summary_path.parent.mkdir()  # first: marks the directory as a simulation's (groupwise audit)
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
@@ -107,6 +126,7 @@ def simulate(cfg: RunConfig) -> SimulationResult:
                 shuffle=cfg.data.shuffle, on_step_end=on_step_end,
                 on_fate=fates.write_controller_record if fates is not None else None,
                 max_virtual_seconds=cfg.sim.max_virtual_seconds,
+                partial_rollouts=cfg.async_.partial_rollouts == "continue",
             )  # fmt: skip
         else:
             run = simulate_sync(
@@ -155,6 +175,8 @@ SUMMARY_LINES = (
     ("replaced_groups", "replaced groups"),
     ("evicted_groups", "evicted groups"),
     ("aborted_groups", "aborted groups"),
+    ("wasted_tokens", "wasted tokens"),
+    ("waste_fraction", "wasted share of tokens"),
     ("rollout_idle_fraction", "rollout idle fraction"),
     ("rollout_slot_idle_fraction", "rollout slot idle fraction"),
     ("trainer_idle_fraction", "trainer idle fraction"),

@@ -13,8 +13,25 @@ One attempt at a prompt (see :mod:`groupwise.sim.workload` for the model):
 
 Simulated completions carry no tokens (there is no model); their total length is
 ``SimulatedGroup.completion_tokens``, which ``num_completion_tokens`` reports, so the simulated learner
-and the throughput metrics see the simulated lengths. Weight syncs take ``weight_sync_s``; completions in
-flight keep running meanwhile (the ``RolloutClient`` contract allows it).
+and the throughput metrics see the simulated lengths.
+
+Weight syncs take ``weight_sync_s``. What happens to the completions in flight meanwhile:
+
+* partial rollouts off (the default): they keep running under the version they started with, all their tokens
+  of ``start_version`` (the ``RolloutClient`` contract allows it). With ``sim.weight_sync_drains`` the sync first
+  waits until every booked completion has ended (an engine with one copy of the weights finishes what it
+  accepted before it loads the next), so the long tail of the lengths stalls the trainer at every sync;
+* partial rollouts on (``async.partial_rollouts: continue``): the sync does not wait, and when it ends the
+  completions in flight go on under the new version: a completion's tokens are split by version
+  (:mod:`groupwise.sim.token_timing`; ``SimulatedGroup.version_tokens``), and its chance of being correct uses the
+  token-weighted mean of the versions' success logits. Rebuilding the rows' KV cache under the new weights is
+  not charged (one prefill of prompt + tokens so far per live row in a real engine).
+
+Costs (:mod:`groupwise.algo.waste`): an attempt's tokens are those its completions produced (an infrastructure
+failure stops part-way) and its seconds the slot-seconds they occupied ÷ ``rollout_slots``, its share of the
+engine's capacity. A cancelled attempt costs its whole booking (the engine finishes and discards it), reported
+through :meth:`SimulatedRollouts.spent` when the controller asks (it does for aborts, not at shutdown).
+``counters.generated_tokens`` counts what the engine handed back (returned, failed, or spent after an abort).
 """
 
 from __future__ import annotations
@@ -26,9 +43,10 @@ from dataclasses import dataclass
 from groupwise.controller.failures import InfraError
 from groupwise.controller.interfaces import LoaderItem
 from groupwise.sim.slots import EngineSlots
+from groupwise.sim.token_timing import tokens_by, version_counts
 from groupwise.sim.variates import VariateStream
 from groupwise.sim.workload import LearningCurve, SimWorkload, sigmoid
-from groupwise.types import Completion, Group
+from groupwise.types import NO_COST, Completion, GenerationCost, Group, attach_cost
 
 FATE_DRAWS = 4  # infra failure?, where it fails, data failure?, straggler?
 
@@ -43,9 +61,13 @@ class SimulatedDataFailure(ValueError):
 
 @dataclass
 class SimulatedGroup(Group):
-    """A :class:`Group` of simulated completions: no tokens, only their total simulated length."""
+    """A :class:`Group` of simulated completions: no tokens, only their total simulated length.
+
+    ``version_tokens``: ``((version, tokens), ...)`` over its completions when a weight update reached them in
+    flight (partial rollouts); empty when every token is of ``start_version``."""
 
     completion_tokens: int = 0
+    version_tokens: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_completion_tokens(self) -> int:  # type: ignore[override]
@@ -63,6 +85,7 @@ class GeneratorCounters:
     cancelled: int = 0
     stragglers: int = 0
     returned_tokens: int = 0
+    generated_tokens: int = 0
     zero_variance_groups: int = 0
 
 
@@ -71,8 +94,20 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+def _merged(mixes: list[list[tuple[int, int]]]) -> tuple[tuple[int, int], ...]:
+    """Tokens per version summed over a group's completions, oldest version first."""
+    totals: dict[int, int] = {}
+    for mix in mixes:
+        for version, tokens in mix:
+            totals[version] = totals.get(version, 0) + tokens
+    return tuple(sorted(totals.items()))
+
+
 class SimulatedRollouts:
     """The simulated generator (see the module docstring). ``difficulty`` maps prompt uid → hidden difficulty."""
+
+    #: Each group's ``gen_seconds`` is set here (its share of the engine's capacity), in sync mode as in async.
+    attributes_gen_seconds = True
 
     def __init__(
         self,
@@ -80,8 +115,13 @@ class SimulatedRollouts:
         curve: LearningCurve,
         difficulty: Mapping[str, float],
         variates: VariateStream | None = None,
+        *,
+        partial_rollouts: bool = False,
     ) -> None:
+        if partial_rollouts and workload.weight_sync_drains:
+            raise ValueError("with partial rollouts no weight sync drains the engine; weight_sync_drains must be off")
         self.workload = workload
+        self.partial_rollouts = partial_rollouts
         self.curve = curve
         self.difficulty = difficulty
         self.variates = variates or VariateStream(workload.seed, workload.length_median_tokens, workload.length_sigma)
@@ -89,6 +129,9 @@ class SimulatedRollouts:
         self.counters = GeneratorCounters()
         self.weight_version = 0
         self.sync_seconds = 0.0
+        self.drain_seconds = 0.0
+        self._switches: list[tuple[float, int]] = []  # partial rollouts: (time, version) a sync reached the engine
+        self._cancelled: dict[int, GenerationCost] = {}  # cancelled attempts' costs, until spent() reports them
         self._blank: dict[int, Completion] = {}
         self._logits: dict[int, float] = {}  # weight version → success logit (before difficulty)
 
@@ -106,7 +149,18 @@ class SimulatedRollouts:
             scale *= fail_at
         loop = asyncio.get_running_loop()
         prefill, per_token = w.prefill_s * scale, w.per_token_s * scale
-        end = self.slots.book(loop.time(), [prefill + length * per_token for length in lengths])
+        durations = [prefill + length * per_token for length in lengths]
+        starts: list[float] | None = [] if failing or self.partial_rollouts else None
+        end = self.slots.book(loop.time(), durations, starts)
+        switched = len(self._switches)
+        tokens = sum(lengths)
+        if failing:  # the failure stopped every completion part-way: what each had made by then, at its own pace
+            assert starts is not None
+            pace = w.straggler_factor if straggler < w.straggler_rate else 1.0
+            full_prefill, full_token = w.prefill_s * pace, w.per_token_s * pace
+            tokens = sum(tokens_by(t + d, t, full_prefill, full_token, n)
+                         for t, d, n in zip(starts, durations, lengths, strict=True))  # fmt: skip
+        cost = GenerationCost(tokens, sum(durations) / self.slots.num_slots)
         # asyncio.sleep without its extra coroutine frame: one timer, one future (cheaper per simulated group).
         done = loop.create_future()
         timer = loop.call_at(end, _resolve, done)
@@ -115,20 +169,30 @@ class SimulatedRollouts:
         except asyncio.CancelledError:
             timer.cancel()
             counters.cancelled += 1
+            self._cancelled[group_id] = cost
             raise
+        counters.generated_tokens += cost.tokens
         uid = prompt.prompt.uid
         if failing:
             counters.infra_failures += 1
-            raise SimulatedInfraFailure(f"simulated infrastructure failure of {uid!r} attempt {attempt}")
+            error = SimulatedInfraFailure(f"simulated infrastructure failure of {uid!r} attempt {attempt}")
+            raise attach_cost(error, cost)
         if data < w.data_failure_rate:
             counters.data_failures += 1
-            raise SimulatedDataFailure(f"simulated data failure of {uid!r} attempt {attempt} (scoring raised)")
-        logit = self._logits.get(start_version)
-        if logit is None:  # one learning-curve lookup per weight version, not per attempt
-            logit = self._logits[start_version] = self.curve.success_logit(start_version)
-        p = sigmoid(logit - self.difficulty[uid])
-        rewards = [1.0 if u < p else 0.0 for u in draws[:G]]
-        tokens = sum(lengths)
+            error = SimulatedDataFailure(f"simulated data failure of {uid!r} attempt {attempt} (scoring raised)")
+            raise attach_cost(error, cost)
+        version_tokens: tuple[tuple[int, int], ...] = ()
+        if self.partial_rollouts and len(self._switches) > switched:
+            assert starts is not None
+            mixes = [version_counts(t, prefill, per_token, n, start_version, self._switches[switched:])
+                     for t, n in zip(starts, lengths, strict=True)]  # fmt: skip
+            logits = [sum(n * self._logit(v) for v, n in mix) / max(1, sum(n for _, n in mix)) for mix in mixes]
+            difficulty = self.difficulty[uid]
+            rewards = [1.0 if u < sigmoid(x - difficulty) else 0.0 for u, x in zip(draws[:G], logits, strict=True)]
+            version_tokens = _merged(mixes)
+        else:
+            p = sigmoid(self._logit(start_version) - self.difficulty[uid])
+            rewards = [1.0 if u < p else 0.0 for u in draws[:G]]
         correct = sum(rewards)
         counters.zero_variance_groups += correct == 0 or correct == G
         counters.returned_groups += 1
@@ -146,15 +210,37 @@ class SimulatedRollouts:
             epoch=prompt.epoch,
             attempt=attempt,
             completion_tokens=tokens,
+            gen_seconds=cost.seconds,
+            version_tokens=version_tokens,
         )
 
+    async def spent(self, group_id: int) -> GenerationCost:
+        """What the engine spent on a cancelled attempt (its whole booking; nothing if it never was booked)."""
+        cost = self._cancelled.pop(group_id, NO_COST)
+        self.counters.generated_tokens += cost.tokens
+        return cost
+
+    def _logit(self, version: int) -> float:
+        logit = self._logits.get(version)
+        if logit is None:  # one learning-curve lookup per weight version, not per attempt
+            logit = self._logits[version] = self.curve.success_logit(version)
+        return logit
+
     async def sync_weights(self, version: int) -> None:
-        """Load the weights of ``version`` (its learning-curve point must exist): ``weight_sync_s`` seconds."""
+        """Load the weights of ``version`` (its learning-curve point must exist): ``weight_sync_s`` seconds, after
+        the engine drained when ``weight_sync_drains`` (see the module docstring)."""
         self.curve.signal_groups(version)  # raises for a version the learner has not produced
+        loop = asyncio.get_running_loop()
+        if self.workload.weight_sync_drains:
+            while (wait := self.slots.all_done_at - loop.time()) > 0:
+                await asyncio.sleep(wait)
+                self.drain_seconds += wait
         if self.workload.weight_sync_s > 0:
             await asyncio.sleep(self.workload.weight_sync_s)
             self.sync_seconds += self.workload.weight_sync_s
         self.weight_version = version
+        if self.partial_rollouts:
+            self._switches.append((loop.time(), version))
 
     def _blank_completion(self, version: int) -> Completion:
         blank = self._blank.get(version)

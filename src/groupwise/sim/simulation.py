@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from groupwise.algo.accumulator import DynamicSamplingExhausted
+from groupwise.algo.waste import GenerationAccount
 from groupwise.controller.controller import Controller, ControllerSummary, build_controller
 from groupwise.controller.failures import RolloutDataFailure, RolloutRedispatchExhausted
 from groupwise.controller.fate_records import FateRecord
@@ -65,10 +66,11 @@ class SimParts:
     trainer: SimulatedTrainer
 
     @classmethod
-    def build(cls, workload: SimWorkload) -> SimParts:
+    def build(cls, workload: SimWorkload, partial_rollouts: bool = False) -> SimParts:
         curve = LearningCurve(workload.initial_success_logit, workload.learning_rate_groups)
         prompts, difficulty = make_sim_prompts(workload)
-        return cls(workload, prompts, SimulatedRollouts(workload, curve, difficulty), SimulatedTrainer(workload, curve))
+        rollouts = SimulatedRollouts(workload, curve, difficulty, partial_rollouts=partial_rollouts)
+        return cls(workload, prompts, rollouts, SimulatedTrainer(workload, curve))
 
     def loader(self, max_epochs: int | None, shuffle: bool = True) -> PromptLoader:
         return PromptLoader(self.prompts, seed=self.workload.seed, shuffle=shuffle, max_epochs=max_epochs)
@@ -107,6 +109,7 @@ class SimRun:
     controller: Controller | None = None
     controller_summary: ControllerSummary | None = None
     sync_result: SyncRunResult | None = None
+    generation: GenerationAccount | None = None  # the run's generation costs (the controller's, or the sync loop's)
 
     @property
     def completed(self) -> bool:
@@ -122,14 +125,16 @@ def simulate_async(
     on_step_end: StepCallback | None = None,
     on_fate: Callable[[FateRecord], None] | None = None,
     max_virtual_seconds: float = 1.0e7,
+    partial_rollouts: bool = False,
 ) -> SimRun:
-    """The real controller against the simulated generator and learner (see the module docstring)."""
+    """The real controller against the simulated generator and learner (see the module docstring);
+    ``partial_rollouts``: weight updates reach the generations in flight (``async.partial_rollouts: continue``)."""
     if settings.group_size != workload.group_size:
         raise ValueError(
             f"controller group_size {settings.group_size} != simulated group_size {workload.group_size}; "
             "build both from the same config"
         )
-    parts = SimParts.build(workload)
+    parts = SimParts.build(workload, partial_rollouts)
     run = SimRun(mode="async", parts=parts)
 
     async def step_end(step: int, metrics: dict[str, float], groups: list[Group]) -> None:
@@ -144,6 +149,7 @@ def simulate_async(
     run.controller = controller = build_controller(
         settings, loader, parts.rollouts, parts.trainer, on_step_end=step_end, on_fate=on_fate
     )
+    run.generation = controller.fates.generation
 
     async def main() -> None:
         run.meter = _meter(parts)
@@ -173,6 +179,7 @@ def simulate_sync(
     run = SimRun(mode="sync", parts=parts)
     loader = parts.loader(max_epochs, shuffle)
     state, totals = TrainerState(), SyncRunResult()
+    run.generation = state.generation
 
     def step_end(done: SyncStep) -> None:
         assert run.meter is not None

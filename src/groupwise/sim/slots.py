@@ -16,7 +16,8 @@ so the work booked beyond ``t`` on slot ``s`` is exactly ``max(0, free(s) − t)
     engine_idle_seconds(t) = Σ gaps with no completion in progress + max(0, t − end of the last booking)
 
 A cancelled request keeps its slots until its completions would have ended (the engine finishes and
-discards them), and that wasted work counts as busy.
+discards them), and that wasted work counts as busy. :attr:`EngineSlots.all_done_at` is when every booked
+completion will have ended (a weight sync that drains the engine waits for it).
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ class EngineSlots:
         self._idle_gaps = 0.0
         self._last_booking = 0.0
 
-    def book(self, arrival: float, durations: Sequence[float]) -> float:
-        """Book one request's completions at ``arrival``; return when its last completion ends."""
+    def book(self, arrival: float, durations: Sequence[float], starts: list[float] | None = None) -> float:
+        """Book one request's completions at ``arrival``; return when its last completion ends. ``starts``, when
+        given, receives each completion's start time (its slot's free time, or the arrival)."""
         if arrival < self._last_booking:
             raise ValueError(f"bookings must arrive in time order: {arrival} after {self._last_booking}")
         self._last_booking = arrival
@@ -49,14 +51,23 @@ class EngineSlots:
         end = arrival
         for duration in durations:
             start = free_at[0]
-            finish = (start if start > arrival else arrival) + duration
+            if start < arrival:
+                start = arrival
+            finish = start + duration
             replace(free_at, finish)
+            if starts is not None:
+                starts.append(start)
             if finish > end:
                 end = finish
         self.booked_seconds += sum(durations)
         if end > self._busy_until:
             self._busy_until = end
         return end
+
+    @property
+    def all_done_at(self) -> float:
+        """When the last booked completion ends (the latest arrival, if that is later)."""
+        return max(self._busy_until, self._last_booking)
 
     def busy_slot_seconds(self, t: float) -> float:
         """Slot-seconds of work done by time ``t`` (``t`` at or after the last booking)."""

@@ -25,8 +25,18 @@ Throughput and idleness: ``trained_groups_per_hour`` = trained ÷ wall × 3600;
 seconds ÷ wall (weight syncs count as idle); ``weight_sync_seconds``; ``generation_wall_fraction`` (sync
 only) = Σ generation-round seconds ÷ wall, the share of a sync step spent generating.
 
+Generation cost (:mod:`groupwise.algo.waste`, the same figures as the ``waste/*`` metrics, for the whole run
+including what settled after the last step): ``generated_tokens``, ``generated_gen_seconds``, ``trained_tokens``,
+``pending_tokens``, ``wasted_tokens``, ``wasted_gen_seconds``, ``waste_fraction`` (wasted ÷ generated tokens) and,
+per waste fate, ``<fate>_tokens`` / ``<fate>_gen_seconds`` (filtered, discarded, failed, aborted, evicted);
+``engine_generated_tokens`` is the simulated engine's own count of what it handed back, which equals
+``generated_tokens`` (= trained + wasted + pending once the run has ended). ``weight_sync_drain_seconds``: time
+weight syncs waited for the engine to drain (``sim.weight_sync_drains``).
+
 Staleness of trained groups (step − start version): ``staleness_mean``, ``staleness_p50/p90/p99``,
-``staleness_max``, ``staleness_histogram`` ``{"<versions>": groups}``. Learning: ``final_unfiltered_reward``
+``staleness_max``, ``staleness_histogram`` ``{"<versions>": groups}``; ``token_staleness_mean``: the same over
+their tokens, each token's staleness measured from the version that produced it (below ``staleness_mean`` only
+with partial rollouts, where tokens of one completion come from several versions). Learning: ``final_unfiltered_reward``
 (the last step's ``reward/unfiltered_mean``) and ``final_success_logit`` (the learning curve's last point).
 Floats are rounded to 6 decimals.
 """
@@ -65,13 +75,18 @@ def summarize(run: SimRun, identity: dict[str, Any], final_unfiltered_reward: fl
         ),
         "trainer_idle_fraction": 1 - trainer.busy_seconds / wall if wall > 0 else None,
         "weight_sync_seconds": parts.rollouts.sync_seconds,
+        "weight_sync_drain_seconds": parts.rollouts.drain_seconds,
         "generation_wall_fraction": (
             run.sync_result.gen_seconds / wall if run.sync_result is not None and wall > 0 else None
         ),
     }
+    if run.generation is not None:
+        summary.update(run.generation.totals())
+    summary["engine_generated_tokens"] = counters.generated_tokens
     histogram = run.meter.staleness if run.meter is not None else {}
     summary.update(staleness_stats(histogram))  # type: ignore[arg-type]
     summary["staleness_histogram"] = {str(k): histogram[k] for k in sorted(histogram)}
+    summary["token_staleness_mean"] = run.meter.token_staleness_mean if run.meter is not None else None
     summary["final_unfiltered_reward"] = final_unfiltered_reward
     summary["final_success_logit"] = trainer.curve.success_logit(trainer.curve.latest_version)
     return {key: _rounded(value) for key, value in summary.items()}

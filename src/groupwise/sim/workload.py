@@ -6,7 +6,8 @@ log-normal with median ``m`` and ``p99/p50 = r``::
 
     L = round(m · exp(σ · z)),  z ~ Normal(0, 1),  σ = ln(r) / z₀.₉₉,  z₀.₉₉ = 2.3263
 
-Training a chunk costs ``tokens × train_s_per_token``; a weight sync costs ``weight_sync_s``.
+Training a chunk costs ``tokens × train_s_per_token``; a weight sync costs ``weight_sync_s`` (after draining the
+engine, with ``weight_sync_drains``: :mod:`groupwise.sim.simulated_rollouts`).
 
 Learning model. Prompt ``i`` has a hidden difficulty ``dᵢ ~ Normal(0, difficulty_spread)``. A completion
 generated under weight version ``v`` is correct (raw reward 1, else 0) with probability::
@@ -62,6 +63,7 @@ class SimWorkload:
     per_token_s: float = 0.01
     train_s_per_token: float = 0.0002
     weight_sync_s: float = 1.0
+    weight_sync_drains: bool = False
     infra_failure_rate: float = 0.0
     data_failure_rate: float = 0.0
     straggler_rate: float = 0.0

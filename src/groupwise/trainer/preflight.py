@@ -54,6 +54,7 @@ def check_inputs(cfg: Any, *, training: bool = True) -> Inputs:
 def check_train_start(cfg: Any, *, resume: bool, resume_from: Path | None) -> Inputs:
     """:func:`check_inputs` plus whether this run may start (its directory, ``--resume``, ``--resume-from``)."""
     inputs, issues = input_issues(cfg, training=True, location=False)
+    issues.extend(partial_rollout_issues(cfg))
     issues.extend(start_problems(cfg.run.output_dir, cfg.run.name, resume or resume_from is not None))
     if resume_from is not None:
         issues.extend(_checkpoint_issues(resume_from))
@@ -61,6 +62,19 @@ def check_train_start(cfg: Any, *, resume: bool, resume_from: Path | None) -> In
         raise ConfigError(issues)
     assert inputs is not None  # None only with an issue saying why
     return inputs
+
+
+def partial_rollout_issues(cfg: Any) -> list[ConfigIssue]:
+    """``async.partial_rollouts: continue`` is simulated (``groupwise simulate``) but the engine does not do it yet:
+    training with it would generate every call under one version, silently."""
+    if cfg.mode != "async" or cfg.async_.partial_rollouts == "off":
+        return []
+    return [ConfigIssue(
+        "async.partial_rollouts", cfg.async_.partial_rollouts,
+        "partial rollouts are modelled by groupwise simulate only: the engine runs every generation call to its end "
+        "under the weights it started with, so training would not do what the key says",
+        "set async.partial_rollouts: off to train, or run groupwise simulate to see what partial rollouts would change",
+    )]  # fmt: skip
 
 
 def input_issues(cfg: Any, *, training: bool, location: bool) -> tuple[Inputs | None, list[ConfigIssue]]:

@@ -17,7 +17,7 @@ from groupwise.data.scoring import RewardError, score_completions
 from groupwise.generation.base import Generator
 from groupwise.model.encode import encode_prompt
 from groupwise.seeding import request_seed
-from groupwise.types import Completion, GenerationRequest, Group, Prompt, SamplingParams
+from groupwise.types import Completion, GenerationCost, GenerationRequest, Group, Prompt, SamplingParams, attach_cost
 
 if TYPE_CHECKING:
     from groupwise.config import GrpoSection
@@ -118,8 +118,8 @@ class RolloutWorker:
         ):
             try:
                 raw = score_completions(self.reward_fn, item.prompt, completions, self.reward_kwargs)
-            except RewardError as error:
-                groups.append(error)
+            except RewardError as error:  # its completions were generated: the runtime charges them to the attempt
+                groups.append(attach_cost(error, GenerationCost(sum(c.num_tokens for c in completions))))
                 continue
             groups.append(
                 Group(

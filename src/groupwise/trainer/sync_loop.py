@@ -17,18 +17,26 @@ Pre-filter data (every generated row's reward) lives in the step tally, never in
 unfiltered metric cannot be misaligned with what was trained. Every generated group gets a line in fates.jsonl
 (trained, filtered, discarded or carried; pending when its step is never trained), written before the step hook
 runs (and so before the step's checkpoint), so a resume rolls the file back to exactly the checkpointed steps.
+
+Generation cost (:mod:`groupwise.algo.waste`): a round is one generator call, so each group of a round is
+attributed the round's seconds pro rata by completion tokens (they add up to ``perf/gen_seconds``), unless the
+rollout client attributes them itself (``attributes_gen_seconds``: the simulator, whose engine has no calls).
+Every group counts as generated when its round returns and as settled when its fate line is written (trained,
+filtered, discarded; pending when the run stops; a carried group settles in the step that takes it). The step's
+``waste/*`` metrics come from :attr:`TrainerState.generation`, which a checkpoint keeps.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from groupwise.algo.accumulator import DynamicSamplingAccumulator, DynamicSamplingExhausted, StepSelection
 from groupwise.algo.step_size import round_size
 from groupwise.algo.tally import StepTally
+from groupwise.algo.waste import SYNC_WASTE_FATES, GenerationAccount, split_call_seconds
 from groupwise.run.fates_file import write_sync_step_fates, write_untrained_step_fates
 from groupwise.types import Group, group_from_dict, group_to_dict
 
@@ -48,6 +56,7 @@ class TrainerState:
     step: int = 0
     next_group_id: int = 0
     carried: list[Group] = field(default_factory=list)
+    generation: GenerationAccount = field(default_factory=GenerationAccount)
 
     def next_group_ids(self, n: int) -> list[int]:
         ids = list(range(self.next_group_id, self.next_group_id + n))
@@ -59,15 +68,19 @@ class TrainerState:
             "step": self.step,
             "next_group_id": self.next_group_id,
             "carried": [group_to_dict(g) for g in self.carried],
+            "generation": self.generation.state_dict(),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainerState:
-        return cls(
+        state = cls(
             step=int(data["step"]),
             next_group_id=int(data["next_group_id"]),
             carried=[group_from_dict(g) for g in data.get("carried", [])],
         )
+        if "generation" in data:  # absent in checkpoints written before costs were counted: they start at 0
+            state.generation.load_state_dict(data["generation"])
+        return state
 
 
 @dataclass
@@ -119,6 +132,7 @@ class SyncLoop:
         self.state = state
         self.on_step_end = on_step_end
         self.fates = fates
+        self._lines = SettlingFates(fates, state)
         ds = grpo.dynamic_sampling
         self.round_size = round_size(grpo.num_prompts_per_step, ds.batch_multiplier, ds.enabled)
 
@@ -145,16 +159,16 @@ class SyncLoop:
         except Exception as err:  # the step's optimizer step never ran: its groups are pending, saying why
             self._untrained_fates(step, collected.generated, self.state.carried, _failed("its optimizer step", err))
             raise
-        if self.fates is not None:
-            ds = self.grpo.dynamic_sampling
-            write_sync_step_fates(
-                self.fates, step, collected.generated, selection.trained, selection.surplus,
-                selection.surplus_carried, ds.enabled, ds.zero_variance_tol,
-            )  # fmt: skip
+        ds = self.grpo.dynamic_sampling
+        write_sync_step_fates(
+            self._lines, step, collected.generated, selection.trained, selection.surplus,  # type: ignore[arg-type]
+            selection.surplus_carried, ds.enabled, ds.zero_variance_tol,
+        )  # fmt: skip
         await self.rollouts.sync_weights(step + 1)
         self.state.carried = selection.carry_over
         self.state.step = step + 1
         metrics.update(selection.tally.metrics())
+        metrics.update(self.state.generation.step_metrics(SYNC_WASTE_FATES))
         if self.on_step_end is not None:
             done = SyncStep(
                 step, metrics, selection.trained, selection.tally, started, collected.gen_seconds, collected.gen_tokens
@@ -183,7 +197,9 @@ class SyncLoop:
             except Exception as err:  # the earlier rounds' groups will never train: pending, saying why
                 self._untrained_fates(step, generated, [], _failed("a generation round", err))
                 raise
-            gen_seconds += clock() - started
+            round_seconds = clock() - started
+            gen_seconds += round_seconds
+            self._count_generated(groups, round_seconds)
             gen_tokens += sum(g.num_completion_tokens for g in groups)
             generated += groups
             accumulator.add_round(groups)
@@ -200,6 +216,16 @@ class SyncLoop:
         calls = [self.rollouts.rollout(item, gid, 0, step) for item, gid in zip(items, ids, strict=True)]
         return list(await asyncio.gather(*calls))
 
+    def _count_generated(self, groups: list[Group], round_seconds: float) -> None:
+        """Attribute the round's seconds to its groups pro rata by tokens (unless the client did); count them as
+        generated."""
+        if not getattr(self.rollouts, "attributes_gen_seconds", False):
+            shares = split_call_seconds(round_seconds, [g.num_completion_tokens for g in groups])
+            for group, seconds in zip(groups, shares, strict=True):
+                group.gen_seconds = seconds
+        for group in groups:
+            self.state.generation.generated(group.num_completion_tokens, group.gen_seconds)
+
     def _accumulator(self) -> DynamicSamplingAccumulator:
         ds = self.grpo.dynamic_sampling
         return DynamicSamplingAccumulator(
@@ -214,17 +240,31 @@ class SyncLoop:
         )
 
     def _untrained_fates(self, step: int, generated: list[Group], carried: list[Group], reason: str) -> None:
-        if self.fates is not None:
-            ds = self.grpo.dynamic_sampling
-            write_untrained_step_fates(self.fates, step, generated, carried, ds.enabled, ds.zero_variance_tol, reason)
+        ds = self.grpo.dynamic_sampling
+        write_untrained_step_fates(self._lines, step, generated, carried, ds.enabled, ds.zero_variance_tol, reason)  # type: ignore[arg-type]
 
 
 def _failed(what: str, error: BaseException) -> str:
     return f"{what} failed ({type(error).__name__}); the run stopped"
 
 
+class SettlingFates:
+    """The sync loop's fate lines: settled in ``state.generation`` and written to ``fates`` when the run keeps a
+    fates file (the writer functions of :mod:`groupwise.run.fates_file` call :meth:`write_groups`)."""
+
+    def __init__(self, fates: FatesWriter | None, state: TrainerState) -> None:
+        self.fates = fates
+        self.state = state
+
+    def write_groups(self, groups: Iterable[Group], fate: str, step: int | None, detail: str = "") -> None:
+        groups = list(groups)
+        for group in groups:
+            self.state.generation.settled(fate, group.num_completion_tokens, group.gen_seconds)
+        if self.fates is not None:
+            self.fates.write_groups(groups, fate, step, detail)
+
+
 def record_carried_at_end(fates: FatesWriter | None, state: TrainerState) -> None:
     """``pending`` lines for the groups still carried when the run stops. A trainer writes them after its last
     checkpoint: a resume from it rolls them back and trains the carried groups after all."""
-    if fates is not None:
-        fates.write_groups(state.carried, "pending", state.step, detail="carried at the end")
+    SettlingFates(fates, state).write_groups(state.carried, "pending", state.step, detail="carried at the end")
