@@ -22,6 +22,8 @@ Invariants pinned:
   merged (transformers) and as an adapter (peft);
 - a dead learner ends the run with a clear error and a valid last checkpoint, and resuming from it on Ray gives
   the same parameters as an uninterrupted embedded run;
+- two learner ranks (learner.num_ranks) on Ray train the embedded one-learner run's parameters (1e-5), and a
+  killed rank actor ends the run within 60 s with LearnerRankDied naming it;
 - requests the cluster cannot place fail at once (naming the key to change), and an actor that never starts
   fails after the timeout, naming it — never a silent hang.
 """
@@ -33,6 +35,7 @@ import json
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -447,3 +450,25 @@ def test_actor_that_never_starts_times_out_by_name(ray_cluster):
             wait_until_started({"stuck worker": stuck.ready.remote()}, timeout_s=1.0)
     finally:
         ray.kill(stuck)
+
+
+@pytest.mark.slow  # two learner rank actors and a generation worker start on two shared cores
+def test_two_learner_ranks_on_ray_train_and_a_killed_rank_ends_the_run_by_name(ray_cluster, embedded_sync, tmp_path):
+    from groupwise.runtime.learner_ranks import LearnerRankDied
+    from groupwise.runtime.sync_run import train_steps
+
+    ranks = {"learner": {"num_ranks": 2, "collective_timeout_s": 30},
+             "runtime": {"backend": "ray", "ray": {"learner_cpus": 0.25, "cpus_per_generation_worker": 0.25}}}
+    session = build(tiny_config(tmp_path, "ranks", checkpoint={"every": 1}, **ranks))
+    try:
+        train_steps(session, SYNC_STEPS)  # one generation worker: the embedded run's rows, so its parameters
+        for name, tensor in params(embedded_sync).items():
+            assert float((params(session)[name] - tensor).norm() / tensor.norm()) <= 1e-5, name
+        assert session.learner.version == SYNC_STEPS
+        ray.kill(session.learner_peers[0])
+        started = time.monotonic()
+        with pytest.raises(LearnerRankDied, match="learner rank 1 of 2"):
+            train_steps(session, SYNC_STEPS + 1)
+        assert time.monotonic() - started < 60
+    finally:
+        session.close()

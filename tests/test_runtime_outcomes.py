@@ -70,7 +70,7 @@ def schedules(draw):
 def test_each_request_gets_its_own_outcome(schedule):
     uids, failing, boom, waves, batch = schedule
     worker = worker_for(uids, failing, boom)
-    rollouts = EmbeddedRollouts(worker, source_model=None, max_batch_groups=batch)
+    rollouts = EmbeddedRollouts(worker, weights=None, max_batch_groups=batch)
 
     async def main():
         pending, start = [], 0

@@ -29,6 +29,7 @@ from test_waste import tokens_by_fate
 
 from groupwise.config import config_from_dict
 from groupwise.data.loader import LoadedPrompt
+from groupwise.model.lora import generator_state_dict
 from groupwise.run.audit import audit_run
 from groupwise.run.fates_file import read_fates
 from groupwise.run.metrics import read_metrics
@@ -47,13 +48,18 @@ def _parts(tmp_path, max_new: int = 8, **generation):
     return cfg, build_components(cfg, separate_engine_model=True)
 
 
+def _weights_of(model):
+    """The generator-weights callable the session hands the rollout clients, over ``model``."""
+    return lambda: generator_state_dict(model)
+
+
 def _items(parts, n: int) -> list[LoadedPrompt]:
     return [LoadedPrompt(prompt=p, epoch=0, index_in_epoch=i) for i, p in enumerate(parts.task.train_prompts()[:n])]
 
 
 def _streamed(parts, partial: str = "off") -> StreamedRollouts:
     stream = parts.engine.open_stream(parts.rollouts.sampling, max_rows=16, partial=partial)
-    return StreamedRollouts(parts.rollouts, parts.policy.model, stream)
+    return StreamedRollouts(parts.rollouts, _weights_of(parts.policy.model), stream)
 
 
 async def _when_decoding(stream, steps: int = 2) -> None:
@@ -82,7 +88,7 @@ def test_streamed_groups_equal_the_batch_per_call_groups(tmp_path):
             joins = streamed.stream.joins
         finally:
             await streamed.close()
-        batch = EmbeddedRollouts(parts.rollouts, parts.policy.model, max_batch_groups=1)
+        batch = EmbeddedRollouts(parts.rollouts, _weights_of(parts.policy.model), max_batch_groups=1)
         try:
             expected = await asyncio.gather(*(batch.rollout(item, i, 0, 0) for i, item in enumerate(items)))
         finally:
@@ -112,7 +118,7 @@ def test_a_weight_sync_mid_generation(tmp_path, partial):
         tensor.mul_(0.5)
 
     async def run():
-        streamed = StreamedRollouts(parts.rollouts, new_weights, _streamed(parts, partial).stream)
+        streamed = StreamedRollouts(parts.rollouts, _weights_of(new_weights), _streamed(parts, partial).stream)
         try:
             tasks = [asyncio.ensure_future(streamed.rollout(item, i, 0, 0)) for i, item in enumerate(items)]
             await _when_decoding(streamed.stream, 3)

@@ -210,18 +210,19 @@ class RowBatch:
 
     # --- whole-group operations ----------------------------------------------------------------------
 
-    def _group_id_list(self) -> list[int]:
+    def row_group_ids(self) -> list[int]:
+        """The group id of every row, in row order."""
         col = self._columns[GROUP_ID]
         return [int(g) for g in (col.tolist() if isinstance(col, torch.Tensor) else col)]
 
     def group_ids(self) -> list[int]:
         """The distinct group ids in order of first appearance."""
-        return list(dict.fromkeys(self._group_id_list()))
+        return list(dict.fromkeys(self.row_group_ids()))
 
     def select_groups(self, group_ids: Sequence[int]) -> RowBatch:
         """Every row of each listed group, groups in the order given, rows in their original order."""
         rows_of: dict[int, list[int]] = {}
-        for row, gid in enumerate(self._group_id_list()):
+        for row, gid in enumerate(self.row_group_ids()):
             rows_of.setdefault(gid, []).append(row)
         wanted = [int(g) for g in group_ids]
         unknown = [g for g in wanted if g not in rows_of]
@@ -237,7 +238,7 @@ class RowBatch:
 
         ``group_sizes`` is either one size G for every group, or a mapping group id -> expected rows.
         """
-        counts = Counter(self._group_id_list())
+        counts = Counter(self.row_group_ids())
         problems = []
         for gid, n in counts.items():
             if isinstance(group_sizes, int):

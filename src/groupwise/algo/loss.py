@@ -90,18 +90,20 @@ class LossStats:
         return metrics
 
 
-def global_denominator(masks: Sequence[torch.Tensor], normalization: Normalization) -> float:
-    """The step-wide normaliser over every chunk's ``[R, T]`` mask.
-
-    ``token_level``: ``Σ mask`` (valid tokens). ``sequence_level``: rows with at least one valid token
-    (a fully masked row contributes nothing, so it is not counted).
-    """
+def valid_count(masks: Sequence[torch.Tensor], normalization: Normalization) -> float:
+    """What the normaliser counts over the ``[R, T]`` masks given (0 for none): ``token_level`` ``Σ mask``
+    (valid tokens); ``sequence_level`` rows with at least one valid token (a fully masked row is not counted).
+    A data-parallel learner sums this over its ranks."""
     if normalization == "token_level":
-        total = sum(float(m.sum()) for m in masks)
-    elif normalization == "sequence_level":
-        total = sum(float((m.sum(dim=1) > 0).sum()) for m in masks)
-    else:
-        raise ValueError(f"normalization must be 'token_level' or 'sequence_level', got {normalization!r}")
+        return sum(float(m.sum()) for m in masks)
+    if normalization == "sequence_level":
+        return sum(float((m.sum(dim=1) > 0).sum()) for m in masks)
+    raise ValueError(f"normalization must be 'token_level' or 'sequence_level', got {normalization!r}")
+
+
+def global_denominator(masks: Sequence[torch.Tensor], normalization: Normalization) -> float:
+    """The step-wide normaliser over every chunk's ``[R, T]`` mask (:func:`valid_count`); > 0 or ValueError."""
+    total = valid_count(masks, normalization)
     if total <= 0:
         raise ValueError(f"global_denominator: the step has no valid tokens ({len(masks)} mask chunk(s), all zero)")
     return total

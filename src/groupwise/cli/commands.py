@@ -74,7 +74,8 @@ def run_train(args: argparse.Namespace) -> int:
     if cfg.runtime.backend != "ray":  # Ray sets each actor's OMP_NUM_THREADS from the CPUs it reserves
         from groupwise.runtime.cpu_threads import apply_cpu_threads
 
-        session.events.event(apply_cpu_threads(session.policy.model))
+        local = getattr(session.policy, "local", None)  # learner ranks: the driver's own copy (the engine's)
+        session.events.event(apply_cpu_threads(local.model if local is not None else session.policy.model))
     try:
         if cfg.mode == "sync":
             from groupwise.runtime.sync_run import run_sync
@@ -93,8 +94,7 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"kept: {kept or 'no complete checkpoint'} (resume with --resume)", file=sys.stderr)
         return EXIT_RUN_FAILED
     finally:
-        if cfg.runtime.backend == "ray":
-            session.close()  # stop the actors (and the local cluster this run started)
+        session.close()  # stop the learner ranks or Ray actors (and the local cluster this run started)
     print(run_summary_text(session.run_dir.path, time.monotonic() - started))
     return EXIT_OK
 

@@ -28,6 +28,7 @@ from groupwise.config.async_schema import (
     sampler_config,
 )
 from groupwise.config.issues import ConfigError, ConfigIssue
+from groupwise.config.learner_schema import LearnerSection
 from groupwise.config.load import config_from_dict, load_config
 from groupwise.config.runtime_schema import RaySection, RuntimeSection, SimSection
 from groupwise.config.schema import RunConfig
@@ -68,6 +69,7 @@ __all__ = [
     "ModelSection",
     "OptimizerSection",
     "OverlongSection",
+    "LearnerSection",
     "RaySection",
     "ReadyFirstSamplerConfig",
     "RewardScalingSection",

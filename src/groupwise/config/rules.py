@@ -347,3 +347,12 @@ def clip_needs_several_updates(cfg: RunConfig) -> Iterator[ConfigIssue]:
                 f"remove loss.{key}, or take several updates per step (optimizer.mini_batches_per_step or "
                 "optimizer.epochs_per_step > 1)",
             )
+
+
+@rule("learner")
+def learner_ranks(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """learner.sharding and learner.collective_timeout_s need learner.num_ranks ≥ 2."""
+    learner = cfg.learner
+    if learner.num_ranks == 1:
+        yield from no_effect(learner, "learner", "with learner.num_ranks 1 (one learner process)",
+                             "remove it, or set learner.num_ranks to 2 or more", keep=("num_ranks",))

@@ -21,9 +21,10 @@ class RaySection(Section):
     gpus_per_generation_worker: float = Field(0.0, ge=0)
     """GPUs reserved per generation actor (≥ 0; fractions share a GPU)."""
     learner_cpus: float = Field(0.5, ge=0)
-    """CPUs reserved for the learner actor (≥ 0)."""
+    """CPUs reserved for the learner actor (≥ 0); for each rank's actor with ``learner.num_ranks`` > 1."""
     learner_gpus: float = Field(0.0, ge=0)
-    """GPUs reserved for the learner actor (≥ 0)."""
+    """GPUs reserved for the learner actor (≥ 0); for each rank's actor with ``learner.num_ranks`` > 1 (NCCL
+    needs a whole GPU per rank)."""
 
 
 class RuntimeSection(Section):

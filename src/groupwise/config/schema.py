@@ -15,6 +15,7 @@ from groupwise.config.async_schema import AsyncSection
 from groupwise.config.base import Section
 from groupwise.config.checks import run_hazards, run_rules
 from groupwise.config.issues import ConfigError, ConfigIssue
+from groupwise.config.learner_schema import LearnerSection
 from groupwise.config.runtime_schema import RuntimeSection, SimSection
 from groupwise.config.sections import (
     CheckpointSection,
@@ -53,6 +54,8 @@ class RunConfig(Section):
     """The clipped policy-gradient loss."""
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
     """AdamW and the learning-rate schedule."""
+    learner: LearnerSection = Field(default_factory=LearnerSection)
+    """How many processes train the policy (data-parallel ranks)."""
     eval: EvalSection = Field(default_factory=EvalSection)
     """Held-out evaluation."""
     logging: LoggingSection = Field(default_factory=LoggingSection)

@@ -160,8 +160,8 @@ def _runtime_clients(session: Session) -> tuple[Any, Any]:
             partial=cfg.async_.partial_rollouts,
             kv=cfg.async_.partial_rollout_kv,
         )
-        return StreamedRollouts(session.rollouts, session.policy.model, stream, session.events.event), trainer
-    rollouts = EmbeddedRollouts(session.rollouts, session.policy.model, cfg.generation.micro_batch_groups)
+        return StreamedRollouts(session.rollouts, session.generator_weights, stream, session.events.event), trainer
+    rollouts = EmbeddedRollouts(session.rollouts, session.generator_weights, cfg.generation.micro_batch_groups)
     return rollouts, trainer
 
 

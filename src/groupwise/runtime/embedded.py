@@ -14,14 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from groupwise.batch import RowBatch
-from groupwise.model.lora import generator_state_dict
 from groupwise.rows import StepRows
 from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.rollout_queue import (
@@ -42,9 +39,9 @@ if TYPE_CHECKING:
 class EmbeddedRollouts:
     """``RolloutClient`` over an in-process :class:`~groupwise.trainer.rollout.RolloutWorker`."""
 
-    def __init__(self, worker: RolloutWorker, source_model: torch.nn.Module, max_batch_groups: int):
+    def __init__(self, worker: RolloutWorker, weights: Callable[[], Mapping[str, Any]] | None, max_batch_groups: int):
         self.worker = worker
-        self.source_model = source_model
+        self.weights = weights  # the learner's weights for the generator (the session's generator_weights)
         self.max_batch_groups = max(1, max_batch_groups)
         self._queue = RolloutQueue(self._run_batches, "embedded-generation")
         self._engine = DaemonWorker("groupwise-generation")  # a stuck engine call never blocks the run's exit
@@ -94,7 +91,7 @@ class EmbeddedRollouts:
     async def sync_weights(self, version: int) -> None:
         """Copy the learner's parameters (adapters merged, with LoRA) into the engine's model, between engine calls."""
         async with self.engine_lock:
-            self.worker.generator.load_weights(generator_state_dict(self.source_model), version)
+            self.worker.generator.load_weights(self.weights(), version)
 
     async def close(self, grace_s: float = 60.0) -> None:
         """Stop serving; wait up to ``grace_s`` for an engine call in progress (0 after a stall: it is stuck)."""

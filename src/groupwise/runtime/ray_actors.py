@@ -28,6 +28,7 @@ import torch
 
 from groupwise.batch import RowBatch
 from groupwise.model.lora import generator_state_dict, load_trained_state_dict, trained_state_dict
+from groupwise.runtime.learner_ranks import LearnerRankDied, RankCommands, build_rank_learner, free_port
 from groupwise.runtime.ray_cluster import ActorResources, ray
 from groupwise.runtime.ray_stream import StreamedWorker
 from groupwise.trainer.builder import build_components, build_learner, load_policy_from_config
@@ -161,6 +162,86 @@ class LearnerWorker:
     def load_optimizer_state(self, state: Mapping[str, Any]) -> int:
         self.learner.load_state_dict(state)
         return self.learner.version
+
+
+class LearnerRankWorker(LearnerWorker):
+    """One rank of a data-parallel learner (``learner.num_ranks`` > 1; docs/distributed.md).
+
+    Built in two calls: the constructor only records its place, :meth:`join` builds the rank's learner in the
+    process group that meets at rank 0's address (every rank's ``join`` runs at once: joining blocks until all
+    have). Rank 0 is the actor the driver calls, with the single learner's methods: each runs the same command
+    on every peer (``run``) and on itself, so the driver's learner handle does not change. A peer that dies
+    fails rank 0's call with :class:`~groupwise.runtime.learner_ranks.LearnerRankDied` naming it.
+    """
+
+    def __init__(self, cfg: RunConfig, rank: int, world_size: int):  # not super(): join() builds the learner
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.peers: list[Any] = []
+
+    def address(self) -> tuple[str, int]:
+        """Where the group meets (called on rank 0): this node's address and a free port on it."""
+        return ray.util.get_node_ip_address(), free_port()
+
+    def join(self, host: str, port: int, peers: Sequence[Any]) -> dict[str, Any]:
+        torch.manual_seed(self.cfg.run.seed)
+        self.learner = build_rank_learner(self.cfg, self.rank, self.world_size, host, port, cuda_index=0,
+                                          share_cpus=False)  # Ray shows each actor only its own GPU
+        self.commands = RankCommands(self.learner)
+        self.peers = list(peers)
+        return {"version": self.learner.version, "logprob_path": self.learner.warm_up(), **_where()}
+
+    def run(self, command: str, *args: Any) -> Any:
+        """A peer's part of a command."""
+        return getattr(self.commands, command)(*args)
+
+    def _everywhere(self, command: str, *args: Any) -> Any:
+        refs = [peer.run.remote(command, *args) for peer in self.peers]
+        try:
+            result = getattr(self.commands, command)(*args)
+        except BaseException:
+            self._raise_lost_peer(command, refs, wait_s=self.cfg.learner.collective_timeout_s)
+            raise
+        self._raise_lost_peer(command, refs, wait_s=None)
+        return result
+
+    def _raise_lost_peer(self, command: str, refs: list[Any], wait_s: float | None) -> None:
+        """Wait for the peers' parts; a peer that died raises LearnerRankDied naming it."""
+        for rank, ref in enumerate(refs, start=1):
+            try:
+                ray.get(ref, timeout=wait_s)
+            except ray.exceptions.RayActorError as err:
+                raise LearnerRankDied(
+                    f"learner rank {rank} of {self.world_size} (a Ray actor) died while running {command}; the "
+                    "run stops here and keeps its newest complete checkpoint (continue with --resume)"
+                ) from err
+            except Exception:  # noqa: BLE001 — the peer's own error or a timeout: rank 0's error says enough
+                if wait_s is None:
+                    raise
+
+    def train_step(self, rows: RowBatch) -> tuple[dict[str, float], int]:
+        self._everywhere("train_chunk", rows)
+        return self._everywhere("finish_step")
+
+    def train_chunk(self, rows: RowBatch) -> None:
+        self._everywhere("train_chunk", rows)
+
+    def finish_step(self) -> tuple[dict[str, float], int]:
+        return self._everywhere("finish_step")
+
+    def generator_state(self) -> dict[str, torch.Tensor]:
+        return self._everywhere("generator_state")
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        return self._everywhere("model_state")
+
+    def load_model_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        self._everywhere("load_model_state", dict(state))
+
+    def optimizer_state(self) -> dict[str, Any]:
+        return self._everywhere("state_dict")
+
+    def load_optimizer_state(self, state: Mapping[str, Any]) -> int:
+        return self._everywhere("load_state_dict", state)
 
 
 def start_actor(cls: type, resources: ActorResources, *args: Any, concurrency: int = 1) -> Any:

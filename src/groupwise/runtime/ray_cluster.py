@@ -82,16 +82,21 @@ def generation_worker_resources(ray_cfg: RaySection, index: int) -> ActorResourc
     )
 
 
-def learner_resources(ray_cfg: RaySection) -> ActorResources:
+def learner_resources(ray_cfg: RaySection, rank: int | None = None) -> ActorResources:
+    """The learner actor, or with several learner ranks rank ``rank``'s (each reserves the learner's share)."""
+    role = "learner" if rank is None else f"learner rank {rank}"
     return ActorResources(
-        "learner", ray_cfg.learner_cpus, ray_cfg.learner_gpus, "runtime.ray.learner_cpus", "runtime.ray.learner_gpus"
+        role, ray_cfg.learner_cpus, ray_cfg.learner_gpus, "runtime.ray.learner_cpus", "runtime.ray.learner_gpus"
     )
 
 
-def run_resources(ray_cfg: RaySection) -> list[ActorResources]:
-    """The learner and every generation worker, as ``runtime.ray`` sizes them."""
+def run_resources(ray_cfg: RaySection, learner_ranks: int = 1) -> list[ActorResources]:
+    """The learner (or each of its ``learner_ranks`` ranks) and every generation worker, as ``runtime.ray``
+    sizes them."""
     workers = [generation_worker_resources(ray_cfg, i) for i in range(ray_cfg.num_generation_workers)]
-    return [learner_resources(ray_cfg), *workers]
+    if learner_ranks == 1:
+        return [learner_resources(ray_cfg), *workers]
+    return [*(learner_resources(ray_cfg, rank) for rank in range(learner_ranks)), *workers]
 
 
 def unschedulable_reasons(

@@ -4,7 +4,8 @@
 loop and the async runtime drive, with Ray-backed parts that have the methods they call — ``learner``
 (:class:`~groupwise.runtime.ray_runtime.RayLearner`), ``rollouts``
 (:class:`~groupwise.runtime.ray_pool.RaySyncRollouts`), ``engine``
-(:class:`~groupwise.runtime.ray_pool.RemoteEngine`) and ``policy`` (:class:`RayPolicy`, whose model state
+(:class:`~groupwise.runtime.ray_pool.RemoteEngine`) and ``policy`` (a
+:class:`~groupwise.trainer.remote_policy.RemotePolicy`, whose model state
 lives in the learner actor). Only ``publish_weights`` differs: the learner puts its weights in the object
 store itself and the workers load them, so the weights never pass through the driver. Checkpoints fetch the
 model and optimizer state from the learner actor; resuming sends them back.
@@ -23,11 +24,16 @@ import torch
 
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.data.loader import PromptLoader
-from groupwise.model.loading import Policy
-from groupwise.model.lora import ADAPTER_DIR, lora_config, write_adapter
+from groupwise.model.lora import lora_config
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
-from groupwise.runtime.ray_actors import LearnerWorker, groups_per_streamed_worker, kill_actor, start_actor
+from groupwise.runtime.ray_actors import (
+    LearnerRankWorker,
+    LearnerWorker,
+    groups_per_streamed_worker,
+    kill_actor,
+    start_actor,
+)
 from groupwise.runtime.ray_cluster import (
     RayCluster,
     check_schedulable,
@@ -40,6 +46,7 @@ from groupwise.runtime.ray_pool import GenerationPool, RaySyncRollouts, RemoteEn
 from groupwise.runtime.ray_runtime import LearnerModel, RayLearner, RayRolloutClient, RayTrainer
 from groupwise.trainer.builder import Components, build_components
 from groupwise.trainer.preflight import Inputs, check_train_start
+from groupwise.trainer.remote_policy import RemotePolicy
 from groupwise.trainer.session import Session
 
 if TYPE_CHECKING:
@@ -49,32 +56,13 @@ DEFAULT_STARTUP_TIMEOUT_S = 300.0
 
 
 @dataclass
-class RayPolicy:
-    """The policy as the driver sees it: the tokenizer here, the trained weights in the learner actor."""
-
-    model: LearnerModel
-    tokenizer: Any
-    local: Policy  # a plain CPU copy, refreshed from the learner only to save
-    lora: Any = None  # the peft LoraConfig when the learner trains adapters
-
-    def save(self, directory: str | Path) -> Path:
-        """``final/``: the merged weights in the local plain copy, plus the adapter in ``adapter/`` with LoRA."""
-        learner = self.model.learner
-        with torch.no_grad():
-            self.local.model.load_state_dict(learner.call("merging weights", learner.handle.generator_state.remote()))
-        saved = self.local.save(directory)
-        if self.lora is not None:
-            write_adapter(saved / ADAPTER_DIR, self.model.state_dict(), self.lora)
-        return saved
-
-
-@dataclass
 class RaySession(Session):
     """A :class:`~groupwise.trainer.session.Session` whose learner and generators are Ray actors. Call :meth:`close`
     when done (it stops the actors, and the cluster if this session started it)."""
 
     cluster: RayCluster | None = None
     pool: GenerationPool | None = None
+    learner_peers: list[Any] = field(default_factory=list)  # learner ranks 1.. (rank 0 is the learner's handle)
     _closed: bool = field(default=False, repr=False)
 
     def publish_weights(self) -> None:
@@ -87,7 +75,8 @@ class RaySession(Session):
             return
         self._closed = True
         self.pool.shutdown()
-        kill_actor(self.learner.handle)
+        for handle in (self.learner.handle, *self.learner_peers):
+            kill_actor(handle)
         self.cluster.shutdown()
 
 
@@ -125,27 +114,44 @@ def build_ray_session(
     inputs = inputs or check_train_start(cfg, resume=resume, resume_from=resume_from)
     check_device_resources(cfg)
     cluster = connect_cluster(cfg.runtime.ray.address)
-    learner_handle, pool = None, None
+    learners, pool = [], None
     try:
-        check_schedulable(run_resources(cfg.runtime.ray))
+        check_schedulable(run_resources(cfg.runtime.ray, cfg.learner.num_ranks))
         # Start every actor first: it overlaps their model loading with the driver's own set-up.
-        learner_handle = start_actor(LearnerWorker, learner_resources(cfg.runtime.ray), cfg)
+        learners, learner_ready = _start_learners(cfg, startup_timeout_s)
+        learner_handle = learners[0]
         pool = GenerationPool(cfg, startup_timeout_s)
-        ready = {"learner": learner_handle.ready.remote(), **pool.launch(cfg.runtime.ray.num_generation_workers)}
+        ready = {**learner_ready, **pool.launch(cfg.runtime.ray.num_generation_workers)}
         torch.manual_seed(cfg.run.seed)
         driver_cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"device": "cpu"})})
         parts = build_components(driver_cfg, inputs=inputs)
         started = wait_until_started(ready, startup_timeout_s)
         session = _assemble(cfg, cluster, pool, RayLearner(learner_handle), parts, resume, resume_from)
-        session.events.event(f"learner logprobs: {started['learner']['logprob_path']}")
+        session.learner_peers = learners[1:]
+        session.events.event(f"learner logprobs: {started[next(iter(learner_ready))]['logprob_path']}")
         return session
     except BaseException:
         if pool is not None:
             pool.shutdown()
-        if learner_handle is not None:
-            kill_actor(learner_handle)
+        for handle in learners:
+            kill_actor(handle)
         cluster.shutdown()
         raise
+
+
+def _start_learners(cfg: RunConfig, timeout_s: float) -> tuple[list[Any], dict[str, Any]]:
+    """The learner actor, or ``learner.num_ranks`` rank actors in one process group (rank 0 first, the one the
+    driver calls); role → the reference their start-up returns."""
+    ray_cfg, num_ranks = cfg.runtime.ray, cfg.learner.num_ranks
+    if num_ranks == 1:
+        handle = start_actor(LearnerWorker, learner_resources(ray_cfg), cfg)
+        return [handle], {"learner": handle.ready.remote()}
+    handles = [start_actor(LearnerRankWorker, learner_resources(ray_cfg, r), cfg, r, num_ranks)
+               for r in range(num_ranks)]  # fmt: skip
+    host, port = wait_until_started({"learner rank 0": handles[0].address.remote()}, timeout_s)["learner rank 0"]
+    ready = {f"learner rank {r}": h.join.remote(host, port, handles[1:] if r == 0 else []) for r, h in
+             enumerate(handles)}  # fmt: skip
+    return handles, ready
 
 
 def _assemble(
@@ -162,7 +168,10 @@ def _assemble(
     session = RaySession(
         cfg=cfg,
         run_dir=run_dir,
-        policy=RayPolicy(LearnerModel(learner), parts.policy.tokenizer, parts.policy, _lora_config(cfg)),
+        policy=RemotePolicy(
+            LearnerModel(learner), parts.policy.tokenizer, parts.policy,
+            lambda: learner.call("merging weights", learner.handle.generator_state.remote()), _lora_config(cfg),
+        ),
         engine=RemoteEngine(pool),
         learner=learner,
         rollouts=rollouts,

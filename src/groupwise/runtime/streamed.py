@@ -23,7 +23,6 @@ from typing import Any
 import torch
 
 from groupwise.generation.stream import GenerationStream
-from groupwise.model.lora import generator_state_dict
 from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.inflight import continuation, encode_progress, prefix_tokens
 from groupwise.trainer.rollout import RolloutWorker
@@ -80,11 +79,11 @@ class StreamedRollouts:
     """``RolloutClient`` over a generation stream on the embedded engine (see the module docstring)."""
 
     def __init__(
-        self, worker: RolloutWorker, source_model: torch.nn.Module, stream: GenerationStream,
+        self, worker: RolloutWorker, weights: Callable[[], Mapping[str, torch.Tensor]], stream: GenerationStream,
         on_event: Callable[[str], None] = lambda message: None,
     ) -> None:  # fmt: skip
         self.worker = worker
-        self.source_model = source_model
+        self.weights = weights  # the learner's weights for the generator (the session's generator_weights)
         self.stream = stream
         self.on_event = on_event
         self.engine_lock = asyncio.Lock()  # the runtime's interface; the stream is paused for evaluation instead
@@ -164,7 +163,7 @@ class StreamedRollouts:
 
     def _load_weights(self, version: int) -> None:
         """(On the serving thread.) The learner's parameters, adapters merged with LoRA, into the engine's model."""
-        self.worker.generator.load_weights(generator_state_dict(self.source_model), version)
+        self.worker.generator.load_weights(self.weights(), version)
 
     async def close(self, grace_s: float = 60.0) -> None:
         """Stop the stream (waiting up to ``grace_s`` for a step in progress) and the scoring thread."""

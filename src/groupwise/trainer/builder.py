@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
+    from groupwise.trainer.data_parallel import DataParallel
 
 
 def sampling_from_config(cfg: RunConfig) -> SamplingParams:
@@ -77,8 +78,9 @@ def generator_needs_own_model(cfg: RunConfig) -> bool:
     return cfg.mode == "async" or cfg.model.lora.enabled or precision_from_config(cfg).generator_needs_own_copy
 
 
-def build_learner(cfg: RunConfig, model: torch.nn.Module) -> Learner:
-    """The learner around ``model``: master dtype, reference copy, gradient checkpointing, LoRA, settings.
+def build_learner(cfg: RunConfig, model: torch.nn.Module, parallel: DataParallel | None = None) -> Learner:
+    """The learner around ``model``: master dtype, reference copy, gradient checkpointing, LoRA, settings; on a
+    data-parallel rank (``parallel``), a :class:`~groupwise.trainer.rank_learner.RankLearner`.
 
     ``learner.model`` is what trains (a peft wrapper of ``model`` with LoRA); put it back into the policy.
     """
@@ -96,7 +98,12 @@ def build_learner(cfg: RunConfig, model: torch.nn.Module) -> Learner:
                 "model.lora.target_modules", list(lora.target_modules), str(err),
                 "list names of the model's Linear projections (print the model to see them)",
             )]) from err
-    return Learner(model, LearnerSettings.from_config(cfg), reference=reference, precision=precision)
+    settings = LearnerSettings.from_config(cfg)
+    if parallel is not None:
+        from groupwise.trainer.rank_learner import RankLearner
+
+        return RankLearner(model, settings, parallel, reference=reference, precision=precision)
+    return Learner(model, settings, reference=reference, precision=precision)
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
@@ -226,6 +233,10 @@ def build_session(
     Every check that can refuse the run (inputs, run directory, ``--resume-from``) runs before the model loads,
     and the run directory is made only once everything loaded, so a failed start leaves nothing behind.
     """
+    if cfg.learner.num_ranks > 1:
+        from groupwise.runtime.ranked_session import build_ranked_session
+
+        return build_ranked_session(cfg, resume=resume, resume_from=resume_from, inputs=inputs)
     inputs = inputs or check_train_start(cfg, resume=resume, resume_from=resume_from)
     torch.manual_seed(cfg.run.seed)
     parts = build_components(cfg, separate_engine_model=generator_needs_own_model(cfg), inputs=inputs)

@@ -23,6 +23,7 @@ counts RL steps too: the K·E updates of a step share its learning rate.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Mapping
@@ -34,7 +35,7 @@ import torch
 from groupwise.algo.loss import LossStats, global_denominator, policy_loss
 from groupwise.batch import RowBatch
 from groupwise.config.algorithm import LossSection
-from groupwise.model.completion_scorer import CompletionScorer
+from groupwise.model.completion_scorer import CompletionScorer, ScoredRows
 from groupwise.rows import pad_right
 from groupwise.trainer.finite import NonFiniteTrainingError, check_finite_step
 from groupwise.trainer.micro_batches import (
@@ -195,8 +196,7 @@ class Learner:
         step.train_tokens += sum(len(c) for c in rows["completion_ids"])
         if self.settings.updates_per_step == 1:
             self.model.train()
-            for micro in self._micro_batches(rows):
-                self._backward(micro, prev=None, ref=None)
+            self._train_micro_batches(self._micro_batches(rows))
         else:
             step.pending.append(rows)
         step.seconds += time.perf_counter() - start
@@ -216,16 +216,17 @@ class Learner:
         self.version += 1
         seconds = step.seconds + time.perf_counter() - start
         self._step = None
-        metrics = step.stats.as_metrics(total_loss=sum(step.losses) / len(step.losses))
+        stats, train_tokens, padded_tokens, real_tokens = self._step_totals(step)
+        metrics = stats.as_metrics(total_loss=sum(step.losses) / len(step.losses))
         metrics.setdefault("loss/kl", 0.0)  # no reference model: the KL term is off (docs/metrics.md)
         metrics.update(
             {
                 "optim/grad_norm": sum(step.grad_norms) / len(step.grad_norms),
                 "optim/lr": lr,
                 "perf/train_seconds": seconds,
-                "perf/train_tokens_per_s": step.train_tokens / seconds if seconds > 0 else 0.0,
-                "perf/train_tokens": float(step.train_tokens),
-                "perf/padding_fraction": padding_fraction(step.padded_tokens, step.real_tokens),
+                "perf/train_tokens_per_s": train_tokens / seconds if seconds > 0 else 0.0,
+                "perf/train_tokens": float(train_tokens),
+                "perf/padding_fraction": padding_fraction(padded_tokens, real_tokens),
             }
         )
         return metrics
@@ -265,7 +266,7 @@ class Learner:
         step, loss_cfg = self._step, self.settings.loss
         assert step is not None
         # Entropy is always computed: `loss/entropy` is the collapse alarm for small models.
-        scored = self.scorer.score(self.model, micro["prompt_ids"], micro["completion_ids"], with_entropy=True)
+        scored = self._score(micro)
         logprobs, mask = scored.logprobs, scored.mask
         device = logprobs.device
         if ref is None and loss_cfg.kl_coef > 0:
@@ -292,12 +293,46 @@ class Learner:
             entropy=scored.entropy,
             entropy_coef=loss_cfg.entropy_coef,
         )
-        loss.backward()
+        self._run_backward(loss)
         step.stats.merge(stats)
         step.update.masks.append(mask)
         step.update.loss_sum += float(loss.detach())
         step.padded_tokens += scored.padded_tokens
         step.real_tokens += scored.real_tokens
+
+    # --- hooks a data-parallel rank overrides (groupwise.trainer.rank_learner) --------------------------------
+    def _train_micro_batches(self, micros: list[RowBatch]) -> None:
+        """One update's forward/backward passes over a chunk's micro-batches (gradients add up)."""
+        for micro in micros:
+            self._backward(micro, prev=None, ref=None)
+
+    def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager[None]:
+        """Around one micro-batch's passes; ``last`` = the update's last one (when ranks sync gradients)."""
+        return contextlib.nullcontext()
+
+    def _score(self, micro: RowBatch, with_entropy: bool = True) -> ScoredRows:
+        """The policy's logprobs (entropies) and mask on one micro-batch; under grad when grad is enabled."""
+        return self.scorer.score(self.model, micro["prompt_ids"], micro["completion_ids"], with_entropy=with_entropy)
+
+    def _run_backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def _clip_gradients(self, params: list[torch.nn.Parameter]) -> float:
+        """Clip the gradients' global norm to ``max_grad_norm`` (none: ∞); the norm before clipping."""
+        max_norm = self.settings.max_grad_norm
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf")))
+
+    def _update_totals(self, update: _Update) -> tuple[float, float]:
+        """(normaliser, loss sum) of one optimizer update; with data parallelism, over every rank."""
+        return global_denominator(update.masks, self.settings.loss.normalization), update.loss_sum
+
+    def _grad_scale(self, normaliser: float) -> float:
+        """What the summed gradients are multiplied by: ``1 / normaliser``."""
+        return 1.0 / max(normaliser, 1.0)
+
+    def _step_totals(self, step: _OpenStep) -> tuple[LossStats, int, int, int]:
+        """The step's loss statistics, trained, padded and real token counts (over every rank, when parallel)."""
+        return step.stats, step.train_tokens, step.padded_tokens, step.real_tokens
 
     def _reference_logprobs(self, micro: RowBatch) -> torch.Tensor:
         if self.reference is None:
@@ -309,23 +344,22 @@ class Learner:
         """Scale the summed gradients by the update's normaliser, clip, step; record loss and grad norm."""
         step = self._step
         assert step is not None
-        normaliser = global_denominator(step.update.masks, self.settings.loss.normalization)
-        scale = 1.0 / max(normaliser, 1.0)
+        normaliser, loss_sum = self._update_totals(step.update)
+        scale = self._grad_scale(normaliser)
         params = [p for p in self.model.parameters() if p.grad is not None]
         for p in params:
             p.grad.mul_(scale)
-        max_norm = self.settings.max_grad_norm
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
-        loss = step.update.loss_sum / max(normaliser, 1.0)
+        grad_norm = self._clip_gradients(params)
+        loss = loss_sum / max(normaliser, 1.0)
         try:  # before the optimizer step: a NaN gradient must never reach the weights
-            check_finite_step(loss, float(grad_norm), self.version)
+            check_finite_step(loss, grad_norm, self.version)
         except NonFiniteTrainingError:
             self.optimizer.zero_grad(set_to_none=True)
             self._step = None
             raise
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        step.grad_norms.append(float(grad_norm))
+        step.grad_norms.append(grad_norm)
         step.losses.append(loss)
         step.update = _Update()
 
@@ -341,12 +375,13 @@ class Learner:
             old = [[self._old_logprobs(micro) for micro in plan] for plan in plans]
         for _ in range(settings.epochs_per_step):
             for plan, plan_old in zip(plans, old, strict=True):
-                for micro, (prev, ref) in zip(plan, plan_old, strict=True):
-                    self._backward(micro, prev=prev, ref=ref)
+                for index, (micro, (prev, ref)) in enumerate(zip(plan, plan_old, strict=True)):
+                    with self._gradient_sync(last=index == len(plan) - 1):
+                        self._backward(micro, prev=prev, ref=ref)
                 self._optimizer_update()
 
     def _old_logprobs(self, micro: RowBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """π_old (and the reference's logprobs when the KL term is on) of one micro-batch, before any update."""
-        prev = self.scorer.score(self.model, micro["prompt_ids"], micro["completion_ids"]).logprobs
+        prev = self._score(micro, with_entropy=False).logprobs
         ref = self._reference_logprobs(micro) if self.settings.loss.kl_coef > 0 else None
         return prev, ref

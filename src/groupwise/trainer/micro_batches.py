@@ -1,5 +1,9 @@
 """How one RL step's rows are cut for the learner: PPO mini-batches of whole groups, then micro-batches.
 
+* With data-parallel ranks (``learner.num_ranks`` > 1), each mini-batch (the whole step when K = 1) is first
+  split across the ranks by whole groups, balanced by tokens (:func:`rank_rows`); each rank cuts its share
+  into micro-batches as below.
+
 * A **mini-batch** is the data of one optimizer step. ``K = optimizer.mini_batches_per_step`` mini-batches
   split the step's groups in order into K runs of whole groups, as equal as they can be (sizes differ by at
   most one group; with fewer than K groups, each group is its own mini-batch).
@@ -37,6 +41,27 @@ def mini_batch_groups(group_ids: Sequence[int], parts: int) -> list[list[int]]:
         runs.append(groups[start:end])
         start = end
     return runs
+
+
+def rank_rows(group_ids: Sequence[int], lengths: Sequence[int], ranks: int) -> list[list[int]]:
+    """Row indices per data-parallel rank: whole groups, balanced by tokens.
+
+    Groups in descending order of their token total ``Σ lengths`` (ties: the group seen first) each go to the
+    rank holding the fewest tokens so far (ties: the lowest rank), the greedy longest-processing-time split; a
+    rank's rows keep their order in the step. With fewer groups than ranks some ranks get none.
+    """
+    if ranks < 1:
+        raise ValueError(f"ranks={ranks} must be >= 1")
+    rows_of: dict[int, list[int]] = {}
+    for row, group in enumerate(group_ids):
+        rows_of.setdefault(group, []).append(row)
+    totals = {group: sum(lengths[row] for row in rows) for group, rows in rows_of.items()}
+    load, owner = [0] * ranks, {}
+    for group in sorted(rows_of, key=lambda g: -totals[g]):  # sorted() is stable: ties keep first-seen order
+        rank = min(range(ranks), key=lambda r: load[r])
+        owner[group] = rank
+        load[rank] += totals[group]
+    return [[row for row, group in enumerate(group_ids) if owner[group] == rank] for rank in range(ranks)]
 
 
 def micro_batches_by_rows(num_rows: int, max_rows: int) -> list[list[int]]:

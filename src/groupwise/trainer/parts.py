@@ -2,7 +2,7 @@
 
 Two implementations satisfy each: the in-process one (``groupwise.model.loading.Policy``, the engine,
 ``groupwise.trainer.learner.Learner``, ``groupwise.trainer.rollout.RolloutWorker``) and the Ray one
-(``groupwise.runtime.ray_session.RayPolicy``, ``RemoteEngine``, ``RayLearner``, ``RaySyncRollouts``), whose
+(``groupwise.trainer.remote_policy.RemotePolicy``, ``RemoteEngine``, ``RayLearner``, ``RaySyncRollouts``), whose
 weights and optimizer live in actors. The engine is a :class:`groupwise.generation.base.Generator` (on Ray a
 ``RemoteEngine``, which only generates: ``RaySession.publish_weights`` sends the weights to the workers itself).
 """

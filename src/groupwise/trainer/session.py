@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +38,7 @@ from groupwise.run.rundir import RunDir
 from groupwise.trainer.evaluation import evaluate_policy
 from groupwise.trainer.finite import check_finite_weights
 from groupwise.trainer.parts import GroupRollouts, StepLearner, TrainedPolicy
+from groupwise.trainer.remote_policy import RemotePolicy
 from groupwise.trainer.sync_loop import TrainerState
 
 if TYPE_CHECKING:
@@ -90,9 +91,19 @@ class Session:
             self.fates = FatesWriter(self.run_dir.fates_path)
 
     # --- weights -------------------------------------------------------------------------------------------
+    def generator_weights(self) -> Mapping[str, Any]:
+        """The weights the generator loads: the policy's, adapters merged when training LoRA (fetched from the
+        learner's processes when they live elsewhere)."""
+        if isinstance(self.policy, RemotePolicy):
+            return self.policy.generator_state()
+        return generator_state_dict(self.policy.model)
+
     def publish_weights(self) -> None:
-        """Hand the learner's new weights (version v+1) to the generator (adapters merged, when training LoRA)."""
-        self.engine.load_weights(generator_state_dict(self.policy.model), self.learner.version)
+        """Hand the learner's new weights (version v+1) to the generator."""
+        self.engine.load_weights(self.generator_weights(), self.learner.version)
+
+    def close(self) -> None:
+        """Stop what the session started outside this process (nothing here; learner ranks, Ray actors)."""
 
     # --- per-step edges ------------------------------------------------------------------------------------
     def end_step(self, step: int, metrics: dict[str, float], rows: RowBatch) -> None:
