@@ -30,6 +30,7 @@ import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, make_prompts, run_virtual
 from test_sync_trainer import tiny_config
 
+from groupwise.cli.run_prompts import training_uids
 from groupwise.config import sampler_config
 from groupwise.controller.controller import build_controller
 from groupwise.controller.failures import FailureSettings
@@ -340,7 +341,7 @@ def test_crash_during_an_async_checkpoint_write_resumes_the_previous_one(tmp_pat
     assert resumed.state.step == 2
     run_async(resumed)
     assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
-    report = audit_run(run_dir)
+    report = audit_run(run_dir, training_uids)
     assert report.ok, report.format()
     assert report.epochs[0].counts["trained"] >= 4 * 3  # P=4 per step, at most one loss per step here
     assert "dropped" in (run_dir / "events.log").read_text()

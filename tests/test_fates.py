@@ -23,6 +23,7 @@ import pytest
 from fakes import RecordingTrainer, ScriptedRollouts, make_prompts, run_virtual
 from test_sync_trainer import run, tiny_config
 
+from groupwise.cli.run_prompts import training_uids
 from groupwise.config import sampler_config
 from groupwise.controller.controller import build_controller
 from groupwise.controller.settings import ControllerSettings
@@ -138,7 +139,7 @@ def test_sync_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_fates(t
         first.fates.write(line(900 + i, prompt_uid=entry["prompt_uid"], step=2))
     resumed = run(tiny_config(tmp_path, run={"name": "killed", "max_steps": 4}, grpo=surplus, **common), resume=True)
     assert read_fates(resumed.fates.path) == read_fates(straight.fates.path)
-    report = audit_run(resumed.run_dir.path)
+    report = audit_run(resumed.run_dir.path, training_uids)
     assert report.ok, report.format()
     trained_steps = [entry["step"] for entry in read_fates(resumed.fates.path) if entry["fate"] == "trained"]
     assert {s: trained_steps.count(s) for s in set(trained_steps)} == {0: 4, 1: 4, 2: 4, 3: 4}
@@ -160,7 +161,7 @@ def test_carried_groups_that_fill_a_step_train_without_a_round_and_keep_their_fa
         if entry["fate"] == "carried":
             later = [x["fate"] for x in lines[i + 1 :] if x["group_id"] == entry["group_id"]]
             assert later and later[0] in ("trained", "carried", "pending"), entry
-    report = audit_run(session.run_dir.path)
+    report = audit_run(session.run_dir.path, training_uids)
     assert report.ok, report.format()
 
 

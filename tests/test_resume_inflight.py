@@ -25,6 +25,7 @@ from fakes import RecordingTrainer, ScriptedRollouts, make_loader, make_prompts,
 from test_async_resume import N_PROMPTS, SCENARIOS, G, as_lines, latencies, settings
 from test_sync_trainer import tiny_config
 
+from groupwise.cli.run_prompts import training_uids
 from groupwise.config import config_from_dict
 from groupwise.controller.controller import build_controller
 from groupwise.run.async_checkpoint import ItemDecoder, encode_item
@@ -203,7 +204,7 @@ def test_a_resumed_run_continues_in_flight_attempts_with_the_same_tokens(tmp_pat
     metrics = read_metrics(run_dir / "metrics.jsonl")
     assert sum(m.get("rollout/resumed_tokens", 0) for m in metrics) == kept
     assert f"with {kept} generated token(s) kept" in (run_dir / "events.log").read_text()
-    report = audit_run(run_dir)
+    report = audit_run(run_dir, training_uids)
     assert report.ok, report.format()
     # Weights never change, so an attempt's tokens depend only on its seed: compare per prompt attempt.
     uninterrupted = {uid: rows for (uid, _), rows in _completions_by_attempt(full.run_dir.path).items()}

@@ -27,6 +27,7 @@ from test_async_runtime import ready_first_async
 from test_sync_trainer import tiny_config
 from test_waste import tokens_by_fate
 
+from groupwise.cli.run_prompts import training_uids
 from groupwise.config import config_from_dict
 from groupwise.data.loader import LoadedPrompt
 from groupwise.model.lora import generator_state_dict
@@ -189,7 +190,7 @@ def test_an_async_run_with_continuous_batching_and_partial_rollouts(tmp_path):
         rows = [json.loads(x) for x in session.run_dir.train_data_path(record["step"]).read_text().splitlines()]
         assert len({r["group_id"] for r in rows}) == record["ds/groups_trained"]
         assert all(len(r["completion_ids"]) == len(r["generation_logprobs"]) for r in rows)
-    report = audit_run(session.run_dir.path)
+    report = audit_run(session.run_dir.path, training_uids)
     assert report.ok, report.format()
     # every generated token is accounted: generated = trained + wasted + pending, and each fate's tokens are those
     # of its fates.jsonl lines (the streamed client charges each group the stream's time for its rows)

@@ -72,7 +72,7 @@ def run_train(args: argparse.Namespace) -> int:
     for warning in warnings:
         session.events.event(warning)
     if cfg.runtime.backend != "ray":  # Ray sets each actor's OMP_NUM_THREADS from the CPUs it reserves
-        from groupwise.runtime.cpu_threads import apply_cpu_threads
+        from groupwise.trainer.cpu_threads import apply_cpu_threads
 
         local = getattr(session.policy, "local", None)  # learner ranks: the driver's own copy (the engine's)
         session.events.event(apply_cpu_threads(local.model if local is not None else session.policy.model))
@@ -100,14 +100,10 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _build_train_session(cfg, args: argparse.Namespace, inputs):
-    """The run's session on the configured ``runtime.backend`` (Ray is imported only when chosen)."""
-    if cfg.runtime.backend == "ray":
-        from groupwise.runtime.ray_session import build_ray_session
+    """The run's session on the configured runtime (:mod:`groupwise.runtime.sessions`)."""
+    from groupwise.runtime.sessions import build_run_session
 
-        return build_ray_session(cfg, resume=args.resume, resume_from=args.resume_from, inputs=inputs)
-    from groupwise.trainer.builder import build_session
-
-    return build_session(cfg, resume=args.resume, resume_from=args.resume_from, inputs=inputs)
+    return build_run_session(cfg, resume=args.resume, resume_from=args.resume_from, inputs=inputs)
 
 
 # --- eval ---------------------------------------------------------------------------------------------------------
@@ -129,8 +125,8 @@ def run_eval(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(path, args.overrides)
         weights, note = _configured_weights(cfg, path)
-    from groupwise.runtime.cpu_threads import apply_cpu_threads
     from groupwise.trainer.builder import build_components
+    from groupwise.trainer.cpu_threads import apply_cpu_threads
     from groupwise.trainer.evaluation import evaluate_policy, evaluated_prompts
 
     parts = build_components(cfg)
@@ -291,10 +287,11 @@ def add_audit_parser(subparsers) -> None:
 
 def run_audit(args: argparse.Namespace) -> int:
     """Print the per-epoch audit; exit 1 if a prompt was trained twice in an epoch or lacks a fate."""
+    from groupwise.cli.run_prompts import training_uids
     from groupwise.run.audit import audit_run
 
     try:
-        report = audit_run(args.run_dir)
+        report = audit_run(args.run_dir, training_uids)
     except (FileNotFoundError, ValueError) as err:
         print(f"groupwise audit: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from groupwise.config.checks import no_effect, rule
 from groupwise.config.issues import ConfigIssue
-from groupwise.config.sections import BUNDLED_GGUF_PATH
+from groupwise.config.sections import BUNDLED_GGUF_PATH, builtin_task_names
 
 if TYPE_CHECKING:
     from groupwise.config.schema import RunConfig
@@ -138,10 +138,15 @@ def data_task_keys(cfg: RunConfig) -> Iterator[ConfigIssue]:
             "data.jsonl.train_path", None, "data.task 'jsonl' needs data.jsonl.train_path",
             "set data.jsonl.train_path to a JSON-lines file (relative to the working directory)",
         )
-    for task in ("addition", "countdown", "jsonl"):
+    for task in builtin_task_names():
         if task != data.task:
             yield from no_effect(getattr(data, task), f"data.{task}", f"with data.task '{data.task}'",
                                  f"remove it, or set data.task: {task}")
+    if data.kwargs and data.task in builtin_task_names():
+        yield ConfigIssue(
+            "data.kwargs", data.kwargs, f"data.kwargs are for a plug-in task class; the built-in task '{data.task}' "
+            f"takes its settings from data.{data.task}", f"move them to data.{data.task}, or remove data.kwargs",
+        )
     if data.addition.min_digits > data.addition.max_digits:
         yield ConfigIssue(
             "data.addition.max_digits", data.addition.max_digits,

@@ -12,7 +12,7 @@ import torch
 
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.data.loader import PromptLoader
-from groupwise.data.registry import Task
+from groupwise.data.registry import Task, prompt_sources
 from groupwise.data.reward_timeout import with_timeout
 from groupwise.data.rewards import RewardFn
 from groupwise.generation.engine import Engine
@@ -216,11 +216,8 @@ def _load_policy_reported(cfg: RunConfig) -> Policy:
 
 
 def _check_prompts(cfg: RunConfig, task: Task, policy: Policy, rollouts: RolloutWorker) -> PromptReport:
-    source = "data.jsonl" if cfg.data.task == "jsonl" else f"data.{cfg.data.task}"
-    splits = {
-        "train": (f"{source}.train_path" if cfg.data.task == "jsonl" else source, task.train_prompts()),
-        "eval": (f"{source}.eval_path" if cfg.data.task == "jsonl" else source, task.eval_prompts()),
-    }
+    sources = prompt_sources(cfg.data)
+    splits = {"train": (sources["train"], task.train_prompts()), "eval": (sources["eval"], task.eval_prompts())}
     positions = getattr(policy.model.config, "max_position_embeddings", None)
     return check_prompts(rollouts.encode, policy.tokenizer, positions, cfg.generation.max_new_tokens, splits)
 
@@ -234,9 +231,10 @@ def build_session(
     and the run directory is made only once everything loaded, so a failed start leaves nothing behind.
     """
     if cfg.learner.num_ranks > 1:
-        from groupwise.runtime.ranked_session import build_ranked_session
-
-        return build_ranked_session(cfg, resume=resume, resume_from=resume_from, inputs=inputs)
+        raise ValueError(
+            f"build_session builds a one-learner session; learner.num_ranks={cfg.learner.num_ranks} needs the ranked "
+            "session: use groupwise.runtime.sessions.build_run_session"
+        )
     inputs = inputs or check_train_start(cfg, resume=resume, resume_from=resume_from)
     torch.manual_seed(cfg.run.seed)
     parts = build_components(cfg, separate_engine_model=generator_needs_own_model(cfg), inputs=inputs)

@@ -27,7 +27,7 @@ from typing import Any
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.config.sections import BUNDLED_GGUF_PATH
 from groupwise.data.jsonl_dataset import DatasetError, load_jsonl_prompts
-from groupwise.data.registry import Task, build_task
+from groupwise.data.registry import TASKS, Task, build_task, task_config_key
 from groupwise.data.rewards import RewardFn, RewardSpecError, check_reward_kwargs, load_reward_fn
 from groupwise.run.rundir import location_problems, start_problems
 
@@ -168,14 +168,18 @@ def _gguf_issues(model: Any) -> list[ConfigIssue]:
 
 def _task(cfg: Any) -> tuple[Task | None, list[ConfigIssue]]:
     """The task built from ``cfg.data``, or None and why it cannot be."""
+    key = task_config_key(cfg.data)
+    value = cfg.data.kwargs if key == "data.kwargs" else getattr(cfg.data, cfg.data.task).model_dump()
+    plugin = cfg.data.task not in TASKS
     try:
         task = build_task(cfg.data.task, cfg.data, cfg.run.seed)
     except DatasetError as exc:
         return None, _dataset_issues(cfg.data.jsonl, exc)
-    except ValueError as exc:  # a generated task that cannot make what was asked (countdown's item space)
-        section = f"data.{cfg.data.task}"
-        return None, [ConfigIssue(section, getattr(cfg.data, cfg.data.task).model_dump(), str(exc),
-                                  f"change the {section} settings as the message says")]
+    except Exception as exc:  # a generated task that cannot make what was asked (countdown's item space)
+        if not plugin and not isinstance(exc, ValueError):
+            raise  # a built-in task failing otherwise is a bug, not bad input
+        what = f"{type(exc).__name__}: {exc}" if plugin else str(exc)
+        return None, [ConfigIssue(key, value, what, f"change the {key} settings as the message says")]
     return task, []
 
 

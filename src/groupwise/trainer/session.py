@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from groupwise.batch import RowBatch
-from groupwise.cli.progress import RunProgress
 from groupwise.data.loader import PromptLoader
 from groupwise.data.registry import Task
 from groupwise.data.rewards import RewardFn
@@ -34,6 +33,7 @@ from groupwise.run.disk_full import disk_full_error, is_disk_full
 from groupwise.run.fates_file import FatesWriter
 from groupwise.run.jsonl import write_rows_jsonl
 from groupwise.run.metrics import MetricsWriter
+from groupwise.run.progress import RunProgress
 from groupwise.run.rundir import RunDir
 from groupwise.trainer.evaluation import evaluate_policy
 from groupwise.trainer.finite import check_finite_weights
