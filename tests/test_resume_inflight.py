@@ -40,6 +40,7 @@ class ProgressRollouts(ScriptedRollouts):
         super().__init__(*args, **kwargs)
         self.started: dict[int, tuple[float, float]] = {}  # group id -> (start time, seconds already done)
         self.resumed: list[tuple[int, dict]] = []
+        self.resumed_tokens = 0
 
     def progress(self, group_id: int) -> dict | None:
         if group_id not in self.started:
@@ -47,10 +48,15 @@ class ProgressRollouts(ScriptedRollouts):
         start, done = self.started[group_id]
         return {"done": done + asyncio.get_running_loop().time() - start}
 
-    async def rollout(self, prompt, group_id, attempt, start_version, resume=None):
-        done = 0.0 if resume is None else resume["done"]
-        if resume is not None:
-            self.resumed.append((group_id, resume))
+    async def fetch_progress(self) -> dict[int, dict]:
+        return {group_id: self.progress(group_id) for group_id in self.started}
+
+    async def resume(self, prompt, group_id, attempt, start_version, progress):
+        self.resumed.append((group_id, progress))
+        self.resumed_tokens += 1
+        return await self.rollout(prompt, group_id, attempt, start_version, progress["done"])
+
+    async def rollout(self, prompt, group_id, attempt, start_version, done=0.0):
         self.started[group_id] = (asyncio.get_running_loop().time(), done)
         outcome = self.outcome(prompt.prompt.uid, attempt)
         saved = self.script.get(prompt.prompt.uid)

@@ -229,9 +229,11 @@ def test_a_cancelled_rollout_is_charged_what_the_stream_spent_on_it(tmp_path):
 
 def test_partial_rollouts_on_a_model_without_the_stream_are_refused_not_ignored(tmp_path, monkeypatch):
     from groupwise.config import ConfigError
+    from groupwise.generation.base import StreamSupport
     from groupwise.generation.engine import Engine
 
-    monkeypatch.setattr(Engine, "stream_unavailable", lambda self: "the model decodes with its own forward (test)")
+    unavailable = StreamSupport(False, "the model decodes with its own forward (test)")
+    monkeypatch.setattr(Engine, "stream_support", lambda self: unavailable)
     data = ready_first_async(tiny_config(tmp_path, generation={"continuous_batching": True}).model_dump(by_alias=True))
     build_components(config_from_dict(data))  # off: a note, and one batch per engine call
     data["async"]["partial_rollouts"] = "continue"

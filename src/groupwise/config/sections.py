@@ -290,9 +290,16 @@ class RewardSection(Section):
         )
 
 
+BUILTIN_ENGINE_KEYS = ("fast_decode", "cuda_graphs")
+"""``generation`` keys only the built-in engine reads; under another backend they keep their defaults."""
+
+
 class GenerationSection(Section):
     """How training completions are sampled."""
 
+    backend: Literal["builtin"] = "builtin"
+    """The generation backend: ``builtin``, the in-process KV-cache sampling engine (docs/generation.md). Each value
+    is built by :mod:`groupwise.generation.factory`."""
     max_new_tokens: int = Field(16, ge=1)
     """Completion length cap in tokens (≥ 1)."""
     temperature: float = Field(1.0, ge=0.01)

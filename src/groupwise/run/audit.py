@@ -90,13 +90,13 @@ class AuditReport:
 
     def format(self) -> str:
         """The human-readable report: a table per epoch, then every violation found."""
-        header = ["epoch", "dispatched", *CATEGORIES, "never dispatched", "trained twice"]
-        rows = [
+        header: list[object] = ["epoch", "dispatched", *CATEGORIES, "never dispatched", "trained twice"]
+        rows: list[list[object]] = [
             [_epoch_name(e.epoch), e.dispatched, *(e.counts[c] for c in CATEGORIES), e.never_dispatched,
              len(e.trained_twice)]
             for e in self.epochs
         ]  # fmt: skip
-        widths = [max(len(str(x)) for x in column) for column in zip(header, *rows, strict=True)]
+        widths = [max(len(str(x)) for x in column) for column in zip(*[header, *rows], strict=True)]
         table = [
             "  ".join(str(x).rjust(w) for x, w in zip(row, widths, strict=True)) for row in [header, *rows]
         ]

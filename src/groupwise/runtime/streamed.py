@@ -7,9 +7,9 @@ Weight syncs are posted to the stream and applied at a token boundary (``async.p
 after the running rows finish (``off``); the sync returns once the engine decodes under the new version.
 Evaluation uses the same engine: :class:`PausingGenerator` parks the stream around every evaluation call.
 
-For checkpoints, :meth:`StreamedRollouts.progress_by_group` reads what every running attempt has generated
+For checkpoints, :meth:`StreamedRollouts.fetch_progress` reads what every running attempt has generated
 (at a token boundary, under the stream's lock) as plain data (:mod:`groupwise.runtime.inflight`), and
-``rollout(..., resume=data)`` continues such an attempt.
+:meth:`StreamedRollouts.resume` continues such an attempt.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from groupwise.generation.stream import GenerationStream
+from groupwise.controller.interfaces import LoaderItem
+from groupwise.generation.base import Generator, RequestStream
 from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.inflight import continuation, encode_progress, prefix_tokens
 from groupwise.trainer.rollout import RolloutWorker
@@ -32,6 +33,7 @@ from groupwise.types import (
     GenerationCost,
     GenerationRequest,
     Group,
+    RowPrefix,
     SamplingParams,
     charge_seconds,
 )
@@ -65,7 +67,7 @@ def answer_from_thread(
     return answer
 
 
-async def load_weights_through(stream: GenerationStream, load: Callable[[], None]) -> None:
+async def load_weights_through(stream: RequestStream, load: Callable[[], None]) -> None:
     """Post ``load`` to ``stream`` and wait until the serving thread ran it at a token boundary."""
     loop = asyncio.get_running_loop()
     done = loop.create_future()
@@ -79,7 +81,7 @@ class StreamedRollouts:
     """``RolloutClient`` over a generation stream on the embedded engine (see the module docstring)."""
 
     def __init__(
-        self, worker: RolloutWorker, weights: Callable[[], Mapping[str, torch.Tensor]], stream: GenerationStream,
+        self, worker: RolloutWorker, weights: Callable[[], Mapping[str, torch.Tensor]], stream: RequestStream,
         on_event: Callable[[str], None] = lambda message: None,
     ) -> None:  # fmt: skip
         self.worker = worker
@@ -88,6 +90,7 @@ class StreamedRollouts:
         self.on_event = on_event
         self.engine_lock = asyncio.Lock()  # the runtime's interface; the stream is paused for evaluation instead
         self.generated_tokens = 0  # completion tokens of the groups handed back
+        self.worker_restarts = 0  # the in-process engine is never restarted
         self.resumed_tokens = 0  # tokens of resumed attempts that were continued, not generated again
         self._returned = 0
         self._running: dict[int, _Running] = {}
@@ -104,8 +107,21 @@ class StreamedRollouts:
         """Progress for the stall watchdog: decode steps, weight loads and groups handed back."""
         return self.stream.steps + self.stream.weight_loads + self._returned
 
-    async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int, resume: Any = None) -> Group:
-        prefixes = self._prefixes(prompt, group_id, attempt, resume) if resume is not None else ()
+    async def rollout(self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int) -> Group:
+        return await self._generate(prompt, group_id, attempt, start_version, ())
+
+    async def resume(
+        self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int, progress: Any
+    ) -> Group:
+        """Continue a checkpointed attempt: its samples so far are fed back as prefixes, not generated again."""
+        prefixes = continuation(self.worker, prompt, group_id, attempt, progress, self.on_event)
+        self.resumed_tokens += prefix_tokens(prefixes)
+        return await self._generate(prompt, group_id, attempt, start_version, prefixes)
+
+    async def _generate(
+        self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int,
+        prefixes: tuple[RowPrefix | None, ...],
+    ) -> Group:  # fmt: skip
         request = self.worker.request_for(prompt, attempt, prefixes)
         loop = asyncio.get_running_loop()
         generated: asyncio.Future[list[Completion]] = loop.create_future()
@@ -142,13 +158,9 @@ class StreamedRollouts:
         tokens, seconds = await spent
         return GenerationCost(tokens, seconds)
 
-    def _prefixes(self, prompt: Any, group_id: int, attempt: int, resume: Any) -> tuple:
-        prefixes = continuation(self.worker, prompt, group_id, attempt, resume, self.on_event)
-        self.resumed_tokens += prefix_tokens(prefixes)
-        return prefixes
-
-    def progress_by_group(self) -> dict[int, Any]:
-        """What every running attempt generated so far, by group id, as checkpoint data (None: nothing yet)."""
+    async def fetch_progress(self) -> dict[int, Any]:
+        """What every running attempt generated so far, by group id, as checkpoint data (None: nothing yet); read
+        without yielding to the event loop, so at the same instant as a snapshot taken just before."""
         progress = self.stream.progress()
         sampling = self.worker.sampling
         return {
@@ -174,7 +186,7 @@ class StreamedRollouts:
 class PausingGenerator:
     """The engine as evaluation uses it while a stream runs on it: every call parks the stream first."""
 
-    def __init__(self, engine: Any, stream: GenerationStream) -> None:
+    def __init__(self, engine: Generator, stream: RequestStream) -> None:
         self.engine, self.stream = engine, stream
 
     @property

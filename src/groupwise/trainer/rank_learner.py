@@ -132,7 +132,7 @@ class RankLearner(Learner):
         return self.parallel.world_size / max(normaliser, 1.0)
 
     def _clip_gradients(self, params: list[torch.nn.Parameter]) -> float:
-        max_norm = self.settings.max_grad_norm
+        max_norm = self.settings.optimizer.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a sharded norm
 

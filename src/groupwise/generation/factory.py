@@ -1,0 +1,71 @@
+"""One factory for every generation backend: ``build_generator(spec)`` builds the one ``generation.backend`` names.
+
+Adding a backend is one module (a class implementing :class:`~groupwise.generation.base.Generator`, and
+:class:`~groupwise.generation.base.StreamingGenerator` when it can stream), one value of ``generation.backend`` in the
+config schema, and one line in :data:`BACKENDS`. Nothing else names a backend class: the runtimes and the trainer
+see a ``Generator`` and ask :func:`stream_support` what it can do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from groupwise.generation.base import Generator, RequestStream, StreamingGenerator, StreamSupport
+from groupwise.types import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from groupwise.config import GenerationSection, ModelSection
+
+
+@dataclass(frozen=True)
+class GeneratorSpec:
+    """What a backend is built from: the ``generation`` and ``model`` sections, the model whose weights it samples
+    from (the policy, or a copy of its own), the tokenizer and the token ids that end a completion."""
+
+    generation: GenerationSection
+    model_section: ModelSection
+    model: torch.nn.Module
+    tokenizer: Any  # a Hugging Face tokenizer (its classes share no base type worth naming)
+    eos_token_ids: Sequence[int]
+
+
+def _builtin(spec: GeneratorSpec) -> Generator:
+    from groupwise.generation.engine import Engine  # torch and transformers: only when a generator is built
+
+    gen = spec.generation
+    return Engine(
+        spec.model, spec.tokenizer, spec.eos_token_ids, fast_decode=gen.fast_decode, cuda_graphs=gen.cuda_graphs,
+        continuous_batching=gen.continuous_batching,
+    )  # fmt: skip
+
+
+BACKENDS: dict[str, Callable[[GeneratorSpec], Generator]] = {
+    "builtin": _builtin,
+}
+
+
+def build_generator(spec: GeneratorSpec) -> Generator:
+    """The generator of ``spec.generation.backend``."""
+    return BACKENDS[spec.generation.backend](spec)
+
+
+def stream_support(generator: Generator) -> StreamSupport:
+    """The one capability query: can ``generator`` run a request stream (continuous batching, weights loaded
+    mid-generation, resumed attempts) for its model?"""
+    if isinstance(generator, StreamingGenerator):
+        return generator.stream_support()
+    return StreamSupport(False, f"the {type(generator).__name__} generator does not run a request stream")
+
+
+def open_stream(
+    generator: Generator, sampling: SamplingParams, *, max_rows: int, partial: str = "off", kv: str = "recompute"
+) -> RequestStream:
+    """A request stream on ``generator`` (which :func:`stream_support` said can run one)."""
+    support = stream_support(generator)
+    if not support.available or not isinstance(generator, StreamingGenerator):
+        raise ValueError(f"this generator cannot run a request stream: {support.reason}")
+    return generator.open_stream(sampling, max_rows=max_rows, partial=partial, kv=kv)
