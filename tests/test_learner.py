@@ -236,7 +236,7 @@ def test_settings_are_typed_and_pickle():
                             "optimizer": {"micro_batch_tokens": 256, "mini_batches_per_step": 2}})
     learner_cfg = LearnerSettings.from_config(cfg)
     assert isinstance(learner_cfg.loss, LossSection) and learner_cfg.loss.entropy_coef == 0.02
-    assert learner_cfg.updates_per_step == 2 and learner_cfg.micro_batch_tokens == 256
+    assert learner_cfg.updates_per_step == 2 and learner_cfg.optimizer.micro_batch_tokens == 256
     assert pickle.loads(pickle.dumps(learner_cfg)) == learner_cfg
 
 

@@ -290,6 +290,8 @@ class RewardSection(Section):
         )
 
 
+GENERATION_BACKENDS = ("builtin",)
+"""The generation backends that ship with groupwise (each is one line of :mod:`groupwise.generation.factory`)."""
 BUILTIN_ENGINE_KEYS = ("fast_decode", "cuda_graphs")
 """``generation`` keys only the built-in engine reads; under another backend they keep their defaults."""
 
@@ -297,9 +299,10 @@ BUILTIN_ENGINE_KEYS = ("fast_decode", "cuda_graphs")
 class GenerationSection(Section):
     """How training completions are sampled."""
 
-    backend: Literal["builtin"] = "builtin"
-    """The generation backend: ``builtin``, the in-process KV-cache sampling engine (docs/generation.md). Each value
-    is built by :mod:`groupwise.generation.factory`."""
+    backend: str = "builtin"
+    """The generation backend: ``builtin`` (the in-process KV-cache sampling engine, docs/generation.md), or a
+    backend of your own as ``package.module:function`` (called with a ``groupwise.generation.factory.GeneratorSpec``,
+    it returns a ``Generator``). :mod:`groupwise.generation.factory` builds each."""
     max_new_tokens: int = Field(16, ge=1)
     """Completion length cap in tokens (≥ 1)."""
     temperature: float = Field(1.0, ge=0.01)
@@ -330,6 +333,17 @@ class GenerationSection(Section):
     shrinks. The async runtimes feed requests to the engine while it runs; in sync mode a call with more rows than
     fit at once no longer waits for each chunk's slowest row. Needs the fast decode step (Llama and Qwen2 models;
     other models run one batch per call, and ``events.log`` says so); needed by ``async.partial_rollouts``."""
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, backend: str) -> str:
+        if backend in GENERATION_BACKENDS or is_plugin_target(backend):
+            return backend
+        raise invalid(
+            f"generation.backend must be one of {', '.join(GENERATION_BACKENDS)} or a backend factory "
+            "'package.module:function'",
+            "pick a shipped backend, or name your backend's factory as package.module:function",
+        )
 
     @field_validator("cuda_graphs", mode="before")
     @classmethod

@@ -247,10 +247,6 @@ class GroupBuffer:
     def ready_count(self) -> int:
         return len(self._ready)
 
-    @property
-    def unready_count(self) -> int:
-        return len(self._slots) - len(self._ready)
-
     def count_for_target_step(self, target_step: int) -> int:
         """Slots stamped with ``target_step``, ready or not."""
         return self._all_by_target.get(target_step)

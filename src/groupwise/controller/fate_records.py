@@ -104,7 +104,7 @@ class FateCounts:
         self.total = int(state["total"])
         self.generation = GenerationAccount()
         if "generation" in state:  # absent in checkpoints written before costs were counted: they start at 0
-            self.generation.load_state_dict(state["generation"])  # type: ignore[arg-type]
+            self.generation.load_state_dict(state["generation"])
 
     def as_dict(self) -> dict[str, int]:
         out = {f"fates/{fate}": n for fate, n in sorted(self.by_fate.items())}

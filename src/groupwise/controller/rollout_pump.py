@@ -57,11 +57,6 @@ class RolloutPump:
         """True while the pump waits on something only the train pump can give (the gate or capacity)."""
         return (self._in_admit and self.ctx.clock.waiting > 0) or self.ctx.capacity.waiting > 0
 
-    def inflight_items(self) -> list[LoaderItem]:
-        """Prompts taken from the loader or pool and not yet settled: those of unsettled dispatch slots, then
-        those of the batch being admitted or launched."""
-        return [slot.item for slot in self._slots.items()] + [slot.item for slot in self._unlaunched]
-
     def unsettled(self) -> tuple[list[SlotState], list[LoaderItem], list[LoaderItem]]:
         """The work a snapshot must save: ``(slots, loader_items, spare_items)``.
 

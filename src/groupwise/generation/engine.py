@@ -9,7 +9,7 @@ How a call runs:
    (:mod:`groupwise.generation.kv_cache`), so decode steps write in place instead of concatenating.
 3. One decode loop for the chunk: draw a token per row (:mod:`groupwise.generation.sampling`),
    record its logprob, retire rows that hit EOS, a stop string or ``max_new_tokens``
-   (:mod:`groupwise.generation.chunk_record`). Retired rows are dropped from the batch and the cache
+   (:mod:`groupwise.generation.chunk`). Retired rows are dropped from the batch and the cache
    once an eighth of the batch has retired, so finished rows stop costing compute without a cache copy
    every step. For sdpa/eager attention the masks are 4D masks we build (once per chunk, sliced per
    step), so transformers' mask construction is skipped; other attention kernels (flash-attention) get

@@ -2,17 +2,20 @@
 
 Adding a backend is one module (a class implementing :class:`~groupwise.generation.base.Generator`, and
 :class:`~groupwise.generation.base.StreamingGenerator` when it can stream), one value of ``generation.backend`` in the
-config schema, and one line in :data:`BACKENDS`. Nothing else names a backend class: the runtimes and the trainer
-see a ``Generator`` and ask :func:`stream_support` what it can do.
+config schema (``GENERATION_BACKENDS``), and one line in :data:`BACKENDS`; or, without touching groupwise, a plug-in
+``generation.backend: package.module:function`` that takes a :class:`GeneratorSpec` and returns the generator.
+Nothing else names a backend class: the runtimes and the trainer see a ``Generator`` and ask
+:func:`stream_support` what it can do.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from groupwise.generation.base import Generator, RequestStream, StreamingGenerator, StreamSupport
+from groupwise.plugins import PluginImportError, import_plugin
 from groupwise.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -49,8 +52,22 @@ BACKENDS: dict[str, Callable[[GeneratorSpec], Generator]] = {
 
 
 def build_generator(spec: GeneratorSpec) -> Generator:
-    """The generator of ``spec.generation.backend``."""
-    return BACKENDS[spec.generation.backend](spec)
+    """The generator of ``spec.generation.backend``: a shipped one, or a plug-in factory ``package.module:function``
+    (called with ``spec``; it must return a :class:`Generator`)."""
+    name = spec.generation.backend
+    build = BACKENDS.get(name)
+    if build is None:
+        factory = import_plugin(name, "generation backend")
+        if not callable(factory):
+            raise PluginImportError(f"generation backend {name!r}: it is a {type(factory).__name__}, not callable")
+        build = cast("Callable[[GeneratorSpec], Generator]", factory)
+    generator = build(spec)
+    if not isinstance(generator, Generator):
+        raise TypeError(
+            f"generation backend {name!r} returned a {type(generator).__name__}, which is not a Generator (it needs "
+            "version, generate and load_weights: groupwise.generation.base.Generator)"
+        )
+    return generator
 
 
 def stream_support(generator: Generator) -> StreamSupport:

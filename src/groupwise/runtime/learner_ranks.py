@@ -265,10 +265,6 @@ class RankCommands:
     def generator_state(self) -> dict[str, torch.Tensor]:
         return self.learner.generator_state()
 
-    def exit_now(self, code: int) -> None:
-        """Tests: end this rank's process at once, as a crash would (``os._exit``)."""
-        os._exit(code)
-
 
 class RankedLearner:
     """The session's ``learner`` (a ``StepLearner``): every call goes to all ranks; ``version`` mirrors rank 0."""

@@ -150,10 +150,6 @@ class Learner:
         self._step: _OpenStep | None = None
 
     @property
-    def step_open(self) -> bool:
-        return self._step is not None
-
-    @property
     def logprob_path(self) -> str:
         """How the policy's logprobs are computed (chunked or plain, and why), for the run's events.log."""
         return self.scorer.describe(self.model)

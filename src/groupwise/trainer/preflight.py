@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.config import ConfigError, ConfigIssue
-from groupwise.config.sections import BUNDLED_GGUF_PATH
+from groupwise.config.sections import BUNDLED_GGUF_PATH, GENERATION_BACKENDS
 from groupwise.data.jsonl_dataset import DatasetError, load_jsonl_prompts
 from groupwise.data.registry import TASKS, Task, build_task, task_config_key
 from groupwise.data.rewards import RewardFn, RewardSpecError, check_reward_kwargs, load_reward_fn
+from groupwise.plugins import PluginImportError, import_plugin
 from groupwise.run.rundir import location_problems, start_problems
 
 
@@ -88,6 +89,7 @@ def input_issues(cfg: Any, *, training: bool, location: bool) -> tuple[Inputs | 
     reward_fn, reward_issues = _reward(cfg, task)
     issues.extend(reward_issues)
     issues.extend(_sampler_issues(cfg))
+    issues.extend(_backend_issues(cfg))
     if location:
         issues.extend(location_problems(cfg.run.output_dir, cfg.run.name))
     inputs = None if task is None or reward_fn is None else Inputs(task=task, reward_fn=reward_fn)
@@ -266,6 +268,21 @@ def _sampler_issues(cfg: Any) -> list[ConfigIssue]:
         return []
     return [ConfigIssue("async.sampler.kwargs", dict(sampler.kwargs), problem,
                         f"use only the keyword arguments {cls.__name__} takes")]
+
+
+def _backend_issues(cfg: Any) -> list[ConfigIssue]:
+    """A plug-in ``generation.backend`` must import and be callable (the shipped ones are built with the model)."""
+    backend = cfg.generation.backend
+    if backend in GENERATION_BACKENDS:
+        return []
+    try:
+        factory = import_plugin(backend, "generation backend")
+    except PluginImportError as exc:
+        return [ConfigIssue("generation.backend", backend, str(exc), "name an importable 'package.module:function'")]
+    if callable(factory):
+        return []
+    return [ConfigIssue("generation.backend", backend, f"it is a {type(factory).__name__}, not callable",
+                        "name a function that takes a GeneratorSpec and returns a Generator")]
 
 
 # --- resuming ---------------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ filtered, discarded; pending when the run stops; a carried group settles in the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -219,7 +219,7 @@ class SyncLoop:
             raise
         return _Collected(selection, generated, gen_seconds, gen_tokens)
 
-    async def _generate_round(self, step: int, items: list[LoaderItem]) -> list[Group]:
+    async def _generate_round(self, step: int, items: Sequence[LoaderItem]) -> list[Group]:
         """Every prompt of the round requested at once (attempt 0, under the step's weights), in order."""
         ids = self.state.next_group_ids(len(items))
         calls = [self.rollouts.rollout(item, gid, 0, step) for item, gid in zip(items, ids, strict=True)]
