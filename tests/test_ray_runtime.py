@@ -383,7 +383,7 @@ def test_an_async_run_on_streamed_workers_keeps_the_contract(ray_cluster, tmp_pa
 
     session = build(streamed_config(tmp_path, "streamed", ASYNC_STEPS))
     try:
-        assert isinstance(ray_clients(session)[0], RayStreamedRollouts)
+        assert isinstance(ray_clients(session).rollouts, RayStreamedRollouts)
         summary = run_async(session)
     finally:
         session.close()

@@ -83,10 +83,13 @@ class GenerationWorker:
 
     def generate_group_outcomes(
         self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int],
-        start_versions: Sequence[int], prefixes: Sequence[tuple] | None = None,
+        start_versions: Sequence[int] | None = None, prefixes: Sequence[tuple] | None = None,
     ) -> list[Group | Exception]:  # fmt: skip
         """Groups, with each prompt's own reward failure in its place (the async client fails only that prompt);
+        ``start_versions[i]``: the version the attempt was dispatched at (the engine's current one when omitted);
         with a stream, ``prefixes[i]`` continues the samples of a resumed attempt."""
+        if start_versions is None:
+            start_versions = [self.engine.version] * len(items)
         if self.stream is not None:
             return self.stream.outcomes(items, group_ids, attempts, start_versions, prefixes)
         if prefixes and any(prefixes):

@@ -89,6 +89,11 @@ def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, schedule: s
     raise ValueError(f"unknown schedule {schedule!r}; expected constant, linear or cosine")
 
 
+MicroBatch = RowBatch | None
+"""A micro-batch of rows; None only on a data-parallel rank: a zero-weight pass it runs so that every rank runs as
+many passes as the busiest (:mod:`groupwise.trainer.rank_learner`)."""
+
+
 @dataclass
 class _Update:
     """Sums over the micro-batches of one optimizer update."""
@@ -217,7 +222,7 @@ class Learner:
         self.version = int(state["version"])
 
     # --- the passes -------------------------------------------------------------------------------------------
-    def _micro_batches(self, rows: RowBatch) -> list[RowBatch]:
+    def _micro_batches(self, rows: RowBatch) -> list[MicroBatch]:
         """``rows`` cut into micro-batches: by rows, or packed under the token budget (micro_batches module)."""
         optimizer = self.settings.optimizer
         if optimizer.micro_batch_tokens is None:
@@ -225,14 +230,15 @@ class Learner:
             if len(plan) == 1:
                 return [rows]
         else:
-            lengths = [len(p) + len(c) for p, c in zip(rows["prompt_ids"], rows["completion_ids"], strict=True)]
+            pairs = zip(rows.sequence("prompt_ids"), rows.sequence("completion_ids"), strict=True)
+            lengths = [len(p) + len(c) for p, c in pairs]
             plan = micro_batches_by_tokens(lengths, optimizer.micro_batch_tokens, optimizer.micro_batch_rows)
         return [rows.select(indices) for indices in plan]
 
-    def _backward(self, micro: RowBatch, prev: torch.Tensor | None, ref: torch.Tensor | None) -> None:
+    def _backward(self, micro: MicroBatch, prev: torch.Tensor | None, ref: torch.Tensor | None) -> None:
         """Forward one micro-batch, add its loss *sum* to the gradients; ``prev`` None = the current logprobs."""
         step, loss_cfg = self._step, self.settings.loss
-        assert step is not None
+        assert step is not None and micro is not None, "an open step; only a data-parallel rank plans empty passes"
         # Entropy is always computed: `loss/entropy` is the collapse alarm for small models.
         scored = self._score(micro)
         logprobs, mask = scored.logprobs, scored.mask
@@ -269,7 +275,7 @@ class Learner:
         step.real_tokens += scored.real_tokens
 
     # --- hooks a data-parallel rank overrides (groupwise.trainer.rank_learner) --------------------------------
-    def _train_micro_batches(self, micros: list[RowBatch]) -> None:
+    def _train_micro_batches(self, micros: list[MicroBatch]) -> None:
         """One update's forward/backward passes over a chunk's micro-batches (gradients add up)."""
         for micro in micros:
             self._backward(micro, prev=None, ref=None)
@@ -351,8 +357,9 @@ class Learner:
                         self._backward(micro, prev=prev, ref=ref)
                 self._optimizer_update()
 
-    def _old_logprobs(self, micro: RowBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _old_logprobs(self, micro: MicroBatch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """π_old (and the reference's logprobs when the KL term is on) of one micro-batch, before any update."""
+        assert micro is not None, "only a data-parallel rank plans empty passes"
         prev = self._score(micro, with_entropy=False).logprobs
         ref = self._reference_logprobs(micro) if self.settings.loss.kl_coef > 0 else None
         return prev, ref
