@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from groupwise.data.addition import AdditionTask
 from groupwise.data.countdown import CountdownTask
 from groupwise.data.jsonl_dataset import JsonlTask
-from groupwise.plugins import import_plugin, is_plugin_target
+from groupwise.plugins import PluginImportError, import_plugin, is_plugin_target
 from groupwise.types import Prompt
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ def _task_class(name: str) -> type[Task]:
         )
     cls = import_plugin(name, "task class")
     if not isinstance(cls, type):
-        raise ValueError(f"task class {name!r}: it is a {type(cls).__name__}, not a class")
+        raise PluginImportError(f"task class {name!r}: it is a {type(cls).__name__}, not a class")
     return cls
 
 

@@ -177,6 +177,8 @@ def _task(cfg: Any) -> tuple[Task | None, list[ConfigIssue]]:
         task = build_task(cfg.data.task, cfg.data, cfg.run.seed)
     except DatasetError as exc:
         return None, _dataset_issues(cfg.data.jsonl, exc)
+    except PluginImportError as exc:  # the plug-in task class itself
+        return None, [ConfigIssue("data.task", cfg.data.task, str(exc), "name an importable 'package.module:Class'")]
     except Exception as exc:  # a generated task that cannot make what was asked (countdown's item space)
         if not plugin and not isinstance(exc, ValueError):
             raise  # a built-in task failing otherwise is a bug, not bad input
