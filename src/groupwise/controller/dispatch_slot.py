@@ -70,10 +70,6 @@ class _Lost:
     aborted: bool = False
 
 
-def _add_note(error: BaseException, note: str) -> None:
-    if hasattr(error, "add_note"):
-        error.add_note(note)
-
 
 class DispatchSlots:
     """Runs dispatch slots (see the module docstring); the rollout pump submits them to its worker pool."""
@@ -142,7 +138,7 @@ class DispatchSlots:
         except BaseException as fatal:
             self.ctx.record_fate(_resolved(record, "fatal", None))
             where = self._where(record.prompt_uid, record.group_id, record.attempt, target)
-            _add_note(fatal, f"charging the loss of {where}")
+            fatal.add_note(f"charging the loss of {where}")
             raise
         self.ctx.record_fate(_resolved(record, "charged" if step is not None else "uncharged", step))
 
@@ -240,7 +236,7 @@ class DispatchSlots:
             return self.ctx.budgets.on_failure(attempts, error, context)
         except BaseException as fatal:
             self.ctx.record_fate(_resolved(attempt.record("failed", repr(error), cost), "fatal", None))
-            _add_note(fatal, context)
+            fatal.add_note(context)
             raise
 
     def _finish(self, group: Group, attempt: _Attempt, target: int | None) -> _Lost | None:

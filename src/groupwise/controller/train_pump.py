@@ -81,8 +81,7 @@ class TrainPump:
                     return "exhausted"
                 await self._finish(step, *assembled)
             except Exception as error:
-                if hasattr(error, "add_note"):
-                    error.add_note(f"in the train pump while assembling/finishing step {step}")
+                error.add_note(f"in the train pump while assembling/finishing step {step}")
                 raise
         return "max_steps"
 

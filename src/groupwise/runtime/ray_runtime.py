@@ -251,7 +251,7 @@ class RayRolloutClient:
         timeout = self.pool.startup_timeout_s
         try:
             await asyncio.wait_for(ready, timeout)
-        except asyncio.TimeoutError as err:
+        except TimeoutError as err:
             raise UnschedulableError(
                 f"replacement generation worker {slot.index} did not start within {timeout:g} s (see `ray status`: "
                 "the cluster may have lost the node or the resources it needs)"

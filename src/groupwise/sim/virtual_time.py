@@ -106,7 +106,7 @@ def _run(main: Callable[[], Awaitable[T]], max_virtual_seconds: float) -> tuple[
     async def bounded() -> T:
         try:
             result = await asyncio.wait_for(main(), max_virtual_seconds)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             if loop.time() < max_virtual_seconds:  # a TimeoutError from inside the run, not the bound
                 raise
             raise SimulationTimeout(
