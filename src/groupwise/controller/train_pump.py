@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from groupwise.algo.waste import ASYNC_WASTE_FATES
 from groupwise.chunks import TrainChunk, step_chunk
+from groupwise.controller.buffer import Slot
 from groupwise.controller.context import PumpContext
 from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.interfaces import RolloutClient, TrainerClient
@@ -229,7 +229,7 @@ class TrainPump:
         )
 
 
-def _selected_record(slot: Any, step: int) -> FateRecord:
+def _selected_record(slot: Slot, step: int) -> FateRecord:
     group = slot.group
     attempt = group.attempt if group else 0
     return FateRecord(slot.slot_id, _uid(group), attempt, slot.start_version, "trained", step, epoch=_epoch(group),
@@ -244,17 +244,17 @@ def untrained_record(record: FateRecord, reason: str) -> FateRecord:
                       gen_seconds=record.gen_seconds)  # fmt: skip
 
 
-def _uid(group: Any) -> str:
+def _uid(group: Group | None) -> str:
     return group.prompt.uid if group is not None else "?"
 
 
-def _epoch(group: Any) -> int | None:
+def _epoch(group: Group | None) -> int | None:
     return group.epoch if group is not None else None
 
 
-def _tokens(group: Any) -> int:
+def _tokens(group: Group | None) -> int:
     return group.num_completion_tokens if group is not None else 0
 
 
-def _seconds(group: Any) -> float:
+def _seconds(group: Group | None) -> float:
     return group.gen_seconds if group is not None else 0.0
