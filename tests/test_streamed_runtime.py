@@ -30,13 +30,14 @@ from test_waste import tokens_by_fate
 from groupwise.cli.run_prompts import training_uids
 from groupwise.config import config_from_dict
 from groupwise.data.loader import LoadedPrompt
+from groupwise.generation.pausing import PausingGenerator
 from groupwise.model.lora import generator_state_dict
 from groupwise.run.audit import audit_run
 from groupwise.run.fates_file import read_fates
 from groupwise.run.metrics import read_metrics
 from groupwise.runtime.async_run import run_async
 from groupwise.runtime.embedded import EmbeddedRollouts
-from groupwise.runtime.streamed import PausingGenerator, StreamedRollouts
+from groupwise.runtime.streamed import StreamedRollouts
 from groupwise.trainer.builder import build_components, build_session, frozen_copy
 
 pytestmark = pytest.mark.numerics

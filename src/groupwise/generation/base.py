@@ -59,8 +59,9 @@ class RequestStream(Protocol):
     cost — exactly once, whether the request was still running, already answered or finishing at that boundary.
     ``post_weights`` runs ``load`` on the serving thread at a token boundary (rows in flight continue under the new
     weights with partial rollouts, or drain first) and then calls ``done``. ``progress`` is what every request not
-    yet forgotten generated so far, at a token boundary. ``paused`` parks the loop (evaluation uses the generator
-    meanwhile). ``steps``, ``weight_loads`` and ``busy_seconds`` are progress and time counters.
+    yet forgotten generated so far, at a token boundary. ``paused`` parks the loop; ``generator_for_evaluation`` is
+    what evaluation samples with meanwhile. ``steps``, ``weight_loads`` and ``busy_seconds`` are progress and time
+    counters.
     """
 
     @property
@@ -89,6 +90,11 @@ class RequestStream(Protocol):
     def start(self, name: str) -> None: ...
 
     def close(self, timeout_s: float) -> bool: ...
+
+    def generator_for_evaluation(self) -> Generator:
+        """The generator evaluation uses while this stream runs: it samples under the stream's weights and leaves
+        the stream's rows as they are (the built-in engine parks the stream around each call)."""
+        ...
 
 
 @runtime_checkable

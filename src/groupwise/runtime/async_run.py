@@ -22,7 +22,7 @@ from groupwise.runtime.clients import AsyncClients, RuntimeRollouts, RuntimeTrai
 from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.embedded import EmbeddedRollouts, EmbeddedTrainer
 from groupwise.runtime.inflight import attach_progress, kept_tokens
-from groupwise.runtime.streamed import PausingGenerator, StreamedRollouts
+from groupwise.runtime.streamed import StreamedRollouts
 from groupwise.runtime.watchdog import RunStalled, run_watched, watch_progress
 from groupwise.trainer.rollout import RolloutWorker
 from groupwise.trainer.session import Session
@@ -55,7 +55,7 @@ async def _run(session: Session, progress: RunProgress) -> ControllerSummary:
     clients = _runtime_clients(session)
     engine = session.engine
     if clients.stream is not None:  # evaluation shares the engine with the running stream: it parks the stream
-        session.engine = PausingGenerator(engine, clients.stream)
+        session.engine = clients.stream.generator_for_evaluation()
     try:
         return await _run_controller(session, progress, clients)
     finally:
@@ -82,7 +82,7 @@ async def _run_controller(session: Session, progress: RunProgress, clients: Asyn
             attach_progress(snapshot["extra"][CONTROLLER_PIECE], await resumable.fetch_progress())
         session.boundary_snapshot = snapshot
         # Evaluation uses the engine: hold it so no rollout batch runs on it meanwhile (a stream is paused instead,
-        # by PausingGenerator or the streamed worker, only while evaluation generates).
+        # by its evaluation generator or the streamed worker, only while evaluation generates).
         async with contextlib.nullcontext() if clients.streamed else rollouts.engine_lock:
             await step_end.run(session.end_step, step, metrics, chunks)
         progress.update(step + 1, session.last_metrics)

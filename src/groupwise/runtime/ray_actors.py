@@ -98,9 +98,8 @@ class GenerationWorker:
             return list(self.rollouts.generate_group_outcomes(items, group_ids, attempts, start_versions))
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
-        if self.stream is not None:  # evaluation: the running stream is parked meanwhile
-            with self.stream.stream.paused():
-                return self.engine.generate(requests, sampling)
+        if self.stream is not None:  # evaluation beside the running stream (the built-in engine parks it meanwhile)
+            return self.stream.stream.generator_for_evaluation().generate(requests, sampling)
         with self._engine_lock:
             return self.engine.generate(requests, sampling)
 

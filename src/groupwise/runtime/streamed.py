@@ -5,7 +5,7 @@ as it arrives (the stream decodes on its own daemon thread), and settles each re
 completions are done; scoring runs on a worker thread of its own, so a slow verifier never stalls decoding.
 Weight syncs are posted to the stream and applied at a token boundary (``async.partial_rollouts: continue``) or
 after the running rows finish (``off``); the sync returns once the engine decodes under the new version.
-Evaluation uses the same engine: :class:`PausingGenerator` parks the stream around every evaluation call.
+Evaluation uses the stream's own evaluation generator (``RequestStream.generator_for_evaluation``).
 
 For checkpoints, :meth:`StreamedRollouts.fetch_progress` reads what every running attempt has generated
 (at a token boundary, under the stream's lock) as plain data (:mod:`groupwise.runtime.inflight`), and
@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from groupwise.controller.interfaces import LoaderItem
-from groupwise.generation.base import Generator, RequestStream
+from groupwise.generation.base import RequestStream
 from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.inflight import continuation, encode_progress, prefix_tokens
 from groupwise.trainer.rollout import RolloutWorker
@@ -34,7 +34,6 @@ from groupwise.types import (
     GenerationRequest,
     Group,
     RowPrefix,
-    SamplingParams,
     charge_seconds,
 )
 
@@ -181,22 +180,3 @@ class StreamedRollouts:
         """Stop the stream (waiting up to ``grace_s`` for a step in progress) and the scoring thread."""
         await asyncio.to_thread(self.stream.close, grace_s)
         await asyncio.to_thread(self._scorer.close, grace_s)
-
-
-class PausingGenerator:
-    """The engine as evaluation uses it while a stream runs on it: every call parks the stream first."""
-
-    def __init__(self, engine: Generator, stream: RequestStream) -> None:
-        self.engine, self.stream = engine, stream
-
-    @property
-    def version(self) -> int:
-        return self.engine.version
-
-    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
-        with self.stream.paused():
-            return self.engine.generate(requests, sampling)
-
-    def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        with self.stream.paused():
-            self.engine.load_weights(state, version)
