@@ -6,6 +6,11 @@ Invariants pinned here:
 - several problems (types, ranges, unknown keys, bad overrides, cross-field rules) are reported together in one
   ConfigError, and a section that fails type validation does not hide the other sections' errors;
 - a key with no effect in the chosen setting is an error (invariant 10 in docs/design.md);
+- a value whose arithmetic would overflow during training is refused at load, naming the key: a reward timeout
+  beyond a day (the timer overflows near 9.2e9 s), a learning rate above 1 (1e38 failed the optimizer's float32
+  conversion), lr × weight_decay ≥ 1, an AdamW epsilon that is 0 in float32, coefficients, clips and bounds beyond
+  1e6, a KL log-ratio clamp past exp's float32 range, reward-scale targets, slopes and penalties past the reward
+  bound 1e30;
 - RunConfig built directly in Python runs the same rules.
 """
 
@@ -107,6 +112,28 @@ VIOLATIONS = [
     (["run.max_steps=0"], "run.max_steps", 0, "≥ 1"),
     (["reward.function=not a function"], "reward.function", "not a function", "module:function"),
     (["sft.stop_at_accuracy=0"], "sft.stop_at_accuracy", 0, "> 0"),
+    # values whose arithmetic overflows during training (timer, float32 conversions, inf or NaN losses)
+    (["reward.timeout_s=1e10"], "reward.timeout_s", 1e10, "≤ 86400"),
+    (["optimizer.lr=1e38"], "optimizer.lr", 1e38, "≤ 1"),
+    (["optimizer.lr=2"], "optimizer.lr", 2, "≤ 1"),
+    (["sft.lr=1e38"], "sft.lr", 1e38, "≤ 1"),
+    (["optimizer.weight_decay=1e5"], "optimizer.weight_decay", 1e5, "1 − lr × weight_decay"),
+    (["optimizer.eps=1e-300"], "optimizer.eps", 1e-300, "≥ 1e-30"),
+    (["loss.is_ratio_max=1e300"], "loss.is_ratio_max", 1e300, "≤ 1000000"),
+    (["loss.entropy_coef=1e38"], "loss.entropy_coef", 1e38, "≤ 1000000"),
+    (["model.reference=initial", "loss.kl_coef=1e300"], "loss.kl_coef", 1e300, "≤ 1000000"),
+    (["loss.kl_input_clamp=1e300"], "loss.kl_input_clamp", 1e300, "≤ 80"),
+    (["loss.kl_output_clamp=1e300"], "loss.kl_output_clamp", 1e300, "≤ 1000000"),
+    (["optimizer.mini_batches_per_step=2", "loss.epsilon_low=1e300"], "loss.epsilon_low", 1e300, "< 1"),
+    (["optimizer.mini_batches_per_step=2", "loss.epsilon_high=1e300"], "loss.epsilon_high", 1e300, "≤ 1000000"),
+    (["model.lora.enabled=true", "model.lora.alpha=1e300"], "model.lora.alpha", 1e300, "≤ 1000000"),
+    (["grpo.overlong_shaping.enabled=true", "grpo.overlong_shaping.max_response_length=16",
+      "grpo.overlong_shaping.overlong_buffer_length=4", "grpo.overlong_shaping.overlong_buffer_penalty=1e300"],
+     "grpo.overlong_shaping.overlong_buffer_penalty", 1e300, "≤ 1e30"),
+    (["grpo.reward_scaling.enabled=true", "grpo.reward_scaling.target_max=1e300"],
+     "grpo.reward_scaling.target_max", 1e300, "≤ 1e30"),
+    (["grpo.reward_scaling.enabled=true", "grpo.reward_scaling.source_max=1e-300"],
+     "grpo.reward_scaling.source_max", 1e-300, "slope"),
 ]
 
 

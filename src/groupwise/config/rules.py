@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from groupwise.config.algorithm import MAX_REWARD_VALUE
 from groupwise.config.checks import no_effect, rule
 from groupwise.config.issues import ConfigIssue
 from groupwise.config.sections import BUNDLED_GGUF_PATH
@@ -211,13 +212,24 @@ def reward_scaling_range(cfg: RunConfig) -> Iterator[ConfigIssue]:
         yield from no_effect(scaling, "grpo.reward_scaling", "with grpo.reward_scaling.enabled false",
                              "remove it, or set grpo.reward_scaling.enabled: true", keep=("enabled",))
         return
+    empty = False
     for side in ("source", "target"):
         low, high = getattr(scaling, f"{side}_min"), getattr(scaling, f"{side}_max")
         if high <= low:
+            empty = True
             yield ConfigIssue(
                 f"grpo.reward_scaling.{side}_max", high,
                 f"grpo.reward_scaling.{side}_max must be > {side}_min ({low}); an empty range cannot be mapped",
                 f"set {side}_max above {side}_min",
+            )
+    if not empty:
+        slope = (scaling.target_max - scaling.target_min) / (scaling.source_max - scaling.source_min)
+        if not slope <= MAX_REWARD_VALUE:
+            yield ConfigIssue(
+                "grpo.reward_scaling.source_max", scaling.source_max,
+                f"the map's slope, target range ÷ source range = {slope:g}, must be at most {MAX_REWARD_VALUE:g}: "
+                "beyond it scaled rewards overflow to inf or NaN",
+                "widen the source range (source_min..source_max) or narrow the target range",
             )
 
 
@@ -288,6 +300,19 @@ def warmup_ends_before_run(cfg: RunConfig) -> Iterator[ConfigIssue]:
             f"warm-up must end before the run does (run.max_steps is {cfg.run.max_steps}); "
             "the learning rate would never reach its peak",
             "lower optimizer.warmup_steps or raise run.max_steps",
+        )
+
+
+@rule("optimizer")
+def weight_decay_below_one_per_update(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """optimizer.lr × optimizer.weight_decay < 1 (decoupled decay multiplies each weight by 1 − lr × decay)."""
+    opt = cfg.optimizer
+    if opt.lr * opt.weight_decay >= 1:
+        yield ConfigIssue(
+            "optimizer.weight_decay", opt.weight_decay,
+            f"each update multiplies every weight by 1 − lr × weight_decay = {1 - opt.lr * opt.weight_decay:g} "
+            f"(optimizer.lr is {opt.lr:g}): at lr × weight_decay ≥ 1 the weights are zeroed or flip sign",
+            f"set optimizer.weight_decay below {1 / opt.lr:g} (typical values are 0 to 0.1)",
         )
 
 

@@ -16,6 +16,7 @@ BUNDLED_GGUF_PATH = "smollm2"
 
 
 MAX_SEED = 2**63 - 1
+MAX_REWARD_TIMEOUT_S = 86_400.0  # one day; threading's waits overflow near 9.2e9 s
 MAX_NAME_BYTES = 255
 
 
@@ -113,8 +114,9 @@ class LoraSection(Section):
     """Train LoRA adapters instead of every weight. When off, the other keys must keep their defaults."""
     rank: int = Field(16, ge=1)
     """Adapter rank r (≥ 1)."""
-    alpha: float = Field(32.0, gt=0)
-    """Scale numerator: the update is ``(alpha / rank) · B A`` (> 0)."""
+    alpha: float = Field(32.0, gt=0, le=1e6)
+    """Scale numerator: the update is ``(alpha / rank) · B A`` (0 < alpha ≤ 1e6; beyond, the scaled update
+    overflows float32)."""
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout on the adapter input (0 ≤ p < 1). Default 0: with dropout the old-policy logprobs of PPO
     mini-batches and the training logprobs see different dropout masks, so the ratio is noise before any update."""
@@ -243,9 +245,9 @@ class RewardSection(Section):
     (an importable callable)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to the reward function."""
-    timeout_s: float | None = Field(None, gt=0)
-    """Seconds one reward call may take (> 0); ``null`` = no limit (the call runs inline). A slower call fails
-    with a ``RewardError`` naming the prompt and completion: a data failure of that prompt in async mode (retried,
+    timeout_s: float | None = Field(None, gt=0, le=MAX_REWARD_TIMEOUT_S)
+    """Seconds one reward call may take (0 < t ≤ 86,400, one day); ``null`` = no limit (the call runs inline). A
+    slower call fails with a ``RewardError`` naming the prompt and completion: a data failure of that prompt in async mode (retried,
     then skipped within ``async.rollout_failure.max_skipped_prompts``), a stop in sync mode. Calls then run on a
     helper thread; a stuck one cannot be killed and keeps its thread until it returns (docs/rewards.md)."""
 
@@ -353,8 +355,8 @@ class SftSection(Section):
     """Optimizer steps at most (≥ 1)."""
     batch_size: int = Field(64, ge=1)
     """Demonstrations per step (≥ 1)."""
-    lr: float = Field(1e-3, gt=0)
-    """AdamW learning rate (> 0)."""
+    lr: float = Field(1e-3, gt=0, le=1.0)
+    """AdamW learning rate (0 < lr ≤ 1, as ``optimizer.lr``)."""
     eval_every: int = Field(100, ge=1)
     """Held-out greedy evaluation every this many steps (≥ 1), and after the last step."""
     stop_at_accuracy: float | None = Field(None, gt=0, le=1)
