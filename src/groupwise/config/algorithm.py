@@ -106,8 +106,8 @@ class LossSection(Section):
 
     epsilon_low: float = Field(0.2, ge=0, lt=1)
     """Lower clip: the ratio is clipped at ``1 − epsilon_low`` (0 ≤ ε < 1: a ratio is positive). The ratio
-    moves away from 1 only with several optimizer updates per RL step (``optimizer.mini_batches_per_step × epochs_per_step > 1``); with one
-    update it is exactly 1 and a non-default value is an error (no effect)."""
+    moves away from 1 only with several optimizer updates per RL step (``optimizer.mini_batches_per_step ×
+    epochs_per_step > 1``); with one update it is exactly 1 and a non-default value is an error (no effect)."""
     epsilon_high: float = Field(0.28, ge=0, le=MAX_COEF)
     """Upper clip ("clip-higher"): the ratio is clipped at ``1 + epsilon_high`` (0 ≤ ε ≤ 1e6). Acts only with several
     optimizer updates per RL step, like ``epsilon_low``."""

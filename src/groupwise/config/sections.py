@@ -247,9 +247,10 @@ class RewardSection(Section):
     """Keyword arguments passed to the reward function."""
     timeout_s: float | None = Field(None, gt=0, le=MAX_REWARD_TIMEOUT_S)
     """Seconds one reward call may take (0 < t ≤ 86,400, one day); ``null`` = no limit (the call runs inline). A
-    slower call fails with a ``RewardError`` naming the prompt and completion: a data failure of that prompt in async mode (retried,
-    then skipped within ``async.rollout_failure.max_skipped_prompts``), a stop in sync mode. Calls then run on a
-    helper thread; a stuck one cannot be killed and keeps its thread until it returns (docs/rewards.md)."""
+    slower call fails with a ``RewardError`` naming the prompt and completion: a data failure of that prompt in
+    async mode (retried, then skipped within ``async.rollout_failure.max_skipped_prompts``), a stop in sync mode.
+    Calls then run on a helper thread; a stuck one cannot be killed and keeps its thread until it returns
+    (docs/rewards.md)."""
 
     @field_validator("function")
     @classmethod
