@@ -75,7 +75,9 @@ class DynamicSamplingSection(Section):
     """Sync: kept groups beyond P in the last round are ``discard``-ed (counted) or ``carry``-ed into the next step
     (one version off-policy, corrected by importance sampling)."""
     zero_variance_tol: float = Field(0.0, ge=0)
-    """A group is zero-variance when ``max − min`` of its raw rewards is ≤ this (≥ 0; 0 = exactly equal)."""
+    """A group is zero-variance when ``max − min`` of its raw rewards is ≤ this (≥ 0; 0 = exactly equal). With
+    dynamic sampling it must stay below the reward's range (< 1 for the built-in rewards, which score in [0, 1]):
+    at or above it every group is filtered. For a ``module:function`` reward the range is yours to respect."""
 
 
 class GrpoSection(Section):
@@ -84,7 +86,8 @@ class GrpoSection(Section):
     num_prompts_per_step: int = Field(16, ge=1)
     """P: prompt groups per optimizer step (≥ 1)."""
     num_generations_per_prompt: int = Field(8, ge=1)
-    """G: completions per prompt (≥ 1; ≥ 2 with dynamic sampling)."""
+    """G: completions per prompt (≥ 2; 1 only with dynamic sampling off and an entropy or KL term, which is then
+    all that trains: a group of one is its own baseline, so every advantage is 0)."""
     baseline: Literal["mean", "leave_one_out"] = "mean"
     """Per-group baseline: the group ``mean``, or the mean of the other G − 1 rewards (``leave_one_out``)."""
     normalize_advantages: bool = True

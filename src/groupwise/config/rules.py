@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from groupwise.config.algorithm import MAX_REWARD_VALUE
 from groupwise.config.checks import no_effect, rule
 from groupwise.config.issues import ConfigIssue
-from groupwise.config.sections import BUNDLED_GGUF_PATH
+from groupwise.config.sections import BUNDLED_GGUF_PATH, builtin_reward_range_width
 
 if TYPE_CHECKING:
     from groupwise.config.schema import RunConfig
@@ -167,6 +167,41 @@ def dynamic_sampling_needs_groups(cfg: RunConfig) -> Iterator[ConfigIssue]:
         yield ConfigIssue(
             "grpo.baseline", grpo.baseline, "a leave-one-out baseline needs at least 2 generations per prompt",
             "set grpo.num_generations_per_prompt ≥ 2, or grpo.baseline: mean",
+        )
+
+
+@rule("grpo", "loss")
+def one_generation_trains_nothing(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """G = 1 without an entropy or KL term trains nothing: a group of one is its own baseline, so every advantage
+    is 0 and so is every gradient.
+
+    (With ``loss.entropy_coef`` or ``loss.kl_coef`` > 0 the run still moves the weights, by that term alone: a
+    hazard, warned about, not an error. With dynamic sampling G = 1 is refused by the rule above.)"""
+    grpo, loss = cfg.grpo, cfg.loss
+    if grpo.num_generations_per_prompt == 1 and not grpo.dynamic_sampling.enabled and not (
+        loss.entropy_coef > 0 or loss.kl_coef > 0
+    ):
+        yield ConfigIssue(
+            "grpo.num_generations_per_prompt", 1,
+            "one completion per prompt is its own group baseline: every advantage is exactly 0, so the "
+            "policy-gradient loss and every gradient are 0 and the run would train nothing",
+            "set grpo.num_generations_per_prompt ≥ 2 (GRPO compares completions of one prompt)",
+        )
+
+
+@rule("grpo", "reward", "data")
+def zero_variance_tol_below_the_reward_range(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """With dynamic sampling and a built-in reward (every built-in scores in [0, 1]),
+    grpo.dynamic_sampling.zero_variance_tol < 1: at 1 or more every group counts as zero-variance and is filtered."""
+    ds = cfg.grpo.dynamic_sampling
+    width = builtin_reward_range_width(cfg.reward.function, cfg.data.task)
+    if ds.enabled and width is not None and ds.zero_variance_tol >= width:
+        yield ConfigIssue(
+            "grpo.dynamic_sampling.zero_variance_tol", ds.zero_variance_tol,
+            f"the reward ({cfg.reward.function}) scores in [0, {width:g}], so max − min of a group's rewards is at "
+            f"most {width:g} ≤ zero_variance_tol: every group would count as zero-variance and be filtered, and no "
+            "step could fill",
+            f"set zero_variance_tol below {width:g} (0 = filter only groups whose rewards are all equal)",
         )
 
 

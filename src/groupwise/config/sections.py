@@ -12,12 +12,25 @@ from pydantic import Field, ValidationInfo, field_validator
 from groupwise.config.base import Section, invalid
 
 BUILTIN_REWARD_FUNCTIONS = ("auto", "exact_numeric", "countdown", "math_verify")
+#: Every built-in verifier (and ``auto``: each built-in task's default is one of them) scores in [0, 1].
+BUILTIN_REWARD_RANGE = (0.0, 1.0)
 BUNDLED_GGUF_PATH = "smollm2"
 
 
 MAX_SEED = 2**63 - 1
 MAX_REWARD_TIMEOUT_S = 86_400.0  # one day; threading's waits overflow near 9.2e9 s
 MAX_NAME_BYTES = 255
+
+
+BUILTIN_TASKS = ("addition", "countdown", "jsonl")  # each one's ``auto`` reward is a built-in verifier
+
+
+def builtin_reward_range_width(function: str, task: str) -> float | None:
+    """``max − min`` of the rewards ``reward.function`` can give when it is a built-in (1), else None (unknown:
+    a ``module:function``, or ``auto`` for a task whose verifier is not a built-in)."""
+    low, high = BUILTIN_REWARD_RANGE
+    builtin = function in BUILTIN_REWARD_FUNCTIONS and (function != "auto" or task in BUILTIN_TASKS)
+    return high - low if builtin else None
 
 
 def run_name_problem(name: str) -> str | None:
