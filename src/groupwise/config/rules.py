@@ -47,6 +47,12 @@ def model_source_keys(cfg: RunConfig) -> Iterator[ConfigIssue]:
     if model.source != "tiny":
         yield from no_effect(model.tiny, "model.tiny", f"with model.source '{model.source}'",
                              "remove it, or set model.source: tiny")
+    if model.source != "hf" and model.trust_remote_code:
+        yield ConfigIssue(
+            "model.trust_remote_code", True,
+            f"model.trust_remote_code has no effect with model.source '{model.source}' (only a Hugging Face model "
+            "folder can name code to run)", "remove model.trust_remote_code, or set model.source: hf",
+        )
 
 
 @rule("generation")

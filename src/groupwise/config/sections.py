@@ -176,6 +176,11 @@ class ModelSection(Section):
     bfloat16 copy; on the CPU the weights themselves are held in this dtype."""
     reference: Literal["none", "initial"] = "none"
     """``initial`` keeps a frozen copy of the initial policy for the KL penalty (needed when ``loss.kl_coef > 0``)."""
+    trust_remote_code: bool = False
+    """Run the Python code a model folder (or its tokenizer) names in ``auto_map`` (``source: hf`` only). Off by
+    default: transformers is always told ``trust_remote_code=False``, so such code never runs and no loader asks on
+    the terminal; ``config check`` and ``train`` refuse a folder with ``auto_map`` until this is set to ``true``
+    (set it only for a folder whose code you have read: it runs with your permissions)."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (less memory,
     about one more forward of compute), through transformers' own switch (non-reentrant)."""

@@ -167,9 +167,8 @@ def audit_fates(lines: Sequence[dict[str, Any]], dataset_uids: Sequence[str], so
 
 def audit_run(run_dir: str | Path) -> AuditReport:
     """Audit ``RUN_DIR/fates.jsonl`` against the training prompts of the run's own ``config.yaml``."""
-    import yaml
-
     from groupwise.config import config_from_dict
+    from groupwise.config.load import read_config_file
     from groupwise.run.rundir import RunDir
 
     run = RunDir.of(Path(run_dir))
@@ -178,7 +177,8 @@ def audit_run(run_dir: str | Path) -> AuditReport:
             raise FileNotFoundError(
                 f"{run.path} has no {what}; give the directory of a run that groupwise train wrote (runs/<name>)"
             )
-    cfg = config_from_dict(yaml.safe_load(run.config_path.read_text(encoding="utf-8")), source=str(run.config_path))
+    # a config.yaml that is not YAML, or not a valid config, is a ConfigError naming the file (exit 2, no traceback)
+    cfg = config_from_dict(read_config_file(run.config_path), source=str(run.config_path))
     return audit_fates(read_fates(run.fates_path), training_uids(cfg, run.is_simulation), source=str(run.path))
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,11 +198,26 @@ def location_problems(output_dir: str | Path, name: str | None) -> list[ConfigIs
     if not existing.is_dir():
         return [ConfigIssue("run.output_dir", str(output_dir), f"{str(existing)!r} is a file, so the run directory "
                             f"{str(root)!r} cannot be created under it", "set run.output_dir to a directory")]
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return [ConfigIssue("run.output_dir", str(output_dir), f"{str(existing)!r} is not writable, so the run "
-                            f"directory {str(root)!r} cannot be written", "set run.output_dir to a writable directory "
-                            "(or fix its permissions)")]
+    problem = _cannot_create_in(existing)
+    if problem is not None:
+        return [ConfigIssue("run.output_dir", str(output_dir), f"{str(existing)!r} is not writable ({problem}), so "
+                            f"the run directory {str(root)!r} cannot be written", "set run.output_dir to a writable "
+                            "directory (or fix its permissions)")]
     return []
+
+
+def _cannot_create_in(directory: Path) -> str | None:
+    """Why no directory can be made in ``directory``, or None. Permission bits are not enough (root passes
+    ``os.access`` on a read-only mount, and /proc or /sys take no new directories), so a directory is made there and
+    removed at once: nothing is left behind."""
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return "permission denied"
+    try:
+        probe = tempfile.mkdtemp(prefix=".groupwise-probe-", dir=directory)
+    except OSError as err:
+        return err.strerror or type(err).__name__
+    os.rmdir(probe)
+    return None
 
 
 def _check_step(step: int) -> int:
