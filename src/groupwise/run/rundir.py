@@ -17,6 +17,7 @@ One place names every file so the trainer, the checkpointer, the report and the 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -27,6 +28,7 @@ from groupwise.config.issues import ConfigIssue
 from groupwise.config.sections import run_name_problem
 
 CONFIG_FILE = "config.yaml"
+_TRAIN_DATA_FILE = re.compile(r"^step_(\d+)\.jsonl$")
 
 
 class RunDirError(ValueError):
@@ -107,6 +109,14 @@ class RunDir:
 
     def train_data_path(self, step: int) -> Path:
         return self.train_data_dir / f"step_{_check_step(step)}.jsonl"
+
+    def train_data_files(self) -> list[tuple[int, Path]]:
+        """Every ``train_data/step_<N>.jsonl`` as ``(N, path)``, ascending by N (other names are ignored)."""
+        if not self.train_data_dir.is_dir():
+            return []
+        found = [(int(m.group(1)), path) for path in self.train_data_dir.iterdir()
+                 if (m := _TRAIN_DATA_FILE.match(path.name))]  # fmt: skip
+        return sorted(found)
 
     @property
     def fates_path(self) -> Path:
