@@ -12,6 +12,10 @@ One place names every file so the trainer, the checkpointer, the report and the 
     final/                   the trained policy in Hugging Face format
     report.md, plots/        written by ``groupwise report`` / ``groupwise compare``
     sim/summary.json         written by ``groupwise simulate``
+
+Nothing inside a run directory may be a symbolic link (:func:`linked_entries`; a start on a directory holding one
+is refused, and every run file is opened without following one): a run writes only inside its directory. The run
+directory itself, and the directories above it, may be links; they are followed.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 
 from groupwise.config.issues import ConfigIssue
 from groupwise.config.sections import run_name_problem
+from groupwise.run.journal import write_run_file
 
 CONFIG_FILE = "config.yaml"
 _TRAIN_DATA_FILE = re.compile(r"^step_(\d+)\.jsonl$")
@@ -156,10 +161,21 @@ class RunDir:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary sibling, then ``os.replace`` it: readers see the old or new file, never half."""
+    """Write ``text`` to a temporary sibling, then ``os.replace`` it: readers see the old or new file, never half.
+    Neither step follows a symbolic link (a link at ``path`` is replaced, not written through)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
+    write_run_file(tmp, text.encode("utf-8"))
     os.replace(tmp, path)
+
+
+def linked_entries(root: Path) -> list[Path]:
+    """Every symbolic link inside ``root`` (files and directories, at any depth; links are not descended into).
+    ``root`` itself may be a link: it is the run directory's location, followed on purpose."""
+    found: list[Path] = []
+    for directory, dirnames, filenames in os.walk(root, followlinks=False):
+        found.extend(Path(directory) / name for name in (*dirnames, *filenames)
+                     if os.path.islink(os.path.join(directory, name)))  # fmt: skip
+    return sorted(found)
 
 
 def _fresh_timestamp_dir(output_dir: Path) -> Path:
@@ -191,6 +207,15 @@ def start_problems(output_dir: str | Path, name: str | None, resume: bool) -> li
                 "run.name", name, f"the run directory {str(root)!r} already exists and is not empty",
                 "pass --resume to continue that run (from its newest complete checkpoint, or from step 0 when it has "
                 "none), choose another run.name, or delete the directory",
+            )]
+        links = linked_entries(root) if root.is_dir() else []
+        if links:
+            shown = ", ".join(f"{link} -> {os.readlink(link)}" for link in links[:5])
+            more = f" (and {len(links) - 5} more)" if len(links) > 5 else ""
+            return [ConfigIssue(
+                "run.name", name, f"the run directory {str(root)!r} holds symbolic links ({shown}{more}); a run "
+                "writes, truncates and rewrites files only inside its own directory, never through a link",
+                "replace each link by the file or directory itself (cp -a --remove-destination), or remove it",
             )]
     return location_problems(output_dir, name)
 
