@@ -4,7 +4,9 @@ the run as a failure, never as a success.
 Invariants pinned, through ``groupwise train`` in process (``main``), sync and async:
 - a verifier that calls ``sys.exit(0)`` makes ``train`` exit 1 (not 0, having trained nothing), with
   ``RewardError`` and the function's name on stderr, and ``events.log`` saying the run failed; so does one raising
-  another ``BaseException``.
+  another ``BaseException``;
+- a reward module that calls ``sys.exit()`` while it is imported is refused by ``config check`` (exit 2, naming
+  ``reward.function``), not a silent exit of the command.
 """
 
 from __future__ import annotations
@@ -71,3 +73,13 @@ def test_a_reward_calling_sys_exit_0_fails_the_run_with_exit_1_naming_it(tmp_pat
     assert "Traceback" not in err
     events = (tmp_path / "runs" / "t" / "events.log").read_text(encoding="utf-8")
     assert "run failed: " in events
+
+
+def test_a_reward_module_exiting_at_import_is_refused_naming_it(tmp_path, capsys, monkeypatch):
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(0)\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = write_config(tmp_path, "exits")
+    config.write_text(config.read_text().replace("leaving_rewards:exits", "exits_at_import:score"))
+    assert main(["config", "check", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "reward.function" in err and "SystemExit" in err and "Traceback" not in err
