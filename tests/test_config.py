@@ -6,6 +6,15 @@ Invariants pinned here:
 - several problems (types, ranges, unknown keys, bad overrides, cross-field rules) are reported together in one
   ConfigError, and a section that fails type validation does not hide the other sections' errors;
 - a key with no effect in the chosen setting is an error (invariant 10 in docs/design.md);
+- a setting that makes training meaningless is an error: G = 1 without dynamic sampling and with no entropy or
+  KL term (every advantage and gradient is 0), and with dynamic sampling a zero_variance_tol at or above a built-in
+  reward's range [0, 1] (every group filtered); G = 1 with an entropy or KL term is a warning (hazard), and a
+  custom reward's range is unknown, so its tolerance is not checked;
+- a value whose arithmetic would overflow during training is refused at load, naming the key: a reward timeout
+  beyond a day (the timer overflows near 9.2e9 s), a learning rate above 1 (1e38 failed the optimizer's float32
+  conversion), lr × weight_decay ≥ 1, an AdamW epsilon that is 0 in float32, coefficients, clips and bounds beyond
+  1e6, a KL log-ratio clamp past exp's float32 range, reward-scale targets, slopes and penalties past the reward
+  bound 1e30;
 - RunConfig built directly in Python runs the same rules.
 """
 
@@ -107,6 +116,35 @@ VIOLATIONS = [
     (["run.max_steps=0"], "run.max_steps", 0, "≥ 1"),
     (["reward.function=not a function"], "reward.function", "not a function", "module:function"),
     (["sft.stop_at_accuracy=0"], "sft.stop_at_accuracy", 0, "> 0"),
+    # settings that make training meaningless
+    (["grpo.num_generations_per_prompt=1", "grpo.dynamic_sampling.enabled=false"], "grpo.num_generations_per_prompt",
+     1, "every advantage is exactly 0"),
+    (["grpo.dynamic_sampling.zero_variance_tol=1"], "grpo.dynamic_sampling.zero_variance_tol", 1,
+     "every group would count as zero-variance"),
+    (["reward.function=exact_numeric", "grpo.dynamic_sampling.zero_variance_tol=2.5"],
+     "grpo.dynamic_sampling.zero_variance_tol", 2.5, "scores in [0, 1]"),
+    # values whose arithmetic overflows during training (timer, float32 conversions, inf or NaN losses)
+    (["reward.timeout_s=1e10"], "reward.timeout_s", 1e10, "≤ 86400"),
+    (["optimizer.lr=1e38"], "optimizer.lr", 1e38, "≤ 1"),
+    (["optimizer.lr=2"], "optimizer.lr", 2, "≤ 1"),
+    (["sft.lr=1e38"], "sft.lr", 1e38, "≤ 1"),
+    (["optimizer.weight_decay=1e5"], "optimizer.weight_decay", 1e5, "1 − lr × weight_decay"),
+    (["optimizer.eps=1e-300"], "optimizer.eps", 1e-300, "≥ 1e-30"),
+    (["loss.is_ratio_max=1e300"], "loss.is_ratio_max", 1e300, "≤ 1000000"),
+    (["loss.entropy_coef=1e38"], "loss.entropy_coef", 1e38, "≤ 1000000"),
+    (["model.reference=initial", "loss.kl_coef=1e300"], "loss.kl_coef", 1e300, "≤ 1000000"),
+    (["loss.kl_input_clamp=1e300"], "loss.kl_input_clamp", 1e300, "≤ 80"),
+    (["loss.kl_output_clamp=1e300"], "loss.kl_output_clamp", 1e300, "≤ 1000000"),
+    (["optimizer.mini_batches_per_step=2", "loss.epsilon_low=1e300"], "loss.epsilon_low", 1e300, "< 1"),
+    (["optimizer.mini_batches_per_step=2", "loss.epsilon_high=1e300"], "loss.epsilon_high", 1e300, "≤ 1000000"),
+    (["model.lora.enabled=true", "model.lora.alpha=1e300"], "model.lora.alpha", 1e300, "≤ 1000000"),
+    (["grpo.overlong_shaping.enabled=true", "grpo.overlong_shaping.max_response_length=16",
+      "grpo.overlong_shaping.overlong_buffer_length=4", "grpo.overlong_shaping.overlong_buffer_penalty=1e300"],
+     "grpo.overlong_shaping.overlong_buffer_penalty", 1e300, "≤ 1e30"),
+    (["grpo.reward_scaling.enabled=true", "grpo.reward_scaling.target_max=1e300"],
+     "grpo.reward_scaling.target_max", 1e300, "≤ 1e30"),
+    (["grpo.reward_scaling.enabled=true", "grpo.reward_scaling.source_max=1e-300"],
+     "grpo.reward_scaling.source_max", 1e-300, "slope"),
 ]
 
 
@@ -129,7 +167,10 @@ VALID = [
     ["loss.kl_coef=0.1", "model.reference=initial", "loss.kl_input_clamp=5"],
     ["data.task=jsonl", "data.jsonl.train_path=train.jsonl", "data.addition.max_digits=1"],
     ["data.task=countdown", "data.countdown.max_target=50"],
-    ["grpo.num_generations_per_prompt=1", "grpo.dynamic_sampling.enabled=false"],
+    ["grpo.num_generations_per_prompt=1", "grpo.dynamic_sampling.enabled=false", "loss.entropy_coef=0.01"],
+    ["grpo.dynamic_sampling.zero_variance_tol=0.99"],
+    ["grpo.dynamic_sampling.zero_variance_tol=5", "reward.function=my_rewards:score"],
+    ["grpo.dynamic_sampling.enabled=false", "grpo.dynamic_sampling.zero_variance_tol=1"],
     ["grpo.dynamic_sampling.enabled=false", "grpo.dynamic_sampling.zero_variance_tol=0.1"],
     ["grpo.dynamic_sampling.surplus=carry", "grpo.dynamic_sampling.batch_multiplier=1.5"],
     ["grpo.advantage_clip_low=-1", "grpo.advantage_clip_high=1"],

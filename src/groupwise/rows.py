@@ -15,13 +15,27 @@ from groupwise.batch import RowBatch
 from groupwise.types import Group
 
 
+def version_spans(token_versions: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """A completion's per-token weight versions, run-length encoded: ``((v₁, n₁), (v₂, n₂), ...)`` means the first
+    n₁ tokens were sampled under version v₁, the next n₂ under v₂, and so on (``Σ nᵢ`` = the token count; ``()``
+    for no tokens). One span without partial rollouts; one more per weight sync the completion lived through."""
+    spans: list[tuple[int, int]] = []
+    for version in token_versions:
+        if spans and spans[-1][0] == version:
+            spans[-1] = (version, spans[-1][1] + 1)
+        else:
+            spans.append((version, 1))
+    return tuple(spans)
+
+
 def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -> RowBatch:
     """One row per completion, groups in the given order, completions in sampling order.
 
     Columns: ``group_id``, ``prompt_uid``, ``completion_index``, ``prompt_ids``, ``completion_ids``,
     ``generation_logprobs``, ``completion_text``, ``finish_reason``, ``raw_reward`` (the verifier's, as the
     zero-variance filter saw it), ``reward`` (scaled and shaped), ``advantage`` (a float32 tensor, a separate
-    column: a reward is never overwritten by its advantage), ``start_version``. Id and logprob rows are the
+    column: a reward is never overwritten by its advantage), ``start_version``, ``version_spans`` (the weight
+    versions of the completion's tokens, :func:`version_spans`). Id and logprob rows are the
     groups' own tuples (no copy; the batch is immutable).
     """
     if len(advantages) != len(groups):
@@ -41,6 +55,7 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
             "reward",
             "advantage",
             "start_version",
+            "version_spans",
         )
     }
     for group, group_adv in zip(groups, advantages, strict=True):
@@ -59,6 +74,7 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
             cols["reward"].append(group.rewards[i])
             cols["advantage"].append(group_adv[i])
             cols["start_version"].append(group.start_version)
+            cols["version_spans"].append(version_spans(completion.token_versions or ()))
     batch = RowBatch({**cols, "advantage": torch.tensor(cols["advantage"], dtype=torch.float32)})
     return batch
 

@@ -37,3 +37,19 @@ def weight_fifo_stalls_after_a_failure(cfg: RunConfig) -> Iterator[ConfigIssue]:
         "use async.sampler.name: ready_first (or in_order) whenever rollouts can fail (either on_dropped_prompt); "
         "keep weight_fifo for studies where they cannot",
     )  # fmt: skip
+
+
+@hazard("grpo", "loss")
+def one_generation_trains_only_the_regulariser(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """G = 1 with an entropy or KL term: every advantage is 0, so only that term moves the weights (warning)."""
+    grpo, loss = cfg.grpo, cfg.loss
+    if grpo.num_generations_per_prompt != 1 or not (loss.entropy_coef > 0 or loss.kl_coef > 0):
+        return
+    terms = " and ".join(name for name, on in (("loss.entropy_coef", loss.entropy_coef > 0),
+                                               ("loss.kl_coef", loss.kl_coef > 0)) if on)
+    yield ConfigIssue(
+        "grpo.num_generations_per_prompt", 1,
+        f"one completion per prompt is its own group baseline, so every advantage is 0: the reward never reaches "
+        f"the gradient and only {terms} moves the weights",
+        "set grpo.num_generations_per_prompt ≥ 2 to learn from the reward",
+    )

@@ -13,11 +13,23 @@ from groupwise.config.base import Section, invalid
 from groupwise.plugins import is_plugin_target
 
 BUILTIN_REWARD_FUNCTIONS = ("auto", "exact_numeric", "countdown", "math_verify")
+#: Every built-in verifier (and ``auto``: each built-in task's default is one of them) scores in [0, 1].
+BUILTIN_REWARD_RANGE = (0.0, 1.0)
 BUNDLED_GGUF_PATH = "smollm2"
 
 
 MAX_SEED = 2**63 - 1
+MAX_REWARD_TIMEOUT_S = 86_400.0  # one day; threading's waits overflow near 9.2e9 s
 MAX_NAME_BYTES = 255
+
+
+def builtin_reward_range_width(function: str, task: str) -> float | None:
+    """``max − min`` of the rewards ``reward.function`` can give when it is a built-in (1), else None (unknown:
+    a ``module:function``, or ``auto`` for a task whose verifier is not a built-in)."""
+    low, high = BUILTIN_REWARD_RANGE
+    # A built-in task's ``auto`` reward is a built-in verifier.
+    builtin = function in BUILTIN_REWARD_FUNCTIONS and (function != "auto" or task in builtin_task_names())
+    return high - low if builtin else None
 
 
 def run_name_problem(name: str) -> str | None:
@@ -114,8 +126,9 @@ class LoraSection(Section):
     """Train LoRA adapters instead of every weight. When off, the other keys must keep their defaults."""
     rank: int = Field(16, ge=1)
     """Adapter rank r (≥ 1)."""
-    alpha: float = Field(32.0, gt=0)
-    """Scale numerator: the update is ``(alpha / rank) · B A`` (> 0)."""
+    alpha: float = Field(32.0, gt=0, le=1e6)
+    """Scale numerator: the update is ``(alpha / rank) · B A`` (0 < alpha ≤ 1e6; beyond, the scaled update
+    overflows float32)."""
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout on the adapter input (0 ≤ p < 1). Default 0: with dropout the old-policy logprobs of PPO
     mini-batches and the training logprobs see different dropout masks, so the ratio is noise before any update."""
@@ -162,6 +175,11 @@ class ModelSection(Section):
     bfloat16 copy; on the CPU the weights themselves are held in this dtype."""
     reference: Literal["none", "initial"] = "none"
     """``initial`` keeps a frozen copy of the initial policy for the KL penalty (needed when ``loss.kl_coef > 0``)."""
+    trust_remote_code: bool = False
+    """Run the Python code a model folder (or its tokenizer) names in ``auto_map`` (``source: hf`` only). Off by
+    default: transformers is always told ``trust_remote_code=False``, so such code never runs and no loader asks on
+    the terminal; ``config check`` and ``train`` refuse a folder with ``auto_map`` until this is set to ``true``
+    (set it only for a folder whose code you have read: it runs with your permissions)."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (less memory,
     about one more forward of compute), through transformers' own switch (non-reentrant)."""
@@ -272,11 +290,12 @@ class RewardSection(Section):
     (an importable callable)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to the reward function."""
-    timeout_s: float | None = Field(None, gt=0)
-    """Seconds one reward call may take (> 0); ``null`` = no limit (the call runs inline). A slower call fails
-    with a ``RewardError`` naming the prompt and completion: a data failure of that prompt in async mode (retried,
-    then skipped within ``async.rollout_failure.max_skipped_prompts``), a stop in sync mode. Calls then run on a
-    helper thread; a stuck one cannot be killed and keeps its thread until it returns (docs/rewards.md)."""
+    timeout_s: float | None = Field(None, gt=0, le=MAX_REWARD_TIMEOUT_S)
+    """Seconds one reward call may take (0 < t ≤ 86,400, one day); ``null`` = no limit (the call runs inline). A
+    slower call fails with a ``RewardError`` naming the prompt and completion: a data failure of that prompt in
+    async mode (retried, then skipped within ``async.rollout_failure.max_skipped_prompts``), a stop in sync mode.
+    Calls then run on a helper thread; a stuck one cannot be killed and keeps its thread until it returns
+    (docs/rewards.md)."""
 
     @field_validator("function")
     @classmethod
@@ -403,8 +422,8 @@ class SftSection(Section):
     """Optimizer steps at most (≥ 1)."""
     batch_size: int = Field(64, ge=1)
     """Demonstrations per step (≥ 1)."""
-    lr: float = Field(1e-3, gt=0)
-    """AdamW learning rate (> 0)."""
+    lr: float = Field(1e-3, gt=0, le=1.0)
+    """AdamW learning rate (0 < lr ≤ 1, as ``optimizer.lr``)."""
     eval_every: int = Field(100, ge=1)
     """Held-out greedy evaluation every this many steps (≥ 1), and after the last step."""
     stop_at_accuracy: float | None = Field(None, gt=0, le=1)

@@ -107,8 +107,13 @@ def load_policy(
     device: str = "auto",
     dtype: str = "float32",
     seed: int = 0,
+    trust_remote_code: bool = False,
 ) -> Policy:
     """Load a policy in eval mode on ``device`` in ``dtype``.
+
+    ``trust_remote_code`` is passed to transformers explicitly, ``False`` unless the config says
+    ``model.trust_remote_code: true``: a folder whose ``auto_map`` names custom code then fails to load (or loads
+    transformers' own class for its ``model_type``) instead of asking on the terminal whether to run it.
 
     - ``"tiny"``: a char tokenizer (``tiny["vocab"]``: ``"task"`` or ``"full"``) and a fresh tiny
       Llama built from the other ``tiny`` keys and ``seed``.
@@ -131,8 +136,9 @@ def load_policy(
         # local_files_only: a run never downloads (a missing directory must not turn into 30 s of Hub retries).
         # On CUDA, PyTorch SDPA attention explicitly (the learner's CUDA plan, groupwise.trainer.precision).
         attention = {"attn_implementation": "sdpa"} if torch_device.type == "cuda" else {}
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **_OFFLINE, **attention)
-        policy = Policy(model, AutoTokenizer.from_pretrained(path, local_files_only=True))
+        remote = {"trust_remote_code": trust_remote_code}
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **_OFFLINE, **attention, **remote)
+        policy = Policy(model, AutoTokenizer.from_pretrained(path, local_files_only=True, **remote))
     elif source == "gguf":
         policy = _load_gguf(path, gguf_file, torch_dtype)
     else:
@@ -182,8 +188,10 @@ def _load_gguf(path: str | Path | None, gguf_file: str | None, torch_dtype: torc
     plain copy (same config minus ``quantization_config``) saves like any other model.
     """
     directory, filename = _resolve_gguf(path, gguf_file)
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=filename, local_files_only=True)
-    loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=torch_dtype, **_OFFLINE)
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=filename, local_files_only=True,
+                                              trust_remote_code=False)
+    loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=torch_dtype, **_OFFLINE,
+                                                  trust_remote_code=False)
     config_dict = loaded.config.to_dict()
     config_dict.pop("quantization_config", None)
     model_type = config_dict.pop("model_type")

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from groupwise.run.journal import append_line, read_json_lines
+from groupwise.run.journal import append_line, read_json_lines, write_run_file
 from groupwise.run.rundir import RunDir
 
 _DEFAULT_KEYS = object()
@@ -115,8 +115,8 @@ class MetricsWriter:
     def _rewrite(self, records: list[dict[str, Any]]) -> None:
         # Through a temporary sibling and os.replace: a crash keeps the old or the new file, never half.
         tmp = self.metrics_path.with_name(f".{self.metrics_path.name}.tmp-{os.getpid()}")
-        tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in records), encoding="utf-8")
-        os.replace(tmp, self.metrics_path)
+        write_run_file(tmp, "".join(json.dumps(r, allow_nan=False) + "\n" for r in records).encode("utf-8"))
+        os.replace(tmp, self.metrics_path)  # replaces a link itself, never writes through it
 
     def _checked_value(self, key: str, value: Any) -> float | int | None:
         if self.known_keys is not None and key not in self.known_keys:

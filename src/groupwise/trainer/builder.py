@@ -12,7 +12,7 @@ import torch
 
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.data.loader import PromptLoader
-from groupwise.data.registry import Task, prompt_sources
+from groupwise.data.registry import Task
 from groupwise.data.reward_timeout import with_timeout
 from groupwise.data.rewards import RewardFn
 from groupwise.generation.base import Generator, StreamSupport
@@ -23,7 +23,7 @@ from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
 from groupwise.trainer.learner import Learner, LearnerSettings
 from groupwise.trainer.precision import LearnerPrecision, learner_precision
-from groupwise.trainer.preflight import Inputs, check_inputs, check_train_start
+from groupwise.trainer.preflight import Inputs, check_inputs, check_train_start, prompt_splits
 from groupwise.trainer.prompt_checks import PromptReport, check_prompts
 from groupwise.trainer.rollout import RewardPipeline, RolloutWorker
 from groupwise.trainer.session import Session
@@ -49,18 +49,8 @@ def sampling_from_config(cfg: RunConfig) -> SamplingParams:
 def load_policy_from_config(cfg: RunConfig) -> Policy:
     m = cfg.model
     tiny = m.tiny.model_dump() if m.source == "tiny" else None
-    return load_policy(m.source, m.path, m.gguf_file, tiny, device=m.device, dtype=m.dtype, seed=cfg.run.seed)
-
-
-def _check_cuda_graphs_device(cfg: RunConfig) -> None:
-    """``generation.cuda_graphs: on`` with ``model.device: auto`` on a machine without CUDA: a config error, before
-    any model is loaded (with ``model.device: cpu`` the config rules already refuse it)."""
-    if cfg.generation.cuda_graphs == "on" and resolve_device(cfg.model.device).type != "cuda":
-        raise ConfigError([ConfigIssue(
-            "generation.cuda_graphs", "on",
-            f"CUDA graphs need a CUDA device; model.device '{cfg.model.device}' is cpu on this machine",
-            "run on a machine with a CUDA GPU, or set generation.cuda_graphs: auto",
-        )])  # fmt: skip
+    return load_policy(m.source, m.path, m.gguf_file, tiny, device=m.device, dtype=m.dtype, seed=cfg.run.seed,
+                       trust_remote_code=m.trust_remote_code)
 
 
 def precision_from_config(cfg: RunConfig) -> LearnerPrecision:
@@ -167,7 +157,6 @@ def build_components(
     Raises :class:`ConfigError` for anything wrong with the inputs, the model included, before returning.
     """
     inputs = inputs or check_inputs(cfg, training=False)
-    _check_cuda_graphs_device(cfg)
     policy = _load_policy_reported(cfg)
     # Sync mode alternates generation and training, so the engine can sample from the learner's own model.
     # Async mode generates while training: the engine needs its own copy, refreshed at weight sync (also LoRA and
@@ -226,8 +215,7 @@ def _load_policy_reported(cfg: RunConfig) -> Policy:
 
 
 def _check_prompts(cfg: RunConfig, task: Task, policy: Policy, rollouts: RolloutWorker) -> PromptReport:
-    sources = prompt_sources(cfg.data)
-    splits = {"train": (sources["train"], task.train_prompts()), "eval": (sources["eval"], task.eval_prompts())}
+    splits = prompt_splits(cfg, task)
     positions = getattr(policy.model.config, "max_position_embeddings", None)
     return check_prompts(rollouts.encode, policy.tokenizer, positions, cfg.generation.max_new_tokens, splits)
 

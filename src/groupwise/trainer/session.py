@@ -58,6 +58,7 @@ TRAIN_DATA_COLUMNS = (
     "advantage",
     "generation_logprobs",
     "start_version",
+    "version_spans",
 )
 
 
@@ -227,11 +228,7 @@ class Session:
         history and says so), and so are partial checkpoint directories."""
         dropped = self.events.truncate_after(-1)
         fates = self.fates.rollback(0)
-        removed = 0
-        if self.run_dir.train_data_dir.is_dir():
-            for file in self.run_dir.train_data_dir.glob("step_*.jsonl"):
-                file.unlink()
-                removed += 1
+        removed = remove_train_data_after(self.run_dir, 0)
         partial = remove_partial_checkpoints(self.run_dir.path)
         message = (
             f"resume: {self.run_dir.path} holds no complete checkpoint, so the run starts again from step 0; removed "
@@ -269,9 +266,17 @@ class Session:
         self.publish_weights()
         self.events.truncate_after(self.state.step)
         self._rollback_fates(fates_offset)
+        self._rollback_train_data(self.state.step)
         self.events.event(f"resumed from {path} at step {self.state.step}")
         return path
 
+
+    def _rollback_train_data(self, step: int) -> None:
+        """Remove ``train_data/step_<N>.jsonl`` for every N > ``step``: those steps are undone like their metrics
+        and fates (a later attempt writes them again), and ``groupwise audit`` checks the files against the fates."""
+        removed = remove_train_data_after(self.run_dir, step)
+        if removed:
+            self.events.event(f"resume: removed {removed} train_data file(s) of steps after {step}")
 
     def _rollback_fates(self, offset: int | None) -> None:
         """Cut fates.jsonl back to the checkpoint: later lines describe a timeline the resume undid."""
@@ -286,6 +291,16 @@ class Session:
                 f"resume: fates.jsonl is {result.missing_bytes} bytes shorter than at the checkpoint (lost in a "
                 "crash); `groupwise audit` will list the prompts whose fates are missing"
             )
+
+
+def remove_train_data_after(run_dir: RunDir, step: int) -> int:
+    """Delete every ``train_data/step_<N>.jsonl`` with N > ``step`` (step 0: all of them); return how many."""
+    removed = 0
+    for number, path in run_dir.train_data_files():
+        if number > step:
+            path.unlink()
+            removed += 1
+    return removed
 
 
 def prompt_texts(tokenizer: Any, prompt_ids: Sequence[Sequence[int]]) -> list[str]:
