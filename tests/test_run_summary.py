@@ -151,4 +151,5 @@ def test_a_run_without_evaluations_or_final_says_so(tmp_path) -> None:
     assert "held-out accuracy  — (no evaluation ran" in text
     assert "reward (trained)   — (not logged)" in text
     assert "groups             12 generated · 12 trained" in text
-    assert "trained policy     not saved (checkpoint.save_final is false)" in text
+    assert "trained policy     not saved (checkpoint.save_final is false and checkpoint.every is 0" in text
+    assert "groupwise eval" not in text  # it evaluates final/, which this run does not have

@@ -188,7 +188,7 @@ def run_dir_config(run_dir: Path, overrides: list[str]):
         raise ConfigError([issue], source=str(run_dir))
     data = read_config_file(run_dir / "config.yaml")
     data["model"] = {
-        **{k: v for k, v in data["model"].items() if k not in ("tiny", "gguf_file")},
+        **{k: v for k, v in data["model"].items() if k not in ("tiny", "gguf_file", "gguf_cache")},
         "source": "hf",
         "path": str(final),
     }

@@ -37,3 +37,16 @@ def weight_fifo_stalls_after_a_failure(cfg: RunConfig) -> Iterator[ConfigIssue]:
         "use async.sampler.name: ready_first (or in_order) whenever rollouts can fail (either on_dropped_prompt); "
         "keep weight_fifo for studies where they cannot",
     )  # fmt: skip
+
+
+@hazard("optimizer", "run")
+def warmup_longer_than_the_run(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """optimizer.warmup_steps > run.max_steps: the warm-up is clamped to the run (warning)."""
+    warmup, steps = cfg.optimizer.warmup_steps, cfg.run.max_steps
+    if warmup > steps:
+        yield ConfigIssue(
+            "optimizer.warmup_steps", warmup,
+            f"the warm-up is longer than the run (run.max_steps is {steps}), so it is clamped to {steps} step(s): "
+            "the learning rate rises to its peak at the run's last step",
+            f"nothing to do for a shortened run; otherwise set optimizer.warmup_steps ≤ {steps}",
+        )  # fmt: skip
