@@ -5,11 +5,12 @@ A GGUF checkpoint is dequantised to a plain float model on load (:mod:`groupwise
 of seconds for SmolLM2-135M on a 2-core CPU. The result is kept as a Hugging Face directory under the cache root,
 one entry per GGUF file::
 
-    <cache root>/gguf/<file stem>-<key>/      config.json, model.safetensors, tokenizer files, source.json
+    <cache root>/gguf/<file stem>-<dtype>-<key>/      config.json, model.safetensors, tokenizer files, source.json
 
 ``key`` is the first 16 hex digits of the SHA-256 of the file's identity: its absolute path, size and
-modification time (nanoseconds), the entry format, and the versions of ``transformers`` and ``gguf`` (which do
-the dequantisation). Rewriting, moving or touching the file, or upgrading either library, makes a new entry;
+modification time (nanoseconds), the dtype it was dequantised to, the entry format, and the versions of
+``transformers`` and ``gguf`` (which do the dequantisation). One entry per dtype: an entry holds exactly what
+dequantising the file in that dtype gives. Rewriting, moving or touching the file, or upgrading either library, makes a new entry;
 old entries are never read again and may be deleted by hand. An entry appears whole or not at all: it is
 written into a temporary sibling directory and renamed into place.
 
@@ -88,24 +89,26 @@ def cache_root(setting: str) -> Path | None:
     return default_cache_root() if setting == CACHE_AUTO else Path(setting).expanduser()
 
 
-def source_identity(gguf: Path) -> dict[str, object]:
-    """What makes a dequantised copy valid for ``gguf``: the file's path, size and mtime, and the converting code."""
+def source_identity(gguf: Path, dtype: str) -> dict[str, object]:
+    """What makes a dequantised copy valid for ``gguf`` in ``dtype`` (``float32``, ``bfloat16``): the file's path,
+    size and mtime, the dtype, and the converting code."""
     stat = gguf.stat()
     return {
         "path": str(gguf.resolve()),
         "size": stat.st_size,
         "mtime_ns": stat.st_mtime_ns,
+        "dtype": dtype,
         "format": ENTRY_FORMAT,
         "transformers": _version("transformers"),
         "gguf": _version("gguf"),
     }
 
 
-def cache_entry(gguf: Path, root: Path) -> Path:
-    """The cache directory of ``gguf``'s dequantised copy under ``root`` (it may not exist yet)."""
-    identity = json.dumps(source_identity(gguf), sort_keys=True)
+def cache_entry(gguf: Path, root: Path, dtype: str = "float32") -> Path:
+    """The cache directory of ``gguf``'s copy dequantised to ``dtype`` under ``root`` (it may not exist yet)."""
+    identity = json.dumps(source_identity(gguf, dtype), sort_keys=True)
     key = hashlib.sha256(identity.encode("utf-8")).hexdigest()[:16]
-    return root / "gguf" / f"{gguf.stem}-{key}"
+    return root / "gguf" / f"{gguf.stem}-{dtype}-{key}"
 
 
 def _version(package: str) -> str:

@@ -1,8 +1,6 @@
 """A GGUF checkpoint as a plain float model and tokenizer, dequantised once and then read from the cache.
 
-Where the cache lives and how an entry is keyed: :mod:`groupwise.model.gguf_files`. An entry is written in float32
-whatever the run's dtype (dequantisation yields float32 values; casting them to bfloat16 afterwards gives the
-same weights as dequantising straight into bfloat16), so one entry serves every dtype.
+Where the cache lives and how an entry is keyed (by the file and the dtype): :mod:`groupwise.model.gguf_files`.
 """
 
 from __future__ import annotations
@@ -41,20 +39,20 @@ def dequantise_gguf(gguf: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, An
     plain = AutoModelForCausalLM.from_config(config, dtype=dtype)
     plain.load_state_dict(loaded.state_dict(), strict=True)
     plain.generation_config = loaded.generation_config
+    plain.config.architectures = [type(plain).__name__]  # as save_pretrained records it: a cached copy is the same
     return plain, tokenizer
 
 
 def load_gguf(gguf: Path, dtype: torch.dtype, cache_root: Path | None, note: Note) -> tuple[PreTrainedModel, Any]:
     """``(model, tokenizer)`` of ``gguf``: from its cache entry under ``cache_root`` when there is one, else
-    dequantised (and stored there when ``cache_root`` is given). ``note`` hears which of the two happened. A model
-    just stored is float32 whatever ``dtype`` (the caller casts it, as :func:`~groupwise.model.load_policy` does).
+    dequantised (and stored there when ``cache_root`` is given). ``note`` hears which of the two happened.
 
     An entry that cannot be read (deleted files, say) is removed and made again; an entry that cannot be written
     (a read-only or full disk) leaves the run dequantising, with a note saying why."""
     if cache_root is None:
         note(f"dequantising {gguf.name} (no cache: model.gguf_cache is off)")
         return dequantise_gguf(gguf, dtype)
-    entry = cache_entry(gguf, cache_root)
+    entry = cache_entry(gguf, cache_root, str(dtype).removeprefix("torch."))
     if entry.is_dir():
         try:
             loaded = _load_entry(entry, dtype)
@@ -65,12 +63,12 @@ def load_gguf(gguf: Path, dtype: torch.dtype, cache_root: Path | None, note: Not
             note(f"read the dequantised {gguf.name} from the cache {entry}")
             return loaded
     note(f"dequantising {gguf.name} once; the float copy is cached in {entry}")
-    model, tokenizer = dequantise_gguf(gguf, torch.float32)
+    model, tokenizer = dequantise_gguf(gguf, dtype)
     try:
-        _store_entry(entry, model, tokenizer, source_identity(gguf))
+        _store_entry(entry, model, tokenizer, source_identity(gguf, str(dtype).removeprefix("torch.")))
     except OSError as err:
         note(f"could not cache the dequantised copy in {entry} ({err}); the next run dequantises again")
-    return model, tokenizer  # float32 as made: load_policy casts every policy to the run's dtype
+    return model, tokenizer
 
 
 def _load_entry(entry: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, Any]:
