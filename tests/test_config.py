@@ -6,7 +6,12 @@ Invariants pinned here:
 - several problems (types, ranges, unknown keys, bad overrides, cross-field rules) are reported together in one
   ConfigError, and a section that fails type validation does not hide the other sections' errors;
 - a key with no effect in the chosen setting is an error (invariant 10 in docs/design.md);
-- RunConfig built directly in Python runs the same rules.
+- RunConfig built directly in Python runs the same rules;
+- defaults follow the switch that makes them meaningless: ``loss.importance_sampling: false`` alone loads, with
+  truncation off (and the resolved config says so, so it reloads the same); a truncation asked for explicitly
+  without importance sampling is still an error;
+- a warm-up longer than the run loads with a warning naming the clamp (the learning rate reaches its peak at the
+  last step: ``tests/test_learner.py`` pins the schedule); a warm-up that fits warns nothing.
 """
 
 from __future__ import annotations
@@ -240,3 +245,20 @@ def test_config_error_survives_pickling():
     error = ConfigError(errors, source="x.yaml")
     again = pickle.loads(pickle.dumps(error))
     assert again.errors == errors and again.source == "x.yaml" and str(again) == str(error)
+
+
+def test_importance_sampling_off_alone_turns_truncation_off():
+    cfg = config_from_dict(TINY, ["loss.importance_sampling=false"])
+    assert (cfg.loss.importance_sampling, cfg.loss.is_truncation) == (False, "none")
+    assert config_from_dict(cfg.model_dump(by_alias=True)).loss.is_truncation == "none"  # a run dir's config.yaml
+    assert config_from_dict(TINY).loss.is_truncation == "tis"
+    issue = issue_at(errors_of(["loss.importance_sampling=false", "loss.is_truncation=tis"]), "loss.is_truncation")
+    assert "importance_sampling false turns off" in issue.rule
+
+
+def test_a_warm_up_longer_than_the_run_is_clamped_with_a_warning():
+    cfg = config_from_dict(TINY, ["run.max_steps=1", "optimizer.warmup_steps=5"])
+    [warning] = cfg.warnings()
+    assert (warning.path, warning.value) == ("optimizer.warmup_steps", 5)
+    assert "clamped to 1 step(s)" in warning.rule and "peak at the run's last step" in warning.rule
+    assert config_from_dict(TINY, ["run.max_steps=5", "optimizer.warmup_steps=5"]).warnings() == []

@@ -2,9 +2,9 @@
 
 Invariants pinned:
 - a policy read from the cache has bit-identical weights (float32 and bfloat16: one entry per dtype), config,
-  generation config and logits to one dequantised from the file, and a tokenizer that encodes, decodes and renders chat exactly the same,
-  with the same special tokens and EOS ids; the first load says it dequantised and cached, the second that it read
-  the cache (and dequantises nothing: the GGUF reader is never called);
+  generation config and logits to one dequantised from the file, and a tokenizer that encodes, decodes and
+  renders chat exactly the same, with the same special tokens and EOS ids; the first load says it dequantised
+  and cached, the second that it read the cache (and dequantises nothing: the GGUF reader is never called);
 - an entry is keyed by the file's identity: touching or rewriting the file makes a new entry, never a stale read;
 - an entry appears whole or not at all: a store that fails leaves no entry and no staging directory, and the run
   goes on dequantised; an entry that cannot be read is removed and made again;
@@ -25,8 +25,7 @@ import torch
 from test_model_loading import _write_tiny_gguf
 
 from groupwise.config import ConfigError, config_from_dict
-from groupwise.model import build_char_tokenizer, build_tiny_model, eos_token_ids, load_policy
-from groupwise.model import gguf_loading
+from groupwise.model import build_char_tokenizer, build_tiny_model, eos_token_ids, gguf_loading, load_policy
 from groupwise.model.gguf_files import SOURCE_FILE, cache_entry, cache_root, default_cache_root, smollm2_gguf_path
 
 pytestmark = pytest.mark.numerics

@@ -10,9 +10,9 @@ one entry per GGUF file::
 ``key`` is the first 16 hex digits of the SHA-256 of the file's identity: its absolute path, size and
 modification time (nanoseconds), the dtype it was dequantised to, the entry format, and the versions of
 ``transformers`` and ``gguf`` (which do the dequantisation). One entry per dtype: an entry holds exactly what
-dequantising the file in that dtype gives. Rewriting, moving or touching the file, or upgrading either library, makes a new entry;
-old entries are never read again and may be deleted by hand. An entry appears whole or not at all: it is
-written into a temporary sibling directory and renamed into place.
+dequantising the file in that dtype gives. Rewriting, moving or touching the file, or upgrading either library,
+makes a new entry; old entries are never read again and may be deleted by hand. An entry appears whole or not
+at all: it is written into a temporary sibling directory and renamed into place.
 
 The cache root is, in order: ``model.gguf_cache`` when it is a directory, ``$GROUPWISE_CACHE_DIR``,
 ``$XDG_CACHE_HOME/groupwise``, ``~/.cache/groupwise``. ``model.gguf_cache: off`` dequantises on every load.
