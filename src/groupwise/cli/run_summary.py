@@ -46,7 +46,8 @@ def format_run_summary(summary: RunSummary, run_dir: Path, command_seconds: floa
     return "\n".join(lines)
 
 
-RUN_FILES = ("metrics.jsonl", "events.log", "fates.jsonl", "train_data/", "tensorboard/", "checkpoints/", "final/")
+RUN_FILES = ("metrics.jsonl", "events.log", "fates.jsonl", "train_data/", "tensorboard/", "wandb/", "mlflow.db",
+             "checkpoints/", "final/")
 
 
 def _trained_policy(run_dir: Path) -> str:

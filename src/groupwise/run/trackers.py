@@ -26,10 +26,12 @@ metrics file stays the record, and a tracker's outage does not end training.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import netrc
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -191,8 +193,9 @@ class TrackioTracker:
         if self._run is None:
             import trackio
 
-            self._run = trackio.init(project=self.project, name=self.run_name, config=self.params,
-                                     auto_log_gpu=False, auto_log_cpu=False)  # fmt: skip
+            with contextlib.redirect_stdout(sys.stderr):  # where it logs and how to view it: beside our phase lines
+                self._run = trackio.init(project=self.project, name=self.run_name, config=self.params,
+                                         auto_log_gpu=False, auto_log_cpu=False)  # fmt: skip
         self._run.log(dict(scalars), step=step)
 
     def purge_after(self, step: int) -> None:
@@ -200,7 +203,14 @@ class TrackioTracker:
 
     def close(self) -> None:
         if self._run is not None:
-            self._run.finish()
+            import trackio
+            from trackio import context_vars
+
+            with contextlib.redirect_stdout(sys.stderr):
+                if context_vars.current_run.get() is self._run:
+                    trackio.finish()  # also forgets it as trackio's current run, which its atexit hook would finish
+                else:
+                    self._run.finish()
             self._run = None
 
 
@@ -219,10 +229,11 @@ class MlflowTracker:
         return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(self.run_dir / 'mlflow.db').resolve()}"
 
     def _open(self) -> None:
-        for name in ("mlflow", "alembic"):  # their INFO lines (creating tables, migrations) are not ours to show
-            logging.getLogger(name).setLevel(logging.WARNING)
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
+
+        for name in ("mlflow", "alembic"):  # their INFO lines (creating tables, migrations) are not ours to show;
+            logging.getLogger(name).setLevel(logging.WARNING)  # after the import, which sets mlflow's level
 
         client = MlflowClient(tracking_uri=self.tracking_uri)
         experiment = client.get_experiment_by_name(self.project)
