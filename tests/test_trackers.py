@@ -185,6 +185,9 @@ def test_a_missing_backend_package_is_a_config_error_naming_the_extra(tmp_path, 
     assert "logging.backends" in err and "the mlflow backend needs the package(s) mlflow" in err
     assert "pip install 'groupwise[mlflow]', or remove mlflow from logging.backends" in err
     assert main(["train", str(path), "logging.backends=[mlflow]"]) == 2
+    assert "pip install 'groupwise[mlflow]'" in capsys.readouterr().err
+    assert main(["simulate", str(path), "logging.backends=[mlflow]"]) == 2
+    assert "pip install 'groupwise[mlflow]'" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()  # refused before anything was made
 
 

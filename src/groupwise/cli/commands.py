@@ -260,6 +260,10 @@ def add_simulate_parser(subparsers) -> None:
 def run_simulate(args: argparse.Namespace) -> int:
     cfg = load_config(args.file, args.overrides)
     print_config_warnings(cfg)
+    from groupwise.trainer.preflight import tracker_issues  # no torch: a simulation logs to the same trackers
+
+    if issues := tracker_issues(cfg):
+        raise ConfigError(issues)
     from groupwise.run.rundir import RunDirError
     from groupwise.sim.run import format_summary, simulate
 
