@@ -15,7 +15,12 @@ Invariants pinned here:
   conversion), lr × weight_decay ≥ 1, an AdamW epsilon that is 0 in float32, coefficients, clips and bounds beyond
   1e6, a KL log-ratio clamp past exp's float32 range, reward-scale targets, slopes and penalties past the reward
   bound 1e30;
-- RunConfig built directly in Python runs the same rules.
+- RunConfig built directly in Python runs the same rules;
+- defaults follow the switch that makes them meaningless: ``loss.importance_sampling: false`` alone loads, with
+  truncation off (and the resolved config says so, so it reloads the same); a truncation asked for explicitly
+  without importance sampling is still an error;
+- a warm-up longer than the run loads with a warning naming the clamp (the learning rate reaches its peak at the
+  last step: ``tests/test_learner.py`` pins the schedule); a warm-up that fits warns nothing.
 """
 
 from __future__ import annotations
@@ -97,7 +102,6 @@ VIOLATIONS = [
     (["model.lora.enabled=true", "model.lora.target_modules=[]"], "model.lora.target_modules", [], "non-empty"),
     (["optimizer.micro_batch_tokens=0"], "optimizer.micro_batch_tokens", 0, "≥ 1"),
     (["loss.is_ratio_min=3"], "loss.is_ratio_min", 3, "≤ loss.is_ratio_max"),
-    (["loss.importance_sampling=false"], "loss.is_truncation", "tis", "importance_sampling"),
     (["loss.importance_sampling=false", "loss.is_truncation=icepop"], "loss.is_truncation", "icepop",
      "importance_sampling"),
     (["loss.is_truncation=none", "loss.is_ratio_max=3"], "loss.is_ratio_max", 3, "no effect"),
@@ -108,7 +112,6 @@ VIOLATIONS = [
     (["generation.top_p=0"], "generation.top_p", 0, "> 0"),
     (["generation.top_p=1.5"], "generation.top_p", 1.5, "≤ 1"),
     (["generation.stop=[a, '']"], "generation.stop", ["a", ""], "empty"),
-    (["optimizer.warmup_steps=100"], "optimizer.warmup_steps", 100, "max_steps"),
     (["optimizer.min_lr_ratio=0.1"], "optimizer.min_lr_ratio", 0.1, "no effect"),
     (["optimizer.betas=[1.0, 0.9]"], "optimizer.betas[0]", 1.0, "< 1"),
     (["runtime.ray.num_generation_workers=2"], "runtime.ray.num_generation_workers", 2, "no effect"),
@@ -283,3 +286,20 @@ def test_config_error_survives_pickling():
     error = ConfigError(errors, source="x.yaml")
     again = pickle.loads(pickle.dumps(error))
     assert again.errors == errors and again.source == "x.yaml" and str(again) == str(error)
+
+
+def test_importance_sampling_off_alone_turns_truncation_off():
+    cfg = config_from_dict(TINY, ["loss.importance_sampling=false"])
+    assert (cfg.loss.importance_sampling, cfg.loss.is_truncation) == (False, "none")
+    assert config_from_dict(cfg.model_dump(by_alias=True)).loss.is_truncation == "none"  # a run dir's config.yaml
+    assert config_from_dict(TINY).loss.is_truncation == "tis"
+    issue = issue_at(errors_of(["loss.importance_sampling=false", "loss.is_truncation=tis"]), "loss.is_truncation")
+    assert "importance_sampling false turns off" in issue.rule
+
+
+def test_a_warm_up_longer_than_the_run_is_clamped_with_a_warning():
+    cfg = config_from_dict(TINY, ["run.max_steps=1", "optimizer.warmup_steps=5"])
+    [warning] = cfg.warnings()
+    assert (warning.path, warning.value) == ("optimizer.warmup_steps", 5)
+    assert "clamped to 1 step(s)" in warning.rule and "peak at the run's last step" in warning.rule
+    assert config_from_dict(TINY, ["run.max_steps=5", "optimizer.warmup_steps=5"]).warnings() == []

@@ -198,7 +198,7 @@ def run_dir_config(run_dir: Path, overrides: list[str]) -> RunConfig:
         raise ConfigError([issue], source=str(run_dir))
     data = read_config_file(run_dir / "config.yaml")
     data["model"] = {
-        **{k: v for k, v in data["model"].items() if k not in ("tiny", "gguf_file")},
+        **{k: v for k, v in data["model"].items() if k not in ("tiny", "gguf_file", "gguf_cache")},
         "source": "hf",
         "path": str(final),
     }
@@ -280,6 +280,10 @@ def add_simulate_parser(subparsers: Subparsers) -> None:
 def run_simulate(args: argparse.Namespace) -> int:
     cfg = load_config(args.file, args.overrides)
     print_config_warnings(cfg)
+    from groupwise.trainer.preflight import tracker_issues  # no torch: a simulation logs to the same trackers
+
+    if issues := tracker_issues(cfg):
+        raise ConfigError(issues)
     from groupwise.run.rundir import RunDirError
     from groupwise.sim.run import format_summary, simulate
 

@@ -5,9 +5,9 @@ Only single-field ranges live here; rules that relate two fields are in :mod:`gr
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from groupwise.algo.filter import GroupFilter
 from groupwise.config.base import Section
@@ -140,7 +140,8 @@ class LossSection(Section):
     weights (required by any off-policy data: async windows, ``surplus: carry``)."""
     is_truncation: Literal["none", "tis", "icepop"] = "tis"
     """How importance weights are bounded: ``tis`` clamps them to ``[is_ratio_min, is_ratio_max]``; ``icepop``
-    zeroes tokens outside that range; ``none`` leaves them (needs ``importance_sampling`` unless ``none``)."""
+    zeroes tokens outside that range; ``none`` leaves them (needs ``importance_sampling`` unless ``none``). Left
+    unset, it follows ``importance_sampling``: ``tis`` when on, ``none`` when off."""
     is_ratio_min: float = Field(0.0, ge=0)
     """Lower importance-weight bound (≥ 0, ≤ ``is_ratio_max``)."""
     is_ratio_max: float = Field(2.0, gt=0, le=MAX_COEF)
@@ -148,6 +149,14 @@ class LossSection(Section):
     ``is_truncation: none``)."""
     entropy_coef: float = Field(0.0, ge=0, le=MAX_COEF)
     """Weight of the entropy bonus (0 ≤ c ≤ 1e6; a small value such as 0.01 delays entropy collapse)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _truncation_follows_importance_sampling(cls, data: Any) -> Any:
+        """``importance_sampling: false`` alone turns truncation off too: there are no weights to bound."""
+        if isinstance(data, dict) and data.get("importance_sampling") is False and "is_truncation" not in data:
+            return {**data, "is_truncation": "none"}
+        return data
 
 
 class OptimizerSection(Section):
@@ -164,8 +173,9 @@ class OptimizerSection(Section):
     eps: float = Field(1e-8, ge=MIN_ADAM_EPS)
     """AdamW epsilon (≥ 1e-30: a smaller one is 0 in float32, and a weight whose gradient is 0 gets 0 ÷ 0)."""
     warmup_steps: int = Field(0, ge=0)
-    """Linear warm-up from 0 to ``lr`` over this many RL steps (≥ 0, < ``run.max_steps``). The schedule counts RL
-    steps, not optimizer updates: the updates of one step share its learning rate."""
+    """Linear warm-up from 0 to ``lr`` over this many RL steps (≥ 0). One longer than ``run.max_steps`` is clamped
+    to it, with a warning (a shortened run such as ``run.max_steps=1`` still trains at the peak rate by its last
+    step). The schedule counts RL steps, not optimizer updates: the updates of one step share its learning rate."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Learning rate after warm-up: ``constant``, or ``linear``/``cosine`` decay to ``lr × min_lr_ratio`` at
     ``run.max_steps``."""

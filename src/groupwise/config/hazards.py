@@ -53,3 +53,16 @@ def one_generation_trains_only_the_regulariser(cfg: RunConfig) -> Iterator[Confi
         f"the gradient and only {terms} moves the weights",
         "set grpo.num_generations_per_prompt ≥ 2 to learn from the reward",
     )
+
+
+@hazard("optimizer", "run")
+def warmup_longer_than_the_run(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """optimizer.warmup_steps > run.max_steps: the warm-up is clamped to the run (warning)."""
+    warmup, steps = cfg.optimizer.warmup_steps, cfg.run.max_steps
+    if warmup > steps:
+        yield ConfigIssue(
+            "optimizer.warmup_steps", warmup,
+            f"the warm-up is longer than the run (run.max_steps is {steps}), so it is clamped to {steps} step(s): "
+            "the learning rate rises to its peak at the run's last step",
+            f"nothing to do for a shortened run; otherwise set optimizer.warmup_steps ≤ {steps}",
+        )  # fmt: skip

@@ -49,6 +49,11 @@ def model_source_keys(cfg: RunConfig) -> Iterator[ConfigIssue]:
             "model.gguf_file", model.gguf_file, f"model.gguf_file has no effect with model.source '{model.source}'",
             "remove model.gguf_file, or set model.source: gguf",
         )
+    if model.source != "gguf" and model.gguf_cache != type(model).model_fields["gguf_cache"].default:
+        yield ConfigIssue(
+            "model.gguf_cache", model.gguf_cache, f"model.gguf_cache has no effect with model.source '{model.source}'",
+            "remove model.gguf_cache, or set model.source: gguf",
+        )
     if model.source != "tiny":
         yield from no_effect(model.tiny, "model.tiny", f"with model.source '{model.source}'",
                              "remove it, or set model.source: tiny")
@@ -355,19 +360,6 @@ def importance_sampling_bounds(cfg: RunConfig) -> Iterator[ConfigIssue]:
             "loss.is_ratio_min", loss.is_ratio_min,
             f"loss.is_ratio_min must be ≤ loss.is_ratio_max ({loss.is_ratio_max})",
             "lower is_ratio_min or raise is_ratio_max",
-        )
-
-
-@rule("optimizer", "run")
-def warmup_ends_before_run(cfg: RunConfig) -> Iterator[ConfigIssue]:
-    """optimizer.warmup_steps < run.max_steps."""
-    opt = cfg.optimizer
-    if opt.warmup_steps >= cfg.run.max_steps:
-        yield ConfigIssue(
-            "optimizer.warmup_steps", opt.warmup_steps,
-            f"warm-up must end before the run does (run.max_steps is {cfg.run.max_steps}); "
-            "the learning rate would never reach its peak",
-            "lower optimizer.warmup_steps or raise run.max_steps",
         )
 
 

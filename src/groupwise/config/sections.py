@@ -165,6 +165,11 @@ class ModelSection(Section):
     package (then ``gguf_file`` may be omitted)."""
     gguf_file: str | None = None
     """GGUF file name inside ``path`` (``source: gguf`` only)."""
+    gguf_cache: str = "auto"
+    """Where the dequantised copy of a GGUF file is kept, so only the first run dequantises it (``source: gguf``
+    only): ``auto`` = ``$GROUPWISE_CACHE_DIR``, else ``$XDG_CACHE_HOME/groupwise``, else ``~/.cache/groupwise``;
+    ``off`` = dequantise on every load; anything else = that directory. An entry is keyed by the file's path, size
+    and modification time and the converting libraries' versions, and written atomically (docs/configs.md)."""
     tiny: TinyModelSection = Field(default_factory=TinyModelSection)
     """Architecture of the tiny model (``source: tiny`` only)."""
     device: Literal["cpu", "cuda", "auto"] = "auto"
@@ -186,11 +191,16 @@ class ModelSection(Section):
     lora: LoraSection = Field(default_factory=LoraSection)
     """LoRA adapters (peft) instead of full fine-tuning."""
 
-    @field_validator("path", "gguf_file")
+    @field_validator("path", "gguf_file", "gguf_cache")
     @classmethod
     def _paths_are_paths(cls, path: str | None, info: ValidationInfo) -> str | None:
         check_path_text(f"model.{info.field_name}", path)
         return path
+
+    @field_validator("gguf_cache", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads a bare off as false
 
 
 class TaskSection(Section):
@@ -392,22 +402,52 @@ class EvalSection(Section):
     """Samples per prompt at the training temperature for pass@k (≥ 1); greedy accuracy is always reported."""
 
 
+TrackingBackend = Literal["tensorboard", "wandb", "trackio", "mlflow"]
+DEFAULT_BACKENDS: tuple[TrackingBackend, ...] = ("tensorboard",)
+
+
 class LoggingSection(Section):
     """What the run records besides ``metrics.jsonl`` (always written)."""
 
-    tensorboard: bool = True
-    """Write TensorBoard curves under ``runs/<name>/tensorboard``."""
+    backends: list[TrackingBackend] = Field(default_factory=lambda: list(DEFAULT_BACKENDS))
+    """Experiment trackers that get the same scalars as ``metrics.jsonl``, each through its own library (each name
+    at most once; ``[]`` = none): ``tensorboard`` (``runs/<name>/tensorboard``), ``wandb`` (``runs/<name>/wandb``,
+    offline without an API key), ``trackio`` (its local store), ``mlflow`` (``runs/<name>/mlflow.db``). All but
+    TensorBoard are optional extras: ``pip install 'groupwise[wandb]'`` (``trackio``, ``mlflow``). Where each writes
+    and how to view it: docs/metrics.md."""
+    tensorboard: bool | None = None
+    """The switch from before ``backends``, kept working: ``false`` leaves TensorBoard out and ``true`` adds it,
+    whatever ``backends`` says; ``null`` = as ``backends`` says."""
+    project: str = Field("groupwise", min_length=1)
+    """Project (W&B, trackio) or experiment (MLflow) the run is logged under; the run is named after its
+    directory."""
     progress: bool = True
     """Show a live progress bar on the console."""
     train_data: bool = True
     """Write every trained row to ``train_data/step_<N>.jsonl``."""
+
+    @field_validator("backends")
+    @classmethod
+    def _each_backend_once(cls, backends: list[str]) -> list[str]:
+        repeated = sorted({name for name in backends if backends.count(name) > 1})
+        if repeated:
+            raise invalid(f"logging.backends names {repeated} more than once", "list each backend once")
+        return backends
+
+    def enabled_backends(self) -> list[str]:
+        """``backends`` with ``tensorboard`` (the older switch) applied: TensorBoard first when on."""
+        chosen: list[str] = [name for name in self.backends if name != "tensorboard"]
+        on = self.tensorboard if self.tensorboard is not None else "tensorboard" in self.backends
+        return ["tensorboard", *chosen] if on else chosen
 
 
 class CheckpointSection(Section):
     """Checkpoints (atomic directories under ``runs/<name>/checkpoints``)."""
 
     every: int = Field(0, ge=0)
-    """Save every this many optimizer steps (≥ 0; 0 = only at the end)."""
+    """Save every this many optimizer steps (≥ 0; 0 = only at the end, and not even then when ``save_final`` is
+    false: such a run writes no checkpoint and cannot be resumed). A run always saves a checkpoint of its last step
+    unless both are off."""
     keep_last: int = Field(2, ge=1)
     """Step checkpoints kept (≥ 1); older ones are deleted."""
     save_final: bool = True

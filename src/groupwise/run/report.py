@@ -113,9 +113,9 @@ def run_report(run_dirs: Sequence[str | Path]) -> Path:
     lines += ["", "Start / final accuracy: the first and last held-out evaluation (step 0 is the policy before "
               "training); zero-variance fraction is over all generated groups; wall time is the sum of step times.",
               ""]
-    for title, filename in plots:
+    for title, filename, nothing_to_show in plots:
         if filename is None:
-            lines += [f"## {title}", "", f"No run logged the metrics for this plot ({MISSING}).", ""]
+            lines += [f"## {title}", "", nothing_to_show, ""]
         else:
             lines += [f"## {title}", "", f"![{title}](plots/{filename})", ""]
     missing_g = [r.name for r in runs if r.group_size is None]
@@ -135,8 +135,9 @@ def run_compare(run_dirs: Sequence[str | Path]) -> str:
     for label in columns[0]:
         lines.append(f"| {label} | " + " | ".join(fmt(column[label]) for column in columns) + " |")
     first = runs[0].run_dir
-    _plots_dir(first)
-    compare_plots(runs, first.plots_dir)
+    plots = _plots_dir(first)
+    written = [name for name in compare_plots(runs, plots) if name is not None]
+    lines += ["", f"plots in {plots}/: " + (", ".join(written) if written else "none (nothing to show)")]
     return "\n".join(lines) + "\n"
 
 

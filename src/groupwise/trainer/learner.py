@@ -73,10 +73,12 @@ class LearnerSettings:
 def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
     """Learning-rate factor at RL step ``step`` (0-based).
 
-    Warm-up: ``(step + 1) / warmup_steps`` for ``step < warmup_steps``. Then with ``p = (step − warmup) /
-    max(1, total − warmup)`` clamped to [0, 1]: constant ``1``; linear ``1 − (1 − m)·p``; cosine
+    Warm-up over ``w = min(warmup_steps, total_steps)`` steps (a warm-up longer than the run is clamped to it, so
+    a shortened run still reaches the peak at its last step): ``(step + 1) / w`` for ``step < w``. Then with
+    ``p = (step − w) / max(1, total − w)`` clamped to [0, 1]: constant ``1``; linear ``1 − (1 − m)·p``; cosine
     ``m + (1 − m)·(1 + cos(π p))/2``, where ``m = min_lr_ratio``.
     """
+    warmup_steps = min(warmup_steps, total_steps)
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":

@@ -85,6 +85,22 @@ def partial_rollout_issues(cfg: Any) -> list[ConfigIssue]:
     )]  # fmt: skip
 
 
+def tracker_issues(cfg: Any) -> list[ConfigIssue]:
+    """Each backend of ``logging.backends`` can be imported here (checked without importing it)."""
+    from groupwise.run.trackers import INSTALL, missing_modules
+
+    issues = []
+    for backend in cfg.logging.enabled_backends():
+        missing = missing_modules(backend)
+        if missing:
+            issues.append(ConfigIssue(
+                "logging.backends", cfg.logging.backends,
+                f"the {backend} backend needs the package(s) {', '.join(missing)}, which are not installed",
+                f"{INSTALL[backend]}, or remove {backend} from logging.backends",
+            ))  # fmt: skip
+    return issues
+
+
 def input_issues(cfg: Any, *, training: bool, location: bool) -> tuple[Inputs | None, list[ConfigIssue]]:
     """``(inputs, every problem found)``; ``inputs`` is None when the task or the reward could not be built."""
     issues = model_issues(cfg.model)
@@ -95,6 +111,7 @@ def input_issues(cfg: Any, *, training: bool, location: bool) -> tuple[Inputs | 
         issues.extend(prompt_count_issues(cfg, len(task.train_prompts())))
     if training:
         issues.extend(partial_rollout_issues(cfg))
+        issues.extend(tracker_issues(cfg))
     reward_fn, reward_issues = _reward(cfg, task)
     issues.extend(reward_issues)
     if task is not None and reward_fn is not None and not reward_issues:
@@ -158,7 +175,7 @@ def _in_hub_cache(repo_id: str) -> bool:
 
 def _gguf_issues(model: Any) -> list[ConfigIssue]:
     if model.path == BUNDLED_GGUF_PATH:
-        from groupwise.model.loading import smollm2_gguf_path  # imports torch: a GGUF run needs it anyway
+        from groupwise.model.gguf_files import smollm2_gguf_path  # no torch: config check stays fast
 
         try:
             smollm2_gguf_path()

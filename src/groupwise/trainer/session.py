@@ -33,9 +33,10 @@ from groupwise.run.disk_full import disk_full_error, is_disk_full
 from groupwise.run.fates_file import FatesWriter
 from groupwise.run.jsonl import write_rows_jsonl
 from groupwise.run.metrics import MetricsWriter
+from groupwise.run.phases import PhaseLog
 from groupwise.run.progress import RunProgress
 from groupwise.run.rundir import RunDir
-from groupwise.trainer.evaluation import evaluate_policy
+from groupwise.trainer.evaluation import evaluate_policy, evaluated_prompts
 from groupwise.trainer.finite import check_finite_weights
 from groupwise.trainer.parts import GroupRollouts, StepLearner, TrainedPolicy
 from groupwise.trainer.remote_policy import RemotePolicy
@@ -88,8 +89,11 @@ class Session:
     _last_eval_step: int = -1
     _last_checkpoint_step: int = -1
 
+    phases: PhaseLog = field(init=False)  # start and end lines of evaluations, to stderr and events.log
+
     def __post_init__(self) -> None:
         self.fates = FatesWriter(self.run_dir.fates_path)
+        self.phases = PhaseLog(events=self.events.event)
 
     # --- weights -------------------------------------------------------------------------------------------
     def generator_weights(self) -> Mapping[str, Any]:
@@ -129,7 +133,10 @@ class Session:
             self.save_checkpoint()
 
     def evaluate(self, step: int, log: bool = True) -> dict[str, float]:
-        result = evaluate_policy(self.engine, self.rollouts, self.task.eval_prompts(), self.cfg)
+        count = len(evaluated_prompts(self.task.eval_prompts(), self.cfg))
+        with self.phases.phase(f"evaluating {count} held-out prompts at step {step}") as phase:
+            result = evaluate_policy(self.engine, self.rollouts, self.task.eval_prompts(), self.cfg)
+            phase.outcome = ", ".join(f"{k}={v:.4f}" for k, v in result.items())
         self._last_eval_step = step
         self.latest_eval = result
         self.events.event(f"eval at step {step}: " + ", ".join(f"{k}={v:.4f}" for k, v in result.items()))
@@ -138,11 +145,14 @@ class Session:
         return result
 
     def finish(self) -> None:
-        """End of run: final evaluation, checkpoint and the Hugging Face ``final/`` directory."""
+        """End of run: final evaluation, checkpoint and the Hugging Face ``final/`` directory. The end-of-run
+        checkpoint is skipped only when the config asks for nothing on disk (``checkpoint.every: 0`` and
+        ``save_final: false``)."""
         step = self.state.step
         if self.cfg.eval.at_end and self._last_eval_step != step:
             self.last_metrics.update(self.evaluate(step, log=True))
-        if self._last_checkpoint_step != step:
+        keep = self.cfg.checkpoint.every > 0 or self.cfg.checkpoint.save_final
+        if keep and self._last_checkpoint_step != step:
             self.save_checkpoint()
         if self.cfg.checkpoint.save_final:
             check_finite_weights(self.policy.model.state_dict(), f"the final policy ({self.run_dir.final_dir})")
