@@ -17,7 +17,14 @@ from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.embedded import EmbeddedRollouts, EmbeddedTrainer
 from groupwise.runtime.inflight import attach_progress, kept_tokens
 from groupwise.runtime.streamed import PausingGenerator, StreamedRollouts
-from groupwise.runtime.watchdog import RunStalled, run_watched, watch_progress
+from groupwise.runtime.watchdog import (
+    IDLE_STALL_S,
+    RunStalled,
+    first_to_fail,
+    run_watched,
+    watch_liveness,
+    watch_progress,
+)
 from groupwise.trainer.session import Session
 from groupwise.types import Group
 
@@ -111,6 +118,9 @@ async def _run_controller(session: Session, progress: Any, rollouts: Any, traine
 
     stall_s = cfg.runtime.stall_timeout_s
     watchdog = watch_progress(progress_marker, stall_s, controller.describe_state, session.events.event)
+    if isinstance(rollouts, StreamedRollouts):  # a lost answer of the stream: stop within seconds, not stall_s
+        liveness = watch_liveness(rollouts.idle_waits, IDLE_STALL_S, controller.describe_state, session.events.event)
+        watchdog = first_to_fail(watchdog, liveness)
     grace_s = 60.0  # a run that ends lets the calls in progress finish; a stalled one leaves them to their threads
     try:
         return await run_watched(controller.run(), watchdog)
