@@ -43,6 +43,14 @@ def hangs_on_answers_ending_in(prompt: Prompt, completion: Completion, digits: s
     return marker_reward(prompt, completion)
 
 
+def fails_after_calls(prompt: Prompt, completion: Completion, calls: int = 48) -> float:
+    """``marker_reward`` until ``CALLS`` holds ``calls`` entries, then raises: a verifier that breaks mid-run (clear
+    ``CALLS`` before the run)."""
+    if len(CALLS) >= calls:
+        raise ValueError(f"verifier broke after {calls} calls")
+    return marker_reward(prompt, completion)
+
+
 def waits_forever(prompt: Prompt, completion: Completion) -> float:
     """Never returns (a wedged verifier): the stall watchdog must stop the run. Blocks without busy-waiting."""
     threading.Event().wait()

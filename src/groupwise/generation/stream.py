@@ -145,8 +145,12 @@ class GenerationStream:
         with self._cond:
             if self._post is not None:
                 raise RuntimeError("a weight load is already pending; wait for its done callback before the next")
-            self._post = _WeightPost(load, done)
-            self._cond.notify_all()
+            closed = self._closed
+            if not closed:
+                self._post = _WeightPost(load, done)
+                self._cond.notify_all()
+        if closed:  # nobody will serve it
+            done(RuntimeError("the generation stream was closed before the weights were loaded"))
 
     def forget(self, handle: int) -> None:
         """The requester has what an answered request generated: :meth:`progress` stops reporting it."""

@@ -124,8 +124,11 @@ async def _run_controller(session: Session, progress: Any, rollouts: Any, traine
     grace_s = 60.0  # a run that ends lets the calls in progress finish; a stalled one leaves them to their threads
     try:
         return await run_watched(controller.run(), watchdog)
-    except RunStalled:
-        grace_s = 0.0
+    except BaseException as error:
+        if isinstance(error, RunStalled):
+            grace_s = 0.0
+        # A failed run accounts its generation too (the controller's shutdown recorded every unsettled attempt).
+        session.events.event(describe_totals(controller.fates.generation.totals()))
         raise
     finally:
         await rollouts.close(grace_s)
