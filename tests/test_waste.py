@@ -14,6 +14,8 @@ Invariants pinned:
   step's groups add up to its perf/gen_seconds, and the end-of-run events.log line states the totals;
 - a real tiny async run with a verifier that raises: the failed attempts' tokens (their completions were
   generated) are counted as failed, and fates.jsonl, the metrics and the run totals agree;
+- a run that fails (sync or async: a verifier that breaks mid-run) still writes one ``generation:`` totals line to
+  events.log, its trained tokens those of fates.jsonl (async: every generated token in some fate);
 - an aborted attempt is charged what the generator spent on it once the generator stopped (the controller asks
   the rollout client's ``spent``); a request cancelled before it reached a call costs nothing; a shutdown while
   waiting leaves the attempt ``pending``; a reward failure's cost survives pickling (Ray).
