@@ -51,6 +51,16 @@ def fails_after_calls(prompt: Prompt, completion: Completion, calls: int = 48) -
     return marker_reward(prompt, completion)
 
 
+def spins_in_torch(prompt: Prompt, completion: Completion) -> float:
+    """Never returns, busy in torch kernels (a verifier stuck in native code): the thread cannot be stopped, and
+    the process must still exit with the run's code."""
+    import torch
+
+    x = torch.randn(64, 64)
+    while True:
+        x = (x @ x).tanh()
+
+
 def waits_forever(prompt: Prompt, completion: Completion) -> float:
     """Never returns (a wedged verifier): the stall watchdog must stop the run. Blocks without busy-waiting."""
     threading.Event().wait()

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from groupwise.abandoned import leave_running
 from groupwise.generation.sampling import check_sampling_params, keyed_uniforms, sample_tokens, tempered_logprobs_of
 from groupwise.generation.stream_rows import Done, FinishRules, StreamRequest, StreamRow, new_request
 from groupwise.generation.stream_slots import SlotRows, StreamSlots
@@ -217,7 +218,10 @@ class GenerationStream:
         if thread is None:
             return True
         thread.join(timeout_s)
-        return not thread.is_alive()
+        if thread.is_alive():
+            leave_running(thread)  # a step that does not return: the process exits without waiting for it
+            return False
+        return True
 
     # -- the serving thread -----------------------------------------------------------------------------------
     def run_until_idle(self, max_ticks: int | None = None) -> bool:
