@@ -12,6 +12,7 @@ it; an in-process :func:`groupwise.cli.main.main` (the tests) just returns its e
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -40,9 +41,7 @@ def exit_process(code: int) -> NoReturn:
     if still_running():
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):  # a closed or broken pipe: nothing more to say on it
                 stream.flush()
-            except (OSError, ValueError):  # a closed or broken pipe: nothing more can be said on it
-                pass
         os._exit(code)
     sys.exit(code)
