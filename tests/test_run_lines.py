@@ -23,12 +23,12 @@ import warnings
 from pathlib import Path
 
 import yaml
-from groupwise.run.progress import RunProgress
 from rich.console import Console
 from test_model_loading import _write_tiny_gguf
 
 from groupwise.cli.main import quiet_library_output
 from groupwise.model import build_char_tokenizer, build_tiny_model
+from groupwise.run.progress import RunProgress
 
 REPO = Path(__file__).resolve().parents[1]
 LIBRARY_NOISE = ("it/s", "Converting and de-quantizing", "Loading weights", "Writing model shards", "Warning",

@@ -6,7 +6,8 @@ and sets ``handler`` to a ``run_<command>(args) -> int`` function; :data:`COMMAN
 Heavy imports (torch, transformers) belong inside the ``run_*`` functions so ``groupwise --help`` and
 ``groupwise config`` stay fast and work without them.
 
-Exit codes: 0 success, 2 bad usage or an invalid config (every problem printed, never a traceback).
+Exit codes: 0 success, 1 a run that failed, 2 bad usage or an invalid config (every problem printed, never a
+traceback). The console script is :func:`run_as_process`.
 
 :func:`main` sets the OpenMP wait policy before any command imports torch (see
 :mod:`groupwise.trainer.cpu_threads`: libgomp reads it only when torch loads it).
@@ -20,6 +21,7 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 
+from groupwise.abandoned import exit_process
 from groupwise.cli.commands import RUN_COMMAND_PARSERS, print_config_warnings
 from groupwise.config import ConfigError, load_config
 from groupwise.trainer.cpu_threads import prepare_openmp_environment
@@ -134,5 +136,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG_ERROR
 
 
+def run_as_process() -> None:
+    """The ``groupwise`` console script: :func:`main`, then the process ends with its exit code — without the
+    interpreter teardown that would abort it (exit 134) while a call left running after a stall is still on its
+    thread (:mod:`groupwise.abandoned`)."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_as_process()

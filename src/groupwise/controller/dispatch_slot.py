@@ -19,6 +19,7 @@ by handing the progress back to the client (``rollout(..., resume=progress)``) i
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,10 +75,13 @@ class _Lost:
 class DispatchSlots:
     """Runs dispatch slots (see the module docstring); the rollout pump submits them to its worker pool."""
 
-    def __init__(self, ctx: PumpContext, rollouts: RolloutClient, inflight: Permits) -> None:
+    def __init__(
+        self, ctx: PumpContext, rollouts: RolloutClient, inflight: Permits, refill: Callable[[], None] = lambda: None
+    ) -> None:
         self.ctx = ctx
         self.rollouts = rollouts
         self.inflight = inflight
+        self.refill = refill  # tops the spare pool up from the loader (the rollout pump's; it may be at the gate)
         self.groups_finished = 0  # committed or filtered: progress for a stall watchdog
         self._attempts: dict[int, _Attempt] = {}
 
@@ -130,6 +134,8 @@ class DispatchSlots:
     def _take_replacement(self, used: int) -> LoaderItem | None:
         if not self.ctx.replacement_enabled or used >= self.ctx.settings.failure.max_replacement_attempts:
             return None
+        if not len(self.ctx.spare_pool):
+            self.refill()  # an empty pool while the loader has data must not charge a loss
         return self.ctx.spare_pool.take()
 
     def _charge(self, record: FateRecord, target: int | None) -> None:

@@ -38,7 +38,7 @@ class RolloutPump:
         self.admitted_batches = 0
         self.unused_prompts = 0
         self._on_error = on_error
-        self.dispatch = DispatchSlots(ctx, rollouts, self.inflight)
+        self.dispatch = DispatchSlots(ctx, rollouts, self.inflight, refill=self._refill_spare_pool)
         # Unsettled slots in launch order: shutdown cancels them in a reproducible order, so their fates too.
         self._slots: WorkerPool[SlotState] = WorkerPool(self.dispatch.run, self._on_slot_settled)
         self._in_admit = False
@@ -169,6 +169,16 @@ class RolloutPump:
             self.inflight.release()
             raise
         self._slots.submit(slot)
+
+    def _refill_spare_pool(self) -> None:
+        """A slot needs a spare and the pool is empty: divert the next loader batch into the pool now. The dispatch
+        loop refills the pool only between admissions, and it may be parked at the sampler's gate for many
+        replacements; without this, a step would close short (a charged loss) while the data lasts. A non-awaiting
+        call on the controller's loop: atomic with the dispatch loop, so every prompt is in the loader, the pool,
+        the batch at the gate or a slot, as a snapshot expects."""
+        batch = self.loader.take(self.ctx.settings.prompts_per_step)
+        if batch:
+            self.ctx.spare_pool.add_batch(batch)
 
     def _on_slot_settled(self, error: BaseException | None) -> None:
         self.ctx.signal()

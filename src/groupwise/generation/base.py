@@ -91,6 +91,11 @@ class RequestStream(Protocol):
 
     def close(self, timeout_s: float) -> bool: ...
 
+    def idle(self) -> bool:
+        """Whether the stream has nothing to do: no request queued, running or waiting for a slot, no weight load
+        pending (an answer still awaited from an idle stream will never come: a liveness watch stops the run)."""
+        ...
+
     def generator_for_evaluation(self) -> Generator:
         """The generator evaluation uses while this stream runs: it samples under the stream's weights and leaves
         the stream's rows as they are (the built-in engine parks the stream around each call)."""

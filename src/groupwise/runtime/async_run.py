@@ -18,12 +18,19 @@ from groupwise.controller.settings import ControllerSettings
 from groupwise.generation.factory import open_stream
 from groupwise.run.async_checkpoint import CONTROLLER_PIECE, ItemDecoder, boundary_snapshot, controller_state
 from groupwise.run.progress import RunProgress
-from groupwise.runtime.clients import AsyncClients, RuntimeRollouts, RuntimeTrainer
+from groupwise.runtime.clients import AsyncClients, RuntimeRollouts, RuntimeTrainer, WatchedRollouts
 from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.embedded import EmbeddedRollouts, EmbeddedTrainer
 from groupwise.runtime.inflight import attach_progress, kept_tokens
 from groupwise.runtime.streamed import StreamedRollouts
-from groupwise.runtime.watchdog import RunStalled, run_watched, watch_progress
+from groupwise.runtime.watchdog import (
+    IDLE_STALL_S,
+    RunStalled,
+    first_to_fail,
+    run_watched,
+    watch_liveness,
+    watch_progress,
+)
 from groupwise.trainer.rollout import RolloutWorker
 from groupwise.trainer.session import Session
 from groupwise.types import Group
@@ -114,11 +121,17 @@ async def _run_controller(session: Session, progress: RunProgress, clients: Asyn
 
     stall_s = cfg.runtime.stall_timeout_s
     watchdog = watch_progress(progress_marker, stall_s, controller.describe_state, session.events.event)
+    if isinstance(rollouts, WatchedRollouts):  # a lost answer of the stream: stop within seconds, not stall_s
+        liveness = watch_liveness(rollouts.idle_waits, IDLE_STALL_S, controller.describe_state, session.events.event)
+        watchdog = first_to_fail(watchdog, liveness)
     grace_s = 60.0  # a run that ends lets the calls in progress finish; a stalled one leaves them to their threads
     try:
         return await run_watched(controller.run(), watchdog)
-    except RunStalled:
-        grace_s = 0.0
+    except BaseException as error:
+        if isinstance(error, RunStalled):
+            grace_s = 0.0
+        # A failed run accounts its generation too (the controller's shutdown recorded every unsettled attempt).
+        session.events.event(describe_totals(controller.fates.generation.totals()))
         raise
     finally:
         await rollouts.close(grace_s)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from groupwise.controller.interfaces import RolloutClient, TrainerClient
 from groupwise.generation.base import RequestStream
@@ -37,6 +37,14 @@ class RuntimeRollouts(RolloutClient, Protocol):
     def worker_restarts(self) -> int: ...
 
     async def close(self, grace_s: float = 60.0) -> None: ...
+
+
+@runtime_checkable
+class WatchedRollouts(Protocol):
+    """A rollout client that can name the answers it awaits from a generator with nothing to do (answers that will
+    never come): the runtime's liveness watch stops the run within seconds instead of at ``stall_timeout_s``."""
+
+    def idle_waits(self) -> list[int]: ...
 
 
 class RuntimeTrainer(TrainerClient, Protocol):

@@ -17,6 +17,9 @@ at once with :class:`LearnerRankDied` naming the rank, its exit code, what the l
 newest complete checkpoint (what is kept); the other ranks are stopped. A rank that raises ends it the same
 way with the rank's own error. A rank stuck in a collective because a peer died fails after the process-group
 timeout, so no wait is unbounded.
+
+**A driver that dies.** Every rank watches its parent (:mod:`groupwise.runtime.parent_watch`): when the driver is
+gone — SIGKILLed, say — the rank ends within moments, whatever it was doing, rather than living on as an orphan.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import torch
 import torch.multiprocessing as mp
 
 from groupwise.batch import RowBatch
+from groupwise.runtime.parent_watch import exit_with_parent
 
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
@@ -172,8 +176,11 @@ class LearnerRanks:
 
 # --- the rank process -----------------------------------------------------------------------------------------
 def rank_main(rank: int, world_size: int, port: int, cfg: RunConfig, conn: Any) -> None:
-    """A rank's process: build the learner in the group, then serve the driver's commands until ``close``."""
+    """A rank's process: build the learner in the group, then serve the driver's commands until ``close``. It ends
+    with its driver, whatever it is doing then (:mod:`groupwise.runtime.parent_watch`)."""
     import torch.distributed as dist
+
+    exit_with_parent()
 
     try:
         learner = build_rank_learner(cfg, rank, world_size, "127.0.0.1", port, cuda_index=rank, share_cpus=True)

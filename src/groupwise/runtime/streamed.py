@@ -10,6 +10,10 @@ Evaluation uses the stream's own evaluation generator (``RequestStream.generator
 For checkpoints, :meth:`StreamedRollouts.fetch_progress` reads what every running attempt has generated
 (at a token boundary, under the stream's lock) as plain data (:mod:`groupwise.runtime.inflight`), and
 :meth:`StreamedRollouts.resume` continues such an attempt.
+
+Liveness: :meth:`StreamedRollouts.idle_waits` names the answers the client awaits from the stream while the
+stream has nothing to do — answers that will never come — for the runtime's liveness watch
+(:func:`groupwise.runtime.watchdog.watch_liveness`).
 """
 
 from __future__ import annotations
@@ -94,6 +98,8 @@ class StreamedRollouts:
         self._returned = 0
         self._running: dict[int, _Running] = {}
         self._spent: dict[int, asyncio.Future] = {}  # cancelled rollouts' costs, until the controller asks
+        self._awaited: dict[int, asyncio.Future] = {}  # answers awaited from the stream, by a number of their own
+        self._next_wait = 0
         self._scorer = DaemonWorker("groupwise-scoring")
         stream.start("groupwise-generation")
 
@@ -124,6 +130,7 @@ class StreamedRollouts:
         request = self.worker.request_for(prompt, attempt, prefixes)
         loop = asyncio.get_running_loop()
         generated: asyncio.Future[list[Completion]] = loop.create_future()
+        self._await(generated)
         handle = self.stream.submit(request, answer_from_thread(loop, generated))
         self._running[group_id] = _Running(handle, request)
         try:
@@ -135,6 +142,7 @@ class StreamedRollouts:
             )  # fmt: skip
         except asyncio.CancelledError:
             spent: asyncio.Future[tuple[int, float]] = loop.create_future()
+            self._await(spent)
             self._spent[group_id] = spent
             self.stream.cancel(handle, answer_from_thread(loop, spent, unpack=True))
             raise
@@ -147,6 +155,20 @@ class StreamedRollouts:
             raise outcome
         self.generated_tokens += outcome.num_completion_tokens
         return outcome
+
+    def _await(self, future: asyncio.Future) -> None:
+        """Count ``future`` as an answer awaited from the stream until it is settled."""
+        number, self._next_wait = self._next_wait, self._next_wait + 1
+        self._awaited[number] = future
+        future.add_done_callback(lambda _: self._awaited.pop(number, None))
+
+    def idle_waits(self) -> list[int]:
+        """The answers (by number) awaited from the stream while it has nothing to do — none while it works. Only
+        for the moment between the serving thread's answer and this loop taking it in may a wait be named
+        legitimately; a wait named for seconds was lost (the liveness watch stops the run)."""
+        if not self._awaited or not self.stream.idle():
+            return []
+        return [number for number, future in list(self._awaited.items()) if not future.done()]
 
     async def spent(self, group_id: int) -> GenerationCost:
         """What a rollout the controller cancelled cost: its tokens and the stream's time until its rows left their

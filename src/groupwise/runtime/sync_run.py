@@ -156,10 +156,14 @@ def run_sync(session: Session) -> None:
     """Train from ``session.state.step`` to ``run.max_steps`` (or until the data runs out)."""
     if session.state.step == 0 and session.cfg.eval.at_start:
         session.evaluate(step=0)
-    with session.progress() as progress:
-        on_step = lambda: progress.update(session.state.step, session.last_metrics)  # noqa: E731
-        train_steps(session, session.cfg.run.max_steps, on_step)
-    session.finish()
+    try:
+        with session.progress() as progress:
+            on_step = lambda: progress.update(session.state.step, session.last_metrics)  # noqa: E731
+            train_steps(session, session.cfg.run.max_steps, on_step)
+        session.finish()
+    except BaseException:
+        session.events.event(describe_totals(session.state.generation.totals()))  # what the failed run spent
+        raise
     # After the last checkpoint (a resume rolls these lines back and trains the carried groups after all).
     record_carried_at_end(session.fates, session.state)
     session.events.event(describe_totals(session.state.generation.totals()))
