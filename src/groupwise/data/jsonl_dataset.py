@@ -117,7 +117,8 @@ def _parse_line(line: str, uid_fallback: str, seen_ids: dict[str, int], lineno: 
         return "needs exactly one of 'prompt' (a string) or 'messages' (chat turns); " + (
             "both are present" if has_prompt else "neither is present"
         )
-    text = messages = None
+    text: str | None = None
+    messages: tuple[dict[str, str], ...] | None = None
     if has_prompt:
         text = record.pop("prompt")
         if not isinstance(text, str):
@@ -125,9 +126,10 @@ def _parse_line(line: str, uid_fallback: str, seen_ids: dict[str, int], lineno: 
         if not text.strip():
             return "'prompt' is empty: the model would generate from nothing but BOS"
     else:
-        messages = _messages(record.pop("messages"))
-        if isinstance(messages, str):
-            return messages
+        turns = _messages(record.pop("messages"))
+        if isinstance(turns, str):
+            return turns
+        messages = turns
         if not any(turn["content"].strip() for turn in messages):
             return "every turn of 'messages' has empty content: the model would be asked nothing"
     if "answer" not in record:

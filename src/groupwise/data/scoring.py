@@ -76,7 +76,7 @@ def _checked_reward(value: object, name: str, prompt_uid: str, index: int) -> fl
     try:
         reward = float(value)
     except OverflowError:  # an int too large for a float
-        reward = math.inf if value > 0 else -math.inf
+        reward = math.inf if isinstance(value, int) and value > 0 else -math.inf
     if not math.isfinite(reward) or abs(reward) > MAX_ABS_REWARD:
         raise RewardError(
             f"reward function {name!r} returned {reward} for prompt {prompt_uid!r}, completion {index}; "

@@ -30,8 +30,8 @@ _TINY_KEYS = {"vocab", "num_layers", "hidden_size", "num_heads", "intermediate_s
 class Policy:
     """A causal LM and its tokenizer, always saveable."""
 
-    model: PreTrainedModel  # or a peft model around one, once the learner adds LoRA adapters
-    tokenizer: Any  # a transformers tokenizer (fast or backend); its class varies by source
+    model: torch.nn.Module  # a transformers PreTrainedModel, or a peft model around one once LoRA adapters are on
+    tokenizer: Any  # a transformers tokenizer (fast or backend); its classes share no base type worth naming
 
     def save(self, directory: str | Path) -> Path:
         """Write model + generation config + tokenizer as a Hugging Face directory (safetensors); an adapted
@@ -40,9 +40,16 @@ class Policy:
         directory.mkdir(parents=True, exist_ok=True)
         if is_adapted(self.model):
             return save_adapted_policy(directory, self.model, self.tokenizer)
-        self.model.save_pretrained(directory)
+        pretrained(self.model).save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
         return directory
+
+
+def pretrained(model: torch.nn.Module) -> PreTrainedModel:
+    """``model`` as the transformers model it is (what a policy without adapters always holds)."""
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"expected a transformers PreTrainedModel, got {type(model).__name__}")
+    return model
 
 
 def resolve_device(device: str) -> torch.device:
@@ -61,7 +68,7 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def eos_token_ids(tokenizer: Any, model: PreTrainedModel) -> tuple[int, ...]:
+def eos_token_ids(tokenizer: Any, model: torch.nn.Module) -> tuple[int, ...]:
     """The ids that end a completion: the tokenizer's EOS, then the generation config's, deduplicated."""
     candidates: list[int] = []
     if tokenizer.eos_token_id is not None:
@@ -127,7 +134,7 @@ def load_policy(
     else:
         raise ValueError(f"unknown policy source {source!r}; use 'tiny', 'hf' or 'gguf'")
     _ensure_pad_token(policy)
-    policy.model.to(device=torch_device, dtype=torch_dtype)
+    policy.model.to(torch_device, torch_dtype)
     policy.model.eval()
     return policy
 

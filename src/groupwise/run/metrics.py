@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from groupwise.run.journal import append_line, read_json_lines, write_run_file
 from groupwise.run.rundir import RunDir
@@ -55,7 +55,9 @@ class MetricsWriter:
             from groupwise.run.metric_keys import METRIC_KEYS
 
             known_keys = METRIC_KEYS
-        self.known_keys: frozenset[str] | None = None if known_keys is None else frozenset(known_keys)  # type: ignore[arg-type]
+        self.known_keys: frozenset[str] | None = (
+            None if known_keys is None else frozenset(cast("Iterable[str]", known_keys))  # not the sentinel any more
+        )
         existing = read_metrics(self.metrics_path) if self.metrics_path.exists() else []
         self.last_step: int | None = existing[-1]["step"] if existing else None
         if self.metrics_path.exists():

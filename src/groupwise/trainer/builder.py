@@ -19,7 +19,7 @@ from groupwise.data.rewards import RewardFn
 from groupwise.generation.base import Generator, StreamSupport
 from groupwise.generation.factory import GeneratorSpec, build_generator, stream_support
 from groupwise.model.gguf_files import cache_root
-from groupwise.model.loading import Policy, eos_token_ids, load_policy, resolve_device
+from groupwise.model.loading import Policy, eos_token_ids, load_policy, pretrained, resolve_device
 from groupwise.model.lora import LoraSetupError, apply_lora, lora_config
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.phases import PhaseLog
@@ -115,11 +115,13 @@ def build_learner(cfg: RunConfig, model: torch.nn.Module) -> Learner:
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     """transformers' own switch, non-reentrant (the reentrant form needs inputs that require grad and breaks with
-    adapters); ``activation_checkpointing_enable`` is its name from transformers 5.24 on."""
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    adapters); ``activation_checkpointing_enable`` is its name from transformers 5.24 on (5.17 has only the old
+    one: a version check, not a capability of ours)."""
+    hf = pretrained(model)
+    if hasattr(hf, "activation_checkpointing_enable"):
+        hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def generator_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -235,7 +237,7 @@ def describe_model(cfg: RunConfig) -> str:
 
 def _check_prompts(cfg: RunConfig, task: Task, policy: Policy, rollouts: RolloutWorker) -> PromptReport:
     splits = prompt_splits(cfg, task)
-    positions = getattr(policy.model.config, "max_position_embeddings", None)
+    positions = getattr(pretrained(policy.model).config, "max_position_embeddings", None)  # a config may lack it
     return check_prompts(rollouts.encode, policy.tokenizer, positions, cfg.generation.max_new_tokens, splits)
 
 

@@ -224,7 +224,7 @@ def prompt_splits(cfg: Any, task: Task) -> dict[str, tuple[str, list[Any]]]:
 def _dataset_issues(jsonl: Any, error: DatasetError) -> list[ConfigIssue]:
     """One issue per JSONL file that cannot be read (the train file failed; the eval file is tried too)."""
     files = {"data.jsonl.train_path": jsonl.train_path, "data.jsonl.eval_path": jsonl.eval_path}
-    errors = {key: None for key in files}
+    errors: dict[str, DatasetError | None] = {key: None for key in files}
     failed = next((key for key, path in files.items() if path is not None and Path(path) == error.path),
                   "data.jsonl.train_path")
     errors[failed] = error
@@ -234,7 +234,7 @@ def _dataset_issues(jsonl: Any, error: DatasetError) -> list[ConfigIssue]:
                 load_jsonl_prompts(path, "eval" if key.endswith("eval_path") else "train")
             except DatasetError as other:
                 errors[key] = other
-    issues = []
+    issues: list[ConfigIssue] = []
     for key, err in errors.items():
         if err is None:
             continue
