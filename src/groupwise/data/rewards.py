@@ -19,7 +19,6 @@ Built-ins (see ``docs/rewards.md``): ``exact_numeric``, ``countdown``, ``math_ve
 from __future__ import annotations
 
 import difflib
-import importlib
 import importlib.util
 import inspect
 import re
@@ -27,15 +26,19 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 
 from groupwise.data.expression import ExpressionError, parse_expression
+from groupwise.plugins import PluginImportError, import_plugin
 from groupwise.types import Completion, Prompt
 
 RewardFn = Callable[..., float]
 
 # A plain decimal number: optional sign, digits, optional fraction. No exponent, no "_", no "nan".
 _NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?")
+#: The longest text read as a number: Python converts at most 4,300 digits to an int (Fraction does), so a longer
+#: answer would fail mid-run and a longer completion would make the verifier raise instead of scoring 0.
+MAX_NUMBER_CHARS = 4000
 _MATH_VERIFY_INSTALL = "pip install math-verify  (or: pip install 'groupwise[math]')"
 
 
@@ -44,8 +47,9 @@ class RewardSpecError(ValueError):
 
 
 def parse_number(text: str) -> Fraction | None:
-    """The exact value of a plain decimal number (``-12``, ``3.50``), or None for anything else."""
-    if _NUMBER.fullmatch(text) is None:
+    """The exact value of a plain decimal number (``-12``, ``3.50``) of at most :data:`MAX_NUMBER_CHARS`
+    characters, or None for anything else."""
+    if len(text) > MAX_NUMBER_CHARS or _NUMBER.fullmatch(text) is None:
         return None
     return Fraction(text)
 
@@ -67,7 +71,8 @@ def exact_numeric(prompt: Prompt, completion: Completion, *, partial_credit: flo
     expected = parse_number(prompt.answer.strip())
     if expected is None:
         raise ValueError(
-            f"exact_numeric: prompt {prompt.uid} has answer {prompt.answer!r}, which is not a plain number; "
+            f"exact_numeric: prompt {prompt.uid} has answer {prompt.answer[:80]!r}, which is not a plain number "
+            f"(digits with an optional sign and decimal point, at most {MAX_NUMBER_CHARS} characters); "
             "use another reward function (e.g. math_verify or a custom 'module:function')"
         )
     text = completion.text.strip()
@@ -101,7 +106,8 @@ def countdown(prompt: Prompt, completion: Completion, *, format_reward: float = 
         )
     target = parse_number(prompt.answer.strip())
     if target is None:
-        raise ValueError(f"countdown: prompt {prompt.uid} has answer {prompt.answer!r}; the target must be a number")
+        raise ValueError(f"countdown: prompt {prompt.uid} has answer {prompt.answer[:80]!r}; the target must be a "
+                         f"plain number of at most {MAX_NUMBER_CHARS} characters")
     if completion.finish_reason != "stop":
         return 0.0
     try:
@@ -164,24 +170,13 @@ def load_reward_fn(spec: str, task_default: str) -> RewardFn:
 
 
 def _import_reward_fn(spec: str) -> RewardFn:
-    module_name, _, attr_path = spec.partition(":")
-    if not module_name or not attr_path:
-        raise RewardSpecError(f"reward function {spec!r}: expected 'module:function', e.g. 'my_rewards:score'")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # ImportError, or whatever the module raised while it was imported
-        raise RewardSpecError(
-            f"reward function {spec!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); "
-            "check the name and that it is on PYTHONPATH"
-        ) from exc
-    target: Any = module
-    for part in attr_path.split("."):
-        if not hasattr(target, part):
-            raise RewardSpecError(f"reward function {spec!r}: module {module_name!r} has no attribute {attr_path!r}")
-        target = getattr(target, part)
+        target = import_plugin(spec, "reward function")
+    except PluginImportError as exc:
+        raise RewardSpecError(f"{exc}; fix reward.function (e.g. 'my_rewards:score')") from exc
     if not callable(target):
-        raise RewardSpecError(f"reward function {spec!r}: {attr_path!r} is a {type(target).__name__}, not callable")
-    return target
+        raise RewardSpecError(f"reward function {spec!r}: it is a {type(target).__name__}, not callable")
+    return cast(RewardFn, target)
 
 
 def check_reward_kwargs(reward_fn: RewardFn, kwargs: Mapping[str, Any]) -> None:
