@@ -17,7 +17,7 @@ from torch import Tensor
 
 from groupwise.generation.chunk import ChunkRecord, Prefill
 from groupwise.generation.kv_cache import select_cache_rows
-from groupwise.generation.sampling import keyed_uniforms, sample_tokens, tempered_logprobs_of
+from groupwise.generation.sampling import keyed_uniforms, sample_with_logprobs
 from groupwise.types import SamplingParams
 
 # Compact the batch once this fraction of its rows has finished (see _Batch).
@@ -50,8 +50,7 @@ def decode_compacting(
     logits = prefill.logits
     for step in range(max_new):
         uniforms = keyed_uniforms(batch.keys, step)
-        tokens = sample_tokens(logits, uniforms, sampling.temperature, sampling.top_k, sampling.top_p)
-        logprobs = tempered_logprobs_of(logits, tokens, sampling.temperature)
+        tokens, logprobs = sample_with_logprobs(logits, uniforms, sampling.temperature, sampling.top_k, sampling.top_p)
         batch.live &= ~record.add(step, batch.rows, batch.live, tokens, logprobs)
         num_live = int(batch.live.sum())  # the one host sync per step
         if num_live == 0 or step == max_new - 1:

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from groupwise.generation.masks import prefill_allowed
+from groupwise.generation.projections import ParameterProjection, Projection, new_projection, projection_kind
 
 log = logging.getLogger(__name__)
 
@@ -68,54 +69,51 @@ def probe_tolerance(dtype: torch.dtype, num_layers: int) -> float:
 
 @dataclass(frozen=True)
 class _LayerWeights:
-    """One decoder layer's weights as the decode step multiplies them: ``[in, out]``, q|k|v and gate|up packed.
-
-    A bias is ``None`` when the model has none for that projection (a packed bias has zeros for the parts
-    of q|k|v or gate|up that have none).
-    """
+    """One decoder layer's weights as the decode step multiplies them: q|k|v and gate|up packed into one projection
+    each (a packed bias has zeros for the parts of q|k|v or gate|up that have none; no bias at all: ``None``)."""
 
     norm_in: Tensor
-    qkv: Tensor  # [hidden, (H + 2·KV)·D]
-    qkv_bias: Tensor | None
-    out: Tensor  # [H·D, hidden]
-    out_bias: Tensor | None
+    qkv: Projection  # hidden -> (H + 2·KV)·D
+    out: Projection  # H·D -> hidden
     norm_post: Tensor
-    gate_up: Tensor  # [hidden, 2·I]
-    gate_up_bias: Tensor | None
-    down: Tensor  # [I, hidden]
-    down_bias: Tensor | None
+    gate_up: Projection  # hidden -> 2·I
+    down: Projection  # I -> hidden
 
 
 @dataclass(frozen=True)
 class DecoderWeights:
     """Every tensor one decode step reads. A CUDA graph captured from a step keeps reading these very storages,
-    so they are refreshed in place; a new ``DecoderWeights`` (see ``LlamaDecoder.generation``) means they moved."""
+    so dense projections are refreshed in place; a new ``DecoderWeights`` (see ``LlamaDecoder.generation``) means
+    they moved."""
 
     embed: Tensor  # the model's input embedding (a view of its parameter)
     layers: tuple[_LayerWeights, ...]
     final_norm: Tensor
-    head: Tensor  # the LM head weight (the embedding itself when tied)
+    head: Projection  # the LM head (dense: the parameter itself, the embedding when tied)
     cos_sin: Tensor  # [positions, 2·D]: cos | signed sin
 
 
 class LlamaDecoder:
     """Next-token logits for one new token per row, writing its keys/values into the engine's cache.
 
-    The projection weights are kept as packed ``[in, out]`` copies: on CPU a small-batch ``x @ Wᵀ``
-    with a transposed operand runs 1.1–2.6× slower than the same product on a contiguous ``[in, out]``
-    matrix (measured, rows 16–64), and packing q|k|v and gate|up halves the matmul calls. Norms, embedding
-    and LM head are used in place. Cost: one extra copy of the decoder layers' weights.
+    The projection weights are kept as packed copies (:mod:`groupwise.generation.projections`): q|k|v and
+    gate|up packed into one matrix each (half the matmul calls), in oneDNN's blocked layout for float32 on CPU,
+    else as contiguous ``[in, out]`` matrices; ``projections`` forces a kind (``"auto"``: choose). Norms and
+    embedding are used in place; the LM head too on the dense kind (oneDNN keeps a blocked copy of it). Cost:
+    one extra copy of the decoder layers' weights (and, on oneDNN, of the head).
 
     Freshness: :meth:`prepare` compares every source tensor's storage and in-place version counter with
     the last refresh. Changed values (an optimizer step, ``load_state_dict``) are copied into the packed
-    copies in place, so their storage never moves; only a source whose storage moved (a parameter rebound,
-    the model moved to another device or dtype) or a longer rotary table builds new ``DecoderWeights`` and
-    bumps :attr:`generation` — the signal for anything that captured a step (a CUDA graph) to capture again.
+    copies (dense: in place, so their storage never moves); only a source whose storage moved (a parameter
+    rebound, the model moved to another device or dtype) or a longer rotary table builds new ``DecoderWeights``
+    and bumps :attr:`generation` — the signal for anything that captured a step (a CUDA graph) to capture again.
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, projections: str = "auto") -> None:
         config = model.config
         self.model = model
+        weight = model.lm_head.weight
+        self.projection_kind = projection_kind(weight.device, weight.dtype, projections)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -147,6 +145,7 @@ class LlamaDecoder:
                 if versions != self._versions or -1 in versions:
                     for packed, layer in zip(self._weights.layers, self.model.model.layers, strict=True):
                         _repack_into(packed, layer)
+                    self._weights.head.refresh(self.model.lm_head.weight, None)
                 if self._weights.cos_sin.shape[0] < capacity:
                     self._rebind(dataclasses.replace(self._weights, cos_sin=self._rotary_table(capacity)))
         self._storages, self._versions = storages, versions
@@ -156,12 +155,13 @@ class LlamaDecoder:
         self.generation += 1
 
     def _build(self, cos_sin: Tensor) -> DecoderWeights:
-        inner = self.model.model
+        inner, kind = self.model.model, self.projection_kind
+        head = self.model.lm_head.weight
         return DecoderWeights(
             embed=inner.embed_tokens.weight.detach(),
-            layers=tuple(_pack(layer) for layer in inner.layers),
+            layers=tuple(_pack(layer, kind) for layer in inner.layers),
             final_norm=inner.norm.weight.detach(),
-            head=self.model.lm_head.weight.detach(),
+            head=ParameterProjection(head, None) if kind == "dense" else new_projection(kind, head, None),
             cos_sin=cos_sin,
         )
 
@@ -187,35 +187,26 @@ class LlamaDecoder:
         for index, layer in enumerate(weights.layers):
             x = self._attention(layer, cache.layers[index], x, cos, sin, key_mask)
             x = self._mlp(layer, x)
-        return F.linear(_rms_norm(x, weights.final_norm, self.eps), weights.head)
+        return weights.head(_rms_norm(x, weights.final_norm, self.eps))
 
     def _attention(
         self, weights: _LayerWeights, cache_layer: Any, x: Tensor, cos: Tensor, sin: Tensor, key_mask: Tensor
     ) -> Tensor:
         """``x + attention(...) Woᵀ``; q and k are rotated together (one rope for both)."""
         rows, heads, kv_heads, dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = _linear(_rms_norm(x, weights.norm_in, self.eps), weights.qkv, weights.qkv_bias)
+        qkv = weights.qkv(_rms_norm(x, weights.norm_in, self.eps))
         query_key = _rope(qkv[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, 1, dim), cos, sin)
         value = qkv[:, (heads + kv_heads) * dim :].view(rows, kv_heads, 1, dim)
         keys, values = cache_layer.update(query_key[:, heads:], value)
         query = query_key[:, :heads].reshape(rows, kv_heads, heads // kv_heads, dim)  # query heads grouped per KV head
         attended = F.scaled_dot_product_attention(query, keys, values, attn_mask=key_mask, scale=self.scaling)
-        return _linear(attended.reshape(rows, heads * dim), weights.out, weights.out_bias, residual=x)
+        return weights.out(attended.reshape(rows, heads * dim), residual=x)
 
     def _mlp(self, weights: _LayerWeights, x: Tensor) -> Tensor:
         """``x + (silu(h Wgᵀ) ⊙ h Wuᵀ) Wdᵀ`` with ``h = rms_norm(x)``."""
-        gate_up = _linear(_rms_norm(x, weights.norm_post, self.eps), weights.gate_up, weights.gate_up_bias)
+        gate_up = weights.gate_up(_rms_norm(x, weights.norm_post, self.eps))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        return _linear(F.silu(gate).mul_(up), weights.down, weights.down_bias, residual=x)
-
-
-def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor | None = None) -> Tensor:
-    """``residual + x·W + b`` (each addend only when given) with one matmul call."""
-    if residual is not None and bias is not None:
-        return torch.addmm(residual + bias, x, weight)
-    if residual is not None or bias is not None:
-        return torch.addmm(residual if residual is not None else bias, x, weight)
-    return torch.mm(x, weight)
+        return weights.down(F.silu(gate).mul_(up), residual=x)
 
 
 def _projections(layer: Any) -> tuple[Any, ...]:
@@ -241,39 +232,31 @@ def _packed_bias(projections: tuple[Any, ...]) -> Tensor | None:
     return torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.weight.shape[0]) for p in projections])
 
 
-def _packed(layer: Any) -> dict[str, Tensor | None]:
-    """The layer's packed ``[in, out]`` matrices and concatenated biases, as fresh values (not yet copies)."""
+def _packed(layer: Any) -> dict[str, tuple[Tensor, Tensor | None]]:
+    """Each projection's ``[out, in]`` weight (q|k|v and gate|up concatenated) and bias, as fresh values."""
     q, k, v, o, gate, up, down = _projections(layer)
     return {
-        "qkv": torch.cat([q.weight, k.weight, v.weight]).t(),
-        "qkv_bias": _packed_bias((q, k, v)),
-        "out": o.weight.t(),
-        "gate_up": torch.cat([gate.weight, up.weight]).t(),
-        "gate_up_bias": _packed_bias((gate, up)),
-        "down": down.weight.t(),
+        "qkv": (torch.cat([q.weight, k.weight, v.weight]), _packed_bias((q, k, v))),
+        "out": (o.weight, o.bias),
+        "gate_up": (torch.cat([gate.weight, up.weight]), _packed_bias((gate, up))),
+        "down": (down.weight, down.bias),
     }
 
 
-def _pack(layer: Any) -> _LayerWeights:
-    packed = {k: None if t is None else t.detach().clone(memory_format=torch.contiguous_format)
-              for k, t in _packed(layer).items()}  # fmt: skip
-    o_bias, down_bias = layer.self_attn.o_proj.bias, layer.mlp.down_proj.bias
+def _pack(layer: Any, kind: str) -> _LayerWeights:
+    projections = {name: new_projection(kind, weight, bias) for name, (weight, bias) in _packed(layer).items()}
     return _LayerWeights(
         norm_in=layer.input_layernorm.weight.detach(),
         norm_post=layer.post_attention_layernorm.weight.detach(),
-        out_bias=None if o_bias is None else o_bias.detach(),
-        down_bias=None if down_bias is None else down_bias.detach(),
-        **packed,
+        **projections,
     )
 
 
 def _repack_into(weights: _LayerWeights, layer: Any) -> None:
-    """Copy the layer's current values into its packed copies, keeping their storage (captured graphs read it).
-
-    Norms and single biases are views of the parameters themselves, current by construction."""
-    for name, value in _packed(layer).items():
-        if value is not None:
-            getattr(weights, name).copy_(value)
+    """Give the layer's current values to its projections (dense: copied into their storage, which captured graphs
+    read). Norms are views of the parameters themselves, current by construction."""
+    for name, (weight, bias) in _packed(layer).items():
+        getattr(weights, name).refresh(weight, bias)
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

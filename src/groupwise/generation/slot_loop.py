@@ -19,7 +19,7 @@ import torch
 
 from groupwise.generation.chunk import ChunkRecord, Prefill
 from groupwise.generation.llama_decode import LlamaDecoder
-from groupwise.generation.sampling import keyed_uniforms, sample_tokens, tempered_logprobs_of
+from groupwise.generation.sampling import keyed_uniforms, sample_with_logprobs
 from groupwise.generation.slots import DecodeSlots, capacity_for, row_bucket
 from groupwise.generation.step_graphs import StepGraphs
 from groupwise.types import SamplingParams
@@ -38,10 +38,12 @@ class SlotLoop:
         bucket = row_bucket(num_rows)
         slots = self._slots_for(decoder, bucket, capacity_for(width + sampling.max_new_tokens))
         temperature, top_k, top_p = sampling.temperature, sampling.top_k, sampling.top_p
-        first = sample_tokens(prefill.logits, keyed_uniforms(prefill.rng_keys, 0), temperature, top_k, top_p)
+        first, logprobs = sample_with_logprobs(
+            prefill.logits, keyed_uniforms(prefill.rng_keys, 0), temperature, top_k, top_p
+        )
         slot_rows = torch.arange(num_rows, device=first.device)  # the chunk row each slot holds
         live = torch.ones(num_rows, dtype=torch.bool, device=first.device)
-        live &= ~record.add(0, slot_rows, live, first, tempered_logprobs_of(prefill.logits, first, temperature))
+        live &= ~record.add(0, slot_rows, live, first, logprobs)
         slots.load(bucket, prefill, first)
         for step in range(1, sampling.max_new_tokens):
             num_live = int(live.sum())  # the one host sync per step

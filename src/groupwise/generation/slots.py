@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from groupwise.generation.chunk import Prefill
-from groupwise.generation.sampling import keyed_uniforms, sample_tokens, tempered_logprobs_of
+from groupwise.generation.sampling import keyed_uniforms, sample_with_logprobs
 from groupwise.types import SamplingParams
 
 # Cache capacity is rounded up to a multiple of this, so nearby prompt widths reuse the same buffers and graphs.
@@ -189,8 +189,10 @@ class DecodeSlots:
             cache = _SlotCache([_SlotLayer(keys, values, column_index) for keys, values in layers])
             with sdpa_kernel(_CUDA_STEP_ATTENTION) if cuda else contextlib.nullcontext():
                 logits = decoder.step(tokens, positions, mask, cache, weights)
-            drawn = sample_tokens(logits, keyed_uniforms(rng_keys, sample_index), temperature, top_k, top_p)
-            next_logprobs.copy_(tempered_logprobs_of(logits, drawn, temperature))
+            drawn, logprobs = sample_with_logprobs(
+                logits, keyed_uniforms(rng_keys, sample_index), temperature, top_k, top_p
+            )
+            next_logprobs.copy_(logprobs)
             next_tokens.copy_(drawn)
 
         return step

@@ -44,7 +44,7 @@ import torch
 
 from groupwise.abandoned import leave_running
 from groupwise.generation.pausing import PausingGenerator
-from groupwise.generation.sampling import check_sampling_params, keyed_uniforms, sample_tokens, tempered_logprobs_of
+from groupwise.generation.sampling import check_sampling_params, keyed_uniforms, sample_with_logprobs
 from groupwise.generation.stream_rows import Done, FinishRules, StreamRequest, StreamRow, new_request
 from groupwise.generation.stream_slots import SlotRows, StreamSlots
 from groupwise.types import GenerationRequest, RowPrefix, SamplingParams
@@ -432,8 +432,7 @@ class GenerationStream:
         at = torch.tensor(fresh, dtype=torch.long, device=prefill.positions.device)
         logits, keys = prefill.logits[at], prefill.rng_keys[at]
         s = self.sampling
-        first = sample_tokens(logits, keyed_uniforms(keys, 0), s.temperature, s.top_k, s.top_p)
-        logprobs = tempered_logprobs_of(logits, first, s.temperature)
+        first, logprobs = sample_with_logprobs(logits, keyed_uniforms(keys, 0), s.temperature, s.top_k, s.top_p)
         version = self.engine.version
         with self._cond:
             for i, token, logprob in zip(fresh, first.tolist(), logprobs.tolist(), strict=True):
