@@ -1,0 +1,268 @@
+"""`Replica`: one rollout replica (``tensor_parallel`` GPUs) decoding with continuous batching, as exact events.
+
+The replica runs up to ``max_seqs`` sequences; each step gives every running sequence one token, in the time of
+:func:`~groupwise.sim.job_model.decode_step_seconds` (integrated between events by :mod:`groupwise.sim.step_time`).
+Its context is ``C = B·step + K`` (``B`` running, ``K = Σ (context at admission − admission step)``), so a finish,
+an admission or a preemption changes ``B`` and ``K`` in O(1). Events:
+
+* **finish** — a sequence has made its last token (a heap of finish steps, fixed at admission);
+* **admission** — after every event, waiting sequences are admitted first in, first out while there is a free
+  sequence slot and their context fits in the KV cache below a 1 % watermark (vLLM's rule); each admission costs a
+  prefill (:func:`~groupwise.sim.job_model.prefill_seconds`: the prompt once per group and replica, as a prefix
+  cache shares it, plus any tokens made before a preemption), during which the replica makes no decode step;
+* **preemption** — when the running sequences' context fills the KV cache, the latest admitted sequence is
+  preempted (vLLM's recompute mode): it goes back to the front of the queue and, readmitted, prefills its prompt
+  and the tokens it had made. The only running sequence is never preempted (``sim.job`` is refused when one
+  sequence cannot fit).
+
+A stall (a prefill, a weight sync) holds decoding until ``ready_at``. :class:`~groupwise.sim.job_engine.JobEngine`
+orders the events of every replica in time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_right
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from groupwise.sim.job_model import JobCosts, prefill_seconds
+from groupwise.sim.step_time import seconds_for, steps_within
+
+if TYPE_CHECKING:
+    from groupwise.sim.job_engine import Ticket
+
+WAITING, RUNNING, DONE, DROPPED = range(4)
+#: Share of the KV cache kept free when admitting (vLLM's watermark), so a preempted sequence is not readmitted
+#: at once into the space it just left.
+KV_WATERMARK = 0.01
+EPS = 1e-7  # steps: a finish scheduled at a step is taken when the replica reaches it within float error
+
+
+class Sequence:
+    """One completion of a group in the engine: its length, what it has made, where it is."""
+
+    __slots__ = ("ticket", "length", "made", "state", "base", "admit_step", "finish_step", "serial", "admit_time",
+                 "segments")  # fmt: skip
+
+    def __init__(self, ticket: Ticket, length: int, prompt_tokens: int) -> None:
+        self.ticket = ticket
+        self.length = length
+        self.made = 0.0  # tokens made before the current admission (preemptions, partial rollouts)
+        self.state = WAITING
+        self.base = float(prompt_tokens)  # context at admission: prompt + made
+        self.admit_step = 0.0
+        self.finish_step = 0.0
+        self.serial = -1
+        self.admit_time = 0.0
+        self.segments: list[tuple[float, float]] = []  # (from step, to step) decoded on the replica
+
+
+class Replica:
+    """One replica's state and events (see the module docstring)."""
+
+    def __init__(self, index: int, job: JobCosts, track_versions: bool) -> None:
+        self.index = index
+        self.job = job
+        self.track_versions = track_versions
+        self.step = 0.0
+        self.clock = 0.0  # virtual time at which ``step`` holds
+        self.ready_at = 0.0  # no decoding before this time (prefill, weight sync)
+        self.running = 0
+        self.k = 0.0
+        self.waiting: deque[Sequence] = deque()
+        self._finishes: list[tuple[float, int, Sequence]] = []
+        self._admitted: list[Sequence] = []  # admission order, for preemption (finished ones skipped lazily)
+        self._serial = 0
+        self.switches: list[tuple[float, int]] = []  # (step, version) a weight update reached this replica
+        self.seq_seconds = 0.0  # ∫ B dt
+        self.busy_seconds = 0.0  # time with a sequence running or waiting
+        self.preemptions = 0
+        self.event_serial = 0  # bumped whenever the next event is recomputed (the engine's heap entries go stale)
+        self.next_time = math.inf
+        self.next_step = math.inf
+
+    @property
+    def context(self) -> float:
+        return self.running * self.step + self.k
+
+    @property
+    def busy(self) -> bool:
+        return self.running > 0 or bool(self.waiting)
+
+    # -- time ------------------------------------------------------------------------------------------------
+
+    def move_to(self, t: float) -> None:
+        """Decode from ``clock`` to ``t`` with no event in between (the engine guarantees it)."""
+        dt = t - self.clock
+        if dt <= 0:
+            return
+        if self.running:
+            self.seq_seconds += self.running * dt
+            start = self.clock if self.clock > self.ready_at else self.ready_at
+            if t > start:
+                self.step += steps_within(t - start, self.running, self.context, self.job)
+        if self.running or self.waiting:
+            self.busy_seconds += dt
+        self.clock = t
+
+    def refresh(self) -> None:
+        """Recompute the next event (``next_time``, ``next_step``): the next finish or KV-full preemption from
+        the current state (``inf`` when nothing runs). Called after every change of state."""
+        if not self.running:
+            self.next_time = self.next_step = math.inf
+            return
+        finishes = self._finishes
+        while not self._valid(finishes[0]):
+            heapq.heappop(finishes)
+        target = finishes[0][0]
+        running, context = self.running, self.running * self.step + self.k
+        if running > 1:
+            full = self.step + max(0.0, (self.job.kv_capacity - context) / running)
+            if full < target:
+                target = full
+        start = self.clock if self.clock > self.ready_at else self.ready_at
+        self.next_time = start + seconds_for(target - self.step, running, context, self.job)
+        self.next_step = target
+
+    @staticmethod
+    def _valid(entry: tuple[float, int, Sequence]) -> bool:
+        return entry[2].state == RUNNING and entry[2].serial == entry[1]
+
+    # -- events ----------------------------------------------------------------------------------------------
+
+    def run_until(self, now: float, done: list[tuple[Sequence, float]], idle_changes: list[tuple[float, int]]) -> None:
+        """Take this replica's events up to ``now`` in order: at each, finish what reached its last token (appended
+        to ``done`` with the time), preempt if the KV cache is full, admit; a change between busy and idle is
+        appended to ``idle_changes`` as ``(time, +1 | −1)``."""
+        finishes, eps = self._finishes, EPS
+        while self.next_time <= now:
+            t, step = self.next_time, self.next_step
+            was_busy = self.running > 0 or bool(self.waiting)
+            self.move_to(t)
+            if step > self.step:
+                self.step = step  # the event's exact step (the inverse is exact only to float error)
+            while finishes and finishes[0][0] <= self.step + eps:
+                entry = heapq.heappop(finishes)
+                if entry[2].state == RUNNING and entry[2].serial == entry[1]:
+                    self._finish(entry[2], t)
+                    done.append((entry[2], t))
+            if self.running > 1 and self.running * self.step + self.k >= self.job.kv_capacity - eps:
+                self._preempt_latest()
+            if self.waiting:
+                self.admit(t)
+            if was_busy != (self.running > 0 or bool(self.waiting)):
+                idle_changes.append((t, -1 if was_busy else 1))
+            self.refresh()
+
+    def _finish(self, seq: Sequence, t: float) -> None:
+        self._leave(seq)
+        seq.made = float(seq.length)
+        seq.state = DONE
+        seq.ticket.occupied += t - seq.admit_time
+
+    def _leave(self, seq: Sequence) -> None:
+        self.running -= 1
+        self.k -= seq.base - seq.admit_step
+        if self.track_versions:
+            seq.segments.append((seq.admit_step, min(self.step, seq.finish_step)))
+
+    def _preempt_latest(self) -> None:
+        while self._admitted:
+            seq = self._admitted.pop()
+            if seq.state == RUNNING:
+                break
+        else:
+            return
+        self._leave(seq)
+        seq.made += self.step - seq.admit_step
+        seq.base = self.job.prompt_tokens + seq.made
+        seq.state = WAITING
+        seq.ticket.occupied += self.clock - seq.admit_time
+        self.waiting.appendleft(seq)
+        self.preemptions += 1
+
+    def admit(self, t: float) -> None:
+        """Admit waiting sequences (first in, first out) while a slot is free and the KV cache has room."""
+        job, waiting = self.job, self.waiting
+        room = job.kv_capacity * (1.0 - KV_WATERMARK)
+        stall = 0.0
+        fresh: list[Sequence] = []
+        while waiting and self.running < job.max_seqs:
+            seq = waiting[0]
+            if seq.state == DROPPED:
+                waiting.popleft()
+                continue
+            if self.running and self.context + seq.base > room:
+                break
+            waiting.popleft()
+            stall += self._prefill(seq)
+            self._serial += 1
+            seq.serial, seq.state = self._serial, RUNNING
+            seq.admit_step, seq.finish_step = self.step, self.step + (seq.length - seq.made)
+            self.running += 1
+            self.k += seq.base - self.step
+            heapq.heappush(self._finishes, (seq.finish_step, seq.serial, seq))
+            self._admitted.append(seq)
+            fresh.append(seq)
+        if not fresh:
+            return
+        if len(self._admitted) > 2 * self.running + 64:
+            self._admitted = [s for s in self._admitted if s.state == RUNNING]
+        if stall > 0:
+            self.ready_at = max(self.ready_at, t) + stall
+        start = self.ready_at if self.ready_at > t else t
+        for seq in fresh:
+            seq.admit_time = start
+
+    def _prefill(self, seq: Sequence) -> float:
+        """Seconds to prefill an admitted sequence: its prompt unless this replica holds the group's prompt,
+        plus the tokens it had made (after a preemption, or a partial rollout whose cache was dropped)."""
+        ticket = seq.ticket
+        prompt = 0.0 if self.index in ticket.prefilled else float(self.job.prompt_tokens)
+        ticket.prefilled.add(self.index)
+        return prefill_seconds(prompt + seq.made, self.job.prompt_tokens - prompt, self.job)
+
+    def drop(self, seq: Sequence) -> float:
+        """Remove a cancelled sequence; return the tokens it had made."""
+        if seq.state == RUNNING:
+            self._leave(seq)
+            seq.made += self.step - seq.admit_step
+            seq.ticket.occupied += self.clock - seq.admit_time
+        seq.state = DROPPED
+        return seq.made
+
+    # -- weight syncs ----------------------------------------------------------------------------------------
+
+    def stall(self, t: float, seconds: float) -> None:
+        """Hold decoding for ``seconds`` from ``t`` (or from the end of a stall already under way)."""
+        self.ready_at = max(self.ready_at, t) + seconds
+
+    def running_context_squares(self) -> tuple[float, float]:
+        """``(Σ c, Σ c²)`` over the running sequences' contexts (a re-prefill of all of them)."""
+        total = squares = 0.0
+        for seq in self._admitted:
+            if seq.state == RUNNING:
+                c = seq.base + self.step - seq.admit_step
+                total += c
+                squares += c * c
+        return total, squares
+
+    def version_tokens(self, seq: Sequence, base_version: int) -> dict[int, float]:
+        """Tokens of ``seq`` per weight version that made them (its decoded segments against the switches)."""
+        counts: dict[int, float] = {}
+        switch_steps = [s for s, _ in self.switches]
+        for start, end in seq.segments:
+            i = bisect_right(switch_steps, start)
+            version = self.switches[i - 1][1] if i else base_version
+            position = start
+            while i < len(self.switches) and self.switches[i][0] < end:
+                counts[version] = counts.get(version, 0.0) + self.switches[i][0] - position
+                position, version = self.switches[i][0], self.switches[i][1]
+                i += 1
+            counts[version] = counts.get(version, 0.0) + end - position
+        return counts
+
+    def state_line(self) -> dict[str, Any]:
+        return {"replica": self.index, "running": self.running, "waiting": len(self.waiting), "step": self.step}
