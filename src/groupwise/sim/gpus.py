@@ -10,8 +10,8 @@ the GPU's total NVLink bandwidth (both directions), used for a colocated weight 
 | H100 | 989 TFLOP/s | 80 GB | 3.35 TB/s | 900 GB/s | NVIDIA H100 SXM5 datasheet (1,979 sparse) |
 | H200 | 989 TFLOP/s | 141 GB | 4.8 TB/s | 900 GB/s | NVIDIA H200 SXM datasheet (1,979 sparse) |
 | H20 | 148 TFLOP/s | 96 GB | 4.0 TB/s | 900 GB/s | NVIDIA H20 (HGX H20) product brief |
-| B200 | 2,250 TFLOP/s | 180 GB | 7.7 TB/s | 1.8 TB/s | NVIDIA HGX B200 datasheet (4.5 PFLOP/s sparse; 1.4 TB, 62 TB/s per 8) |
-| GB200 | 2,500 TFLOP/s | 186 GB | 8.0 TB/s | 1.8 TB/s | NVIDIA GB200 NVL72 datasheet (360 PFLOP/s sparse, 13.4 TB, 576 TB/s per 72) |
+| B200 | 2,250 TFLOP/s | 180 GB | 7.7 TB/s | 1.8 TB/s | NVIDIA HGX B200 datasheet (4.5 sparse; 62 TB/s per 8) |
+| GB200 | 2,500 TFLOP/s | 186 GB | 8.0 TB/s | 1.8 TB/s | NVIDIA GB200 NVL72 datasheet (360 P sparse per 72) |
 """
 
 from __future__ import annotations

@@ -52,10 +52,11 @@ def check_cluster(job: JobSection, mode: str) -> list[ConfigIssue]:
             f"rollout_gpus is {c.rollout_gpus}", f"set sim.job.cluster.train_gpus: {c.rollout_gpus}",
         ))  # fmt: skip
     if c.rollout_gpus % c.tensor_parallel:
+        nearest = max(1, c.rollout_gpus // c.tensor_parallel) * c.tensor_parallel
         issues.append(ConfigIssue(
             "sim.job.cluster.rollout_gpus", c.rollout_gpus, f"rollout GPUs form replicas of tensor_parallel = "
             f"{c.tensor_parallel} GPUs each, and {c.rollout_gpus} is not a multiple of it",
-            f"use a multiple of {c.tensor_parallel} (e.g. {max(1, c.rollout_gpus // c.tensor_parallel) * c.tensor_parallel})",
+            f"use a multiple of {c.tensor_parallel} (e.g. {nearest})",
         ))  # fmt: skip
     m = job.model
     kv = kv_bytes_per_token(m.layers, m.kv_heads, m.head_dim, m.dtype_bytes)

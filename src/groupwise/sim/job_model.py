@@ -52,7 +52,7 @@ def decode_step_seconds(running: int, context: float, job: JobCosts) -> float:
 
 
 def prefill_seconds(tokens: float, context_before: float, job: JobCosts) -> float:
-    """Prefilling ``n`` tokens after ``c`` tokens already in the cache: ``(2·A·n + 2·ℓ·h·((c + n)² − c²)) / (TP·F·μ)``."""
+    """Prefilling ``n`` tokens after ``c`` in the cache: ``(2·A·n + 2·ℓ·h·((c + n)² − c²)) / (TP·F·μ)``."""
     attention = 2.0 * job.layers * job.hidden * ((context_before + tokens) ** 2 - context_before**2)
     return (2.0 * job.active_params * tokens + attention) / job.replica_flops
 
