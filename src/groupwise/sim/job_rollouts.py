@@ -96,13 +96,19 @@ class JobRollouts:
         tokens = sum(lengths)
         counters.generated_tokens += tokens
         uid = prompt.prompt.uid
-        version_tokens = self._version_tokens(ticket.sequences, start_version) if self.partial_rollouts else ()
+        difficulty = self.difficulty[uid]
+        mixes = [replica.version_tokens(seq, start_version) for replica, seq in ticket.sequences] \
+            if self.partial_rollouts else []  # fmt: skip
+        totals: dict[int, float] = {}
+        for mix in mixes:
+            for version, n in mix.items():
+                totals[version] = totals.get(version, 0.0) + n
+        version_tokens = tuple((v, round(n)) for v, n in sorted(totals.items()) if round(n) > 0)
         if len(version_tokens) > 1:
-            mixes = [self._seq_logit(replica, seq, start_version) for replica, seq in ticket.sequences]
-            difficulty = self.difficulty[uid]
-            rewards = [1.0 if u < sigmoid(x - difficulty) else 0.0 for u, x in zip(draws, mixes, strict=True)]
+            logits = [self._mixed_logit(mix, start_version) for mix in mixes]
+            rewards = [1.0 if u < sigmoid(x - difficulty) else 0.0 for u, x in zip(draws, logits, strict=True)]
         else:
-            p = sigmoid(self._logit(start_version) - self.difficulty[uid])
+            p = sigmoid(self._logit(start_version) - difficulty)
             rewards = [1.0 if u < p else 0.0 for u in draws]
             version_tokens = ()
         correct = sum(rewards)
@@ -118,15 +124,8 @@ class JobRollouts:
             forward_flops=sum(self.costs.sequence_forward_flops(n) for n in lengths),
         )  # fmt: skip
 
-    def _version_tokens(self, sequences: list, start_version: int) -> tuple[tuple[int, int], ...]:
-        totals: dict[int, float] = {}
-        for replica, seq in sequences:
-            for version, tokens in replica.version_tokens(seq, start_version).items():
-                totals[version] = totals.get(version, 0.0) + tokens
-        return tuple((v, round(n)) for v, n in sorted(totals.items()) if round(n) > 0)
-
-    def _seq_logit(self, replica, seq, start_version: int) -> float:  # type: ignore[no-untyped-def]
-        mix = replica.version_tokens(seq, start_version)
+    def _mixed_logit(self, mix: dict[int, float], start_version: int) -> float:
+        """The token-weighted mean success logit of one completion's versions."""
         total = sum(mix.values())
         if total <= 0:
             return self._logit(start_version)

@@ -28,7 +28,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from groupwise.sim.job_model import JobCosts, prefill_seconds
-from groupwise.sim.step_time import seconds_for, steps_within
+from groupwise.sim.step_time import steps_within
 
 if TYPE_CHECKING:
     from groupwise.sim.job_engine import Ticket
@@ -56,7 +56,7 @@ class Sequence:
         self.finish_step = 0.0
         self.serial = -1
         self.admit_time = 0.0
-        self.segments: list[tuple[float, float]] = []  # (from step, to step) decoded on the replica
+        self.segments: list[tuple[float, float]] = []  # (from step, to step) decoded, kept with partial rollouts
 
 
 class Replica:
@@ -82,6 +82,12 @@ class Replica:
         self.event_serial = 0  # bumped whenever the next event is recomputed (the engine's heap entries go stale)
         self.next_time = math.inf
         self.next_step = math.inf
+        # the per-step time's lines (see step_time.lines), as constants of this replica
+        self._read0 = job.decode_overhead_s + job.weight_bytes / job.replica_bandwidth
+        self._read_per_token = job.kv_bytes / job.replica_bandwidth
+        self._compute0 = job.decode_overhead_s
+        self._compute_per_seq = 2.0 * job.active_params / job.replica_flops
+        self._compute_per_token = 4.0 * job.layers * job.hidden / job.replica_flops
 
     @property
     def context(self) -> float:
@@ -110,25 +116,44 @@ class Replica:
     def refresh(self) -> None:
         """Recompute the next event (``next_time``, ``next_step``): the next finish or KV-full preemption from
         the current state (``inf`` when nothing runs). Called after every change of state."""
-        if not self.running:
+        running = self.running
+        if not running:
             self.next_time = self.next_step = math.inf
             return
         finishes = self._finishes
-        while not self._valid(finishes[0]):
+        while True:
+            entry = finishes[0]
+            if entry[2].state == RUNNING and entry[2].serial == entry[1]:
+                break
             heapq.heappop(finishes)
-        target = finishes[0][0]
-        running, context = self.running, self.running * self.step + self.k
+        step = self.step
+        target = entry[0]
+        context = running * step + self.k
         if running > 1:
-            full = self.step + max(0.0, (self.job.kv_capacity - context) / running)
+            full = step + max(0.0, (self.job.kv_capacity - context) / running)
             if full < target:
                 target = full
         start = self.clock if self.clock > self.ready_at else self.ready_at
-        self.next_time = start + seconds_for(target - self.step, running, context, self.job)
+        self.next_time = start + self._seconds(target - step, running, context)
         self.next_step = target
 
-    @staticmethod
-    def _valid(entry: tuple[float, int, Sequence]) -> bool:
-        return entry[2].state == RUNNING and entry[2].serial == entry[1]
+    def _seconds(self, steps: float, running: int, context: float) -> float:
+        """:func:`~groupwise.sim.step_time.seconds_for`, inlined with this replica's constants (the hot path)."""
+        if steps <= 0:
+            return 0.0
+        v1 = self._read0 + self._read_per_token * context
+        s1 = self._read_per_token * running
+        v2 = self._compute0 + self._compute_per_seq * running + self._compute_per_token * context
+        s2 = self._compute_per_token * running
+        if v2 > v1 or (v2 == v1 and s2 > s1):
+            v1, s1, v2, s2 = v2, s2, v1, s1
+        if s2 <= s1:
+            return v1 * steps + 0.5 * s1 * steps * steps
+        cross = (v1 - v2) / (s2 - s1)
+        if steps <= cross:
+            return v1 * steps + 0.5 * s1 * steps * steps
+        rest = steps - cross
+        return v1 * cross + 0.5 * s1 * cross * cross + (v2 + s2 * cross) * rest + 0.5 * s2 * rest * rest
 
     # -- events ----------------------------------------------------------------------------------------------
 
@@ -136,31 +161,36 @@ class Replica:
         """Take this replica's events up to ``now`` in order: at each, finish what reached its last token (appended
         to ``done`` with the time), preempt if the KV cache is full, admit; a change between busy and idle is
         appended to ``idle_changes`` as ``(time, +1 | −1)``."""
-        finishes, eps = self._finishes, EPS
+        finishes, pop, track = self._finishes, heapq.heappop, self.track_versions
         while self.next_time <= now:
             t, step = self.next_time, self.next_step
             was_busy = self.running > 0 or bool(self.waiting)
-            self.move_to(t)
+            dt = t - self.clock
+            if dt > 0:  # decode up to the event: its step is known, only the accounting moves
+                self.seq_seconds += self.running * dt
+                self.busy_seconds += dt
+                self.clock = t
             if step > self.step:
-                self.step = step  # the event's exact step (the inverse is exact only to float error)
-            while finishes and finishes[0][0] <= self.step + eps:
-                entry = heapq.heappop(finishes)
-                if entry[2].state == RUNNING and entry[2].serial == entry[1]:
-                    self._finish(entry[2], t)
-                    done.append((entry[2], t))
-            if self.running > 1 and self.running * self.step + self.k >= self.job.kv_capacity - eps:
+                self.step = step
+            reach = self.step + EPS
+            while finishes and finishes[0][0] <= reach:
+                _, serial, seq = pop(finishes)
+                if seq.state != RUNNING or seq.serial != serial:
+                    continue
+                self.running -= 1
+                self.k -= seq.base - seq.admit_step
+                if track:
+                    seq.segments.append((seq.admit_step, seq.finish_step))
+                seq.made, seq.state = float(seq.length), DONE
+                seq.ticket.occupied += t - seq.admit_time
+                done.append((seq, t))
+            if self.running > 1 and self.running * self.step + self.k >= self.job.kv_capacity - EPS:
                 self._preempt_latest()
             if self.waiting:
                 self.admit(t)
             if was_busy != (self.running > 0 or bool(self.waiting)):
                 idle_changes.append((t, -1 if was_busy else 1))
             self.refresh()
-
-    def _finish(self, seq: Sequence, t: float) -> None:
-        self._leave(seq)
-        seq.made = float(seq.length)
-        seq.state = DONE
-        seq.ticket.occupied += t - seq.admit_time
 
     def _leave(self, seq: Sequence) -> None:
         self.running -= 1
@@ -187,29 +217,32 @@ class Replica:
         """Admit waiting sequences (first in, first out) while a slot is free and the KV cache has room."""
         job, waiting = self.job, self.waiting
         room = job.kv_capacity * (1.0 - KV_WATERMARK)
+        max_seqs, step, push = job.max_seqs, self.step, heapq.heappush
+        finishes, admitted = self._finishes, self._admitted
         stall = 0.0
         fresh: list[Sequence] = []
-        while waiting and self.running < job.max_seqs:
+        while waiting and self.running < max_seqs:
             seq = waiting[0]
             if seq.state == DROPPED:
                 waiting.popleft()
                 continue
-            if self.running and self.context + seq.base > room:
+            if self.running and self.running * step + self.k + seq.base > room:
                 break
             waiting.popleft()
-            stall += self._prefill(seq)
+            if seq.made or self.index not in seq.ticket.prefilled:
+                stall += self._prefill(seq)
             self._serial += 1
             seq.serial, seq.state = self._serial, RUNNING
-            seq.admit_step, seq.finish_step = self.step, self.step + (seq.length - seq.made)
+            seq.admit_step, seq.finish_step = step, step + (seq.length - seq.made)
             self.running += 1
-            self.k += seq.base - self.step
-            heapq.heappush(self._finishes, (seq.finish_step, seq.serial, seq))
-            self._admitted.append(seq)
+            self.k += seq.base - step
+            push(finishes, (seq.finish_step, seq.serial, seq))
+            admitted.append(seq)
             fresh.append(seq)
         if not fresh:
             return
-        if len(self._admitted) > 2 * self.running + 64:
-            self._admitted = [s for s in self._admitted if s.state == RUNNING]
+        if len(admitted) > 2 * self.running + 64:
+            self._admitted = [s for s in admitted if s.state == RUNNING]
         if stall > 0:
             self.ready_at = max(self.ready_at, t) + stall
         start = self.ready_at if self.ready_at > t else t
