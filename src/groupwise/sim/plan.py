@@ -236,8 +236,10 @@ def mark(rows: Iterable[PlanRow]) -> None:
     max(done, key=lambda r: r.speedup or 0.0).best = True
 
 
-TABLE_HEADER = ("| setting | s/step | trained tok/s | speed-up | generator busy | staleness p99 / max | wasted tokens |",
-                "|---|---:|---:|---:|---:|---:|---:|")  # fmt: skip
+TABLE_HEADER = (
+    "| setting | s/step | trained tok/s | speed-up | generator busy | staleness p99 / max | wasted tokens |",
+    "|---|---:|---:|---:|---:|---:|---:|",
+)
 
 
 def format_table(rows: Iterable[PlanRow]) -> str:
