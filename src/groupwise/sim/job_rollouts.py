@@ -89,9 +89,9 @@ class JobRollouts:
         try:
             await ticket.future
         except asyncio.CancelledError:
-            tokens = self.engine.cancel(ticket, loop.time())
+            made = self.engine.cancel(ticket, loop.time())
             counters.cancelled += 1
-            self._cancelled[group_id] = GenerationCost(round(tokens), ticket.occupied / self.engine.num_slots)
+            self._cancelled[group_id] = GenerationCost(round(made), ticket.occupied / self.engine.num_slots)
             raise
         tokens = sum(lengths)
         counters.generated_tokens += tokens

@@ -31,7 +31,6 @@ from groupwise.config import ConfigError, ConfigIssue, config_from_dict
 from groupwise.config.job_schema import PlanSection
 from groupwise.controller.settings import ControllerSettings
 from groupwise.sim.job_checks import check_job
-from groupwise.sim.job_rollouts import JobRollouts
 from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
 from groupwise.sim.summary import summarize
 from groupwise.sim.workload import SimWorkload
@@ -173,10 +172,7 @@ def point_row(cfg: RunConfig, point: PlanPoint) -> PlanRow:
     if run.steps_trained and wall > 0:
         row.step_seconds = wall / run.steps_trained
         row.trained_tokens_per_s = (summary["trained_tokens"] or 0) / wall
-        rollouts = run.parts.rollouts
-        if isinstance(rollouts, JobRollouts):
-            engine = rollouts.engine
-            row.generator_utilisation = engine.replica_busy_seconds(wall) / (len(engine.replicas) * wall)
+        row.generator_utilisation = summary.get("generator_busy_fraction")
         row.staleness_p99, row.staleness_max = summary["staleness_p99"], summary["staleness_max"]
         row.waste_fraction = summary["waste_fraction"]
     return row
