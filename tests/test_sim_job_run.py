@@ -91,7 +91,7 @@ def test_partial_rollouts_span_versions_and_recomputing_the_cache_costs_time(tmp
                          run={"max_steps": 12})  # fmt: skip
         trained: list = []
         run = simulate_async(ControllerSettings.from_config(cfg), SimWorkload.from_config(cfg),
-                             on_step_end=lambda step, metrics, groups: trained.extend(groups),
+                             on_step_end=lambda step, metrics, groups, out=trained: out.extend(groups),
                              partial_rollouts=True, recompute_kv=kv == "recompute")  # fmt: skip
         runs[kv] = run.wall_seconds
         spanning = [g for g in trained if len(g.version_tokens) > 1]
