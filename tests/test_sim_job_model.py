@@ -101,7 +101,7 @@ def _run(engine_job: JobSection, groups: list[list[int]], cancel_after: float | 
 
     async def main():
         loop = asyncio.get_running_loop()
-        engine = JobEngine(costs, poll_s=1e-9, track_versions=False)  # a poll at every event: exact times
+        engine = JobEngine(costs, poll_s=1e-9, track_versions=False, finish_quantum=0.0)  # every event on time
         tickets = [engine.submit(lengths, loop.time()) for lengths in groups]
         if cancel_after is not None:
             await asyncio.sleep(cancel_after)

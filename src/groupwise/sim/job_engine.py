@@ -20,7 +20,7 @@ import math
 from typing import Any
 
 from groupwise.sim.job_model import JobCosts, decode_step_seconds, prefill_seconds
-from groupwise.sim.replica import DONE, Replica, Sequence
+from groupwise.sim.replica import DONE, FINISH_QUANTUM_STEPS, Replica, Sequence
 
 #: Decode steps between polls when events are dense (the most a finished group waits to be handed back).
 POLL_DECODE_STEPS = 16
@@ -50,12 +50,13 @@ class Ticket:
 class JobEngine:
     """Every replica of a job (see the module docstring)."""
 
-    def __init__(self, job: JobCosts, poll_s: float, track_versions: bool) -> None:
+    def __init__(self, job: JobCosts, poll_s: float, track_versions: bool,
+                 finish_quantum: float = FINISH_QUANTUM_STEPS) -> None:
         if job.replicas < 1:
             raise ValueError(f"a job needs at least one rollout replica, got {job.replicas}")
         self.job = job
         self.poll_s = poll_s
-        self.replicas = [Replica(i, job, track_versions) for i in range(job.replicas)]
+        self.replicas = [Replica(i, job, track_versions, finish_quantum) for i in range(job.replicas)]
         self.num_slots = job.replicas * job.max_seqs
         self._events: list[tuple[float, int, int]] = []
         self._next = 0  # where the search for the least loaded replica starts
@@ -140,7 +141,7 @@ class JobEngine:
                 extra = (2.0 * job.active_params * total + 2.0 * job.layers * job.hidden * squares) / job.replica_flops
             replica.stall(now, seconds + extra)
             if version is not None:
-                replica.switches.append((replica.step, version))
+                replica.add_switch(version)
             self._changed(replica, replica.busy, now)
         self._ensure_poll()
 

@@ -141,6 +141,11 @@ class JobCosts:
         """:func:`forward_flops` of one prompt + completion."""
         return forward_flops(self.prompt_tokens + completion_tokens, self.active_params, self.layers, self.hidden)
 
+    def sequences_forward_flops(self, completion_tokens: list[int]) -> float:
+        """:func:`forward_flops` summed over sequences: ``2·A·ΣT + 2·ℓ·h·ΣT²`` (``T`` = prompt + completion)."""
+        totals = [self.prompt_tokens + n for n in completion_tokens]
+        return 2.0 * self.active_params * sum(totals) + 2.0 * self.layers * self.hidden * sum(t * t for t in totals)
+
     def chunk_train_seconds(self, forward: float, epochs: int) -> float:
         """A chunk whose sequences' forward FLOPs sum to ``forward``: ``epochs`` update passes (forward, backward
         = 2 forwards, and a recomputed forward with gradient checkpointing), plus one forward for the old logprobs

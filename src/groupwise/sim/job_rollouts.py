@@ -121,7 +121,7 @@ class JobRollouts:
             raw_rewards=rewards, rewards=list(rewards), start_version=start_version,
             end_version=self.weight_version, epoch=prompt.epoch, attempt=attempt, completion_tokens=tokens,
             gen_seconds=ticket.occupied / self.engine.num_slots, version_tokens=version_tokens,
-            forward_flops=sum(self.costs.sequence_forward_flops(n) for n in lengths),
+            forward_flops=self.costs.sequences_forward_flops(lengths),
         )  # fmt: skip
 
     def _mixed_logit(self, mix: dict[int, float], start_version: int) -> float:

@@ -38,6 +38,9 @@ WAITING, RUNNING, DONE, DROPPED = range(4)
 #: at once into the space it just left.
 KV_WATERMARK = 0.01
 EPS = 1e-7  # steps: a finish scheduled at a step is taken when the replica reaches it within float error
+#: Finishes within this many decode steps after the next one are taken together, at the last of them (each at most
+#: this many steps late, as late as a poll): one event for several when a full replica finishes one every few steps.
+FINISH_QUANTUM_STEPS = 16.0
 
 
 class Sequence:
@@ -62,8 +65,10 @@ class Sequence:
 class Replica:
     """One replica's state and events (see the module docstring)."""
 
-    def __init__(self, index: int, job: JobCosts, track_versions: bool) -> None:
+    def __init__(self, index: int, job: JobCosts, track_versions: bool,
+                 finish_quantum: float = FINISH_QUANTUM_STEPS) -> None:
         self.index = index
+        self.finish_quantum = finish_quantum
         self.job = job
         self.track_versions = track_versions
         self.step = 0.0
@@ -75,7 +80,8 @@ class Replica:
         self._finishes: list[tuple[float, int, Sequence]] = []
         self._admitted: list[Sequence] = []  # admission order, for preemption (finished ones skipped lazily)
         self._serial = 0
-        self.switches: list[tuple[float, int]] = []  # (step, version) a weight update reached this replica
+        self.switch_steps: list[float] = []  # steps at which a weight update reached this replica (partial rollouts)
+        self.switch_versions: list[int] = []  # and the version it brought
         self.seq_seconds = 0.0  # ∫ B dt
         self.busy_seconds = 0.0  # time with a sequence running or waiting
         self.preemptions = 0
@@ -127,7 +133,7 @@ class Replica:
                 break
             heapq.heappop(finishes)
         step = self.step
-        target = entry[0]
+        target = entry[0] + self.finish_quantum
         context = running * step + self.k
         if running > 1:
             full = step + max(0.0, (self.job.kv_capacity - context) / running)
@@ -282,17 +288,23 @@ class Replica:
                 squares += c * c
         return total, squares
 
+    def add_switch(self, version: int) -> None:
+        """From the current step on, this replica's tokens are of ``version``."""
+        self.switch_steps.append(self.step)
+        self.switch_versions.append(version)
+
     def version_tokens(self, seq: Sequence, base_version: int) -> dict[int, float]:
         """Tokens of ``seq`` per weight version that made them (its decoded segments against the switches)."""
         counts: dict[int, float] = {}
-        switch_steps = [s for s, _ in self.switches]
+        steps, versions = self.switch_steps, self.switch_versions
+        n = len(steps)
         for start, end in seq.segments:
-            i = bisect_right(switch_steps, start)
-            version = self.switches[i - 1][1] if i else base_version
+            i = bisect_right(steps, start)
+            version = versions[i - 1] if i else base_version
             position = start
-            while i < len(self.switches) and self.switches[i][0] < end:
-                counts[version] = counts.get(version, 0.0) + self.switches[i][0] - position
-                position, version = self.switches[i][0], self.switches[i][1]
+            while i < n and steps[i] < end:
+                counts[version] = counts.get(version, 0.0) + steps[i] - position
+                position, version = steps[i], versions[i]
                 i += 1
             counts[version] = counts.get(version, 0.0) + end - position
         return counts
