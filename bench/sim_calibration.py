@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/sim_calibration.py                  # fit on the sync rows, predict the rest: the table
     .venv/bin/python bench/sim_calibration.py --no-fit         # the table with the committed constants (FITTED)
-    .venv/bin/python bench/sim_calibration.py --steps 40       # shorter runs (the slow test's setting)
+    .venv/bin/python bench/sim_calibration.py --steps 30       # shorter runs (a quick look)
 
 Source: volcengine/verl, ``docs/advance/fully_async.md`` (last updated 10/18/2025; the recipe scripts under
 ``recipe/fully_async_policy/exp/qwen2-7B-math*``). Qwen2.5-Math-7B, DAPO without dynamic sampling, responses up to
@@ -20,6 +20,10 @@ then ``train_mfu`` in closed form (training time is ``compute / train_mfu + upda
 What is assumed and not fitted (the page does not publish it): the lengths — prompt 150 tokens, completions
 log-normal with median 1,200 and p99/p50 = 6, truncated at 28,672 — and the weight syncs (fixed 10 s colocated, the
 reshard into vLLM with its wake-up and sleep; 4 s over NCCL for fully async, plus bytes ÷ bandwidth).
+
+A second table is a diagnostic, not a calibration: the async rows again with ``train_mfu`` read off one async figure
+(the 64:64 row's published ``update_actor``, in closed form like the sync fit), to separate the trainer's speed,
+which the sync rows cannot give, from the pipeline (overlap, staleness gate, partial rollouts) the simulator adds.
 
 How verl's ``staleness_threshold`` s maps onto the controller: s = 0 is ``in_order`` with lookahead 0 (the rollouter
 produces one step's prompts per version and the trainer streams them); s > 0 is ``windowed`` (no eviction in these
@@ -122,6 +126,10 @@ def config_data(mode: str, gpus: int, efficiency: dict[str, float], steps: int, 
     return data
 
 
+# The published update_actor of the async 64:64 row (staleness 0.5): what the diagnostic reads the trainer's speed off.
+ASYNC_128_UPDATE = 113.16
+
+
 def simulate_row(mode: str, gpus: int, efficiency: dict[str, float], steps: int, staleness: float = 0.5) -> dict:
     """Seconds per step (mean over the run) of one row: step, and for sync its generation and training."""
     cfg = config_from_dict(config_data(mode, gpus, efficiency, steps, staleness))
@@ -186,16 +194,17 @@ def fit_generation(rounds: int) -> dict[str, float]:
     return point
 
 
+def training_parts(mode: str, gpus: int, efficiency: dict[str, float], steps: int) -> tuple[float, float]:
+    """``(compute × train_mfu, updates)`` seconds per step: training is ``compute / train_mfu + updates``."""
+    cfg = config_from_dict(config_data(mode, gpus, efficiency, steps))
+    updates = 16 * JobCosts.from_job(cfg.sim.job).update_s  # type: ignore[arg-type]
+    train = simulate_row(mode, gpus, efficiency, steps)["train"]
+    return (train - updates) * efficiency["train_mfu"], updates
+
+
 def fit_train_mfu(efficiency: dict[str, float], steps: int) -> float:
-    """``train_mfu`` minimising Σ log(predicted / published training time)²: training is ``compute / mfu +
-    updates``, so one run per row at the current value gives both parts."""
-    parts = []
-    for gpus in SYNC:
-        cfg = config_from_dict(config_data("sync", gpus, efficiency, steps))
-        costs = JobCosts.from_job(cfg.sim.job)  # type: ignore[arg-type]
-        updates = 16 * costs.update_s
-        train = simulate_row("sync", gpus, efficiency, steps)["train"]
-        parts.append(((train - updates) * efficiency["train_mfu"], updates, SYNC[gpus][2]))
+    """``train_mfu`` minimising Σ log(predicted / published training time)² over the sync rows."""
+    parts = [(*training_parts("sync", gpus, efficiency, steps), SYNC[gpus][2]) for gpus in SYNC]
     lo, hi = 0.05, 1.0
     for _ in range(60):  # golden-section search on a unimodal loss
         a, b = lo + (hi - lo) * 0.382, lo + (hi - lo) * 0.618
@@ -234,6 +243,23 @@ def table(efficiency: dict[str, float], steps: int) -> list[dict[str, Any]]:
     return rows
 
 
+def diagnostic(efficiency: dict[str, float], steps: int) -> tuple[float, list[dict[str, Any]]]:
+    """The async rows with ``train_mfu`` read off the 64:64 row's published ``update_actor`` (not a calibration)."""
+    compute, updates = training_parts("async", 128, efficiency, steps)
+    mfu = round(compute / (ASYNC_128_UPDATE - updates), 3)
+    trainer = {**efficiency, "train_mfu": min(1.0, mfu)}
+    rows: list[dict[str, Any]] = []
+    for g, (step, _) in ASYNC.items():
+        ours = simulate_row("async", g, trainer, steps)["step"]
+        rows.append({"figure": f"async {g // 2}:{g // 2}: s/step", "published": step, "predicted": ours,
+                     "error": ours / step - 1, "fit": False})  # fmt: skip
+    for s, hours in ABLATION.items():
+        ours = simulate_row("async", 128, trainer, steps, staleness=s)["step"] * STEPS_PUBLISHED / 3600
+        rows.append({"figure": f"staleness {s}: hours for 400 steps (64:64)", "published": hours,
+                     "predicted": ours, "error": ours / hours - 1, "fit": False})  # fmt: skip
+    return mfu, rows
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| figure | published | predicted | error |", "|---|---:|---:|---:|"]
     for r in rows:
@@ -247,7 +273,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-fit", action="store_true", help="use the committed constants (FITTED)")
-    parser.add_argument("--steps", type=int, default=100, help="steps simulated per row (default 100)")
+    parser.add_argument("--steps", type=int, default=60, help="steps simulated per row (default 60)")
     parser.add_argument("--rounds", type=int, default=6, help="engine rounds per generation estimate in the fit")
     args = parser.parse_args(argv)
     started = time.process_time()
@@ -260,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = table(efficiency, args.steps)
     print(f"constants: {efficiency}")
     print(format_table(rows))
+    mfu, diagnostic_rows = diagnostic(efficiency, args.steps)
+    print(f"\ndiagnostic: the async rows with train_mfu = {mfu} (read off the 64:64 row's update_actor)")
+    print(format_table(diagnostic_rows))
     print(f"\n{args.steps} simulated steps per row; {time.process_time() - started:.0f} s of CPU; "
           f"{platform.processor() or platform.machine()}, Python {platform.python_version()}")
     return 0
