@@ -3,7 +3,8 @@
 Invariants pinned:
 - the grid is every combination of the async settings per GPU split, plus one colocated sync point on all the GPUs;
   splits are whole replicas with at least one replica and one training GPU;
-- each point is the job's config with the documented keys replaced, and validates like any config;
+- each point is the job's config with the documented keys replaced, and validates like any config; a plan of S
+  steps for a run of more scales the length drift and the learning curve by S / run.max_steps;
 - the table has one row per point, the sync row's speed-up is 1, exactly one row is the best and it has the highest
   speed-up; the rows do not depend on ``--jobs``;
 - the CLI writes plan.md, plan.json (one entry per row) and plan.png, and a config without ``sim.job`` is refused
@@ -103,3 +104,15 @@ def test_the_shipped_plans_load_with_their_grids(name, points):
     assert len(grid) == points and grid[0].mode == "sync"
     assert cfg.run.max_steps == 1000 and cfg.grpo.num_prompts_per_step == 512
     point_config(cfg, grid[-1])
+
+
+def test_a_plan_compresses_the_run_into_its_simulated_steps(tmp_path):
+    data = plan_data(tmp_path, steps=10)
+    data["run"]["max_steps"] = 1000
+    data["sim"]["learning_rate_groups"] = 5000.0
+    data["sim"]["job"] = {**JOB, "lengths": {**JOB["lengths"], "final_median_tokens": 400.0, "drift_steps": 500}}
+    point = point_config(config_from_dict(data), PlanPoint("sync", 4, 4))
+    assert point.run.max_steps == 10 and point.sim.job.lengths.drift_steps == 5
+    assert point.sim.learning_rate_groups == pytest.approx(50.0)
+    data["sim"]["plan"]["steps"] = None
+    assert point_config(config_from_dict(data), PlanPoint("sync", 4, 4)).run.max_steps == 1000

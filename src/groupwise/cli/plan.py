@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from groupwise.config import load_config
+from groupwise.config.job_schema import PlanSection
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -49,8 +50,11 @@ def run_plan(args: argparse.Namespace) -> int:
     from groupwise.sim.plan_plot import plot_plan
 
     points = plan_points(cfg)
-    print(f"groupwise plan: {len(points)} settings × {cfg.run.max_steps} steps of {cfg.grpo.num_prompts_per_step} × "
-          f"{cfg.grpo.num_generations_per_prompt} (virtual time)", file=sys.stderr)  # fmt: skip
+    steps = cfg.sim.plan.steps if cfg.sim.plan is not None else PlanSection().steps
+    simulated = cfg.run.max_steps if steps is None or cfg.run.max_steps is None else min(steps, cfg.run.max_steps)
+    print(f"groupwise plan: {len(points)} settings × {simulated} simulated steps (standing for run.max_steps = "
+          f"{cfg.run.max_steps}) of {cfg.grpo.num_prompts_per_step} × {cfg.grpo.num_generations_per_prompt}",
+          file=sys.stderr)  # fmt: skip
     start = time.process_time()
     rows = run_plan(cfg, jobs=args.jobs,
                     on_row=lambda row: print(f"  done: {row.point.label}", file=sys.stderr, flush=True))  # fmt: skip
@@ -59,7 +63,11 @@ def run_plan(args: argparse.Namespace) -> int:
     name = cfg.run.name or Path(args.file).stem
     out = args.out if args.out is not None else Path(cfg.run.output_dir) / f"{name}-plan"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "plan.md").write_text(f"# Plan: {args.file}\n\n{table}\n", encoding="utf-8")
+    job = cfg.sim.job
+    constants = ", ".join(f"{k} = {v}" for k, v in job.efficiency.model_dump().items()) if job is not None else ""
+    (out / "plan.md").write_text(f"# Plan: {args.file}\n\n{simulated} simulated steps per setting standing for "
+                                 f"{cfg.run.max_steps}; fitted constants: {constants}.\n\n{table}\n",
+                                 encoding="utf-8")  # fmt: skip
     (out / "plan.json").write_text(json.dumps(rows_json(rows), indent=2) + "\n", encoding="utf-8")
     plot = plot_plan(rows, out / "plan.png", f"{name}: speed-up over sync")
     written = ", ".join(str(p) for p in (out / "plan.md", out / "plan.json", plot) if p is not None)

@@ -151,6 +151,10 @@ class PlanSection(Section):
     rollout_fractions: list[Annotated[float, Field(gt=0, lt=1)]] = Field(default_factory=lambda: [0.5], min_length=1)
     """Shares of the GPUs (``rollout_gpus + train_gpus``) that generate in async mode, each in (0, 1); rounded to
     whole replicas."""
+    steps: int | None = Field(100, ge=1)
+    """Steps simulated per point (≥ 1): the run's ``run.max_steps`` steps are represented by this many, with what
+    changes over the run by weight version — the length drift (``job.lengths.drift_steps``) and the learning curve
+    (``sim.learning_rate_groups``, in groups) — scaled by ``steps / run.max_steps``; ``null`` = every step."""
 
     @field_validator("partial_rollouts", mode="before")
     @classmethod

@@ -13,7 +13,11 @@ otherwise). Each point of the grid is the job's config with these keys replaced,
   the buffer), ``loss.importance_sampling: true``, and ``on_dropped_prompt: shrink`` for ``windowed`` (it keeps no
   spare pool).
 
-Each point runs the real sync loop or controller over ``run.max_steps`` steps, without writing files. Its row:
+Each point runs the real sync loop or controller without writing files, over ``sim.plan.steps`` steps (100 by
+default) standing for the run's ``run.max_steps``: what changes by weight version over the run — the median
+length's drift and the learning curve — is compressed into them (``drift_steps`` and ``sim.learning_rate_groups``
+scaled by ``steps / run.max_steps``), so the mean step covers the whole run; ``steps: null`` simulates every step.
+Its row:
 time per step (virtual wall ÷ steps), trained completion tokens per second, generator utilisation (share of
 replica-time with a sequence running or waiting), staleness p99 and max, wasted share of generated tokens, and
 the speed-up over the sync point (trained tokens per second ÷ sync's). The best row has the highest speed-up.
@@ -75,6 +79,7 @@ class PlanRow:
     staleness_max: int | None = None
     waste_fraction: float | None = None
     speedup: float | None = None
+    run_hours: float | None = None  # time per step × run.max_steps
     error: str | None = None
     best: bool = False
     summary: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -121,6 +126,13 @@ def point_config(cfg: RunConfig, point: PlanPoint) -> RunConfig:
     data["mode"] = point.mode
     sim = data["sim"]
     sim["write_fates"] = False
+    steps = (cfg.sim.plan or PlanSection()).steps
+    if steps is not None and cfg.run.max_steps is not None and steps < cfg.run.max_steps:
+        scale = steps / cfg.run.max_steps  # the run in fewer steps: what moves by version moves faster
+        data["run"]["max_steps"] = steps
+        lengths = sim["job"]["lengths"]
+        lengths["drift_steps"] = max(1, round(lengths["drift_steps"] * scale))
+        sim["learning_rate_groups"] = sim["learning_rate_groups"] * scale
     cluster = sim["job"]["cluster"]
     cluster.update(rollout_gpus=point.rollout_gpus, train_gpus=point.train_gpus, colocated=point.mode == "sync")
     if point.mode == "sync":
@@ -171,6 +183,7 @@ def point_row(cfg: RunConfig, point: PlanPoint) -> PlanRow:
     wall = run.wall_seconds
     if run.steps_trained and wall > 0:
         row.step_seconds = wall / run.steps_trained
+        row.run_hours = row.step_seconds * (cfg.run.max_steps or run.steps_trained) / 3600
         row.trained_tokens_per_s = (summary["trained_tokens"] or 0) / wall
         row.generator_utilisation = summary.get("generator_busy_fraction")
         row.staleness_p99, row.staleness_max = summary["staleness_p99"], summary["staleness_max"]
@@ -233,8 +246,8 @@ def mark(rows: Iterable[PlanRow]) -> None:
 
 
 TABLE_HEADER = (
-    "| setting | s/step | trained tok/s | speed-up | generator busy | staleness p99 / max | wasted tokens |",
-    "|---|---:|---:|---:|---:|---:|---:|",
+    "| setting | s/step | run h | trained tok/s | speed-up | generator busy | staleness p99 / max | wasted tokens |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|",
 )
 
 
@@ -243,14 +256,15 @@ def format_table(rows: Iterable[PlanRow]) -> str:
     lines = list(TABLE_HEADER)
     for r in rows:
         if r.step_seconds is None:
-            lines.append(f"| {r.point.label} | — | — | — | — | — | failed: {r.error} |")
+            lines.append(f"| {r.point.label} | — | — | — | — | — | — | failed: {r.error} |")
             continue
         label = f"**★ {r.point.label}**" if r.best else r.point.label
         util = "—" if r.generator_utilisation is None else f"{r.generator_utilisation:.0%}"
         waste = "—" if r.waste_fraction is None else f"{r.waste_fraction:.1%}"
         note = "" if r.error is None else f" (stopped: {r.error})"
         lines.append(
-            f"| {label}{note} | {r.step_seconds:,.1f} | {r.trained_tokens_per_s or 0:,.0f} | {r.speedup or 0:.2f}× | "
+            f"| {label}{note} | {r.step_seconds:,.1f} | {r.run_hours or 0:,.1f} | {r.trained_tokens_per_s or 0:,.0f} | "
+            f"{r.speedup or 0:.2f}× | "
             f"{util} | {r.staleness_p99} / {r.staleness_max} | {waste} |"
         )
     return "\n".join(lines)
