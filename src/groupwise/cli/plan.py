@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from groupwise.config import load_config
-from groupwise.config.job_schema import PlanSection
+from groupwise.config.job_schema import default_plan
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -50,7 +50,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from groupwise.sim.plan_plot import plot_plan
 
     points = plan_points(cfg)
-    steps = cfg.sim.plan.steps if cfg.sim.plan is not None else PlanSection().steps
+    steps = cfg.sim.plan.steps if cfg.sim.plan is not None else default_plan().steps
     simulated = cfg.run.max_steps if steps is None or cfg.run.max_steps is None else min(steps, cfg.run.max_steps)
     print(f"groupwise plan: {len(points)} settings × {simulated} simulated steps (standing for run.max_steps = "
           f"{cfg.run.max_steps}) of {cfg.grpo.num_prompts_per_step} × {cfg.grpo.num_generations_per_prompt}",

@@ -161,3 +161,8 @@ class PlanSection(Section):
     def _yaml_off(cls, value: Any) -> Any:
         """YAML reads a bare ``off`` as false; here it means ``off``."""
         return ["off" if item is False else item for item in value] if isinstance(value, list) else value
+
+
+def default_plan() -> PlanSection:
+    """The grid ``groupwise plan`` sweeps when ``sim.plan`` is not set."""
+    return PlanSection.model_validate({})

@@ -19,7 +19,7 @@ import heapq
 import math
 from typing import Any
 
-from groupwise.sim.job_model import JobCosts, decode_step_seconds, prefill_seconds
+from groupwise.sim.job_model import JobCosts, decode_step_seconds
 from groupwise.sim.replica import DONE, FINISH_QUANTUM_STEPS, Replica, Sequence
 
 #: Decode steps between polls when events are dense (the most a finished group waits to be handed back).
@@ -256,5 +256,3 @@ class JobEngine:
     def state(self) -> list[dict[str, Any]]:
         return [r.state_line() for r in self.replicas]
 
-
-__all__ = ["JobEngine", "Ticket", "poll_seconds", "prefill_seconds"]

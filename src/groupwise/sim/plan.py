@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from groupwise.config import ConfigError, ConfigIssue, config_from_dict
-from groupwise.config.job_schema import PlanSection
+from groupwise.config.job_schema import default_plan
 from groupwise.controller.settings import ControllerSettings
 from groupwise.sim.job_checks import check_job
 from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
@@ -91,7 +91,7 @@ def plan_points(cfg: RunConfig) -> list[PlanPoint]:
     if job is None:
         raise ConfigError([ConfigIssue("sim.job", None, "groupwise plan needs a job to plan: sim.job is not set",
                                        "describe the job under sim.job (see examples/plan/)")])  # fmt: skip
-    grid = cfg.sim.plan or PlanSection()
+    grid = cfg.sim.plan or default_plan()
     total = job.cluster.rollout_gpus + (0 if job.cluster.colocated else job.cluster.train_gpus)
     tp = job.cluster.tensor_parallel
     points: list[PlanPoint] = []
@@ -126,7 +126,7 @@ def point_config(cfg: RunConfig, point: PlanPoint) -> RunConfig:
     data["mode"] = point.mode
     sim = data["sim"]
     sim["write_fates"] = False
-    steps = (cfg.sim.plan or PlanSection()).steps
+    steps = (cfg.sim.plan or default_plan()).steps
     if steps is not None and cfg.run.max_steps is not None and steps < cfg.run.max_steps:
         scale = steps / cfg.run.max_steps  # the run in fewer steps: what moves by version moves faster
         data["run"]["max_steps"] = steps
