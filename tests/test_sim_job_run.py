@@ -8,7 +8,7 @@ Invariants pinned:
 - partial rollouts on: completions span weight versions (token staleness below group staleness) and a sync pauses the
   replicas (with ``partial_rollout_kv: recompute`` they also re-prefill, which takes longer than ``keep``);
 - bad job settings are refused before anything runs, every one at once with its key: the toy cost keys, colocated
-  async, replicas that do not divide the GPUs, a sequence that cannot fit a replica's memory;
+  async, replicas that do not divide the GPUs, a sequence that cannot fit a replica's memory, a plan without a job;
 - the resolved config of a run without ``sim.job`` has no ``job`` or ``plan`` key (configs written before the job
   model resolve as before).
 """
@@ -111,6 +111,11 @@ def test_bad_job_settings_are_refused_at_once_with_their_keys(tmp_path, capsys):
                      "sim.job.cluster.train_gpus", "sim.job.cluster.rollout_gpus",
                      "sim.job.cluster.tensor_parallel"]  # fmt: skip
     assert not (tmp_path / "bad").exists()
+    plan_only = config_from_dict({"model": {"source": "tiny"}, "run": {"output_dir": str(tmp_path)},
+                                  "sim": {"plan": {"windows": [1]}}})  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        simulate(plan_only)
+    assert [issue.path for issue in err.value.errors] == ["sim.plan"]
     path = tmp_path / "bad.yaml"
     path.write_text("model: {source: tiny}\nsim:\n  job:\n    model: {params: 1.0e9, layers: 2, hidden: 64, "
                     "kv_heads: 1, head_dim: 8}\n    cluster: {gpu: X100, rollout_gpus: 1, train_gpus: 1}\n")

@@ -25,7 +25,11 @@ def check_job(cfg: RunConfig) -> list[ConfigIssue]:
     """Every issue of ``cfg.sim.job`` with the rest of the config (none when there is no job)."""
     job = cfg.sim.job
     if job is None:
-        return []
+        if cfg.sim.plan is None:
+            return []
+        return [ConfigIssue("sim.plan", cfg.sim.plan.model_dump(mode="json"), "sim.plan is the grid groupwise plan "
+                            "sweeps over a job, but sim.job is not set (a key with no effect is an error)",
+                            "describe the job under sim.job, or remove sim.plan")]  # fmt: skip
     toy = SimSection.model_validate({key: getattr(cfg.sim, key) for key in TOY_KEYS})
     issues = [
         ConfigIssue(path, value, f"{path} has no effect with sim.job: the job model derives every cost from the job "
