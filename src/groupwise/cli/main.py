@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 from groupwise.abandoned import exit_process
 from groupwise.cli.commands import RUN_COMMAND_PARSERS, print_config_warnings
+from groupwise.cli.plan import add_plan_parser
 from groupwise.config import ConfigError, load_config
 from groupwise.trainer.cpu_threads import prepare_openmp_environment
 
@@ -84,7 +85,7 @@ def run_config_check(args: argparse.Namespace) -> int:
 
 # --- entry point ------------------------------------------------------------------------------------------------
 
-COMMAND_PARSERS: list[Callable[[Subparsers], None]] = [add_config_parser, *RUN_COMMAND_PARSERS]
+COMMAND_PARSERS: list[Callable[[Subparsers], None]] = [add_config_parser, *RUN_COMMAND_PARSERS, add_plan_parser]
 
 
 def build_parser() -> argparse.ArgumentParser:

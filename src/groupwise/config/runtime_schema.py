@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from groupwise.config.base import Section
+from groupwise.config.job_schema import JobSection, PlanSection
 
 
 class RaySection(Section):
@@ -92,3 +93,19 @@ class SimSection(Section):
     write_fates: bool = True
     """Write ``fates.jsonl`` (the fate of every generated group or dispatched attempt, as a real run of the same
     mode does); turn off for runs of millions of groups."""
+    job: JobSection | None = None
+    """A real training job (model, GPUs, lengths; ``docs/simulator.md``): every cost comes from it instead of the
+    toy cost keys above, which must then keep their defaults; ``null`` (default) = the toy model."""
+    plan: PlanSection | None = None
+    """The grid ``groupwise plan`` sweeps (needs ``job``); ``null`` = the default grid."""
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_job(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """``job`` and ``plan`` are left out of a dump while null, so a config written before they existed
+        resolves (``config show``, a run's ``config.yaml``) to the same YAML as before; it loads back equal."""
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in ("job", "plan"):
+                if data.get(key, 0) is None:
+                    del data[key]
+        return data

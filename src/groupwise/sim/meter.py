@@ -19,6 +19,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 
+from groupwise.sim.job_rollouts import JobRollouts
 from groupwise.sim.simulated_learner import SimulatedTrainer
 from groupwise.sim.simulated_rollouts import SimulatedGroup, SimulatedRollouts
 from groupwise.types import Group
@@ -27,7 +28,9 @@ from groupwise.types import Group
 class StepMeter:
     """Differences of the simulated engine's and learner's running totals between step ends."""
 
-    def __init__(self, rollouts: SimulatedRollouts, trainer: SimulatedTrainer, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, rollouts: SimulatedRollouts | JobRollouts, trainer: SimulatedTrainer, clock: Callable[[], float]
+    ) -> None:
         self.rollouts = rollouts
         self.trainer = trainer
         self.clock = clock

@@ -29,6 +29,7 @@ from groupwise.run.fates_file import FatesWriter
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir, write_text_atomic
 from groupwise.run.trackers import config_trackers
+from groupwise.sim.job_checks import check_job
 from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
 from groupwise.sim.summary import summarize
 from groupwise.sim.workload import SimWorkload
@@ -75,7 +76,8 @@ def check_async_workload(cfg: RunConfig, workload: SimWorkload) -> list[ConfigIs
 
 def check_engine_keys(cfg: RunConfig) -> list[ConfigIssue]:
     """Engine keys the simulator has no use for: its slots take a completion as soon as one frees (continuous
-    batching always), and it does not charge the KV rebuild of a partial rollout."""
+    batching always), and the toy model does not charge the KV rebuild of a partial rollout (the job model does,
+    so ``async.partial_rollout_kv`` acts with ``sim.job``)."""
     issues = []
     if cfg.generation.continuous_batching:
         issues.append(ConfigIssue(
@@ -83,13 +85,22 @@ def check_engine_keys(cfg: RunConfig) -> list[ConfigIssue]:
             "the simulated engine books each completion on the slot that frees first (continuous batching always)",
             "remove generation.continuous_batching for groupwise simulate",
         ))  # fmt: skip
-    if cfg.async_.partial_rollout_kv != "recompute":
+    if cfg.async_.partial_rollout_kv != "recompute" and cfg.sim.job is None:
         issues.append(ConfigIssue(
             "async.partial_rollout_kv", cfg.async_.partial_rollout_kv, "async.partial_rollout_kv has no effect in a "
             "simulation: it does not charge rebuilding the KV cache of rows that go on under new weights",
             "remove async.partial_rollout_kv for groupwise simulate",
         ))  # fmt: skip
     return issues
+
+
+def simulation_issues(cfg: RunConfig, workload: SimWorkload) -> list[ConfigIssue]:
+    """Everything the simulation refuses in ``cfg``, each key once (the job checks name the toy failure keys too)."""
+    issues = check_sync_workload(workload) if cfg.mode == "sync" else check_async_workload(cfg, workload)
+    issues.extend(check_engine_keys(cfg))
+    job_issues = check_job(cfg)
+    named = {issue.path for issue in job_issues}
+    return [issue for issue in issues if issue.path not in named] + job_issues
 
 
 @dataclass
@@ -122,8 +133,7 @@ def simulate(cfg: RunConfig) -> SimulationResult:
     named error still writes everything and reports ``outcome: failed`` with the error in the summary.
     """
     workload = SimWorkload.from_config(cfg)
-    issues = check_sync_workload(workload) if cfg.mode == "sync" else check_async_workload(cfg, workload)
-    issues.extend(check_engine_keys(cfg))
+    issues = simulation_issues(cfg, workload)
     if issues:
         raise ConfigError(issues)
     run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=False)
@@ -148,6 +158,7 @@ def simulate(cfg: RunConfig) -> SimulationResult:
                 on_fate=fates.write_controller_record if fates is not None else None,
                 max_virtual_seconds=cfg.sim.max_virtual_seconds,
                 partial_rollouts=cfg.async_.partial_rollouts == "continue",
+                recompute_kv=cfg.async_.partial_rollout_kv == "recompute",
             )  # fmt: skip
         else:
             run = simulate_sync(

@@ -10,9 +10,11 @@ simulated run also exercises that contract.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from groupwise.chunks import TrainChunk
 from groupwise.sim.workload import LearningCurve, SimWorkload
+from groupwise.types import Group
 
 
 class TrainerProtocolError(AssertionError):
@@ -46,7 +48,7 @@ class SimulatedTrainer:
         if first_chunk:
             self._open_step, self._step_tokens, self._step_signal, self._step_seconds = step, 0, 0, 0.0
         tokens = sum(g.num_completion_tokens for g in groups)
-        seconds = tokens * self.workload.train_s_per_token
+        seconds = self.chunk_seconds(groups, tokens)
         self._step_tokens += tokens
         self._step_signal += sum(1 for g in groups if max(g.raw_rewards) != min(g.raw_rewards))
         self._step_seconds += seconds
@@ -56,10 +58,23 @@ class SimulatedTrainer:
         if seconds > 0:
             await asyncio.sleep(seconds)
 
+    def chunk_seconds(self, groups: Sequence[Group], tokens: int) -> float:
+        """Training seconds of one chunk: ``completion tokens × train_s_per_token``."""
+        return tokens * self.workload.train_s_per_token
+
+    def update_seconds(self) -> float:
+        """Seconds of the step's optimizer update(s) once its chunks are trained (none in this model)."""
+        return 0.0
+
     async def finish_step(self, step: int) -> dict[str, float]:
         """The optimizer step: the learning curve gains this step's groups with variance."""
         if self._open_step != step:
             raise TrainerProtocolError(f"finish_step({step}) but the open step is {self._open_step}")
+        update = self.update_seconds()
+        if update > 0:
+            self._step_seconds += update
+            self.busy_seconds += update
+            await asyncio.sleep(update)
         self._open_step = None
         self.curve.record_step(self._step_signal)
         seconds, tokens = self._step_seconds, self._step_tokens

@@ -30,6 +30,7 @@ from groupwise.controller.settings import ControllerSettings
 from groupwise.controller.train_pump import ControllerStalled, RolloutExhaustedError
 from groupwise.data.loader import PromptLoader
 from groupwise.run.fates_file import FatesWriter
+from groupwise.sim.job_rollouts import JobRollouts, JobTrainer
 from groupwise.sim.meter import StepMeter
 from groupwise.sim.simulated_learner import SimulatedTrainer
 from groupwise.sim.simulated_rollouts import SimulatedDataFailure, SimulatedInfraFailure, SimulatedRollouts
@@ -63,13 +64,19 @@ class SimParts:
 
     workload: SimWorkload
     prompts: list[Any]
-    rollouts: SimulatedRollouts
+    rollouts: SimulatedRollouts | JobRollouts
     trainer: SimulatedTrainer
 
     @classmethod
-    def build(cls, workload: SimWorkload, partial_rollouts: bool = False) -> SimParts:
+    def build(cls, workload: SimWorkload, partial_rollouts: bool = False, recompute_kv: bool = True) -> SimParts:
+        """The toy model's parts, or the job model's when ``workload.job`` is set (``recompute_kv``: a partial
+        rollout's KV cache is rebuilt after a weight sync, charged by the job model only)."""
         curve = LearningCurve(workload.initial_success_logit, workload.learning_rate_groups)
         prompts, difficulty = make_sim_prompts(workload)
+        if workload.job is not None:
+            job_rollouts = JobRollouts(workload, curve, difficulty, partial_rollouts=partial_rollouts,
+                                       recompute_kv=recompute_kv)  # fmt: skip
+            return cls(workload, prompts, job_rollouts, JobTrainer(workload, curve))
         rollouts = SimulatedRollouts(workload, curve, difficulty, partial_rollouts=partial_rollouts)
         return cls(workload, prompts, rollouts, SimulatedTrainer(workload, curve))
 
@@ -127,15 +134,17 @@ def simulate_async(
     on_fate: Callable[[FateRecord], None] | None = None,
     max_virtual_seconds: float = 1.0e7,
     partial_rollouts: bool = False,
+    recompute_kv: bool = True,
 ) -> SimRun:
     """The real controller against the simulated generator and learner (see the module docstring);
-    ``partial_rollouts``: weight updates reach the generations in flight (``async.partial_rollouts: continue``)."""
+    ``partial_rollouts``: weight updates reach the generations in flight (``async.partial_rollouts: continue``);
+    ``recompute_kv``: their KV cache is rebuilt after a sync (``async.partial_rollout_kv``, job model only)."""
     if settings.group_size != workload.group_size:
         raise ValueError(
             f"controller group_size {settings.group_size} != simulated group_size {workload.group_size}; "
             "build both from the same config"
         )
-    parts = SimParts.build(workload, partial_rollouts)
+    parts = SimParts.build(workload, partial_rollouts, recompute_kv)
     run = SimRun(mode="async", parts=parts)
 
     async def step_end(step: int, metrics: dict[str, float], chunks: list[TrainChunk]) -> None:

@@ -38,6 +38,10 @@ Staleness of trained groups (step − start version): ``staleness_mean``, ``stal
 their tokens, each token's staleness measured from the version that produced it (below ``staleness_mean`` only
 with partial rollouts, where tokens of one completion come from several versions). Learning: ``final_unfiltered_reward``
 (the last step's ``reward/unfiltered_mean``) and ``final_success_logit`` (the learning curve's last point).
+
+With the job model (``sim.job``) only: ``job_fitted_constants`` (``sim.job.efficiency``, the model's fitted numbers
+the run used), ``generator_busy_fraction`` (replica-seconds with a sequence running or waiting ÷ (replicas × wall))
+and ``preemptions`` (sequences preempted because a replica's KV cache was full).
 Floats are rounded to 6 decimals.
 """
 
@@ -46,6 +50,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from groupwise.sim.job_rollouts import JobRollouts
 from groupwise.sim.meter import staleness_stats
 from groupwise.sim.simulation import SimRun
 
@@ -89,6 +94,14 @@ def summarize(run: SimRun, identity: dict[str, Any], final_unfiltered_reward: fl
     summary["token_staleness_mean"] = run.meter.token_staleness_mean if run.meter is not None else None
     summary["final_unfiltered_reward"] = final_unfiltered_reward
     summary["final_success_logit"] = trainer.curve.success_logit(trainer.curve.latest_version)
+    job = parts.workload.job
+    if job is not None and isinstance(parts.rollouts, JobRollouts):
+        engine = parts.rollouts.engine
+        summary["job_fitted_constants"] = job.efficiency.model_dump()
+        summary["generator_busy_fraction"] = (
+            engine.replica_busy_seconds(wall) / (len(engine.replicas) * wall) if wall > 0 else None
+        )
+        summary["preemptions"] = engine.preemptions
     return {key: _rounded(value) for key, value in summary.items()}
 
 

@@ -26,6 +26,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from groupwise.config.job_schema import JobSection
 from groupwise.seeding import derive_seed
 from groupwise.types import Prompt
 
@@ -72,6 +73,9 @@ class SimWorkload:
     learning_rate_groups: float = 2000.0
     initial_success_logit: float = -1.0
     num_prompts: int = 2000
+    job: JobSection | None = None  # the job model (``sim.job``); None = the toy cost model above
+    updates_per_step: int = 1  # optimizer updates per RL step (K mini-batches × E epochs; the job model)
+    epochs_per_step: int = 1
 
     def __post_init__(self) -> None:
         problems = []
@@ -101,9 +105,14 @@ class SimWorkload:
     def from_config(cls, cfg: RunConfig) -> SimWorkload:
         """The workload of a ``RunConfig``: its ``sim`` section, ``grpo.num_generations_per_prompt``, ``run.seed``."""
         sim = cfg.sim.model_dump()
-        for key in ("max_virtual_seconds", "write_fates"):  # run controls, not workload
-            sim.pop(key)
-        return cls(group_size=cfg.grpo.num_generations_per_prompt, seed=cfg.run.seed, **sim)
+        for key in ("max_virtual_seconds", "write_fates", "job", "plan"):  # run controls and sections, not scalars
+            sim.pop(key, None)
+        opt = cfg.optimizer
+        return cls(
+            group_size=cfg.grpo.num_generations_per_prompt, seed=cfg.run.seed, job=cfg.sim.job,
+            updates_per_step=opt.mini_batches_per_step * opt.epochs_per_step, epochs_per_step=opt.epochs_per_step,
+            **sim,
+        )  # fmt: skip
 
 
 def make_sim_prompts(workload: SimWorkload) -> tuple[list[Prompt], dict[str, float]]:

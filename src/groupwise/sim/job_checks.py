@@ -1,0 +1,78 @@
+"""What ``groupwise simulate`` and ``groupwise plan`` refuse in a ``sim.job`` before simulating anything, every
+problem at once (each names the key, the value, the rule and the fix)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from groupwise.config import ConfigIssue
+from groupwise.config.base import changed_fields
+from groupwise.config.runtime_schema import SimSection
+from groupwise.sim.gpus import gpu_spec
+from groupwise.sim.job_model import kv_bytes_per_token, kv_capacity_tokens
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
+    from groupwise.config.job_schema import JobSection
+
+#: The toy model's cost and failure keys: with ``sim.job`` the job model decides every cost and injects no failure.
+TOY_KEYS = ("rollout_slots", "length_median_tokens", "length_p99_over_p50", "prefill_s", "per_token_s",
+            "train_s_per_token", "weight_sync_s", "infra_failure_rate", "data_failure_rate", "straggler_rate",
+            "straggler_factor")  # fmt: skip
+
+
+def check_job(cfg: RunConfig) -> list[ConfigIssue]:
+    """Every issue of ``cfg.sim.job`` with the rest of the config (none when there is no job)."""
+    job = cfg.sim.job
+    if job is None:
+        if cfg.sim.plan is None:
+            return []
+        return [ConfigIssue("sim.plan", cfg.sim.plan.model_dump(mode="json"), "sim.plan is the grid groupwise plan "
+                            "sweeps over a job, but sim.job is not set (a key with no effect is an error)",
+                            "describe the job under sim.job, or remove sim.plan")]  # fmt: skip
+    toy = SimSection.model_validate({key: getattr(cfg.sim, key) for key in TOY_KEYS})
+    issues = [
+        ConfigIssue(path, value, f"{path} has no effect with sim.job: the job model derives every cost from the job "
+                    "and injects no failure (a key with no effect is an error)",
+                    f"remove {path}, or remove sim.job to use the toy model")
+        for path, value in changed_fields(toy, "sim")
+    ]  # fmt: skip
+    issues.extend(check_cluster(job, cfg.mode))
+    return issues
+
+
+def check_cluster(job: JobSection, mode: str) -> list[ConfigIssue]:
+    """The cluster against the mode and the model: colocation, replicas, memory."""
+    c, issues = job.cluster, []
+    if c.colocated and mode != "sync":
+        issues.append(ConfigIssue(
+            "sim.job.cluster.colocated", True, "colocated GPUs take turns between generating and training, which "
+            "only the sync loop does; the async controller generates while it trains",
+            "set sim.job.cluster.colocated: false with separate rollout_gpus and train_gpus, or mode: sync",
+        ))  # fmt: skip
+    if c.colocated and c.rollout_gpus != c.train_gpus:
+        issues.append(ConfigIssue(
+            "sim.job.cluster.train_gpus", c.train_gpus, f"colocated means the same GPUs generate and train, but "
+            f"rollout_gpus is {c.rollout_gpus}", f"set sim.job.cluster.train_gpus: {c.rollout_gpus}",
+        ))  # fmt: skip
+    if c.rollout_gpus % c.tensor_parallel:
+        nearest = max(1, c.rollout_gpus // c.tensor_parallel) * c.tensor_parallel
+        issues.append(ConfigIssue(
+            "sim.job.cluster.rollout_gpus", c.rollout_gpus, f"rollout GPUs form replicas of tensor_parallel = "
+            f"{c.tensor_parallel} GPUs each, and {c.rollout_gpus} is not a multiple of it",
+            f"use a multiple of {c.tensor_parallel} (e.g. {nearest})",
+        ))  # fmt: skip
+    m = job.model
+    kv = kv_bytes_per_token(m.layers, m.kv_heads, m.head_dim, m.dtype_bytes)
+    gpu = gpu_spec(c.gpu)
+    capacity = kv_capacity_tokens(gpu, c.tensor_parallel, c.memory_fraction, m.params * m.dtype_bytes, kv)
+    longest = job.lengths.prompt_tokens + job.lengths.max_tokens
+    if capacity < longest:
+        issues.append(ConfigIssue(
+            "sim.job.cluster.tensor_parallel", c.tensor_parallel, f"a replica of {c.tensor_parallel} {c.gpu} "
+            f"({gpu.memory_bytes / 1e9:.0f} GB each, memory_fraction {c.memory_fraction}) holds the "
+            f"{m.params * m.dtype_bytes / 1e9:.1f} GB of weights and KV cache for {max(capacity, 0):,} tokens, fewer "
+            f"than one longest sequence (prompt_tokens + max_tokens = {longest:,})",
+            "raise tensor_parallel or memory_fraction, choose a GPU with more memory, or lower lengths.max_tokens",
+        ))  # fmt: skip
+    return issues

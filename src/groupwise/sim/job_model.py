@@ -1,0 +1,154 @@
+"""The job model's cost formulas: one pure function per cost, the formula in its docstring (``docs/simulator.md``).
+
+Notation: ``N`` parameters (``A`` active per token; ``A = N`` dense), ``ℓ`` layers, ``h`` hidden size, ``b`` bytes per
+value, ``F`` peak dense BF16 FLOP/s and ``W`` HBM bytes/s of one GPU, ``TP`` GPUs per rollout replica. The fitted
+constants are ``train_mfu``, ``inference_mfu`` (``μ``), ``decode_bandwidth_efficiency`` (``η``) and
+``decode_step_overhead_s`` (``o``); every other number comes from the spec sheet (:mod:`groupwise.sim.gpus`) or
+the job (``sim.job``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from groupwise.sim.gpus import GpuSpec, gpu_spec
+
+if TYPE_CHECKING:
+    from groupwise.config.job_schema import JobSection
+
+GIGA = 1e9
+#: GPUs per node: training on at most this many GPUs reduces gradients over NVLink, beyond it over the network.
+GPUS_PER_NODE = 8
+#: Bytes per parameter an optimizer update moves across GPUs: FP32 gradients reduce-scattered (4) and BF16
+#: parameters all-gathered (2), each about once per GPU in a ring.
+UPDATE_COMM_BYTES_PER_PARAM = 6.0
+#: Bytes per parameter an Adam step reads and writes in HBM (FP32 master weight, two moments, gradient: read and
+#: write), spread over the training GPUs.
+ADAM_HBM_BYTES_PER_PARAM = 32.0
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> float:
+    """KV-cache bytes of one token of context: ``2 · ℓ · kv_heads · head_dim · b`` (a key and a value per layer)."""
+    return 2.0 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def forward_flops(tokens: float, active_params: float, layers: int, hidden: int) -> float:
+    """FLOPs of one forward pass over one sequence of ``T`` tokens: ``2·A·T + 2·ℓ·h·T²`` — the matrix products, and
+    causal attention (``QKᵀ`` and ``AV``, ``4·ℓ·h`` per token of context, summed over contexts ``0..T``)."""
+    return 2.0 * active_params * tokens + 2.0 * layers * hidden * tokens * tokens
+
+
+def decode_step_seconds(running: int, context: float, job: JobCosts) -> float:
+    """One decode step of a replica running ``B`` sequences holding ``C`` tokens of context in all::
+
+        t = o + max((N·b + C·kv) / (TP·W·η),  (2·A·B + 4·ℓ·h·C) / (TP·F·μ))
+
+    bandwidth-bound (every weight and the whole KV cache read once) for small batches, compute-bound for large
+    ones on a GPU with little FLOP/s per byte (H20)."""
+    read = (job.weight_bytes + context * job.kv_bytes) / job.replica_bandwidth
+    compute = (2.0 * job.active_params * running + 4.0 * job.layers * job.hidden * context) / job.replica_flops
+    return job.decode_overhead_s + max(read, compute)
+
+
+def prefill_seconds(tokens: float, context_before: float, job: JobCosts) -> float:
+    """Prefilling ``n`` tokens after ``c`` in the cache: ``(2·A·n + 2·ℓ·h·((c + n)² − c²)) / (TP·F·μ)``."""
+    attention = 2.0 * job.layers * job.hidden * ((context_before + tokens) ** 2 - context_before**2)
+    return (2.0 * job.active_params * tokens + attention) / job.replica_flops
+
+
+def kv_capacity_tokens(gpu: GpuSpec, tensor_parallel: int, memory_fraction: float, weight_bytes: float,
+                       kv_bytes: float) -> int:
+    """Tokens of context one replica can hold: ``⌊(TP · HBM · memory_fraction − N·b) / kv⌋`` (≤ 0: the weights do
+    not fit)."""
+    return int((tensor_parallel * gpu.memory_bytes * memory_fraction - weight_bytes) // kv_bytes)
+
+
+def train_seconds(flops: float, gpus: int, gpu: GpuSpec, mfu: float) -> float:
+    """Seconds of ``flops`` of training work on ``gpus`` GPUs: ``flops / (gpus · F · train_mfu)``."""
+    return flops / (gpus * gpu.bf16_flops * mfu)
+
+
+def update_seconds(params: float, gpus: int, gpu: GpuSpec, network_bandwidth: float) -> float:
+    """One optimizer update on ``g`` GPUs (sharded data parallel)::
+
+        t = 6·N·(g − 1)/g / bandwidth  +  32·N / (g · W)
+
+    the gradient reduce-scatter and parameter all-gather (over NVLink within a node, the network beyond), then the
+    Adam step reading and writing its state in HBM."""
+    bandwidth = gpu.nvlink_bandwidth if gpus <= GPUS_PER_NODE else network_bandwidth
+    comm = UPDATE_COMM_BYTES_PER_PARAM * params * (gpus - 1) / gpus / bandwidth
+    return comm + ADAM_HBM_BYTES_PER_PARAM * params / (gpus * gpu.memory_bandwidth)
+
+
+def weight_sync_seconds(weight_bytes: float, bandwidth: float, fixed_s: float) -> float:
+    """One weight sync: ``fixed_s + N·b / bandwidth``."""
+    return fixed_s + weight_bytes / bandwidth
+
+
+@dataclass(frozen=True)
+class JobCosts:
+    """Every number the simulated engine and learner need, resolved from ``sim.job`` and the GPU table."""
+
+    gpu: GpuSpec
+    params: float
+    active_params: float
+    layers: int
+    hidden: int
+    weight_bytes: float
+    kv_bytes: float
+    replicas: int
+    tensor_parallel: int
+    max_seqs: int
+    kv_capacity: int
+    replica_flops: float  # TP · F · inference_mfu
+    replica_bandwidth: float  # TP · W · decode_bandwidth_efficiency
+    decode_overhead_s: float
+    train_gpus: int
+    train_mfu: float
+    train_passes: float  # forward-equivalents per update pass: 3, or 4 with gradient checkpointing
+    recompute_old_logprobs: bool
+    update_s: float
+    sync_s: float
+    prompt_tokens: int
+
+    @classmethod
+    def from_job(cls, job: JobSection) -> JobCosts:
+        gpu = gpu_spec(job.cluster.gpu)
+        m, c, e = job.model, job.cluster, job.efficiency
+        active = m.active_params if m.active_params is not None else m.params
+        weight_bytes = m.params * m.dtype_bytes
+        kv = kv_bytes_per_token(m.layers, m.kv_heads, m.head_dim, m.dtype_bytes)
+        network = c.network_gbytes_per_s * GIGA
+        sync_bandwidth = (job.weight_sync.gbytes_per_s * GIGA if job.weight_sync.gbytes_per_s is not None
+                          else gpu.nvlink_bandwidth if c.colocated else network)  # fmt: skip
+        return cls(
+            gpu=gpu, params=m.params, active_params=active, layers=m.layers, hidden=m.hidden,
+            weight_bytes=weight_bytes, kv_bytes=kv, replicas=c.rollout_gpus // c.tensor_parallel,
+            tensor_parallel=c.tensor_parallel, max_seqs=c.max_seqs_per_replica,
+            kv_capacity=kv_capacity_tokens(gpu, c.tensor_parallel, c.memory_fraction, weight_bytes, kv),
+            replica_flops=c.tensor_parallel * gpu.bf16_flops * e.inference_mfu,
+            replica_bandwidth=c.tensor_parallel * gpu.memory_bandwidth * e.decode_bandwidth_efficiency,
+            decode_overhead_s=e.decode_step_overhead_s, train_gpus=c.train_gpus, train_mfu=e.train_mfu,
+            train_passes=4.0 if job.training.gradient_checkpointing else 3.0,
+            recompute_old_logprobs=job.training.recompute_old_logprobs,
+            update_s=update_seconds(m.params, c.train_gpus, gpu, network),
+            sync_s=weight_sync_seconds(weight_bytes, sync_bandwidth, job.weight_sync.fixed_s),
+            prompt_tokens=job.lengths.prompt_tokens,
+        )  # fmt: skip
+
+    def sequence_forward_flops(self, completion_tokens: int) -> float:
+        """:func:`forward_flops` of one prompt + completion."""
+        return forward_flops(self.prompt_tokens + completion_tokens, self.active_params, self.layers, self.hidden)
+
+    def sequences_forward_flops(self, completion_tokens: list[int]) -> float:
+        """:func:`forward_flops` summed over sequences: ``2·A·ΣT + 2·ℓ·h·ΣT²`` (``T`` = prompt + completion)."""
+        totals = [self.prompt_tokens + n for n in completion_tokens]
+        return 2.0 * self.active_params * sum(totals) + 2.0 * self.layers * self.hidden * sum(t * t for t in totals)
+
+    def chunk_train_seconds(self, forward: float, epochs: int) -> float:
+        """A chunk whose sequences' forward FLOPs sum to ``forward``: ``epochs`` update passes (forward, backward
+        = 2 forwards, and a recomputed forward with gradient checkpointing), plus one forward for the old logprobs
+        when they are recomputed."""
+        passes = self.train_passes * epochs + (1.0 if self.recompute_old_logprobs else 0.0)
+        return train_seconds(forward * passes, self.train_gpus, self.gpu, self.train_mfu)

@@ -1,0 +1,118 @@
+"""``groupwise plan``: a job's grid of settings simulated and ranked (docs/simulator.md, "groupwise plan").
+
+Invariants pinned:
+- the grid is every combination of the async settings per GPU split, plus one colocated sync point on all the GPUs;
+  splits are whole replicas with at least one replica and one training GPU;
+- each point is the job's config with the documented keys replaced, and validates like any config; a plan of S
+  steps for a run of more scales the length drift and the learning curve by S / run.max_steps;
+- the table has one row per point, the sync row's speed-up is 1, exactly one row is the best and it has the highest
+  speed-up; the rows do not depend on ``--jobs``;
+- the CLI writes plan.md, plan.json (one entry per row) and plan.png, and a config without ``sim.job`` is refused
+  with exit 2 naming the key;
+- the shipped plans (examples/plan) load and have the grid their comments describe.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from groupwise.cli.main import main
+from groupwise.config import ConfigError, config_from_dict, load_config
+from groupwise.sim.plan import PlanPoint, plan_points, point_config, run_plan, split_gpus
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB = {
+    "model": {"params": 1.5e9, "layers": 28, "hidden": 1536, "kv_heads": 2, "head_dim": 128},
+    "cluster": {"gpu": "H100", "rollout_gpus": 2, "train_gpus": 2, "max_seqs_per_replica": 64},
+    "lengths": {"prompt_tokens": 100, "median_tokens": 200, "p99_over_p50": 4.0, "max_tokens": 1024},
+}
+
+
+def plan_data(tmp_path: Path, **plan) -> dict:
+    return {
+        "mode": "async", "model": {"source": "tiny"}, "logging": {"tensorboard": False},
+        "run": {"name": "p", "output_dir": str(tmp_path), "max_steps": 4, "seed": 0},
+        "grpo": {"num_prompts_per_step": 8, "num_generations_per_prompt": 4},
+        "loss": {"importance_sampling": True}, "async": {"max_buffered_rollouts": 16},
+        "sim": {"num_prompts": 400, "job": JOB, "plan": {"samplers": ["in_order", "windowed"], "windows": [1],
+                                                           "rollout_fractions": [0.25, 0.75], **plan}},
+    }  # fmt: skip
+
+
+def test_the_grid_and_what_each_point_sets(tmp_path):
+    cfg = config_from_dict(plan_data(tmp_path))
+    points = plan_points(cfg)
+    assert points[0] == PlanPoint("sync", 4, 4)
+    assert len(points) == 1 + 2 * 2 * 2  # splits × samplers × partial rollouts (one window)
+    assert {(p.rollout_gpus, p.train_gpus) for p in points[1:]} == {(1, 3), (3, 1)}
+    assert split_gpus(8, 0.9, 4) == (4, 4) and split_gpus(8, 0.01, 2) == (2, 6)
+    sync = point_config(cfg, points[0])
+    assert sync.mode == "sync" and sync.sim.job.cluster.colocated and sync.sim.job.cluster.train_gpus == 4
+    windowed_off = point_config(cfg, PlanPoint("async", 3, 1, "windowed", 2, "off"))
+    assert windowed_off.async_.sampler.max_staleness_versions == 2
+    assert windowed_off.async_.rollout_failure.on_dropped_prompt == "shrink" and windowed_off.sim.weight_sync_drains
+    assert windowed_off.async_.max_buffered_rollouts == 8 * 3
+    assert windowed_off.async_.max_inflight_prompts == 24  # ⌈3 replicas × 64 / 4⌉ = 48, at most the buffer
+    in_order = point_config(cfg, PlanPoint("async", 1, 3, "in_order", 1, "continue"))
+    assert in_order.async_.sampler.max_lookahead_versions == 1 and in_order.async_.partial_rollouts == "continue"
+    assert not in_order.sim.weight_sync_drains and in_order.async_.max_inflight_prompts == 16
+
+
+def test_the_table_ranks_the_points_and_does_not_depend_on_jobs(tmp_path):
+    cfg = config_from_dict(plan_data(tmp_path, samplers=["ready_first"], rollout_fractions=[0.5]))
+    rows = run_plan(cfg)
+    assert len(rows) == 3 and all(r.error is None and r.steps == 4 for r in rows)
+    assert rows[0].point.mode == "sync" and rows[0].speedup == pytest.approx(1.0)
+    best = [r for r in rows if r.best]
+    assert len(best) == 1 and best[0].speedup == max(r.speedup for r in rows)
+    for r in rows:
+        assert r.step_seconds > 0 and 0 < r.generator_utilisation <= 1 and r.trained_tokens_per_s > 0
+    parallel = run_plan(cfg, jobs=2)
+    assert [(r.step_seconds, r.best) for r in parallel] == [(r.step_seconds, r.best) for r in rows]
+
+
+def test_the_cli_writes_the_table_json_and_plot(tmp_path, capsys):
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(plan_data(tmp_path, samplers=["ready_first"], rollout_fractions=[0.5],
+                                         partial_rollouts=["continue"])))  # fmt: skip
+    out = tmp_path / "out"
+    assert main(["plan", str(path), "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    lines = table.strip().splitlines()
+    assert len(lines) == 4 and lines[1].startswith("|---") and "★" in lines[3]  # header, rule, two rows
+    rows = json.loads((out / "plan.json").read_text())
+    assert [r["mode"] for r in rows] == ["sync", "async"] and sum(r["best"] for r in rows) == 1
+    assert (out / "plan.md").read_text().count("★") == 1 and (out / "plan.png").stat().st_size > 0
+
+
+def test_a_plan_needs_a_job(tmp_path, capsys):
+    path = tmp_path / "nojob.yaml"
+    path.write_text("model: {source: tiny}\n")
+    assert main(["plan", str(path)]) == 2
+    assert "sim.job" in capsys.readouterr().err
+    with pytest.raises(ConfigError):
+        plan_points(load_config(path))
+
+
+@pytest.mark.parametrize("name,points", [("math_7b_32.yaml", 37), ("math_7b_128.yaml", 37), ("qwen_1p5b_8.yaml", 37)])
+def test_the_shipped_plans_load_with_their_grids(name, points):
+    cfg = load_config(ROOT / "examples" / "plan" / name)
+    grid = plan_points(cfg)
+    assert len(grid) == points and grid[0].mode == "sync"
+    assert cfg.run.max_steps == 1000 and cfg.grpo.num_prompts_per_step == 512
+    point_config(cfg, grid[-1])
+
+
+def test_a_plan_compresses_the_run_into_its_simulated_steps(tmp_path):
+    data = plan_data(tmp_path, steps=10)
+    data["run"]["max_steps"] = 1000
+    data["sim"]["learning_rate_groups"] = 5000.0
+    data["sim"]["job"] = {**JOB, "lengths": {**JOB["lengths"], "final_median_tokens": 400.0, "drift_steps": 500}}
+    point = point_config(config_from_dict(data), PlanPoint("sync", 4, 4))
+    assert point.run.max_steps == 10 and point.sim.job.lengths.drift_steps == 5
+    assert point.sim.learning_rate_groups == pytest.approx(50.0)
+    data["sim"]["plan"]["steps"] = None
+    assert point_config(config_from_dict(data), PlanPoint("sync", 4, 4)).run.max_steps == 1000
