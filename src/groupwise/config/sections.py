@@ -11,7 +11,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from groupwise.config.base import Section, invalid
 
-BUILTIN_REWARD_FUNCTIONS = ("auto", "exact_numeric", "countdown", "math_verify")
+BUILTIN_REWARD_FUNCTIONS = ("auto", "exact_numeric", "final_number", "countdown", "math_verify")
 BUNDLED_GGUF_PATH = "smollm2"
 
 
@@ -239,8 +239,8 @@ class RewardSection(Section):
     """How a completion is scored."""
 
     function: str = "auto"
-    """``auto`` (the task's own verifier), ``exact_numeric``, ``countdown``, ``math_verify``, or ``module:function``
-    (an importable callable)."""
+    """``auto`` (the task's own verifier), ``exact_numeric``, ``final_number``, ``countdown``, ``math_verify``, or
+    ``module:function`` (an importable callable)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to the reward function."""
     timeout_s: float | None = Field(None, gt=0)
