@@ -3,6 +3,7 @@
     .venv/bin/python bench/chaos.py                                  # 20 async + 10 sync trials, 3 kills each
     .venv/bin/python bench/chaos.py --trials 1 --modes async --kills 2   # the CI tier (tests/test_chaos.py)
     .venv/bin/python bench/chaos.py --record bench/RESULTS.md        # also append a "Chaos" section there
+    .venv/bin/python bench/chaos.py --trials 0 --sync-trials 0 --rank-trials 2   # only the driver kills with ranks
 
 Each trial trains a small job on the warm-start model ``models/addition-tiny`` (P=4, G=4, dynamic sampling on,
 a checkpoint every step) as a subprocess. Async trials rotate over the ``in_order``, ``ready_first`` and
@@ -17,6 +18,11 @@ directory then holds only ``.tmp-step_1-*``, and ``--resume`` must start it agai
 * every complete-looking checkpoint (``COMPLETE`` manifest) verifies and loads — checked after every kill;
 * ``groupwise audit RUN_DIR`` exits 0: no prompt trained twice in an epoch, none dispatched without a fate;
 * ``metrics.jsonl`` has exactly one line per step 1..max_steps (no gap, no duplicate).
+
+Rank trials (``--rank-trials``, alternating async ``in_order`` and sync) train with ``learner.num_ranks: 2``: every
+kill SIGKILLs the driver while its two rank processes run, and the trial also checks that every child process of
+the killed driver (the ranks, multiprocessing's resource tracker) has ended within ``ORPHAN_LIMIT_S`` of the kill
+(the slowest is reported as ``orphan s``).
 
 Internal: ``bench/chaos.py --child ARGS`` runs ``groupwise ARGS`` with the slowed checkpoint writes.
 """
@@ -41,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 WRITE_DELAY_ENV = "GROUPWISE_CHAOS_WRITE_DELAY_S"
 ASYNC_SAMPLERS = ("in_order", "ready_first", "windowed")
 POLL_S = 0.005
+ORPHAN_LIMIT_S = 5.0  # a killed driver's rank processes must be gone by then
 
 
 def child_main(argv: list[str]) -> int:
@@ -63,7 +70,9 @@ def child_main(argv: list[str]) -> int:
     return main(argv)
 
 
-def trial_config(mode: str, sampler: str, name: str, output_dir: Path, max_steps: int, seed: int) -> dict[str, Any]:
+def trial_config(
+    mode: str, sampler: str, name: str, output_dir: Path, max_steps: int, seed: int, ranks: int = 1
+) -> dict[str, Any]:
     config: dict[str, Any] = {
         "mode": mode,
         "run": {"name": name, "output_dir": str(output_dir), "seed": seed, "max_steps": max_steps},
@@ -76,6 +85,8 @@ def trial_config(mode: str, sampler: str, name: str, output_dir: Path, max_steps
         "eval": {"at_start": False, "at_end": False},
         "checkpoint": {"every": 1, "keep_last": 2, "save_final": False},
     }
+    if ranks > 1:
+        config["learner"] = {"num_ranks": ranks}
     if mode == "sync":
         config["grpo"]["dynamic_sampling"].update(
             batch_multiplier=1.5, max_gen_rounds=8, surplus="carry", on_exhausted="train_short",
@@ -113,6 +124,10 @@ class TrialResult:
     metrics_ok: bool = False
     audit_exit: int = -1
     final_exit: int = -1
+    ranks: int = 1
+    orphans: int = 0  # child processes of a killed driver still alive ORPHAN_LIMIT_S after the kill
+    orphan_seconds: float = 0.0  # the longest any of them outlived the kill
+    children_killed_with: int = 0  # child processes the killed drivers had (2 ranks and a resource tracker each)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -120,16 +135,18 @@ class TrialResult:
     def passed(self) -> bool:
         return (
             self.final_exit == 0 and self.audit_exit == 0 and self.trained_twice == 0 and self.without_fate == 0
-            and self.bad_checkpoints == 0 and self.metrics_ok
+            and self.bad_checkpoints == 0 and self.metrics_ok and self.orphans == 0
         )  # fmt: skip
 
 
 class Trial:
     """One chaos trial: a run directory, its config, and the lives of its training process."""
 
-    def __init__(self, index: int, mode: str, sampler: str, workdir: Path, max_steps: int, write_delay: float):
-        self.result = TrialResult(index, mode, sampler)
-        self.name = f"trial{index:02d}-{mode}-{sampler}"
+    def __init__(
+        self, index: int, mode: str, sampler: str, workdir: Path, max_steps: int, write_delay: float, ranks: int = 1
+    ) -> None:
+        self.result = TrialResult(index, mode, sampler, ranks=ranks)
+        self.name = f"trial{index:02d}-{mode}-{sampler}" + (f"-{ranks}ranks" if ranks > 1 else "")
         self.run_dir = workdir / "runs" / self.name
         self.logs = workdir / "logs"
         self.config_path = workdir / f"{self.name}.yaml"
@@ -139,7 +156,7 @@ class Trial:
         self.logs.mkdir(parents=True, exist_ok=True)
         import yaml
 
-        config = trial_config(mode, sampler, self.name, workdir / "runs", max_steps, seed=index)
+        config = trial_config(mode, sampler, self.name, workdir / "runs", max_steps, seed=index, ranks=ranks)
         self.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
 
     def start(self) -> subprocess.Popen:
@@ -173,8 +190,10 @@ class Trial:
                 if armed and kind == "random":
                     kill_at = time.monotonic() + rng.uniform(0.0, 2.0)
             elif self._due(kind, kill_at):
+                children = child_pids(process.pid)
                 process.send_signal(signal.SIGKILL)
                 process.wait()
+                self.check_orphans(children)
                 self.result.kills_random += kind == "random"
                 self.result.kills_in_write += kind == "in_write"
                 self.result.kills_first_write += kind == "first_write"
@@ -186,6 +205,18 @@ class Trial:
             self.result.notes.append(f"life {self.result.lives} timed out before its kill")
         else:
             self.result.finished_before_kill += 1
+
+    def check_orphans(self, pids: list[int]) -> None:
+        """Wait up to ``ORPHAN_LIMIT_S`` for the killed driver's children to end; count and kill those that do not."""
+        self.result.children_killed_with += len(pids)
+        killed = time.monotonic()
+        while any(map(process_alive, pids)) and time.monotonic() - killed < ORPHAN_LIMIT_S:
+            time.sleep(0.02)
+        self.result.orphan_seconds = max(self.result.orphan_seconds, round(time.monotonic() - killed, 2))
+        for pid in filter(process_alive, pids):
+            self.result.orphans += 1
+            self.result.notes.append(f"process {pid} outlived its killed driver by {ORPHAN_LIMIT_S:g} s")
+            os.kill(pid, signal.SIGKILL)
 
     def _due(self, kind: str, kill_at: float | None) -> bool:
         if kind == "random":
@@ -214,6 +245,7 @@ class Trial:
             self.result.notes.append("the last life timed out")
 
     def audit(self) -> None:
+        from groupwise.cli.run_prompts import training_uids
         from groupwise.run.audit import audit_run
         from groupwise.run.metrics import read_metrics
 
@@ -222,7 +254,7 @@ class Trial:
         self.result.audit_exit = audited.returncode
         (self.logs / f"{self.name}-audit.txt").write_text(audited.stdout + audited.stderr, encoding="utf-8")
         if (self.run_dir / "fates.jsonl").is_file():
-            report = audit_run(self.run_dir)
+            report = audit_run(self.run_dir, training_uids)
             self.result.trained_twice, self.result.without_fate = report.trained_twice, report.without_fate
         metrics_path = self.run_dir / "metrics.jsonl"
         steps = [r["step"] for r in read_metrics(metrics_path)] if metrics_path.is_file() else []
@@ -230,15 +262,34 @@ class Trial:
         self.result.metrics_ok = steps == list(range(1, self.max_steps + 1))
 
 
+def child_pids(pid: int) -> list[int]:
+    """The live children of process ``pid`` (Linux ``/proc``; none elsewhere)."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return children
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def run_trial(
     index: int, mode: str, sampler: str, kills: int, workdir: Path, max_steps: int = 12, write_delay: float = 0.05,
-    seed: int = 0, timeout_s: float = 300.0, first_write: bool = False,
+    seed: int = 0, timeout_s: float = 300.0, first_write: bool = False, ranks: int = 1,
 ) -> TrialResult:  # fmt: skip
     """Run one trial (see the module docstring) and return what it found; ``first_write`` adds a first life killed
-    inside its first checkpoint write."""
+    inside its first checkpoint write; ``ranks`` > 1 trains on that many learner rank processes."""
     rng = random.Random(f"chaos|{seed}|{index}")
     start = time.monotonic()
-    trial = Trial(index, mode, sampler, workdir, max_steps, write_delay)
+    trial = Trial(index, mode, sampler, workdir, max_steps, write_delay, ranks)
     if first_write:
         trial.live_and_kill("first_write", rng, timeout_s)
         trial.check_checkpoints()
@@ -253,29 +304,31 @@ def run_trial(
     return trial.result
 
 
-def plan(trials: int, modes: list[str], sync_trials: int) -> list[tuple[str, str]]:
-    """``trials`` async trials rotating over the samplers, then ``sync_trials`` sync ones (per ``modes``)."""
-    out: list[tuple[str, str]] = []
+def plan(trials: int, modes: list[str], sync_trials: int, rank_trials: int = 0) -> list[tuple[str, str, int]]:
+    """``trials`` async trials rotating over the samplers, then ``sync_trials`` sync ones (per ``modes``), then
+    ``rank_trials`` on 2 learner ranks (async ``in_order`` and sync in turn): ``(mode, sampler, ranks)``."""
+    out: list[tuple[str, str, int]] = []
     if "async" in modes:
-        out += [("async", ASYNC_SAMPLERS[i % len(ASYNC_SAMPLERS)]) for i in range(trials)]
+        out += [("async", ASYNC_SAMPLERS[i % len(ASYNC_SAMPLERS)], 1) for i in range(trials)]
     if "sync" in modes:
-        out += [("sync", "-")] * sync_trials
+        out += [("sync", "-", 1)] * sync_trials
+    out += [("async", "in_order", 2) if i % 2 == 0 else ("sync", "-", 2) for i in range(rank_trials)]
     return out
 
 
 def results_table(results: list[TrialResult]) -> str:
     header = (
-        "| trial | mode | sampler | kills (random / in checkpoint write / in the first one) | lives | steps | "
-        "trained twice | "
-        "dispatched without fate | complete checkpoints failing to load | metrics 1..N | audit exit | s |"
+        "| trial | mode | sampler | ranks | kills (random / in checkpoint write / in the first one) | lives | steps | "
+        "trained twice | dispatched without fate | complete checkpoints failing to load | metrics 1..N | audit exit | "
+        "orphans (slowest s) | s |"
     )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for r in results:
         lines.append(
-            f"| {r.trial} | {r.mode} | {r.sampler} | {r.kills_random} / {r.kills_in_write} / {r.kills_first_write} | "
-            f"{r.lives} | {r.steps} | "
+            f"| {r.trial} | {r.mode} | {r.sampler} | {r.ranks} | {r.kills_random} / {r.kills_in_write} / "
+            f"{r.kills_first_write} | {r.lives} | {r.steps} | "
             f"{r.trained_twice} | {r.without_fate} | {r.bad_checkpoints} | {'ok' if r.metrics_ok else 'GAP'} | "
-            f"{r.audit_exit} | {r.seconds} |"
+            f"{r.audit_exit} | {r.orphans if r.ranks > 1 else '-'} ({r.orphan_seconds}) | {r.seconds} |"
         )
     return "\n".join(lines)
 
@@ -289,7 +342,8 @@ def summary_line(results: list[TrialResult]) -> str:
         f"checkpoint write, {first} during the first one); prompts trained twice: "
         f"{sum(max(r.trained_twice, 0) for r in results)}; dispatched "
         f"without fate: {sum(max(r.without_fate, 0) for r in results)}; complete-looking checkpoints that failed to "
-        f"load: {sum(r.bad_checkpoints for r in results)}"
+        f"load: {sum(r.bad_checkpoints for r in results)}; processes outliving a killed driver by "
+        f"{ORPHAN_LIMIT_S:g} s: {sum(r.orphans for r in results)}"
     )
 
 
@@ -315,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=20, help="async trials (samplers rotate)")
     parser.add_argument("--sync-trials", type=int, default=10)
+    parser.add_argument("--rank-trials", type=int, default=2, help="trials on 2 learner ranks (async, sync in turn)")
     parser.add_argument("--modes", default="async,sync")
     parser.add_argument("--kills", type=int, default=3, help="SIGKILLs per trial")
     parser.add_argument("--steps", type=int, default=12, help="run.max_steps of each trial")
@@ -326,9 +381,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", type=Path, default=None, help="append a Chaos section to this markdown file")
     args = parser.parse_args(argv)
     results = []
-    for index, (mode, sampler) in enumerate(plan(args.trials, args.modes.split(","), args.sync_trials)):
+    for index, (mode, sampler, ranks) in enumerate(plan(args.trials, args.modes.split(","), args.sync_trials,
+                                                        args.rank_trials)):  # fmt: skip
         result = run_trial(index, mode, sampler, args.kills, args.workdir, args.steps, args.write_delay, args.seed,
-                           first_write=args.first_write)
+                           first_write=args.first_write, ranks=ranks)
         results.append(result)
         status = "ok" if result.passed else "FAILED"
         print(f"trial {index} {mode}/{sampler}: {status} {json.dumps(asdict(result))}", flush=True)

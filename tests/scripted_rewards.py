@@ -43,6 +43,24 @@ def hangs_on_answers_ending_in(prompt: Prompt, completion: Completion, digits: s
     return marker_reward(prompt, completion)
 
 
+def fails_after_calls(prompt: Prompt, completion: Completion, calls: int = 48) -> float:
+    """``marker_reward`` until ``CALLS`` holds ``calls`` entries, then raises: a verifier that breaks mid-run (clear
+    ``CALLS`` before the run)."""
+    if len(CALLS) >= calls:
+        raise ValueError(f"verifier broke after {calls} calls")
+    return marker_reward(prompt, completion)
+
+
+def spins_in_torch(prompt: Prompt, completion: Completion) -> float:
+    """Never returns, busy in torch kernels (a verifier stuck in native code): the thread cannot be stopped, and
+    the process must still exit with the run's code."""
+    import torch
+
+    x = torch.randn(64, 64)
+    while True:
+        x = (x @ x).tanh()
+
+
 def waits_forever(prompt: Prompt, completion: Completion) -> float:
     """Never returns (a wedged verifier): the stall watchdog must stop the run. Blocks without busy-waiting."""
     threading.Event().wait()

@@ -6,7 +6,9 @@ Invariants pinned, for every trial:
 - no complete-looking checkpoint (COMPLETE manifest) fails to load, checked after every kill;
 - the kills really happened: one at a random moment and one while a checkpoint was being written (slow tier: and
   one inside the first checkpoint write, after which ``--resume`` starts the run again from step 0);
-- a process killed while pruning an old checkpoint leaves no complete-looking checkpoint that fails to load.
+- a process killed while pruning an old checkpoint leaves no complete-looking checkpoint that fails to load;
+- (slow) a run on 2 learner ranks whose driver is SIGKILLed: every child of the killed driver (the rank processes)
+  is gone within ``ORPHAN_LIMIT_S`` (5 s) of each kill, and the resumed run passes the same checks.
 
 The CI tier runs one async `in_order` trial with 2 kills (~30 s on 2 cores); the slow tier runs every sampler and
 the sync trainer with 3 kills each (`bench/chaos.py` runs the full 30-trial goal).
@@ -32,6 +34,7 @@ def check(result) -> None:
     assert result.metrics_ok and result.steps > 0, details
     assert result.audit_exit == 0 and result.trained_twice == 0 and result.without_fate == 0, details
     assert result.bad_checkpoints == 0, details
+    assert result.orphans == 0, details
     assert result.passed
 
 
@@ -74,3 +77,15 @@ def test_three_kills_per_sampler_and_sync(tmp_path, mode, sampler):
         result = chaos.run_trial(index, mode, sampler, kills=3, workdir=tmp_path, max_steps=12, first_write=index == 0)
         check(result)
         assert result.kills_first_write == (index == 0), result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_killed_driver_takes_its_rank_processes_with_it(tmp_path, mode):
+    chaos = load_chaos()
+    sampler = "in_order" if mode == "async" else "-"
+    result = chaos.run_trial(0, mode, sampler, kills=2, workdir=tmp_path, max_steps=4, ranks=2)
+    check(result)
+    assert result.kills_random + result.kills_in_write == 2, result
+    assert result.children_killed_with >= 2 * 2, result  # each killed driver had its two ranks
+    assert result.orphan_seconds < chaos.ORPHAN_LIMIT_S, result

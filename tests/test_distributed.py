@@ -12,7 +12,9 @@ Invariants pinned:
   and merges the same generator weights (1e-5);
 - (slow) a 2-rank sync run (DDP and FSDP) resumed from its checkpoint ends with the parameters of the
   uninterrupted run, bit for bit; a one-rank run resumes the 2-rank checkpoint;
-- (slow) killing one rank ends the run within 60 s with LearnerRankDied naming the rank and the checkpoint kept.
+- (slow) killing one rank ends the run within 60 s with LearnerRankDied naming the rank and the checkpoint kept;
+- (slow) SIGKILLing the driver while both ranks are busy in a long step ends both rank processes within 5 s (no
+  orphan keeps running the step; today's ``bench/chaos.py`` rank trials do the same to ``groupwise train``).
 """
 
 from __future__ import annotations
@@ -130,10 +132,10 @@ def session_config(tmp_path: Path, name: str, max_steps: int, ranks: int = 2, sh
 
 
 def run_session(cfg, steps: int | None = None, **kwargs):
+    from groupwise.runtime.sessions import build_run_session
     from groupwise.runtime.sync_run import train_steps
-    from groupwise.trainer.builder import build_session
 
-    session = build_session(cfg, **kwargs)
+    session = build_run_session(cfg, **kwargs)
     try:
         train_steps(session, steps or cfg.run.max_steps)
         params = session.policy.model.state_dict()
@@ -158,10 +160,10 @@ def test_two_rank_resume_equals_continuing_and_one_rank_resumes_it(tmp_path, sha
 @pytest.mark.slow
 def test_a_killed_rank_ends_the_run_with_its_name_and_what_was_kept(tmp_path):
     from groupwise.runtime.learner_ranks import LearnerRankDied
+    from groupwise.runtime.sessions import build_run_session
     from groupwise.runtime.sync_run import train_steps
-    from groupwise.trainer.builder import build_session
 
-    session = build_session(session_config(tmp_path, "killed", 3))
+    session = build_run_session(session_config(tmp_path, "killed", 3))
     try:
         train_steps(session, 1)
         os.kill(session.ranks.processes[1].pid, signal.SIGKILL)
@@ -181,13 +183,13 @@ def test_async_in_order_run_on_two_fsdp_ranks_trains_as_one_rank(tmp_path):
     from test_async_resume import async_config
 
     from groupwise.runtime.async_run import run_async
-    from groupwise.trainer.builder import build_session
+    from groupwise.runtime.sessions import build_run_session
 
     def run(name: str, ranks: int):
         data = async_config(tmp_path, name, 3)
         if ranks > 1:
             data["learner"] = {"num_ranks": ranks, "sharding": "fsdp"}
-        session = build_session(config_from_dict(data))
+        session = build_run_session(config_from_dict(data))
         try:
             run_async(session)
             return session.policy.model.state_dict(), (session.run_dir.path / "fates.jsonl").read_text()
@@ -229,3 +231,45 @@ def test_lora_on_two_fsdp_ranks_trains_the_one_rank_adapter():
                 assert float((got[name] - tensor).norm() / tensor.norm()) <= 1e-5, name
     finally:
         ranks.close()
+
+
+# A driver that builds two ranks, sends both a step that takes minutes, prints their pids, then waits to be killed.
+BUSY_DRIVER = """
+import sys, time
+from test_distributed import learner_config
+from test_learner import make_rows
+from groupwise.runtime.learner_ranks import LearnerRanks, send
+if __name__ == "__main__":
+    ranks = LearnerRanks(learner_config(2))
+    ranks.wait_started()
+    rows = make_rows(0, groups=20000)  # 60,000 rows in micro-batches of 4: minutes of work
+    for conn in ranks._conns:
+        send(conn, ("train_chunk", (rows,)))
+    print(*[proc.pid for proc in ranks.processes], flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_ranks_end_within_seconds_when_their_driver_is_killed(tmp_path):
+    import subprocess
+
+    from test_parent_watch import alive
+
+    tests = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    driver = subprocess.Popen([sys.executable, "-c", BUSY_DRIVER], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pids = [int(pid) for pid in driver.stdout.readline().split()]
+        time.sleep(1.0)  # both ranks are in the step now
+        assert len(pids) == 2 and all(alive(pid) for pid in pids)
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    killed = time.monotonic()
+    while any(alive(pid) for pid in pids) and time.monotonic() - killed < 5.0:
+        time.sleep(0.05)
+    orphans = [pid for pid in pids if alive(pid)]
+    for pid in orphans:
+        os.kill(pid, signal.SIGKILL)
+    assert not orphans, f"rank processes {orphans} outlived their killed driver by 5 s"

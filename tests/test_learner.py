@@ -11,6 +11,8 @@ Invariants pinned:
   ratio and the clip acts; a step streamed in chunks equals the same step trained at once, bit for bit;
 - token-budget packing: every row in exactly one micro-batch, the budget respected (a longer row alone), the
   row cap respected, and less padding than cutting by rows (``perf/padding_fraction``);
+- the LR schedule: a linear warm-up to the peak, then constant / linear / cosine decay to ``min_lr_ratio`` at the
+  last step; a warm-up longer than the run is clamped to it (the last step trains at the peak);
 - settings are typed and pickle (the Ray learner actor receives them);
 - gradient checkpointing recomputes the layers and gives the same gradients; with LoRA only the adapter
   weights change; the CUDA precision plan (float32 masters, bfloat16 autocast, fused AdamW) is what the
@@ -31,13 +33,13 @@ from hypothesis import strategies as st
 from groupwise.algo.loss import policy_loss
 from groupwise.batch import RowBatch
 from groupwise.config import config_from_dict
-from groupwise.config.algorithm import LossSection
+from groupwise.config.algorithm import LossSection, OptimizerSection
 from groupwise.model import load_policy
 from groupwise.model.logprobs import completion_logprobs
 from groupwise.model.lora import apply_lora, lora_config
 from groupwise.rows import pad_right
 from groupwise.trainer.builder import enable_gradient_checkpointing
-from groupwise.trainer.learner import Learner, LearnerSettings
+from groupwise.trainer.learner import Learner, LearnerSettings, lr_multiplier
 from groupwise.trainer.micro_batches import micro_batches_by_tokens, mini_batch_groups
 from groupwise.trainer.precision import LearnerPrecision, adamw, learner_precision
 
@@ -69,11 +71,11 @@ def make_rows(seed: int, groups: int = 5, size: int = 3, first_group: int = 0) -
 
 
 def learner_settings(**overrides) -> LearnerSettings:
+    """The learner's settings: ``loss``, ``total_steps``, ``temperature``, or any ``optimizer`` key."""
     loss = overrides.pop("loss", LossSection(entropy_coef=0.01))
-    base = dict(loss=loss, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0, eps=1e-8, warmup_steps=0,
-                schedule="constant", min_lr_ratio=0.0, max_grad_norm=1.0, micro_batch_rows=64, total_steps=10,
-                temperature=1.0, logprob_chunk_tokens=16)
-    return LearnerSettings(**{**base, **overrides})
+    total_steps, temperature = overrides.pop("total_steps", 10), overrides.pop("temperature", 1.0)
+    optimizer = OptimizerSection(**{"lr": 1e-3, "logprob_chunk_tokens": 16, **overrides})
+    return LearnerSettings(loss=loss, optimizer=optimizer, total_steps=total_steps, temperature=temperature)
 
 
 def run_step(model, chunks, **overrides):
@@ -198,6 +200,19 @@ def test_lr_schedule_counts_rl_steps_not_updates(model):
     assert lrs == pytest.approx([1e-3 / 4, 2e-3 / 4]) and seen == pytest.approx([1e-3 / 4] * 2 + [2e-3 / 4] * 2)
 
 
+def test_lr_schedule_values_and_a_warm_up_clamped_to_the_run():
+    def schedule(total, warmup, kind="constant", floor=0.0):
+        return [lr_multiplier(s, warmup_steps=warmup, total_steps=total, schedule=kind, min_lr_ratio=floor)
+                for s in range(total)]  # fmt: skip
+
+    assert schedule(5, 2) == [0.5, 1.0, 1.0, 1.0, 1.0]
+    assert schedule(5, 1, "linear", 0.2) == pytest.approx([1.0, 1.0, 0.8, 0.6, 0.4])
+    assert schedule(3, 1, "cosine") == pytest.approx([1.0, 1.0, 0.5])
+    assert schedule(1, 5) == [1.0]  # run.max_steps=1 with the example's 5 warm-up steps: the peak
+    assert schedule(3, 5) == pytest.approx([1 / 3, 2 / 3, 1.0])  # clamped to the run: the peak at the last step
+    assert schedule(3, 3) == schedule(3, 5)
+
+
 @given(
     lengths=st.lists(st.integers(1, 60), min_size=1, max_size=30),
     max_tokens=st.integers(1, 200),
@@ -236,7 +251,7 @@ def test_settings_are_typed_and_pickle():
                             "optimizer": {"micro_batch_tokens": 256, "mini_batches_per_step": 2}})
     learner_cfg = LearnerSettings.from_config(cfg)
     assert isinstance(learner_cfg.loss, LossSection) and learner_cfg.loss.entropy_coef == 0.02
-    assert learner_cfg.updates_per_step == 2 and learner_cfg.micro_batch_tokens == 256
+    assert learner_cfg.updates_per_step == 2 and learner_cfg.optimizer.micro_batch_tokens == 256
     assert pickle.loads(pickle.dumps(learner_cfg)) == learner_cfg
 
 

@@ -11,6 +11,9 @@ Invariants pinned:
 - an async run with continuous batching and partial rollouts balances every step (trained + dropped = P),
   writes aligned train data, audits clean and accounts every generated token (generated = trained + wasted +
   pending; each fate's tokens = those of its fates.jsonl lines; every step's groups charged some seconds);
+  each train_data row's ``version_spans`` cover its tokens, and ``staleness/token_mean`` is recomputed from them
+  exactly (it is bounded by ``staleness/max``, not by ``staleness/mean``: a mean over groups weighs a short group
+  as much as a long one);
 - a rollout cancelled mid-generation (an abort) is charged what the stream spent on it once its rows left their
   slots: the tokens it held and some seconds (``spent``); a group the client never ran costs nothing;
 - partial rollouts on a model the stream cannot decode are a config error (never silently one version per call).
@@ -27,15 +30,17 @@ from test_async_runtime import ready_first_async
 from test_sync_trainer import tiny_config
 from test_waste import tokens_by_fate
 
+from groupwise.cli.run_prompts import training_uids
 from groupwise.config import config_from_dict
 from groupwise.data.loader import LoadedPrompt
+from groupwise.generation.pausing import PausingGenerator
 from groupwise.model.lora import generator_state_dict
 from groupwise.run.audit import audit_run
 from groupwise.run.fates_file import read_fates
 from groupwise.run.metrics import read_metrics
 from groupwise.runtime.async_run import run_async
 from groupwise.runtime.embedded import EmbeddedRollouts
-from groupwise.runtime.streamed import PausingGenerator, StreamedRollouts
+from groupwise.runtime.streamed import StreamedRollouts
 from groupwise.trainer.builder import build_components, build_session, frozen_copy
 
 pytestmark = pytest.mark.numerics
@@ -184,12 +189,18 @@ def test_an_async_run_with_continuous_batching_and_partial_rollouts(tmp_path):
     assert [r["step"] for r in records] == [1, 2, 3]
     for record in records:
         assert record["ds/groups_trained"] + record["accounting/dropped_groups"] == cfg.grpo.num_prompts_per_step
-        assert 0 <= record["staleness/token_mean"] <= record["staleness/mean"]
         assert record["rollout/resumed_tokens"] == 0
         rows = [json.loads(x) for x in session.run_dir.train_data_path(record["step"]).read_text().splitlines()]
         assert len({r["group_id"] for r in rows}) == record["ds/groups_trained"]
         assert all(len(r["completion_ids"]) == len(r["generation_logprobs"]) for r in rows)
-    report = audit_run(session.run_dir.path)
+        # the per-token versions in the file give the metric back: staleness of token = trainer version − its version
+        assert all(sum(n for _, n in r["version_spans"]) == len(r["completion_ids"]) for r in rows)
+        trainer = record["step"] - 1
+        weighted = [(trainer - version, n) for r in rows for version, n in r["version_spans"]]
+        assert record["staleness/token_mean"] == pytest.approx(
+            sum(s * n for s, n in weighted) / sum(n for _, n in weighted), abs=1e-12)
+        assert 0 <= record["staleness/token_mean"] <= record["staleness/max"]
+    report = audit_run(session.run_dir.path, training_uids)
     assert report.ok, report.format()
     # every generated token is accounted: generated = trained + wasted + pending, and each fate's tokens are those
     # of its fates.jsonl lines (the streamed client charges each group the stream's time for its rows)
@@ -228,9 +239,11 @@ def test_a_cancelled_rollout_is_charged_what_the_stream_spent_on_it(tmp_path):
 
 def test_partial_rollouts_on_a_model_without_the_stream_are_refused_not_ignored(tmp_path, monkeypatch):
     from groupwise.config import ConfigError
+    from groupwise.generation.base import StreamSupport
     from groupwise.generation.engine import Engine
 
-    monkeypatch.setattr(Engine, "stream_unavailable", lambda self: "the model decodes with its own forward (test)")
+    unavailable = StreamSupport(False, "the model decodes with its own forward (test)")
+    monkeypatch.setattr(Engine, "stream_support", lambda self: unavailable)
     data = ready_first_async(tiny_config(tmp_path, generation={"continuous_batching": True}).model_dump(by_alias=True))
     build_components(config_from_dict(data))  # off: a note, and one batch per engine call
     data["async"]["partial_rollouts"] = "continue"

@@ -14,6 +14,8 @@ Invariants pinned:
   step's groups add up to its perf/gen_seconds, and the end-of-run events.log line states the totals;
 - a real tiny async run with a verifier that raises: the failed attempts' tokens (their completions were
   generated) are counted as failed, and fates.jsonl, the metrics and the run totals agree;
+- a run that fails (sync or async: a verifier that breaks mid-run) still writes one ``generation:`` totals line to
+  events.log, its trained tokens those of fates.jsonl (async: every generated token in some fate);
 - an aborted attempt is charged what the generator spent on it once the generator stopped (the controller asks
   the rollout client's ``spent``); a request cancelled before it reached a call costs nothing; a shutdown while
   waiting leaves the attempt ``pending``; a reward failure's cost survives pickling (Ray).
@@ -41,6 +43,7 @@ from groupwise.run.fates_file import read_fates
 from groupwise.run.metrics import read_metrics
 from groupwise.runtime.async_run import run_async
 from groupwise.runtime.rollout_queue import RolloutQueue, charge_call, drop_cancelled
+from groupwise.runtime.sync_run import run_sync
 from groupwise.sim.run import simulate
 from groupwise.trainer.builder import build_session
 from groupwise.types import GenerationCost, Group, Prompt, attach_cost, cost_of
@@ -227,6 +230,37 @@ def test_a_real_async_run_counts_the_tokens_of_attempts_whose_reward_raised(tmp_
     assert records[-1]["waste/cumulative_tokens"] == step_sum(records, "waste/tokens")
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_failed_run_writes_its_generation_totals_to_events_log(tmp_path, mode):
+    """A verifier that breaks after 48 calls (3 steps of P = 4, G = 4): the run fails, and events.log still says
+    what it generated and where the tokens went, as the fates file has them."""
+    import scripted_rewards
+
+    cfg = tiny_config(tmp_path, run={"name": mode, "max_steps": 8}, eval={"at_start": False, "at_end": False},
+                      reward={"function": "scripted_rewards:fails_after_calls"})  # fmt: skip
+    data = cfg.model_dump(by_alias=True)
+    data["mode"] = mode
+    data["grpo"]["dynamic_sampling"] = {"enabled": False}
+    if mode == "async":
+        data["async"] = {"sampler": {"name": "ready_first", "max_staleness_versions": 1}, "max_buffered_rollouts": 8}
+    session = build_session(config_from_dict(data))
+    scripted_rewards.CALLS.clear()
+    with pytest.raises(Exception, match="verifier broke after 48 calls"):
+        run_async(session) if mode == "async" else run_sync(session)
+    events = session.run_dir.events_path.read_text()
+    totals_lines = [line for line in events.splitlines() if "  generation: " in line]
+    assert len(totals_lines) == 1, events
+    lines = read_fates(session.run_dir.fates_path)
+    by_fate = tokens_by_fate(lines)
+    assert by_fate.get("trained", 0) > 0  # it trained some steps before the verifier broke
+    generated = int(totals_lines[0].split("generation: ")[1].split(" completion tokens")[0])
+    if mode == "async":
+        assert generated == sum(by_fate.values())
+    else:  # the failing round's groups were generated but never scored into a fate
+        assert generated >= sum(by_fate.values())
+    assert f"trained {by_fate.get('trained', 0)}," in totals_lines[0]
+
+
 # --- aborted attempts and the runtimes' bookkeeping -----------------------------------------------------------
 
 
@@ -287,7 +321,7 @@ def _group(group_id: int, tokens: int) -> Group:
 def test_a_cancelled_request_costs_its_share_of_the_call_it_was_in_or_nothing():
     async def main() -> None:
         queue = RolloutQueue(lambda: asyncio.sleep(3600), "test")
-        tasks = [asyncio.ensure_future(queue.submit(f"item{i}", i, 0)) for i in range(3)]
+        tasks = [asyncio.ensure_future(queue.submit(f"item{i}", i, 0, 0)) for i in range(3)]
         await asyncio.sleep(0)
         batch = drop_cancelled(queue.take(2))  # requests 0 and 1 go into a call; 2 stays queued
         tasks[1].cancel()  # an abort while its call runs, and one while it waits
@@ -312,7 +346,7 @@ def test_a_cancelled_request_costs_its_share_of_the_call_it_was_in_or_nothing():
 def test_a_failed_call_splits_its_time_evenly_and_a_reward_failure_keeps_its_cost_across_processes():
     async def main() -> None:
         queue = RolloutQueue(lambda: asyncio.sleep(3600), "test")
-        tasks = [asyncio.ensure_future(queue.submit(f"item{i}", i, 0)) for i in range(2)]
+        tasks = [asyncio.ensure_future(queue.submit(f"item{i}", i, 0, 0)) for i in range(2)]
         await asyncio.sleep(0)
         batch = queue.take(2)
         error = RuntimeError("engine died")

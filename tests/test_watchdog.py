@@ -10,6 +10,8 @@ Pinned:
   ends ``pending``; no ``final/`` is written;
 - a sync run whose generation round never returns stops the same way, naming the step and the round's prompts;
 - ``groupwise train`` of a run with a verifier that never returns exits 1 with ``RunStalled`` and no traceback;
+  as a real process too, sync and async, when the stuck verifier is busy in torch kernels (its thread cannot be
+  stopped: the process must not abort in interpreter teardown, exit 134);
 - ``runtime.stall_timeout_s`` must exceed ``async.rollout_failure.max_backoff_s`` (a config error otherwise).
 """
 
@@ -124,6 +126,26 @@ def test_train_with_a_verifier_that_never_returns_exits_1(tmp_path, capsys):
     assert main(["train", str(path)]) == 1
     err = capsys.readouterr().err
     assert "the run failed: RunStalled: nothing progressed for 1 s" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_stalled_process_exits_1_while_the_stuck_call_runs_in_torch(tmp_path, mode):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    failure = {"async": {"rollout_failure": {"backoff_base_s": 0.1, "max_backoff_s": 0.5}}} if mode == "async" else {}
+    cfg = watchdog_config(tmp_path, mode, reward={"function": "scripted_rewards:spins_in_torch"}, **failure)
+    path = tmp_path / "spinning.yaml"
+    path.write_text(cfg.to_yaml())
+    tests = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "groupwise.cli", "train", str(path)], env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert "the run failed: RunStalled" in done.stderr
+    assert "terminate called" not in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 1, done.stderr[-2000:]
 
 
 def test_the_stall_timeout_must_exceed_the_longest_backoff():

@@ -1,40 +1,31 @@
-"""From scored groups to row-aligned training rows.
+"""From a step's chunk (whole groups and their advantages, :mod:`groupwise.chunks`) to row-aligned training rows.
 
 One row per completion. Every column is built from the same group list in the same order, inside one
 :class:`~groupwise.batch.RowBatch`, so a reward can never be paired with another row's completion
 (the misaligned-rewards bug of docs/design.md).
-Advantages are computed here, per group, on the groups that are actually trained.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
-from groupwise.algo.advantages import clip_advantages, group_advantages
 from groupwise.batch import RowBatch
 from groupwise.types import Group
 
-if TYPE_CHECKING:
-    from groupwise.config import GrpoSection
 
-
-def group_row_advantages(
-    groups: Sequence[Group],
-    *,
-    baseline: str,
-    normalize: bool,
-    clip_low: float | None,
-    clip_high: float | None,
-) -> list[list[float]]:
-    """Per-group advantages on the (scaled, shaped) rewards, then optional clipping."""
-    per_group = []
-    for group in groups:
-        values = group_advantages(group.rewards, baseline=baseline, normalize=normalize)
-        per_group.append(clip_advantages(values, clip_low, clip_high))
-    return per_group
+def version_spans(token_versions: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """A completion's per-token weight versions, run-length encoded: ``((v₁, n₁), (v₂, n₂), ...)`` means the first
+    n₁ tokens were sampled under version v₁, the next n₂ under v₂, and so on (``Σ nᵢ`` = the token count; ``()``
+    for no tokens). One span without partial rollouts; one more per weight sync the completion lived through."""
+    spans: list[tuple[int, int]] = []
+    for version in token_versions:
+        if spans and spans[-1][0] == version:
+            spans[-1] = (version, spans[-1][1] + 1)
+        else:
+            spans.append((version, 1))
+    return tuple(spans)
 
 
 def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -> RowBatch:
@@ -43,7 +34,8 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
     Columns: ``group_id``, ``prompt_uid``, ``completion_index``, ``prompt_ids``, ``completion_ids``,
     ``generation_logprobs``, ``completion_text``, ``finish_reason``, ``raw_reward`` (the verifier's, as the
     zero-variance filter saw it), ``reward`` (scaled and shaped), ``advantage`` (a float32 tensor, a separate
-    column: a reward is never overwritten by its advantage), ``start_version``. Id and logprob rows are the
+    column: a reward is never overwritten by its advantage), ``start_version``, ``version_spans`` (the weight
+    versions of the completion's tokens, :func:`version_spans`). Id and logprob rows are the
     groups' own tuples (no copy; the batch is immutable).
     """
     if len(advantages) != len(groups):
@@ -63,6 +55,7 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
             "reward",
             "advantage",
             "start_version",
+            "version_spans",
         )
     }
     for group, group_adv in zip(groups, advantages, strict=True):
@@ -81,6 +74,7 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
             cols["reward"].append(group.rewards[i])
             cols["advantage"].append(group_adv[i])
             cols["start_version"].append(group.start_version)
+            cols["version_spans"].append(version_spans(completion.token_versions or ()))
     batch = RowBatch({**cols, "advantage": torch.tensor(cols["advantage"], dtype=torch.float32)})
     return batch
 
@@ -92,32 +86,3 @@ def pad_right(rows: Sequence[Sequence[float]], width: int, value: float = 0.0) -
         if row:
             out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
     return out
-
-
-class StepRows:
-    """The rows of one RL step assembled from chunks (async trainers): advantages per chunk of whole groups,
-    rows kept until the step closes so its ``train_data`` file can be written."""
-
-    def __init__(self, grpo: GrpoSection):
-        self.grpo = grpo
-        self._chunks: list[RowBatch] = []
-
-    def add_chunk(self, groups: Sequence[Group], first_chunk: bool) -> RowBatch:
-        if first_chunk:
-            self._chunks = []
-        advantages = group_row_advantages(
-            groups,
-            baseline=self.grpo.baseline,
-            normalize=self.grpo.normalize_advantages,
-            clip_low=self.grpo.advantage_clip_low,
-            clip_high=self.grpo.advantage_clip_high,
-        )
-        rows = build_rows(groups, advantages)
-        self._chunks.append(rows)
-        return rows
-
-    def take(self) -> RowBatch:
-        """Every row of the step, chunks in training order; forgets them."""
-        rows = RowBatch.concat(self._chunks) if len(self._chunks) > 1 else self._chunks[0]
-        self._chunks = []
-        return rows

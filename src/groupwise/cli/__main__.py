@@ -1,8 +1,6 @@
 """``python -m groupwise.cli``: the same as the ``groupwise`` command."""
 
-import sys
-
-from groupwise.cli.main import main
+from groupwise.cli.main import run_as_process
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_as_process()

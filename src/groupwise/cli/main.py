@@ -6,10 +6,11 @@ and sets ``handler`` to a ``run_<command>(args) -> int`` function; :data:`COMMAN
 Heavy imports (torch, transformers) belong inside the ``run_*`` functions so ``groupwise --help`` and
 ``groupwise config`` stay fast and work without them.
 
-Exit codes: 0 success, 2 bad usage or an invalid config (every problem printed, never a traceback).
+Exit codes: 0 success, 1 a run that failed, 2 bad usage or an invalid config (every problem printed, never a
+traceback). The console script is :func:`run_as_process`.
 
 :func:`main` sets the OpenMP wait policy before any command imports torch (see
-:mod:`groupwise.runtime.cpu_threads`: libgomp reads it only when torch loads it).
+:mod:`groupwise.trainer.cpu_threads`: libgomp reads it only when torch loads it).
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 
+from groupwise.abandoned import exit_process
 from groupwise.cli.commands import RUN_COMMAND_PARSERS, print_config_warnings
 from groupwise.config import ConfigError, load_config
-from groupwise.runtime.cpu_threads import prepare_openmp_environment
+from groupwise.trainer.cpu_threads import prepare_openmp_environment
 
 EXIT_OK = 0
 EXIT_CONFIG_ERROR = 2
@@ -96,12 +99,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# FutureWarnings of the libraries under us (and those attributed to our calls into them) are about our code, not
+# the user's: they tell a developer what to change before a release, and a user can do nothing about them.
+LIBRARY_WARNINGS = r"(transformers|torch|peft|accelerate|huggingface_hub|tokenizers|gguf|groupwise)(\.|$)"
+
+
+def quiet_library_output() -> None:
+    """Keep the libraries' own progress bars, info logs and FutureWarnings off the console: each command prints its
+    own phase lines, progress and summary, which the libraries' output would interleave with. Each switch is set
+    only where the user has not set it (``HF_HUB_DISABLE_PROGRESS_BARS=0`` brings the loading bars back,
+    ``TRANSFORMERS_VERBOSITY=warning`` transformers' warnings); they must be set before those libraries import."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' and the Hub's bars
+    os.environ.setdefault("TQDM_DISABLE", "1")  # bars that call tqdm directly (GGUF dequantisation)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=LIBRARY_WARNINGS)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command and return its exit code (the ``groupwise`` console script)."""
     prepare_openmp_environment()
-    # The command prints its own progress and summary; transformers' per-file loading and saving bars would
-    # interleave with them (HF_HUB_DISABLE_PROGRESS_BARS=0 brings them back).
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    quiet_library_output()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -119,5 +136,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG_ERROR
 
 
+def run_as_process() -> None:
+    """The ``groupwise`` console script: :func:`main`, then the process ends with its exit code — without the
+    interpreter teardown that would abort it (exit 134) while a call left running after a stall is still on its
+    thread (:mod:`groupwise.abandoned`)."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_as_process()

@@ -39,7 +39,10 @@ class RuntimeSection(Section):
     """Wall-clock seconds a run may go without progress before it stops with ``RunStalled`` (> 0): async, no group
     committed or filtered, no optimizer step and no generation call returning; sync, a generation round not
     returning. The controller's state goes to ``events.log`` first. Evaluation and checkpoint writing count
-    against it (a step end is not progress). ``groupwise simulate`` ignores it (``sim.max_virtual_seconds``)."""
+    against it (a step end is not progress). ``groupwise simulate`` ignores it (``sim.max_virtual_seconds``). With
+    continuous batching on the embedded runtime, an answer awaited from a generation stream that has had nothing to
+    do for 10 s (a lost answer) stops the run as ``RunStalled`` then, whatever this is (a fixed bound:
+    docs/fates-and-resume.md)."""
 
 
 class SimSection(Section):

@@ -10,13 +10,26 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from groupwise.config.base import Section, invalid
+from groupwise.plugins import is_plugin_target
 
 BUILTIN_REWARD_FUNCTIONS = ("auto", "exact_numeric", "final_number", "countdown", "math_verify")
+#: Every built-in verifier (and ``auto``: each built-in task's default is one of them) scores in [0, 1].
+BUILTIN_REWARD_RANGE = (0.0, 1.0)
 BUNDLED_GGUF_PATH = "smollm2"
 
 
 MAX_SEED = 2**63 - 1
+MAX_REWARD_TIMEOUT_S = 86_400.0  # one day; threading's waits overflow near 9.2e9 s
 MAX_NAME_BYTES = 255
+
+
+def builtin_reward_range_width(function: str, task: str) -> float | None:
+    """``max − min`` of the rewards ``reward.function`` can give when it is a built-in (1), else None (unknown:
+    a ``module:function``, or ``auto`` for a task whose verifier is not a built-in)."""
+    low, high = BUILTIN_REWARD_RANGE
+    # A built-in task's ``auto`` reward is a built-in verifier.
+    builtin = function in BUILTIN_REWARD_FUNCTIONS and (function != "auto" or task in builtin_task_names())
+    return high - low if builtin else None
 
 
 def run_name_problem(name: str) -> str | None:
@@ -113,8 +126,9 @@ class LoraSection(Section):
     """Train LoRA adapters instead of every weight. When off, the other keys must keep their defaults."""
     rank: int = Field(16, ge=1)
     """Adapter rank r (≥ 1)."""
-    alpha: float = Field(32.0, gt=0)
-    """Scale numerator: the update is ``(alpha / rank) · B A`` (> 0)."""
+    alpha: float = Field(32.0, gt=0, le=1e6)
+    """Scale numerator: the update is ``(alpha / rank) · B A`` (0 < alpha ≤ 1e6; beyond, the scaled update
+    overflows float32)."""
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout on the adapter input (0 ≤ p < 1). Default 0: with dropout the old-policy logprobs of PPO
     mini-batches and the training logprobs see different dropout masks, so the ratio is noise before any update."""
@@ -151,6 +165,11 @@ class ModelSection(Section):
     package (then ``gguf_file`` may be omitted)."""
     gguf_file: str | None = None
     """GGUF file name inside ``path`` (``source: gguf`` only)."""
+    gguf_cache: str = "auto"
+    """Where the dequantised copy of a GGUF file is kept, so only the first run dequantises it (``source: gguf``
+    only): ``auto`` = ``$GROUPWISE_CACHE_DIR``, else ``$XDG_CACHE_HOME/groupwise``, else ``~/.cache/groupwise``;
+    ``off`` = dequantise on every load; anything else = that directory. An entry is keyed by the file's path, size
+    and modification time and the converting libraries' versions, and written atomically (docs/configs.md)."""
     tiny: TinyModelSection = Field(default_factory=TinyModelSection)
     """Architecture of the tiny model (``source: tiny`` only)."""
     device: Literal["cpu", "cuda", "auto"] = "auto"
@@ -161,20 +180,35 @@ class ModelSection(Section):
     bfloat16 copy; on the CPU the weights themselves are held in this dtype."""
     reference: Literal["none", "initial"] = "none"
     """``initial`` keeps a frozen copy of the initial policy for the KL penalty (needed when ``loss.kl_coef > 0``)."""
+    trust_remote_code: bool = False
+    """Run the Python code a model folder (or its tokenizer) names in ``auto_map`` (``source: hf`` only). Off by
+    default: transformers is always told ``trust_remote_code=False``, so such code never runs and no loader asks on
+    the terminal; ``config check`` and ``train`` refuse a folder with ``auto_map`` until this is set to ``true``
+    (set it only for a folder whose code you have read: it runs with your permissions)."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (less memory,
     about one more forward of compute), through transformers' own switch (non-reentrant)."""
     lora: LoraSection = Field(default_factory=LoraSection)
     """LoRA adapters (peft) instead of full fine-tuning."""
 
-    @field_validator("path", "gguf_file")
+    @field_validator("path", "gguf_file", "gguf_cache")
     @classmethod
     def _paths_are_paths(cls, path: str | None, info: ValidationInfo) -> str | None:
         check_path_text(f"model.{info.field_name}", path)
         return path
 
+    @field_validator("gguf_cache", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads a bare off as false
 
-class AdditionSection(Section):
+
+class TaskSection(Section):
+    """The settings of a built-in task. The :class:`DataSection` field holding one is the task's name, so the list
+    of built-in tasks is spelled once: :func:`builtin_task_names`."""
+
+
+class AdditionSection(TaskSection):
     """The synthetic addition task: ``a+b=`` → ``a+b``. With 1-digit operands there are only 100 distinct pairs;
     the task splits the pairs it can make into disjoint train and held-out sets, and the two sizes are caps."""
 
@@ -188,7 +222,7 @@ class AdditionSection(Section):
     """At most this many held-out prompts (≥ 1), disjoint from the training prompts."""
 
 
-class CountdownSection(Section):
+class CountdownSection(TaskSection):
     """The Countdown task: reach ``target`` with the given numbers and + − × ÷, each number used once."""
 
     num_numbers: int = Field(3, ge=2)
@@ -203,7 +237,7 @@ class CountdownSection(Section):
     """Held-out puzzles (≥ 1)."""
 
 
-class JsonlSection(Section):
+class JsonlSection(TaskSection):
     """Prompts from JSON-lines files, one object per line (``data.task: jsonl``)."""
 
     train_path: str | None = None
@@ -221,8 +255,10 @@ class JsonlSection(Section):
 class DataSection(Section):
     """The prompts: a built-in task or JSONL files."""
 
-    task: Literal["addition", "countdown", "jsonl"] = "addition"
-    """Which prompt source to use; only the matching sub-section may hold non-default values."""
+    task: str = "addition"
+    """Which prompt source to use: a built-in task (``addition``, ``countdown``, ``jsonl``; only the matching
+    sub-section may hold non-default values), or a task class of your own as ``package.module:ClassName``, built
+    with ``data.kwargs`` (and ``seed=run.seed`` when it takes a ``seed``): see docs/datasets.md."""
     addition: AdditionSection = Field(default_factory=AdditionSection)
     """Settings of the addition task."""
     countdown: CountdownSection = Field(default_factory=CountdownSection)
@@ -233,6 +269,27 @@ class DataSection(Section):
     """Shuffle training prompts each epoch (seeded from ``run.seed``)."""
     system_prompt: str | None = None
     """System message prepended to chat prompts; ``null`` = none."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of a plug-in task's class (``data.task: package.module:ClassName`` only)."""
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        if task in builtin_task_names() or is_plugin_target(task):
+            return task
+        raise invalid(
+            f"data.task must be a built-in task ({', '.join(builtin_task_names())}) or a plug-in task class "
+            "'package.module:ClassName'",
+            "pick a built-in task, or name your task class as package.module:ClassName",
+        )
+
+
+def builtin_task_names() -> tuple[str, ...]:
+    """The built-in tasks: the :class:`DataSection` fields that hold a :class:`TaskSection`."""
+    return tuple(
+        name for name, field in DataSection.model_fields.items()
+        if isinstance(field.annotation, type) and issubclass(field.annotation, TaskSection)
+    )  # fmt: skip
 
 
 class RewardSection(Section):
@@ -243,11 +300,12 @@ class RewardSection(Section):
     ``module:function`` (an importable callable)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to the reward function."""
-    timeout_s: float | None = Field(None, gt=0)
-    """Seconds one reward call may take (> 0); ``null`` = no limit (the call runs inline). A slower call fails
-    with a ``RewardError`` naming the prompt and completion: a data failure of that prompt in async mode (retried,
-    then skipped within ``async.rollout_failure.max_skipped_prompts``), a stop in sync mode. Calls then run on a
-    helper thread; a stuck one cannot be killed and keeps its thread until it returns (docs/rewards.md)."""
+    timeout_s: float | None = Field(None, gt=0, le=MAX_REWARD_TIMEOUT_S)
+    """Seconds one reward call may take (0 < t ≤ 86,400, one day); ``null`` = no limit (the call runs inline). A
+    slower call fails with a ``RewardError`` naming the prompt and completion: a data failure of that prompt in
+    async mode (retried, then skipped within ``async.rollout_failure.max_skipped_prompts``), a stop in sync mode.
+    Calls then run on a helper thread; a stuck one cannot be killed and keeps its thread until it returns
+    (docs/rewards.md)."""
 
     @field_validator("function")
     @classmethod
@@ -261,9 +319,19 @@ class RewardSection(Section):
         )
 
 
+GENERATION_BACKENDS = ("builtin",)
+"""The generation backends that ship with groupwise (each is one line of :mod:`groupwise.generation.factory`)."""
+BUILTIN_ENGINE_KEYS = ("fast_decode", "cuda_graphs")
+"""``generation`` keys only the built-in engine reads; under another backend they keep their defaults."""
+
+
 class GenerationSection(Section):
     """How training completions are sampled."""
 
+    backend: str = "builtin"
+    """The generation backend: ``builtin`` (the in-process KV-cache sampling engine, docs/generation.md), or a
+    backend of your own as ``package.module:function`` (called with a ``groupwise.generation.factory.GeneratorSpec``,
+    it returns a ``Generator``). :mod:`groupwise.generation.factory` builds each."""
     max_new_tokens: int = Field(16, ge=1)
     """Completion length cap in tokens (≥ 1)."""
     temperature: float = Field(1.0, ge=0.01)
@@ -295,6 +363,17 @@ class GenerationSection(Section):
     fit at once no longer waits for each chunk's slowest row. Needs the fast decode step (Llama and Qwen2 models;
     other models run one batch per call, and ``events.log`` says so); needed by ``async.partial_rollouts``."""
 
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, backend: str) -> str:
+        if backend in GENERATION_BACKENDS or is_plugin_target(backend):
+            return backend
+        raise invalid(
+            f"generation.backend must be one of {', '.join(GENERATION_BACKENDS)} or a backend factory "
+            "'package.module:function'",
+            "pick a shipped backend, or name your backend's factory as package.module:function",
+        )
+
     @field_validator("cuda_graphs", mode="before")
     @classmethod
     def _yaml_on_off(cls, value: Any) -> Any:
@@ -323,22 +402,52 @@ class EvalSection(Section):
     """Samples per prompt at the training temperature for pass@k (≥ 1); greedy accuracy is always reported."""
 
 
+TrackingBackend = Literal["tensorboard", "wandb", "trackio", "mlflow"]
+DEFAULT_BACKENDS: tuple[TrackingBackend, ...] = ("tensorboard",)
+
+
 class LoggingSection(Section):
     """What the run records besides ``metrics.jsonl`` (always written)."""
 
-    tensorboard: bool = True
-    """Write TensorBoard curves under ``runs/<name>/tensorboard``."""
+    backends: list[TrackingBackend] = Field(default_factory=lambda: list(DEFAULT_BACKENDS))
+    """Experiment trackers that get the same scalars as ``metrics.jsonl``, each through its own library (each name
+    at most once; ``[]`` = none): ``tensorboard`` (``runs/<name>/tensorboard``), ``wandb`` (``runs/<name>/wandb``,
+    offline without an API key), ``trackio`` (its local store), ``mlflow`` (``runs/<name>/mlflow.db``). All but
+    TensorBoard are optional extras: ``pip install 'groupwise[wandb]'`` (``trackio``, ``mlflow``). Where each writes
+    and how to view it: docs/metrics.md."""
+    tensorboard: bool | None = None
+    """The switch from before ``backends``, kept working: ``false`` leaves TensorBoard out and ``true`` adds it,
+    whatever ``backends`` says; ``null`` = as ``backends`` says."""
+    project: str = Field("groupwise", min_length=1)
+    """Project (W&B, trackio) or experiment (MLflow) the run is logged under; the run is named after its
+    directory."""
     progress: bool = True
     """Show a live progress bar on the console."""
     train_data: bool = True
     """Write every trained row to ``train_data/step_<N>.jsonl``."""
+
+    @field_validator("backends")
+    @classmethod
+    def _each_backend_once(cls, backends: list[str]) -> list[str]:
+        repeated = sorted({name for name in backends if backends.count(name) > 1})
+        if repeated:
+            raise invalid(f"logging.backends names {repeated} more than once", "list each backend once")
+        return backends
+
+    def enabled_backends(self) -> list[str]:
+        """``backends`` with ``tensorboard`` (the older switch) applied: TensorBoard first when on."""
+        chosen: list[str] = [name for name in self.backends if name != "tensorboard"]
+        on = self.tensorboard if self.tensorboard is not None else "tensorboard" in self.backends
+        return ["tensorboard", *chosen] if on else chosen
 
 
 class CheckpointSection(Section):
     """Checkpoints (atomic directories under ``runs/<name>/checkpoints``)."""
 
     every: int = Field(0, ge=0)
-    """Save every this many optimizer steps (≥ 0; 0 = only at the end)."""
+    """Save every this many optimizer steps (≥ 0; 0 = only at the end, and not even then when ``save_final`` is
+    false: such a run writes no checkpoint and cannot be resumed). A run always saves a checkpoint of its last step
+    unless both are off."""
     keep_last: int = Field(2, ge=1)
     """Step checkpoints kept (≥ 1); older ones are deleted."""
     save_final: bool = True
@@ -353,8 +462,8 @@ class SftSection(Section):
     """Optimizer steps at most (≥ 1)."""
     batch_size: int = Field(64, ge=1)
     """Demonstrations per step (≥ 1)."""
-    lr: float = Field(1e-3, gt=0)
-    """AdamW learning rate (> 0)."""
+    lr: float = Field(1e-3, gt=0, le=1.0)
+    """AdamW learning rate (0 < lr ≤ 1, as ``optimizer.lr``)."""
     eval_every: int = Field(100, ge=1)
     """Held-out greedy evaluation every this many steps (≥ 1), and after the last step."""
     stop_at_accuracy: float | None = Field(None, gt=0, le=1)

@@ -14,7 +14,7 @@ from (the loader front, or the spare pool front during the end-of-data drain).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from groupwise.controller.context import PumpContext
 from groupwise.controller.dispatch_slot import DispatchSlots, SlotState
@@ -38,7 +38,7 @@ class RolloutPump:
         self.admitted_batches = 0
         self.unused_prompts = 0
         self._on_error = on_error
-        self.dispatch = DispatchSlots(ctx, rollouts, self.inflight)
+        self.dispatch = DispatchSlots(ctx, rollouts, self.inflight, refill=self._refill_spare_pool)
         # Unsettled slots in launch order: shutdown cancels them in a reproducible order, so their fates too.
         self._slots: WorkerPool[SlotState] = WorkerPool(self.dispatch.run, self._on_slot_settled)
         self._in_admit = False
@@ -56,11 +56,6 @@ class RolloutPump:
     def parked(self) -> bool:
         """True while the pump waits on something only the train pump can give (the gate or capacity)."""
         return (self._in_admit and self.ctx.clock.waiting > 0) or self.ctx.capacity.waiting > 0
-
-    def inflight_items(self) -> list[LoaderItem]:
-        """Prompts taken from the loader or pool and not yet settled: those of unsettled dispatch slots, then
-        those of the batch being admitted or launched."""
-        return [slot.item for slot in self._slots.items()] + [slot.item for slot in self._unlaunched]
 
     def unsettled(self) -> tuple[list[SlotState], list[LoaderItem], list[LoaderItem]]:
         """The work a snapshot must save: ``(slots, loader_items, spare_items)``.
@@ -133,7 +128,7 @@ class RolloutPump:
                 continue
             await self._admit_and_launch(batch)
 
-    async def _admit_and_launch(self, batch: list[LoaderItem], from_pool: bool = False) -> None:
+    async def _admit_and_launch(self, batch: Sequence[LoaderItem], from_pool: bool = False) -> None:
         self._unlaunched = [SlotState(item) for item in batch]
         self._batch_admitted, self._batch_from_pool = False, from_pool
         self._in_admit = True
@@ -175,6 +170,16 @@ class RolloutPump:
             raise
         self._slots.submit(slot)
 
+    def _refill_spare_pool(self) -> None:
+        """A slot needs a spare and the pool is empty: divert the next loader batch into the pool now. The dispatch
+        loop refills the pool only between admissions, and it may be parked at the sampler's gate for many
+        replacements; without this, a step would close short (a charged loss) while the data lasts. A non-awaiting
+        call on the controller's loop: atomic with the dispatch loop, so every prompt is in the loader, the pool,
+        the batch at the gate or a slot, as a snapshot expects."""
+        batch = self.loader.take(self.ctx.settings.prompts_per_step)
+        if batch:
+            self.ctx.spare_pool.add_batch(batch)
+
     def _on_slot_settled(self, error: BaseException | None) -> None:
         self.ctx.signal()
         if error is not None:
@@ -188,7 +193,7 @@ class RolloutPump:
         while len(self.ctx.spare_pool) >= P:
             # One whole step at a time, so a snapshot always finds each spare in the pool or in a slot.
             while len(self.ctx.spare_pool) >= P:
-                await self._admit_and_launch([self.ctx.spare_pool.take() for _ in range(P)], from_pool=True)
+                await self._admit_and_launch(self.ctx.spare_pool.take_many(P), from_pool=True)
             await self._settle()
         if self.ctx.accounting.closes_short_at_exhaustion and len(self.ctx.spare_pool):
             # The leftover partial step closes short: admitted last, after every whole step.

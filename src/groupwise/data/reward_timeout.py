@@ -24,6 +24,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from groupwise.abandoned import leave_running
+
 
 class RewardTimeout(RuntimeError):
     """A reward call ran past ``reward.timeout_s``. Not a ``TimeoutError``: that one is classified as an
@@ -54,6 +56,7 @@ class _Helper:
 
     def abandon(self) -> None:
         self.jobs.put(None)  # served after the stuck call returns: the thread then ends
+        leave_running(self.thread)  # until then the process must not wait for it at exit
 
     def _serve(self) -> None:
         while (item := self.jobs.get()) is not None:

@@ -19,7 +19,6 @@ Built-ins (see ``docs/rewards.md``): ``exact_numeric``, ``final_number``, ``coun
 from __future__ import annotations
 
 import difflib
-import importlib
 import importlib.util
 import inspect
 import re
@@ -27,9 +26,10 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 
 from groupwise.data.expression import ExpressionError, parse_expression
+from groupwise.plugins import PluginImportError, import_plugin
 from groupwise.types import Completion, Prompt
 
 RewardFn = Callable[..., float]
@@ -39,6 +39,9 @@ _NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?")
 # The same numbers found inside text; a sign counts only right before the digits and not after a digit or a
 # letter ("8-2" is 8 and 2, "x-3" is 3), a decimal point only between digits ("6." at the end of a sentence is 6).
 _NUMBER_IN_TEXT = re.compile(r"(?<![\w.])[+-]?\d+(?:\.\d+)?|(?<=[\w.])\d+(?:\.\d+)?")
+#: The longest text read as a number: Python converts at most 4,300 digits to an int (Fraction does), so a longer
+#: answer would fail mid-run and a longer completion would make the verifier raise instead of scoring 0.
+MAX_NUMBER_CHARS = 4000
 _MATH_VERIFY_INSTALL = "pip install math-verify  (or: pip install 'groupwise[math]')"
 
 
@@ -47,8 +50,9 @@ class RewardSpecError(ValueError):
 
 
 def parse_number(text: str) -> Fraction | None:
-    """The exact value of a plain decimal number (``-12``, ``3.50``), or None for anything else."""
-    if _NUMBER.fullmatch(text) is None:
+    """The exact value of a plain decimal number (``-12``, ``3.50``) of at most :data:`MAX_NUMBER_CHARS`
+    characters, or None for anything else."""
+    if len(text) > MAX_NUMBER_CHARS or _NUMBER.fullmatch(text) is None:
         return None
     return Fraction(text)
 
@@ -70,7 +74,8 @@ def exact_numeric(prompt: Prompt, completion: Completion, *, partial_credit: flo
     expected = parse_number(prompt.answer.strip())
     if expected is None:
         raise ValueError(
-            f"exact_numeric: prompt {prompt.uid} has answer {prompt.answer!r}, which is not a plain number; "
+            f"exact_numeric: prompt {prompt.uid} has answer {prompt.answer[:80]!r}, which is not a plain number "
+            f"(digits with an optional sign and decimal point, at most {MAX_NUMBER_CHARS} characters); "
             "use another reward function (e.g. math_verify or a custom 'module:function')"
         )
     text = completion.text.strip()
@@ -92,18 +97,20 @@ def final_number(prompt: Prompt, completion: Completion) -> float:
     For replies that show their working before the answer ("7 * 8 = 56", "The answer is 56."): the numbers
     are the plain decimals in the text (:func:`parse_number`), compared exactly; a sign belongs to a number
     only where nothing but space or punctuation precedes it ("8-2" holds 8 and 2). A reply without a number,
-    or one cut at ``max_new_tokens``, scores 0.
+    one whose last number is longer than :data:`MAX_NUMBER_CHARS`, or one cut at ``max_new_tokens``, scores 0.
     """
     expected = parse_number(prompt.answer.strip())
     if expected is None:
         raise ValueError(
-            f"final_number: prompt {prompt.uid} has answer {prompt.answer!r}, which is not a plain number; "
+            f"final_number: prompt {prompt.uid} has answer {prompt.answer[:80]!r}, which is not a plain number "
+            f"(digits with an optional sign and decimal point, at most {MAX_NUMBER_CHARS} characters); "
             "use another reward function (e.g. math_verify or a custom 'module:function')"
         )
     if completion.finish_reason != "stop":
         return 0.0
     numbers = _NUMBER_IN_TEXT.findall(completion.text)
-    return 1.0 if numbers and Fraction(numbers[-1]) == expected else 0.0
+    last = parse_number(numbers[-1]) if numbers else None
+    return 1.0 if last is not None and last == expected else 0.0
 
 
 def countdown(prompt: Prompt, completion: Completion, *, format_reward: float = 0.0) -> float:
@@ -124,7 +131,8 @@ def countdown(prompt: Prompt, completion: Completion, *, format_reward: float = 
         )
     target = parse_number(prompt.answer.strip())
     if target is None:
-        raise ValueError(f"countdown: prompt {prompt.uid} has answer {prompt.answer!r}; the target must be a number")
+        raise ValueError(f"countdown: prompt {prompt.uid} has answer {prompt.answer[:80]!r}; the target must be a "
+                         f"plain number of at most {MAX_NUMBER_CHARS} characters")
     if completion.finish_reason != "stop":
         return 0.0
     try:
@@ -188,24 +196,13 @@ def load_reward_fn(spec: str, task_default: str) -> RewardFn:
 
 
 def _import_reward_fn(spec: str) -> RewardFn:
-    module_name, _, attr_path = spec.partition(":")
-    if not module_name or not attr_path:
-        raise RewardSpecError(f"reward function {spec!r}: expected 'module:function', e.g. 'my_rewards:score'")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # ImportError, or whatever the module raised while it was imported
-        raise RewardSpecError(
-            f"reward function {spec!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); "
-            "check the name and that it is on PYTHONPATH"
-        ) from exc
-    target: Any = module
-    for part in attr_path.split("."):
-        if not hasattr(target, part):
-            raise RewardSpecError(f"reward function {spec!r}: module {module_name!r} has no attribute {attr_path!r}")
-        target = getattr(target, part)
+        target = import_plugin(spec, "reward function")
+    except PluginImportError as exc:
+        raise RewardSpecError(f"{exc}; fix reward.function (e.g. 'my_rewards:score')") from exc
     if not callable(target):
-        raise RewardSpecError(f"reward function {spec!r}: {attr_path!r} is a {type(target).__name__}, not callable")
-    return target
+        raise RewardSpecError(f"reward function {spec!r}: it is a {type(target).__name__}, not callable")
+    return cast(RewardFn, target)
 
 
 def check_reward_kwargs(reward_fn: RewardFn, kwargs: Mapping[str, Any]) -> None:

@@ -16,6 +16,10 @@ slot has its own position, cache column and RNG counter, so rows that joined at 
   kept as it was computed (under older versions). With ``partial="off"`` no row spans versions: the stream stops
   taking rows in, lets the live ones finish, then loads the weights (a drain, as a batch-per-call engine does).
   Every token records the version that ran the step that drew it and its sampling-time logprob.
+* **Every callback once.** ``on_done`` of a request is called at most once (never for one dropped before it
+  finished); ``on_dropped`` of a :meth:`~GenerationStream.cancel` and the ``done`` of a weight post exactly once,
+  whatever order cancel, finish, weight load, failure and close come in at a token boundary (whoever takes a request
+  out of the stream's table takes its cancellers' callbacks in the same locked block).
 * **Progress** (:meth:`GenerationStream.progress`, any thread): what every unfinished request generated so far,
   read under the lock the serving thread appends tokens under, so a checkpoint taken while the engine runs sees
   each row at a token boundary.
@@ -33,11 +37,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from groupwise.abandoned import leave_running
+from groupwise.generation.pausing import PausingGenerator
 from groupwise.generation.sampling import check_sampling_params, keyed_uniforms, sample_tokens, tempered_logprobs_of
 from groupwise.generation.stream_rows import Done, FinishRules, StreamRequest, StreamRow, new_request
 from groupwise.generation.stream_slots import SlotRows, StreamSlots
@@ -52,11 +58,13 @@ class _WeightPost:
     load: Callable[[], None]  # copies the new weights into the engine (in place) and sets its version
     on_done: Callable[[BaseException | None], None]
     answered: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def done(self, error: BaseException | None) -> None:
-        """Answer the poster once (a close and the serving thread may both try)."""
-        if not self.answered:
-            self.answered = True
+        """Answer the poster once (a close and the serving thread may both try, from two threads)."""
+        with self._lock:
+            first, self.answered = not self.answered, True
+        if first:
             self.on_done(error)
 
 
@@ -77,7 +85,9 @@ class GenerationStream:
         self._cond = threading.Condition(threading.Lock())
         self._inbox: list[StreamRequest] = []
         self._cancels: set[int] = set()
-        self._on_dropped: dict[int, Callable[[int, float], None]] = {}
+        # Cancellers waiting for a running request's cost, by handle. Taken off (under the lock) by whichever of
+        # drop, answer, failure or close removes the request from ``_requests``, and called by it: exactly once.
+        self._on_dropped: dict[int, list[Callable[[int, float], None]]] = {}
         self._post: _WeightPost | None = None
         self._requests: dict[int, StreamRequest] = {}  # every unfinished request, by handle
         self._answered: dict[int, StreamRequest] = {}  # answered, kept for progress until forgotten
@@ -108,18 +118,21 @@ class GenerationStream:
 
     def cancel(self, handle: int, on_dropped: Callable[[int, float], None] | None = None) -> None:
         """Drop a request (its requester gave up): its rows leave their slots at the next token boundary. Then
-        ``on_dropped(tokens, seconds)`` gets what it had cost (:meth:`cost`) — at once for a request already
-        answered, never when the stream closes first."""
+        ``on_dropped(tokens, seconds)`` gets what it had cost (:meth:`cost`), exactly once, whatever comes first:
+        its rows leaving their slots, the request finishing at that same boundary (it is answered too), a failure
+        of the loop, or :meth:`close` (the cost so far); at once for a request already answered or unknown."""
         with self._cond:
             answered = self._answered.pop(handle, None)
-            if handle in self._requests:
+            if handle in self._requests and not self._closed:
                 self._cancels.add(handle)
                 if on_dropped is not None:
-                    self._on_dropped[handle] = on_dropped
+                    self._on_dropped.setdefault(handle, []).append(on_dropped)
                 self._cond.notify_all()
                 return
+            entry = answered or self._requests.get(handle)
+            cost = _cost(entry) if entry is not None else (0, 0.0)
         if on_dropped is not None:
-            on_dropped(*(_cost(answered) if answered is not None else (0, 0.0)))
+            on_dropped(*cost)
 
     def cost(self, handle: int) -> tuple[int, float]:
         """What a request not yet forgotten cost so far: the tokens its rows hold and the stream's seconds
@@ -134,8 +147,12 @@ class GenerationStream:
         with self._cond:
             if self._post is not None:
                 raise RuntimeError("a weight load is already pending; wait for its done callback before the next")
-            self._post = _WeightPost(load, done)
-            self._cond.notify_all()
+            closed = self._closed
+            if not closed:
+                self._post = _WeightPost(load, done)
+                self._cond.notify_all()
+        if closed:  # nobody will serve it
+            done(RuntimeError("the generation stream was closed before the weights were loaded"))
 
     def forget(self, handle: int) -> None:
         """The requester has what an answered request generated: :meth:`progress` stops reporting it."""
@@ -149,6 +166,14 @@ class GenerationStream:
         with self._cond:
             entries = [*self._requests.items(), *self._answered.items()]
             return {handle: entry.progress() for handle, entry in entries}
+
+    def idle(self) -> bool:
+        """Nothing to do: no request queued, waiting or decoding, no cancel or weight load pending, no token
+        boundary being run (or the serving thread has died). A request still unanswered then is never answered."""
+        with self._cond:
+            if self._thread is not None and not self._thread.is_alive():
+                return True
+            return not self._serving and not self._work_locked()
 
     def pause(self) -> None:
         """Block until the serving thread is parked at a token boundary (or idle); it stays there until
@@ -172,6 +197,10 @@ class GenerationStream:
         finally:
             self.resume()
 
+    def generator_for_evaluation(self) -> PausingGenerator:
+        """The engine, each call parking this stream first (:class:`~groupwise.generation.pausing.PausingGenerator`)."""
+        return PausingGenerator(self.engine, self)
+
     def start(self, name: str) -> None:
         """Serve on a daemon thread of this name (never joined at exit: a stuck step cannot keep a run alive)."""
         if self._thread is None:
@@ -179,19 +208,25 @@ class GenerationStream:
             self._thread.start()
 
     def close(self, timeout_s: float) -> bool:
-        """Stop serving: requests still held get no answer (their requesters are gone). Waits up to ``timeout_s``
-        for a step in progress; True when the thread ended."""
+        """Stop serving: requests still held get no answer (their requesters are gone); a cancelled one's
+        ``on_dropped`` gets its cost so far. Waits up to ``timeout_s`` for a step in progress; True when the thread
+        ended."""
         with self._cond:
             self._closed = True
             post, self._post = self._post, None
+            dropped = self._take_dropped_locked(list(self._on_dropped))
             self._cond.notify_all()
         if post is not None:
             post.done(RuntimeError("the generation stream was closed before the weights were loaded"))
+        _call_dropped(dropped)
         thread, self._thread = self._thread, None
         if thread is None:
             return True
         thread.join(timeout_s)
-        return not thread.is_alive()
+        if thread.is_alive():
+            leave_running(thread)  # a step that does not return: the process exits without waiting for it
+            return False
+        return True
 
     # -- the serving thread -----------------------------------------------------------------------------------
     def run_until_idle(self, max_ticks: int | None = None) -> bool:
@@ -269,44 +304,55 @@ class GenerationStream:
             return
         self._waiting.extend(row for row in entry.rows if row.finish is None)
 
+    def _take_dropped_locked(self, handles: list[int]) -> list[tuple[Callable[[int, float], None], tuple[int, float]]]:
+        """(Under the lock.) The cancellers waiting on ``handles``, taken off, each with its request's cost now.
+        Whoever takes a request out of ``_requests`` calls this in the same locked block: so each canceller is
+        called once, never zero times (an answer racing a cancel at one token boundary) or twice."""
+        dropped = []
+        for handle in handles:
+            entry = self._requests.get(handle) or self._answered.get(handle)
+            cost = _cost(entry) if entry is not None else (0, 0.0)
+            dropped += [(on_dropped, cost) for on_dropped in self._on_dropped.pop(handle, [])]
+        return dropped
+
     def _drop(self, handle: int) -> None:
         with self._cond:
+            dropped = self._take_dropped_locked([handle])
             entry = self._requests.pop(handle, None)
-            on_dropped = self._on_dropped.pop(handle, None)
-        if entry is None:
-            return
-        self._waiting = deque(row for row in self._waiting if row.request is not entry)
-        for row in entry.rows:
-            if row.slot is not None:
-                self._slots.free(row)
-        if on_dropped is not None:
-            on_dropped(*_cost(entry))
+        if entry is not None:
+            self._waiting = deque(row for row in self._waiting if row.request is not entry)
+            for row in entry.rows:
+                if row.slot is not None:
+                    self._slots.free(row)
+        _call_dropped(dropped)
 
     def _resolve(self, entry: StreamRequest) -> None:
         with self._cond:
-            if self._requests.pop(entry.handle, None) is None:
-                return  # cancelled meanwhile
-            self._answered[entry.handle] = entry
+            if self._requests.get(entry.handle) is not entry:
+                return  # dropped meanwhile
+            dropped = self._take_dropped_locked([entry.handle])
+            del self._requests[entry.handle]
+            if entry.handle not in self._cancels:  # a cancelled request's requester is gone: nobody forgets it
+                self._answered[entry.handle] = entry
         try:
             result: Any = self._rules.completions(entry)
         except Exception as error:  # noqa: BLE001 — packaging failed (the tokenizer): that request gets it
             result = error
         entry.on_done(result)
+        _call_dropped(dropped)  # cancelled while its last token was drawn: the canceller still gets the cost
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cond:
+            dropped = self._take_dropped_locked(list(self._requests))
             entries = list(self._requests.values())
             self._requests.clear()
-            dropped = [(self._on_dropped.pop(entry.handle), entry) for entry in entries
-                       if entry.handle in self._on_dropped]  # fmt: skip
             self._inbox, self._cancels = [], set()
             post, self._post = self._post, None
         self._waiting.clear()
         self._slots.clear()
         if post is not None:
             post.done(error)
-        for on_dropped, entry in dropped:  # cancelled before the failure: their requesters want the cost only
-            on_dropped(*_cost(entry))
+        _call_dropped(dropped)  # cancelled before the failure: their requesters want the cost only
         for entry in entries:
             entry.on_done(error)
 
@@ -428,3 +474,8 @@ class GenerationStream:
 
 def _cost(entry: StreamRequest) -> tuple[int, float]:
     return entry.tokens, entry.seconds
+
+
+def _call_dropped(dropped: list[tuple[Callable[[int, float], None], tuple[int, float]]]) -> None:
+    for on_dropped, cost in dropped:
+        on_dropped(*cost)

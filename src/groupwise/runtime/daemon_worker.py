@@ -20,6 +20,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from groupwise.abandoned import leave_running
+
 T = TypeVar("T")
 
 
@@ -60,7 +62,10 @@ class DaemonWorker:
             self._jobs.put(None)
             self._jobs = queue.SimpleQueue()
         thread.join(timeout_s)
-        return not thread.is_alive()
+        if thread.is_alive():
+            leave_running(thread)  # a stuck call: the process exits without waiting for it
+            return False
+        return True
 
 
 def _serve(jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None]) -> None:

@@ -17,6 +17,9 @@ at once with :class:`LearnerRankDied` naming the rank, its exit code, what the l
 newest complete checkpoint (what is kept); the other ranks are stopped. A rank that raises ends it the same
 way with the rank's own error. A rank stuck in a collective because a peer died fails after the process-group
 timeout, so no wait is unbounded.
+
+**A driver that dies.** Every rank watches its parent (:mod:`groupwise.runtime.parent_watch`): when the driver is
+gone — SIGKILLed, say — the rank ends within moments, whatever it was doing, rather than living on as an orphan.
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ import torch
 import torch.multiprocessing as mp
 
 from groupwise.batch import RowBatch
+from groupwise.runtime.parent_watch import exit_with_parent
 
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
+    from groupwise.trainer.rank_learner import RankLearner
 
 _POLL_S = 0.5  # how often a waiting driver looks at the ranks' processes
 _STOP_GRACE_S = 5.0  # seconds a stopped rank gets to exit before it is killed
@@ -171,8 +176,11 @@ class LearnerRanks:
 
 # --- the rank process -----------------------------------------------------------------------------------------
 def rank_main(rank: int, world_size: int, port: int, cfg: RunConfig, conn: Any) -> None:
-    """A rank's process: build the learner in the group, then serve the driver's commands until ``close``."""
+    """A rank's process: build the learner in the group, then serve the driver's commands until ``close``. It ends
+    with its driver, whatever it is doing then (:mod:`groupwise.runtime.parent_watch`)."""
     import torch.distributed as dist
+
+    exit_with_parent()
 
     try:
         learner = build_rank_learner(cfg, rank, world_size, "127.0.0.1", port, cuda_index=rank, share_cpus=True)
@@ -213,12 +221,13 @@ def _portable(err: BaseException) -> tuple[BaseException | None, str]:
 
 def build_rank_learner(
     cfg: RunConfig, rank: int, world_size: int, host: str, port: int, cuda_index: int, share_cpus: bool
-) -> Any:
+) -> RankLearner:
     """Rank ``rank``'s learner in the group that meets at ``host:port``, on GPU ``cuda_index`` with CUDA;
     ``share_cpus``: split this machine's cores among the ranks (Ray sets each actor's threads itself)."""
     from groupwise.model.loading import resolve_device
-    from groupwise.trainer.builder import build_learner, load_policy_from_config
+    from groupwise.trainer.builder import learner_parts, load_policy_from_config
     from groupwise.trainer.data_parallel import DataParallel, init_process_group
+    from groupwise.trainer.rank_learner import RankLearner
 
     device = resolve_device(cfg.model.device)
     if device.type == "cuda":
@@ -231,7 +240,8 @@ def build_rank_learner(
     torch.manual_seed(cfg.run.seed)
     policy = load_policy_from_config(cfg)
     parallel = DataParallel(rank, world_size, cfg.learner.sharding, device)
-    return build_learner(cfg, policy.model, parallel=parallel)
+    parts = learner_parts(cfg, policy.model)
+    return RankLearner(parts.model, parts.settings, parallel, reference=parts.reference, precision=parts.precision)
 
 
 @dataclass
@@ -261,10 +271,6 @@ class RankCommands:
 
     def generator_state(self) -> dict[str, torch.Tensor]:
         return self.learner.generator_state()
-
-    def exit_now(self, code: int) -> None:
-        """Tests: end this rank's process at once, as a crash would (``os._exit``)."""
-        os._exit(code)
 
 
 class RankedLearner:

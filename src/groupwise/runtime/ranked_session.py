@@ -15,6 +15,7 @@ from groupwise.model.lora import lora_config
 from groupwise.run.checkpoint import latest_checkpoint
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
+from groupwise.run.trackers import config_trackers
 from groupwise.runtime.learner_ranks import LearnerRanks, RankedLearner, RankedModel
 from groupwise.trainer.builder import build_components, generator_needs_own_model
 from groupwise.trainer.preflight import Inputs, check_train_start
@@ -60,13 +61,13 @@ def build_ranked_session(
     except BaseException:
         ranks.close()
         raise
-    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
+    writer = MetricsWriter(run_dir, trackers=config_trackers(cfg, run_dir.root))
     loader = PromptLoader(
         parts.task.train_prompts(), seed=cfg.run.seed, shuffle=cfg.data.shuffle, max_epochs=cfg.run.max_epochs
     )
     session = RankedSession(
-        cfg=cfg, run_dir=run_dir, policy=policy, engine=parts.engine, learner=learner, rollouts=parts.rollouts,
-        loader=loader, task=parts.task, reward_fn=parts.reward_fn, events=writer, ranks=ranks,
+        cfg=cfg, run_dir=run_dir, policy=policy, engine=parts.engine, streaming=parts.streaming, learner=learner,
+        rollouts=parts.rollouts, loader=loader, task=parts.task, reward_fn=parts.reward_fn, events=writer, ranks=ranks,
     )  # fmt: skip
     try:
         if not session.begin(resume_from, notes=parts.notes):

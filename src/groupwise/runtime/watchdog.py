@@ -12,7 +12,14 @@ watches the clock:
   ``pending``;
 * **sync** (:mod:`groupwise.runtime.sync_run`): the same watch over optimizer steps and generation rounds
   returned; a round runs on a :class:`~groupwise.runtime.daemon_worker.DaemonWorker`, so the event loop stays free
-  to notice that it does not return.
+  to notice that it does not return;
+* **liveness** (:func:`watch_liveness`, the embedded streamed client): progress, not the clock. An answer the
+  controller awaits from the generation stream (a rollout's completions, a cancelled rollout's cost) while the
+  stream has nothing to do — no request queued or decoding, no cancel or weight load pending — can never come: the
+  stream lost it. Seen at two polls :data:`IDLE_STALL_S` apart, it is a stall, reported within seconds with the
+  same state line, however long ``stall_timeout_s`` is. Nothing legitimate leaves a wait outstanding on an idle
+  stream for more than the moment between the serving thread's answer and the event loop taking it in, so the
+  bound is fixed, not a setting: raising it could only hide a bug.
 
 A stuck call keeps running on its daemon thread, which never keeps the process alive: the run exits with code 1
 and the newest complete checkpoint stays the place to resume from.
@@ -21,8 +28,11 @@ and the newest complete checkpoint stays the place to resume from.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Collection, Coroutine, Hashable
 from typing import Any, NoReturn
+
+# Seconds an awaited answer may stay outstanding on an idle generator before the run stops as stalled.
+IDLE_STALL_S = 10.0
 
 
 class RunStalled(RuntimeError):
@@ -62,6 +72,53 @@ async def watch_progress(
             what = "no group was committed or filtered, no optimizer step ran and no generation call returned"
             log(f"stall watchdog: {what} for {timeout_s:g} s (runtime.stall_timeout_s); controller state: {state}")
             raise RunStalled(stall_message(timeout_s, what, state))
+
+
+async def watch_liveness(
+    idle_waits: Callable[[], Collection[Hashable]],
+    bound_s: float,
+    describe: Callable[[], str],
+    log: Callable[[str], None],
+    poll_s: float | None = None,
+) -> NoReturn:
+    """Raise :class:`RunStalled` once one of the answers ``idle_waits()`` names is still awaited, with the generator
+    idle, ``bound_s`` seconds after it was first seen so.
+
+    ``idle_waits()`` names the answers outstanding while the generator has nothing to do (empty while it works:
+    then nothing is decided). A wait is forgotten once an idle poll no longer names it (it was answered).
+    """
+    loop = asyncio.get_running_loop()
+    poll = poll_s if poll_s is not None else min(bound_s / 4, 1.0)
+    first_seen: dict[Hashable, float] = {}
+    while True:
+        await asyncio.sleep(poll)
+        waits, now = idle_waits(), loop.time()
+        if not waits:
+            continue
+        first_seen = {wait: first_seen.get(wait, now) for wait in waits}
+        if now - min(first_seen.values()) >= bound_s:
+            state = describe()
+            what = (f"{len(waits)} answer(s) awaited from the generator while it has had nothing to do (no request "
+                    "queued or decoding, no token produced)")  # fmt: skip
+            log(f"liveness watch: {what} for {bound_s:g} s; controller state: {state}")
+            raise RunStalled(
+                f"{what} for {bound_s:g} s: the generator lost a request or its answer, and the run would have "
+                f"waited for runtime.stall_timeout_s. State: {state}. This is a bug in groupwise: please report it "
+                "with events.log; --resume continues from the newest checkpoint"
+            )
+
+
+async def first_to_fail(*watchers: Coroutine[Any, Any, NoReturn]) -> NoReturn:
+    """Run the watcher coroutines together; the first one's error ends them all and is raised."""
+    tasks = [asyncio.ensure_future(watcher) for watcher in watchers]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        error = next(task for task in tasks if task in done).exception()
+        assert error is not None, "a watcher only ever ends by raising"
+        raise error
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def run_watched(main: Any, watchdog: Any, cancel_grace_s: float = 30.0) -> Any:

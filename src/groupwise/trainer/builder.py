@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,14 +16,18 @@ from groupwise.data.loader import PromptLoader
 from groupwise.data.registry import Task
 from groupwise.data.reward_timeout import with_timeout
 from groupwise.data.rewards import RewardFn
-from groupwise.generation.engine import Engine
-from groupwise.model.loading import Policy, eos_token_ids, load_policy, resolve_device
+from groupwise.generation.base import Generator, StreamSupport
+from groupwise.generation.factory import GeneratorSpec, build_generator, stream_support
+from groupwise.model.gguf_files import cache_root
+from groupwise.model.loading import Policy, eos_token_ids, load_policy, pretrained, resolve_device
 from groupwise.model.lora import LoraSetupError, apply_lora, lora_config
 from groupwise.run.metrics import MetricsWriter
+from groupwise.run.phases import PhaseLog
 from groupwise.run.rundir import RunDir
+from groupwise.run.trackers import config_trackers
 from groupwise.trainer.learner import Learner, LearnerSettings
 from groupwise.trainer.precision import LearnerPrecision, learner_precision
-from groupwise.trainer.preflight import Inputs, check_inputs, check_train_start
+from groupwise.trainer.preflight import Inputs, check_inputs, check_train_start, prompt_splits
 from groupwise.trainer.prompt_checks import PromptReport, check_prompts
 from groupwise.trainer.rollout import RewardPipeline, RolloutWorker
 from groupwise.trainer.session import Session
@@ -32,7 +37,6 @@ logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
-    from groupwise.trainer.data_parallel import DataParallel
 
 
 def sampling_from_config(cfg: RunConfig) -> SamplingParams:
@@ -46,21 +50,14 @@ def sampling_from_config(cfg: RunConfig) -> SamplingParams:
     )
 
 
-def load_policy_from_config(cfg: RunConfig) -> Policy:
+def load_policy_from_config(cfg: RunConfig, note: Callable[[str], None] | None = None) -> Policy:
+    """The configured policy; a GGUF model goes through the dequantised-copy cache (``model.gguf_cache``), and
+    ``note`` hears whether it was read from there or made."""
     m = cfg.model
     tiny = m.tiny.model_dump() if m.source == "tiny" else None
-    return load_policy(m.source, m.path, m.gguf_file, tiny, device=m.device, dtype=m.dtype, seed=cfg.run.seed)
-
-
-def _check_cuda_graphs_device(cfg: RunConfig) -> None:
-    """``generation.cuda_graphs: on`` with ``model.device: auto`` on a machine without CUDA: a config error, before
-    any model is loaded (with ``model.device: cpu`` the config rules already refuse it)."""
-    if cfg.generation.cuda_graphs == "on" and resolve_device(cfg.model.device).type != "cuda":
-        raise ConfigError([ConfigIssue(
-            "generation.cuda_graphs", "on",
-            f"CUDA graphs need a CUDA device; model.device '{cfg.model.device}' is cpu on this machine",
-            "run on a machine with a CUDA GPU, or set generation.cuda_graphs: auto",
-        )])  # fmt: skip
+    cache = cache_root(m.gguf_cache) if m.source == "gguf" else None
+    return load_policy(m.source, m.path, m.gguf_file, tiny, device=m.device, dtype=m.dtype, seed=cfg.run.seed,
+                       trust_remote_code=m.trust_remote_code, gguf_cache=cache, note=note)  # fmt: skip
 
 
 def precision_from_config(cfg: RunConfig) -> LearnerPrecision:
@@ -78,12 +75,20 @@ def generator_needs_own_model(cfg: RunConfig) -> bool:
     return cfg.mode == "async" or cfg.model.lora.enabled or precision_from_config(cfg).generator_needs_own_copy
 
 
-def build_learner(cfg: RunConfig, model: torch.nn.Module, parallel: DataParallel | None = None) -> Learner:
-    """The learner around ``model``: master dtype, reference copy, gradient checkpointing, LoRA, settings; on a
-    data-parallel rank (``parallel``), a :class:`~groupwise.trainer.rank_learner.RankLearner`.
+@dataclass
+class LearnerParts:
+    """What a learner is made of: the model that trains (a peft wrapper with LoRA), its settings, the frozen
+    reference copy (``model.reference: initial``) and the precision plan."""
 
-    ``learner.model`` is what trains (a peft wrapper of ``model`` with LoRA); put it back into the policy.
-    """
+    model: torch.nn.Module
+    settings: LearnerSettings
+    reference: torch.nn.Module | None
+    precision: LearnerPrecision
+
+
+def learner_parts(cfg: RunConfig, model: torch.nn.Module) -> LearnerParts:
+    """``model`` prepared for training: master dtype, reference copy, gradient checkpointing, LoRA; and the
+    settings. A bad LoRA target list is a :class:`ConfigError`."""
     precision = precision_from_config(cfg)
     model.to(dtype=precision.master_dtype)
     reference = frozen_copy(model) if cfg.model.reference == "initial" else None
@@ -98,21 +103,25 @@ def build_learner(cfg: RunConfig, model: torch.nn.Module, parallel: DataParallel
                 "model.lora.target_modules", list(lora.target_modules), str(err),
                 "list names of the model's Linear projections (print the model to see them)",
             )]) from err
-    settings = LearnerSettings.from_config(cfg)
-    if parallel is not None:
-        from groupwise.trainer.rank_learner import RankLearner
+    return LearnerParts(model, LearnerSettings.from_config(cfg), reference, precision)
 
-        return RankLearner(model, settings, parallel, reference=reference, precision=precision)
-    return Learner(model, settings, reference=reference, precision=precision)
+
+def build_learner(cfg: RunConfig, model: torch.nn.Module) -> Learner:
+    """The learner around ``model`` (:func:`learner_parts`). ``learner.model`` is what trains (a peft wrapper of
+    ``model`` with LoRA); put it back into the policy."""
+    parts = learner_parts(cfg, model)
+    return Learner(parts.model, parts.settings, reference=parts.reference, precision=parts.precision)
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     """transformers' own switch, non-reentrant (the reentrant form needs inputs that require grad and breaks with
-    adapters); ``activation_checkpointing_enable`` is its name from transformers 5.24 on."""
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    adapters); ``activation_checkpointing_enable`` is its name from transformers 5.24 on (5.17 has only the old
+    one: a version check, not a capability of ours)."""
+    hf = pretrained(model)
+    if hasattr(hf, "activation_checkpointing_enable"):
+        hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def generator_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -135,10 +144,12 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 @dataclass
 class Components:
     """What generation and scoring need, without a run directory (``train``, ``eval`` and ``sft`` share it).
-    ``notes`` are what the prompt checks counted without refusing (the run writes them to ``events.log``)."""
+    ``streaming`` says whether the generator can run a request stream for this model (asked once, here); ``notes``
+    are what the prompt checks counted without refusing (the run writes them to ``events.log``)."""
 
     policy: Policy
-    engine: Engine
+    engine: Generator
+    streaming: StreamSupport
     task: Task
     reward_fn: RewardFn
     rollouts: RolloutWorker
@@ -147,28 +158,23 @@ class Components:
 
 def build_components(
     cfg: RunConfig, *, separate_engine_model: bool = False, group_size: int | None = None,
-    inputs: Inputs | None = None,
+    inputs: Inputs | None = None, phases: PhaseLog | None = None,
 ) -> Components:
     """Check the inputs (unless ``inputs`` says they were), load the policy, build the engine, task, reward function
     and rollout worker, and check every prompt against the tokenizer and the model's positions.
 
     Raises :class:`ConfigError` for anything wrong with the inputs, the model included, before returning.
+    ``phases`` prints the loading lines (stderr by default).
     """
     inputs = inputs or check_inputs(cfg, training=False)
-    _check_cuda_graphs_device(cfg)
-    policy = _load_policy_reported(cfg)
+    policy = _load_policy_reported(cfg, phases or PhaseLog())
     # Sync mode alternates generation and training, so the engine can sample from the learner's own model.
     # Async mode generates while training: the engine needs its own copy, refreshed at weight sync (also LoRA and
     # CUDA mixed precision: generator_needs_own_model).
     engine_model = generator_copy(policy.model) if separate_engine_model else policy.model
-    engine = Engine(
-        engine_model,
-        policy.tokenizer,
-        eos_token_ids(policy.tokenizer, policy.model),
-        fast_decode=cfg.generation.fast_decode,
-        cuda_graphs=cfg.generation.cuda_graphs,
-        continuous_batching=cfg.generation.continuous_batching,
-    )
+    engine = build_generator(GeneratorSpec(
+        cfg.generation, cfg.model, engine_model, policy.tokenizer, eos_token_ids(policy.tokenizer, policy.model)
+    ))  # fmt: skip
     reward_fn = with_timeout(inputs.reward_fn, cfg.reward.timeout_s)  # bounded per call when configured
     rollouts = RolloutWorker(
         generator=engine,
@@ -186,7 +192,10 @@ def build_components(
     if report.issues:
         raise ConfigError(report.issues)
     notes = list(report.notes)
-    if cfg.generation.continuous_batching and (why := engine.stream_unavailable()) is not None:
+    off = StreamSupport(False, "generation.continuous_batching is off")
+    streaming = stream_support(engine) if cfg.generation.continuous_batching else off
+    if cfg.generation.continuous_batching and not streaming.available:
+        why = streaming.reason
         if cfg.mode == "async" and cfg.async_.partial_rollouts == "continue":  # it would silently do nothing
             raise ConfigError([ConfigIssue(
                 "async.partial_rollouts", "continue", f"partial rollouts need the generation stream, but {why}",
@@ -195,15 +204,17 @@ def build_components(
         notes.append(f"generation.continuous_batching is on, but {why}: generation runs one batch per engine call")
     for note in notes:
         logger.warning(note)
-    return Components(policy=policy, engine=engine, task=inputs.task, reward_fn=reward_fn, rollouts=rollouts,
-                      notes=notes)
+    return Components(policy=policy, engine=engine, streaming=streaming, task=inputs.task, reward_fn=reward_fn,
+                      rollouts=rollouts, notes=notes)
 
 
-def _load_policy_reported(cfg: RunConfig) -> Policy:
+def _load_policy_reported(cfg: RunConfig, phases: PhaseLog) -> Policy:
     """The policy, or a :class:`ConfigError` naming the model keys when it cannot be loaded (a broken directory,
-    weights that do not match the config, a missing tokenizer): a bad model is bad input, reported like any other."""
+    weights that do not match the config, a missing tokenizer): a bad model is bad input, reported like any other.
+    Loading is a phase: a line when it starts and when it ends (:mod:`groupwise.run.phases`)."""
     try:
-        return load_policy_from_config(cfg)
+        with phases.phase(f"loading the model ({describe_model(cfg)})"):
+            return load_policy_from_config(cfg, note=phases.note)
     except Exception as exc:
         key, value = ("model.path", cfg.model.path) if cfg.model.source != "tiny" else ("model.tiny",
                                                                                          cfg.model.tiny.model_dump())
@@ -215,13 +226,18 @@ def _load_policy_reported(cfg: RunConfig) -> Policy:
         )]) from exc
 
 
+def describe_model(cfg: RunConfig) -> str:
+    """``gguf smollm2``, ``hf models/x``, ``tiny 4 layers × 128``: the model a config names, in a few words."""
+    m = cfg.model
+    if m.source == "tiny":
+        return f"tiny {m.tiny.num_layers} layers × {m.tiny.hidden_size}"
+    name = f"{m.path}/{m.gguf_file}" if m.gguf_file else str(m.path)
+    return f"{m.source} {name}"
+
+
 def _check_prompts(cfg: RunConfig, task: Task, policy: Policy, rollouts: RolloutWorker) -> PromptReport:
-    source = "data.jsonl" if cfg.data.task == "jsonl" else f"data.{cfg.data.task}"
-    splits = {
-        "train": (f"{source}.train_path" if cfg.data.task == "jsonl" else source, task.train_prompts()),
-        "eval": (f"{source}.eval_path" if cfg.data.task == "jsonl" else source, task.eval_prompts()),
-    }
-    positions = getattr(policy.model.config, "max_position_embeddings", None)
+    splits = prompt_splits(cfg, task)
+    positions = getattr(pretrained(policy.model).config, "max_position_embeddings", None)  # a config may lack it
     return check_prompts(rollouts.encode, policy.tokenizer, positions, cfg.generation.max_new_tokens, splits)
 
 
@@ -234,16 +250,17 @@ def build_session(
     and the run directory is made only once everything loaded, so a failed start leaves nothing behind.
     """
     if cfg.learner.num_ranks > 1:
-        from groupwise.runtime.ranked_session import build_ranked_session
-
-        return build_ranked_session(cfg, resume=resume, resume_from=resume_from, inputs=inputs)
+        raise ValueError(
+            f"build_session builds a one-learner session; learner.num_ranks={cfg.learner.num_ranks} needs the ranked "
+            "session: use groupwise.runtime.sessions.build_run_session"
+        )
     inputs = inputs or check_train_start(cfg, resume=resume, resume_from=resume_from)
     torch.manual_seed(cfg.run.seed)
     parts = build_components(cfg, separate_engine_model=generator_needs_own_model(cfg), inputs=inputs)
     learner = build_learner(cfg, parts.policy.model)
     parts.policy.model = learner.model
     run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resume or resume_from is not None)
-    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
+    writer = MetricsWriter(run_dir, trackers=config_trackers(cfg, run_dir.root))
     loader = PromptLoader(
         parts.task.train_prompts(), seed=cfg.run.seed, shuffle=cfg.data.shuffle, max_epochs=cfg.run.max_epochs
     )
@@ -252,6 +269,7 @@ def build_session(
         run_dir=run_dir,
         policy=parts.policy,
         engine=parts.engine,
+        streaming=parts.streaming,
         learner=learner,
         rollouts=parts.rollouts,
         loader=loader,
