@@ -4,6 +4,9 @@ Invariants pinned:
 - exact_numeric gives 1 only to a stopped completion whose stripped text is a number equal to the
   answer; "length" completions, <pad>/junk inside the text and non-numbers give 0; partial credit is
   p × (matching characters / answer length) and only for same-length numeric text.
+- final_number gives 1 only to a stopped completion whose last number equals the answer (exactly, signs
+  only where no digit or letter precedes them); a cut-off reply, a reply without a number or with another
+  last number gives 0; a non-numeric answer is an error naming the prompt.
 - the expression parser evaluates exactly with operator precedence and parentheses, and rejects
   everything outside its grammar.
 - countdown gives 1 iff value == target and numbers ⊆ the given multiset; format_reward for a
@@ -34,6 +37,7 @@ from groupwise.data.rewards import (
     check_reward_kwargs,
     countdown,
     exact_numeric,
+    final_number,
     load_reward_fn,
     math_verify,
 )
@@ -53,6 +57,40 @@ GAME = Prompt(
     messages=({"role": "user", "content": "..."},),
     metadata={"numbers": [3, 5, 7], "target": 22},
 )
+
+
+# ---------------------------------------------------------------- final_number
+
+TIMES = Prompt(uid="times/7x8", answer="56", messages=({"role": "user", "content": "What is 7 * 8?"},))
+MINUS = Prompt(uid="minus/2-5", answer="-3", text="2-5=")
+
+
+@pytest.mark.parametrize("text", ["56", "7 * 8 = 56", "The answer is 56.", "7*8=56\n", "8 * 7 = 50 + 6 = 56",
+                                  "56.0", "= +56 !"])
+def test_final_number_accepts_a_reply_that_ends_on_the_answer(text):
+    assert final_number(TIMES, completion(text)) == 1.0
+
+
+@pytest.mark.parametrize("text", ["", "fifty-six", "56 is 7 * 8", "7 * 8 = 54", "56 or 57", "5 6", "7 * 8 = 560",
+                                  "7 * 8 = 56.5"])
+def test_final_number_rejects_replies_whose_last_number_is_not_the_answer(text):
+    assert final_number(TIMES, completion(text)) == 0.0
+
+
+def test_final_number_requires_a_finished_completion():
+    assert final_number(TIMES, completion("7 * 8 = 56", finish_reason="length")) == 0.0
+
+
+def test_final_number_reads_a_sign_only_where_it_starts_a_number():
+    assert final_number(MINUS, completion("2 - 5 = -3")) == 1.0
+    assert final_number(MINUS, completion("2-5=-3")) == 1.0
+    assert final_number(Prompt(uid="p", answer="3", text="8-5="), completion("8-5=3")) == 1.0
+    assert final_number(MINUS, completion("x-3")) == 0.0  # "x-3" names x minus 3, not the number -3
+
+
+def test_final_number_needs_a_numeric_answer():
+    with pytest.raises(ValueError, match=r"times/x.*not a plain number"):
+        final_number(Prompt(uid="times/x", answer="many", text="?"), completion("56"))
 
 
 # ---------------------------------------------------------------- exact_numeric
@@ -214,6 +252,7 @@ def test_load_reward_fn_resolves_auto_builtin_and_import():
     assert load_reward_fn("auto", "exact_numeric") is exact_numeric
     assert load_reward_fn("auto", "countdown") is countdown
     assert load_reward_fn("countdown", "exact_numeric") is countdown
+    assert load_reward_fn("final_number", "exact_numeric") is final_number
     imported = load_reward_fn("groupwise.data.rewards:exact_numeric", "countdown")
     assert imported is exact_numeric
 

@@ -12,7 +12,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from groupwise.config.base import Section, invalid
 from groupwise.plugins import is_plugin_target
 
-BUILTIN_REWARD_FUNCTIONS = ("auto", "exact_numeric", "countdown", "math_verify")
+BUILTIN_REWARD_FUNCTIONS = ("auto", "exact_numeric", "final_number", "countdown", "math_verify")
 #: Every built-in verifier (and ``auto``: each built-in task's default is one of them) scores in [0, 1].
 BUILTIN_REWARD_RANGE = (0.0, 1.0)
 BUNDLED_GGUF_PATH = "smollm2"
@@ -296,8 +296,8 @@ class RewardSection(Section):
     """How a completion is scored."""
 
     function: str = "auto"
-    """``auto`` (the task's own verifier), ``exact_numeric``, ``countdown``, ``math_verify``, or ``module:function``
-    (an importable callable)."""
+    """``auto`` (the task's own verifier), ``exact_numeric``, ``final_number``, ``countdown``, ``math_verify``, or
+    ``module:function`` (an importable callable)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to the reward function."""
     timeout_s: float | None = Field(None, gt=0, le=MAX_REWARD_TIMEOUT_S)

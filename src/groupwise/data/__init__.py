@@ -12,6 +12,7 @@ from groupwise.data.rewards import (
     check_reward_kwargs,
     countdown,
     exact_numeric,
+    final_number,
     load_reward_fn,
     math_verify,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "countdown",
     "epoch_order",
     "exact_numeric",
+    "final_number",
     "load_jsonl_prompts",
     "load_reward_fn",
     "math_verify",

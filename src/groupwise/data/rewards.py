@@ -12,7 +12,7 @@ Every reward function has the signature::
 - ``kwargs`` are ``reward.kwargs`` from the config, the same for every call of a run.
 - The result must be a finite real number; anything else is a :class:`~groupwise.data.scoring.RewardError`.
 
-Built-ins (see ``docs/rewards.md``): ``exact_numeric``, ``countdown``, ``math_verify``.
+Built-ins (see ``docs/rewards.md``): ``exact_numeric``, ``final_number``, ``countdown``, ``math_verify``.
 :func:`load_reward_fn` maps the config's ``reward.function`` to a callable.
 """
 
@@ -36,6 +36,9 @@ RewardFn = Callable[..., float]
 
 # A plain decimal number: optional sign, digits, optional fraction. No exponent, no "_", no "nan".
 _NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?")
+# The same numbers found inside text; a sign counts only right before the digits and not after a digit or a
+# letter ("8-2" is 8 and 2, "x-3" is 3), a decimal point only between digits ("6." at the end of a sentence is 6).
+_NUMBER_IN_TEXT = re.compile(r"(?<![\w.])[+-]?\d+(?:\.\d+)?|(?<=[\w.])\d+(?:\.\d+)?")
 #: The longest text read as a number: Python converts at most 4,300 digits to an int (Fraction does), so a longer
 #: answer would fail mid-run and a longer completion would make the verifier raise instead of scoring 0.
 MAX_NUMBER_CHARS = 4000
@@ -86,6 +89,28 @@ def exact_numeric(prompt: Prompt, completion: Completion, *, partial_credit: flo
         matching = sum(a == b for a, b in zip(text, answer, strict=True))
         return partial_credit * matching / len(answer)
     return 0.0
+
+
+def final_number(prompt: Prompt, completion: Completion) -> float:
+    """1.0 iff the completion stopped and the last number in its text equals ``prompt.answer``.
+
+    For replies that show their working before the answer ("7 * 8 = 56", "The answer is 56."): the numbers
+    are the plain decimals in the text (:func:`parse_number`), compared exactly; a sign belongs to a number
+    only where nothing but space or punctuation precedes it ("8-2" holds 8 and 2). A reply without a number,
+    one whose last number is longer than :data:`MAX_NUMBER_CHARS`, or one cut at ``max_new_tokens``, scores 0.
+    """
+    expected = parse_number(prompt.answer.strip())
+    if expected is None:
+        raise ValueError(
+            f"final_number: prompt {prompt.uid} has answer {prompt.answer[:80]!r}, which is not a plain number "
+            f"(digits with an optional sign and decimal point, at most {MAX_NUMBER_CHARS} characters); "
+            "use another reward function (e.g. math_verify or a custom 'module:function')"
+        )
+    if completion.finish_reason != "stop":
+        return 0.0
+    numbers = _NUMBER_IN_TEXT.findall(completion.text)
+    last = parse_number(numbers[-1]) if numbers else None
+    return 1.0 if last is not None and last == expected else 0.0
 
 
 def countdown(prompt: Prompt, completion: Completion, *, format_reward: float = 0.0) -> float:
@@ -145,6 +170,7 @@ def math_verify(prompt: Prompt, completion: Completion) -> float:
 
 BUILTIN_REWARDS: dict[str, RewardFn] = {
     "exact_numeric": exact_numeric,
+    "final_number": final_number,
     "countdown": countdown,
     "math_verify": math_verify,
 }
