@@ -21,9 +21,9 @@ $(STAMP): pyproject.toml scripts/install.sh
 test: $(STAMP)
 	$(PY) -m pytest
 
-# The vLLM backend's tier (tests/vllm, marker `vllm`), in its own environment; `make test` skips these tests.
+# The vLLM backend's tier (tests/backend_vllm, marker `vllm`), in its own environment; `make test` skips these tests.
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/python -m pytest tests/vllm -m vllm
+	$(VLLM_VENV)/bin/python -m pytest tests/backend_vllm -m vllm
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m "slow or not slow"

@@ -30,6 +30,10 @@ from groupwise.generation.vllm_setup import VllmSettings, engine_kwargs, import_
 from groupwise.generation.vllm_weights import check_names, reload_in_process
 from groupwise.types import Completion, GenerationRequest, SamplingParams
 
+# vLLM keeps its parallel state (process groups) per process: a second in-process engine would share it, and closing
+# either tears it down under the other. One at a time (the stream's engine runs in a process of its own).
+_open_engines: list[VllmGenerator] = []
+
 
 class VllmGenerator:
     """``generate`` / ``load_weights`` / ``version`` over an in-process ``vllm.LLM``.
@@ -51,9 +55,15 @@ class VllmGenerator:
         self.eos_token_ids = tuple(int(token) for token in eos_token_ids)
         self._weight_names = set(weight_names)
         self._version = int(version)
+        if _open_engines:
+            raise RuntimeError(
+                "a vLLM engine already runs in this process (vLLM's process groups are per process); close() it "
+                "before building another, or use VllmStream, whose engine runs in a process of its own"
+            )
         self._vllm = import_vllm(settings)
         with restore_torch_threads():
             self.llm = self._vllm.LLM(**engine_kwargs(settings))
+        _open_engines.append(self)
 
     @property
     def version(self) -> int:
@@ -86,8 +96,11 @@ class VllmGenerator:
         self._version = int(version)
 
     def close(self) -> None:
-        """Shut the engine core down (its KV cache and workers); the generator is unusable afterwards."""
-        self.llm.llm_engine.engine_core.shutdown()
+        """Shut the engine core down (its KV cache, workers and process groups); the generator is unusable
+        afterwards, and another in-process engine may be built."""
+        if self in _open_engines:
+            self.llm.llm_engine.engine_core.shutdown()
+            _open_engines.remove(self)
 
     def _row_output(self, output: Any, sampling: SamplingParams) -> RowOutput:
         completion = output.outputs[0]

@@ -152,6 +152,8 @@ def package(
     rows: Sequence[VllmRow], outputs: Sequence[RowOutput], eos_token_ids: Sequence[int], tokenizer: Any
 ) -> list[Completion]:
     """Completions of rows (prefix first, then what vLLM generated), in the built-in engine's packaging."""
+    if not rows:
+        return []  # (batch_decode of no sequences is not an empty list)
     eos = frozenset(eos_token_ids)
     results, versions = [], []
     for row, out in zip(rows, outputs, strict=True):
@@ -167,6 +169,8 @@ def package(
 
 def package_finished(rows: Sequence[VllmRow], eos_token_ids: Sequence[int], tokenizer: Any) -> list[Completion]:
     """Completions of rows whose prefix had already finished (nothing generated for them)."""
+    if not rows:
+        return []
     eos = frozenset(eos_token_ids)
     results, versions = [], []
     for row in rows:

@@ -37,7 +37,8 @@ INSTALL_HINT = "install groupwise[vllm] on a CUDA machine, or run scripts/instal
 
 def vllm_unavailable() -> str | None:
     """Why the vLLM backend cannot be used here (the package is missing), or None when it can."""
-    if importlib.util.find_spec("vllm") is None:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:  # (a folder named vllm on the path is no package)
         return f"generation.backend 'vllm' needs the vllm package, which is not installed: {INSTALL_HINT}"
     return None
 
