@@ -304,6 +304,8 @@ class VllmStream:
         self._pauses += 1
         if self._pauses == 1:
             await self.engine.pause_generation(mode=mode, clear_cache=False)
+            for _ in range(4):  # let the rows take in what the engine sent before it paused (progress, stamps)
+                await asyncio.sleep(0)
             self._clock.tick()
             self._clock.paused = True
 
@@ -353,7 +355,9 @@ class VllmStream:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self.engine.shutdown()
+        engine, self.engine = self.engine, None
+        engine.shutdown()
+        del engine  # (collected now: AsyncLLM's __del__ shuts down again, which fails at interpreter exit)
 
 
 def _cancel_tasks(entry: StreamEntry) -> None:
