@@ -5,7 +5,8 @@ Invariants pinned:
 - under top-k (T = 0.8) the recorded logprobs are the unfiltered tempered ones: equal within 1e-5 to
   ``completion_logprobs`` recomputed by the policy on the same tokens (vLLM's own processed logprobs would be
   renormalised over the k kept tokens);
-- every sampled token is among the k most likely under the policy at its position.
+- every sampled token is among the k most likely under the policy at its position;
+- building the engine leaves the global torch generator as it was (vLLM's worker seeds it).
 
 Its engine is built and closed in this module: vLLM allows one in-process engine at a time.
 """
@@ -27,7 +28,9 @@ TOL = 1e-5
 def test_full_vocab_engine_records_unfiltered_logprobs_under_top_k(settings, policy, eos, weight_names, prompt_ids):
     from groupwise.generation.vllm_engine import VllmGenerator
 
+    rng = torch.random.get_rng_state()
     generator = VllmGenerator(replace(settings, logprobs="full_vocab"), policy.tokenizer, eos, weight_names)
+    assert torch.equal(torch.random.get_rng_state(), rng)  # vLLM's worker seeded it; building restores it
     try:
         sampling = SamplingParams(max_new_tokens=6, temperature=0.8, top_k=3)
         requests = [GenerationRequest(prompt, 4, seed=5 + index) for index, prompt in enumerate(prompt_ids)]

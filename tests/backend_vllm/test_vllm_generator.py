@@ -2,6 +2,8 @@
 
 Invariants pinned:
 - it is a ``Generator``: one list per request in order, ``num_samples`` completions each, stamped with the version;
+- building it leaves ``torch.set_num_threads`` working (vLLM's CPU worker replaces it); a second in-process engine
+  is refused with the reason;
 - greedy completions equal the built-in engine's (tokens, text, finish reasons exactly; logprobs within 1e-5);
 - recorded logprobs are the unfiltered tempered ones (``log_softmax(logits / T)[token]``, T = 1 for greedy): equal,
   within 1e-5, to ``completion_logprobs`` recomputed by the policy on the same tokens — the quantity the built-in
@@ -70,6 +72,19 @@ def test_is_a_generator_with_the_answer_shape(generator, prompt_ids):
     assert [len(per_request) for per_request in out] == [3] * len(prompt_ids)
     assert all(c.weight_version == generator.version for per_request in out for c in per_request)
     assert all(c.token_versions == (generator.version,) * c.num_tokens for per_request in out for c in per_request)
+
+
+def test_building_the_engine_leaves_the_process_as_it_was(settings, policy, eos, weight_names, generator):
+    from groupwise.generation.vllm_engine import VllmGenerator
+
+    with pytest.raises(RuntimeError, match="already runs in this process"):
+        VllmGenerator(settings, policy.tokenizer, eos, weight_names)  # (refused before anything is built)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)  # vLLM's worker had replaced this by a no-op
+    try:
+        assert torch.get_num_threads() == threads + 1
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_greedy_matches_the_builtin_engine(generator, builtin, prompt_ids):

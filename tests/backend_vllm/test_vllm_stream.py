@@ -7,7 +7,8 @@ Invariants pinned:
   token's version is the one it was sampled under: old ones, then new ones, the tokens that existed when the load
   was posted all old (old-version tokens' logprobs equal the old weights' recompute within 1e-4; the first
   new-version token's does not); ``weight_version`` is the last token's;
-- ``partial="off"``: the load waits for the running rows, which keep one version; later rows get the new one;
+- ``partial="off"``: the load waits for the running rows, which keep one version (and, posted while the stream is
+  paused, for the pause to end); later rows get the new one;
 - cancellation: ``on_dropped`` gets the tokens generated so far (at least those seen before the cancel) and seconds,
   ``on_done`` is never called, the request leaves ``progress``; cancelling an answered request reports its cost;
 - a resumed attempt (prefixes from ``progress``) keeps the prefix's tokens, logprobs and versions and finishes
@@ -111,9 +112,8 @@ def test_pause_keep_resume_continues_running_rows_under_new_weights(
         handle = stream.submit(GenerationRequest(prompt_ids[0], 4, seed=100 + attempt), answer)
         _wait_for(lambda handle=handle: max(_tokens_so_far(stream, handle), default=0) >= 2)
         new = next(versions)
-        with stream.paused():  # every token of this snapshot was sampled before the load
-            snapshot = stream.progress()[handle]
-            stream.post_weights(lambda new=new: stream.load_weights(original_state, new), loaded)
+        snapshot = stream.progress()[handle]  # every token of this snapshot was sampled before the load
+        stream.post_weights(lambda new=new: stream.load_weights(original_state, new), loaded)
         assert loaded.wait() is None and stream.weight_loads == loads + 1 and stream.version == new
         completions: list[Completion] = answer.wait()
         for completion, prefix in zip(completions, snapshot, strict=True):
@@ -142,7 +142,9 @@ def test_partial_off_lets_running_rows_finish_first(stream, prompt_ids, original
         handle = stream.submit(GenerationRequest(prompt_ids[2], 2, seed=9), answer)
         _wait_for(lambda: max(_tokens_so_far(stream, handle), default=0) >= 1)
         new = next(versions)
-        stream.post_weights(lambda: stream.load_weights(original_state, new), loaded)
+        with stream.paused():  # (evaluation's pause): the drain waits for it to end
+            stream.post_weights(lambda: stream.load_weights(original_state, new), loaded)
+            assert not loaded.event.wait(0.3) and stream.version == old
         assert loaded.wait() is None
         assert all(set(c.token_versions) == {old} for c in answer.wait())  # the running rows ended first
         (after,) = stream.generate([GenerationRequest(prompt_ids[2], 2, seed=9)], stream.sampling)

@@ -26,7 +26,7 @@ from groupwise.generation.vllm_rows import (
     recorded_logprobs,
     sampling_params_for,
 )
-from groupwise.generation.vllm_setup import VllmSettings, engine_kwargs, import_vllm, restore_torch_threads
+from groupwise.generation.vllm_setup import VllmSettings, engine_kwargs, import_vllm, process_state_kept
 from groupwise.generation.vllm_weights import check_names, reload_in_process
 from groupwise.types import Completion, GenerationRequest, SamplingParams
 
@@ -61,7 +61,7 @@ class VllmGenerator:
                 "before building another, or use VllmStream, whose engine runs in a process of its own"
             )
         self._vllm = import_vllm(settings)
-        with restore_torch_threads():
+        with process_state_kept():
             self.llm = self._vllm.LLM(**engine_kwargs(settings))
         _open_engines.append(self)
 

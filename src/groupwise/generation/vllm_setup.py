@@ -13,22 +13,25 @@ Environment variables, set (only where the user has not set them) before vLLM is
   list such as ``0-7``); an in-process engine would pin the learner's threads with them. Set a list on a dedicated
   machine.
 
-Two behaviours of vLLM's CPU worker that :func:`restore_torch_threads` undoes or works around: it replaces
-``torch.set_num_threads`` with a no-op for the whole process (so an in-process engine would silently freeze the
-learner's thread count), and the first call that asks for logprobs compiles vLLM's rank kernel with
-``torch.compile`` (tens of seconds once per process, even under ``enforce_eager``).
+What building an engine does to the process it is built in, and :func:`process_state_kept` undoes: vLLM's CPU
+worker replaces ``torch.set_num_threads`` with a no-op for the whole process (an in-process engine would silently
+freeze the learner's thread count), and the worker seeds the global ``random``, numpy and torch generators with the
+engine's seed. Also worth knowing: the first call that asks for logprobs compiles vLLM's rank kernel with
+``torch.compile`` (tens of seconds, once per engine process, even under ``enforce_eager``).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 LogprobSource = Literal["processed", "full_vocab"]
@@ -117,15 +120,20 @@ def import_vllm(settings: VllmSettings) -> Any:
 
 
 @contextmanager
-def restore_torch_threads() -> Iterator[None]:
-    """Build an engine inside this: afterwards ``torch.set_num_threads`` (replaced by a no-op by vLLM's CPU worker)
-    and the thread count are what they were, so the learner in this process keeps control of its threads."""
+def process_state_kept() -> Iterator[None]:
+    """Build an engine inside this: afterwards ``torch.set_num_threads`` (made a no-op by vLLM's CPU worker), the
+    thread count and the global random generators (seeded by vLLM's worker) are what they were, so the rest of the
+    process (the learner) is as it was."""
     set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    python_state, numpy_state, torch_state = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
     try:
         yield
     finally:
         torch.set_num_threads = set_num_threads
         torch.set_num_threads(threads)
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+        torch.random.set_rng_state(torch_state)
 
 
 def write_model_folder(model: Any, tokenizer: Any, directory: str | Path) -> Path:

@@ -47,7 +47,7 @@ from groupwise.generation.vllm_rows import (
     sampling_params_for,
     versions_from_spans,
 )  # fmt: skip
-from groupwise.generation.vllm_setup import VllmSettings, engine_kwargs, import_vllm, restore_torch_threads
+from groupwise.generation.vllm_setup import VllmSettings, engine_kwargs, import_vllm, process_state_kept
 from groupwise.generation.vllm_stream_rows import BusyClock, Done, Dropped, RowState, StreamEntry
 from groupwise.generation.vllm_weights import DiskReload, IpcTransfer, check_names
 from groupwise.types import Completion, GenerationRequest, RowPrefix, SamplingParams
@@ -84,6 +84,8 @@ class VllmStream:
         self._closed = False
         self.steps = self.weight_loads = self.generated_tokens = self.joins = 0
         self._loop = asyncio.new_event_loop()
+        self._unpaused = asyncio.Event()  # (used on the loop only; created before it runs, unbound until then)
+        self._unpaused.set()
         self._thread = threading.Thread(target=self._loop.run_forever, name="groupwise-vllm", daemon=True)
         self._thread.start()
         self.engine: Any = self._run(self._build())
@@ -232,7 +234,7 @@ class VllmStream:
             from vllm.config import WeightTransferConfig
 
             kwargs["weight_transfer_config"] = WeightTransferConfig(backend="ipc")
-        with restore_torch_threads():
+        with process_state_kept():
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
 
     def _start(self, entry: StreamEntry) -> None:
@@ -302,6 +304,7 @@ class VllmStream:
 
     async def _pause(self, mode: str) -> None:
         self._pauses += 1
+        self._unpaused.clear()
         if self._pauses == 1:
             await self.engine.pause_generation(mode=mode, clear_cache=False)
             for _ in range(4):  # let the rows take in what the engine sent before it paused (progress, stamps)
@@ -315,6 +318,7 @@ class VllmStream:
             self._clock.tick()
             self._clock.paused = False
             await self.engine.resume_generation()
+            self._unpaused.set()
 
     async def _load(self, state: Mapping[str, Tensor], version: int) -> None:
         await self._pause("keep")
@@ -330,6 +334,8 @@ class VllmStream:
 
     async def _post(self, load: Callable[[], None]) -> None:
         error: BaseException | None = None
+        if self.partial == "off":  # a drain needs generation running: wait out a pause someone else holds
+            await self._unpaused.wait()
         await self._pause("keep" if self.partial == "continue" else "wait")
         try:
             await asyncio.to_thread(load)
