@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
@@ -88,8 +89,15 @@ class VllmStream:
         self._unpaused.set()
         self._thread = threading.Thread(target=self._loop.run_forever, name="groupwise-vllm", daemon=True)
         self._thread.start()
-        self.engine: Any = self._run(self._build())
-        self._disk = DiskReload(weights_dir or tempfile.mkdtemp(prefix="groupwise-vllm-weights-"))
+        try:
+            self.engine: Any = self._run(self._build())
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)  # no thread is left behind by a failed start
+            self._thread.join(10.0)
+            raise
+        folder = weights_dir or tempfile.mkdtemp(prefix="groupwise-vllm-weights-")
+        self._own_dir = None if weights_dir else folder  # removed at close
+        self._disk = DiskReload(folder)
         self._ipc = IpcTransfer(self.engine, self._run) if settings.device == "cuda" else None
         self._run(self.engine.update_weight_version(str(self._version)))
 
@@ -216,6 +224,8 @@ class VllmStream:
             self._run(self._shutdown(), timeout_s)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout_s)
+        if self._own_dir is not None:
+            shutil.rmtree(self._own_dir, ignore_errors=True)
         return not self._thread.is_alive()
 
     # -- the loop thread ----------------------------------------------------------------------------------------
