@@ -44,6 +44,7 @@ warm-start: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

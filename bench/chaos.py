@@ -214,6 +214,7 @@ class Trial:
             self.result.notes.append("the last life timed out")
 
     def audit(self) -> None:
+        from groupwise.cli.run_prompts import training_uids
         from groupwise.run.audit import audit_run
         from groupwise.run.metrics import read_metrics
 
@@ -222,7 +223,7 @@ class Trial:
         self.result.audit_exit = audited.returncode
         (self.logs / f"{self.name}-audit.txt").write_text(audited.stdout + audited.stderr, encoding="utf-8")
         if (self.run_dir / "fates.jsonl").is_file():
-            report = audit_run(self.run_dir)
+            report = audit_run(self.run_dir, training_uids)
             self.result.trained_twice, self.result.without_fate = report.trained_twice, report.without_fate
         metrics_path = self.run_dir / "metrics.jsonl"
         steps = [r["step"] for r in read_metrics(metrics_path)] if metrics_path.is_file() else []

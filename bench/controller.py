@@ -35,9 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from groupwise.config import load_config, sampler_config
+from groupwise.algo.filter import GroupFilter
+from groupwise.config import RolloutFailureSection, load_config, sampler_config
 from groupwise.controller.controller import build_controller
-from groupwise.controller.failures import FailureSettings
 from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.settings import ControllerSettings
 from groupwise.sim.simulation import simulate_async, simulate_sync
@@ -107,9 +107,9 @@ def million(groups: int, dynamic_sampling: bool) -> dict[str, Any]:
     P = 512
     settings = ControllerSettings(
         prompts_per_step=P, group_size=8, sampler=sampler_config("ready_first", max_staleness_versions=1),
-        max_inflight_prompts=1024, max_buffered_rollouts=2048, dynamic_sampling=dynamic_sampling,
+        max_inflight_prompts=1024, max_buffered_rollouts=2048, dynamic_sampling=GroupFilter(enabled=dynamic_sampling),
         max_steps=-(-groups // P),
-        failure=FailureSettings(
+        failure=RolloutFailureSection(
             on_dropped_prompt="replace" if dynamic_sampling else "shrink", max_replacement_attempts=16,
             replacement_reserve_prompts=4096 if dynamic_sampling else 1, min_step_batch_fraction=0.5,
         ),

@@ -92,7 +92,7 @@ def child(setting: Setting, smoke: bool, limit_gib: float) -> dict:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from groupwise.config.algorithm import LossSection
+    from groupwise.config.algorithm import LossSection, OptimizerSection
     from groupwise.model.lora import apply_lora, lora_config
     from groupwise.trainer.builder import enable_gradient_checkpointing
     from groupwise.trainer.learner import Learner, LearnerSettings
@@ -106,11 +106,9 @@ def child(setting: Setting, smoke: bool, limit_gib: float) -> dict:
     if setting.lora:
         model = apply_lora(model, lora_config(16, 32.0, 0.0, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                               "up_proj", "down_proj"]))
-    learner = Learner(model, LearnerSettings(
-        loss=LossSection(), lr=1e-5, betas=(0.9, 0.999), weight_decay=0.0, eps=1e-8, warmup_steps=0,
-        schedule="constant", min_lr_ratio=0.0, max_grad_norm=1.0, micro_batch_rows=setting.rows_per_micro_batch,
-        total_steps=10, temperature=1.0, logprob_chunk_tokens=None if setting.path == "old" else CHUNK,
-    ))  # fmt: skip
+    optimizer = OptimizerSection(lr=1e-5, micro_batch_rows=setting.rows_per_micro_batch,
+                                 logprob_chunk_tokens=None if setting.path == "old" else CHUNK)
+    learner = Learner(model, LearnerSettings(loss=LossSection(), optimizer=optimizer, total_steps=10, temperature=1.0))
     learner.train_step(_rows(1, 8, config.vocab_size, seed=1))  # AdamW state is allocated here
     rows = _rows(setting.rows, setting.tokens, config.vocab_size, seed=2)
     before = _rss_kib()

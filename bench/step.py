@@ -7,7 +7,7 @@ Wraps the real components with timers (no copies of the loop) and runs the real 
 scoring (reward functions + group building), forward/backward (logprobs, loss, backward), the optimizer step,
 and the step's edges (metrics, train_data, events). "Loop overhead" is everything in the step that is not
 sampling, forward/backward or the optimizer step; the target is ≤ 10% of the step. Threads and the OpenMP wait
-policy are chosen as ``groupwise train`` chooses them (``groupwise.runtime.cpu_threads``) unless you set
+policy are chosen as ``groupwise train`` chooses them (``groupwise.trainer.cpu_threads``) unless you set
 ``OMP_NUM_THREADS`` / ``OMP_WAIT_POLICY``; the first line says what was used. The mean ``perf/padding_fraction``
 of the measured steps (deterministic: it depends on the rows, not the machine) is printed last.
 """
@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections import defaultdict
 
-from groupwise.runtime.cpu_threads import apply_cpu_threads, prepare_openmp_environment
+from groupwise.trainer.cpu_threads import apply_cpu_threads, prepare_openmp_environment
 
 prepare_openmp_environment()  # before torch loads libgomp, as the groupwise command does
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from groupwise.algo.accumulator import DynamicSamplingAccumulator, DynamicSamplingExhausted
 from groupwise.algo.advantages import group_advantages
+from groupwise.algo.filter import GroupFilter
 from groupwise.algo.tally import StepTally
 from groupwise.types import Completion, Group, Prompt
 
@@ -27,11 +28,10 @@ def make_group(group_id: int, raw: list[float]) -> Group:
                  list(raw), list(raw))
 
 
-def accumulator(p: int = 2, **overrides) -> DynamicSamplingAccumulator:
-    options = dict(enabled=True, max_gen_rounds=3, on_exhausted="raise", min_step_batch_fraction=1.0,
-                   surplus="discard")
+def accumulator(p: int = 2, enabled: bool = True, **overrides) -> DynamicSamplingAccumulator:
+    options = dict(max_gen_rounds=3, on_exhausted="raise", min_step_batch_fraction=1.0, surplus="discard")
     options.update(overrides)
-    return DynamicSamplingAccumulator(p, **options)
+    return DynamicSamplingAccumulator(p, GroupFilter(enabled), **options)
 
 
 class Ids:
@@ -207,7 +207,8 @@ round_strategy = st.lists(st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=2,
 def test_every_group_ends_in_exactly_one_place(p, max_rounds, surplus, enabled, steps):
     ids, carried = Ids(), []
     for rounds in steps:
-        acc = DynamicSamplingAccumulator(p, enabled, max_rounds, "train_short", 0.01, surplus, carried_in=carried)
+        acc = DynamicSamplingAccumulator(p, GroupFilter(enabled), max_rounds, "train_short", 0.01, surplus,
+                                         carried_in=carried)  # fmt: skip
         kept_ids = [g.group_id for g in carried]
         generated = filtered = 0
         for rewards in rounds:

@@ -28,11 +28,12 @@ from pathlib import Path
 
 import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, make_prompts, run_virtual
+from fakes.settings import controller_settings, failure_settings
 from test_sync_trainer import tiny_config
 
+from groupwise.cli.run_prompts import training_uids
 from groupwise.config import sampler_config
 from groupwise.controller.controller import build_controller
-from groupwise.controller.failures import FailureSettings
 from groupwise.controller.settings import ControllerSettings
 from groupwise.controller.snapshot import sampler_stamps
 from groupwise.run.async_checkpoint import ItemDecoder, encode_item
@@ -56,7 +57,7 @@ SCENARIOS = {
     "in_order_charge": dict(
         sampler="in_order",
         knobs={"max_lookahead_versions": 1},
-        failure=FailureSettings(min_step_batch_fraction=0.5),
+        failure=failure_settings(min_step_batch_fraction=0.5),
         snapshot_after=1,
         script={
             **{f"p{i}": [Outcome(latency=3.0)] for i in range(3)},
@@ -69,7 +70,7 @@ SCENARIOS = {
     "ready_first_spares": dict(
         sampler="ready_first",
         knobs={"max_staleness_versions": 1},
-        failure=FailureSettings(
+        failure=failure_settings(
             on_dropped_prompt="replace",
             replacement_reserve_prompts=3,
             max_replacement_attempts=4,
@@ -88,7 +89,7 @@ SCENARIOS = {
     "windowed": dict(
         sampler="windowed",
         knobs={"max_staleness_versions": 1},
-        failure=FailureSettings(min_step_batch_fraction=0.5),
+        failure=failure_settings(min_step_batch_fraction=0.5),
         snapshot_after=2,
         script={"p3": [Outcome(latency=1.0, rewards=ZERO)], "p6": [Outcome(latency=6.0)]},
     ),
@@ -96,7 +97,7 @@ SCENARIOS = {
 
 
 def settings(scenario: dict, **kw) -> ControllerSettings:
-    return ControllerSettings(
+    return controller_settings(
         prompts_per_step=3,
         group_size=G,
         sampler=sampler_config(scenario["sampler"], **scenario["knobs"]),
@@ -249,7 +250,7 @@ def test_another_prompts_per_step_is_refused(tmp_path):
     loaded, _, _ = first_part(SCENARIOS["in_order_charge"], tmp_path)
     with pytest.raises(ValueError, match=r"prompts_per_step .* = 3 but this run has 4.*num_prompts_per_step=3"):
         build_controller(
-            ControllerSettings(prompts_per_step=4, group_size=G, sampler=sampler_config("in_order"), start_step=1),
+            controller_settings(prompts_per_step=4, group_size=G, sampler=sampler_config("in_order"), start_step=1),
             make_loader(N_PROMPTS),
             ScriptedRollouts(G),
             RecordingTrainer(),
@@ -340,7 +341,7 @@ def test_crash_during_an_async_checkpoint_write_resumes_the_previous_one(tmp_pat
     assert resumed.state.step == 2
     run_async(resumed)
     assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
-    report = audit_run(run_dir)
+    report = audit_run(run_dir, training_uids)
     assert report.ok, report.format()
     assert report.epochs[0].counts["trained"] >= 4 * 3  # P=4 per step, at most one loss per step here
     assert "dropped" in (run_dir / "events.log").read_text()

@@ -20,10 +20,10 @@ import asyncio
 
 import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, run_virtual
+from fakes.settings import controller_settings, failure_settings
 
 from groupwise.config import sampler_config
 from groupwise.controller.controller import build_controller
-from groupwise.controller.failures import FailureSettings
 from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.ledger import StepBelowFloorError
 from groupwise.controller.samplers.base import SamplerProtocolError
@@ -33,7 +33,7 @@ G = 2
 
 
 def settings(sampler: str, knobs: dict, **overrides) -> ControllerSettings:
-    failure = overrides.pop("failure", None) or FailureSettings(
+    failure = overrides.pop("failure", None) or failure_settings(
         on_dropped_prompt="shrink",
         max_data_attempts_per_prompt=1,
         max_skipped_prompts=10,
@@ -50,7 +50,7 @@ def settings(sampler: str, knobs: dict, **overrides) -> ControllerSettings:
         dynamic_sampling=False,
     )
     base.update(overrides)
-    return ControllerSettings(**base)
+    return controller_settings(**base)
 
 
 class ChargeWatcher:

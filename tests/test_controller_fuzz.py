@@ -24,15 +24,14 @@ from collections import Counter
 
 import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, run_virtual
+from fakes.settings import controller_settings, failure_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from groupwise.config import sampler_config
 from groupwise.controller.controller import build_controller
-from groupwise.controller.failures import FailureSettings
 from groupwise.controller.fate_records import TERMINAL_RESOLUTIONS, FateRecord
 from groupwise.controller.ledger import StepBelowFloorError
-from groupwise.controller.settings import ControllerSettings
 from groupwise.controller.train_pump import ControllerStalled, RolloutExhaustedError
 from groupwise.trainer.finite import NonFiniteTrainingError
 
@@ -109,7 +108,7 @@ def named_errors(sc) -> tuple[type[BaseException], ...]:
 
 
 def run_scenario(sc):
-    cfg = ControllerSettings(
+    cfg = controller_settings(
         prompts_per_step=sc["P"],
         group_size=G,
         sampler=sampler_config("custom" if sc["sampler"].startswith("custom") else sc["sampler"], **sc["knobs"]),
@@ -117,7 +116,7 @@ def run_scenario(sc):
         max_buffered_rollouts=sc["capacity"],
         max_inflight_prompts=sc["inflight"],
         dynamic_sampling=sc["ds"],
-        failure=FailureSettings(
+        failure=failure_settings(
             on_dropped_prompt=sc["mode"],
             max_replacement_attempts=sc["replacements"],
             replacement_reserve_prompts=sc["reserve"],

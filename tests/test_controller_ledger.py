@@ -19,10 +19,10 @@ Invariants pinned:
 from __future__ import annotations
 
 import pytest
+from fakes.settings import failure_settings
 
 from groupwise.controller.failures import (
     FailureBudgets,
-    FailureSettings,
     InfraError,
     PromptAttempts,
     RolloutDataFailure,
@@ -151,7 +151,7 @@ def test_backoff_is_exponential_and_capped():
 
 def test_infra_budget_then_consecutive_drops():
     budgets = FailureBudgets(
-        FailureSettings(
+        failure_settings(
             max_infra_attempts_per_prompt=3, backoff_base_s=1.0, max_backoff_s=30.0, max_consecutive_dropped_prompts=1
         )
     )
@@ -166,22 +166,22 @@ def test_infra_budget_then_consecutive_drops():
 
 
 def test_data_budget_then_skip_budget():
-    budgets = FailureBudgets(FailureSettings(max_data_attempts_per_prompt=2, max_skipped_prompts=1))
+    budgets = FailureBudgets(failure_settings(max_data_attempts_per_prompt=2, max_skipped_prompts=1))
     attempts = PromptAttempts()
     assert budgets.on_failure(attempts, KeyError("bad"), "p0") == 0.0  # immediate retry
     assert budgets.on_failure(attempts, KeyError("bad"), "p0") is None  # skipped (1 of 1)
     with pytest.raises(RolloutDataFailure, match="p1: failed 2 times") as info:
         budgets.on_failure(PromptAttempts(data=1), KeyError("worse"), "p1")
     assert isinstance(info.value.__cause__, KeyError)
-    strict = FailureBudgets(FailureSettings(max_data_attempts_per_prompt=1, max_skipped_prompts=0))
+    strict = FailureBudgets(failure_settings(max_data_attempts_per_prompt=1, max_skipped_prompts=0))
     with pytest.raises(KeyError, match="original"):
         strict.on_failure(PromptAttempts(), KeyError("original"), "p0")
 
 
 def test_failure_settings_validation():
     with pytest.raises(ValueError, match="on_dropped_prompt"):
-        FailureSettings(on_dropped_prompt="drop")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="max_data_attempts_per_prompt must be >= 1"):
-        FailureSettings(max_data_attempts_per_prompt=0)
+        failure_settings(on_dropped_prompt="drop")
+    with pytest.raises(ValueError, match=r"max_data_attempts_per_prompt\n.*greater than or equal to 1"):
+        failure_settings(max_data_attempts_per_prompt=0)
     with pytest.raises(ValueError, match="backoff_base_s <= max_backoff_s"):
-        FailureSettings(backoff_base_s=10.0, max_backoff_s=1.0)
+        FailureBudgets(failure_settings(backoff_base_s=10.0, max_backoff_s=1.0))

@@ -20,13 +20,12 @@ import asyncio
 import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, run_virtual
 from fakes.rollouts import ScriptedDataError
+from fakes.settings import controller_settings, failure_settings
 
-from groupwise.config import sampler_config
+from groupwise.config import RolloutFailureSection, sampler_config
 from groupwise.controller.buffer import GroupBuffer
 from groupwise.controller.controller import build_controller
-from groupwise.controller.failures import FailureSettings
 from groupwise.controller.fate_records import FateRecord
-from groupwise.controller.settings import ControllerSettings
 from groupwise.run.audit import audit_fates, prompt_outcome
 from groupwise.types import Completion, Group
 
@@ -38,14 +37,14 @@ def make(sampler, knobs, P, n_prompts, script=None, default=None, fates=None, tr
          rollouts=None, **kw):
     failure = kw.pop(
         "failure",
-        FailureSettings(
+        failure_settings(
             on_dropped_prompt="shrink",
             min_step_batch_fraction=0.5,
             max_data_attempts_per_prompt=1,
             max_skipped_prompts=10,
         ),
     )
-    cfg = ControllerSettings(
+    cfg = controller_settings(
         prompts_per_step=P,
         group_size=G,
         sampler=sampler_config(sampler, **knobs),
@@ -61,7 +60,7 @@ def make(sampler, knobs, P, n_prompts, script=None, default=None, fates=None, tr
     return controller, rollouts, trainer
 
 
-def replace(**kw) -> FailureSettings:
+def replace(**kw) -> RolloutFailureSection:
     base = dict(
         on_dropped_prompt="replace",
         max_replacement_attempts=1,
@@ -71,7 +70,7 @@ def replace(**kw) -> FailureSettings:
         max_skipped_prompts=10,
     )
     base.update(kw)
-    return FailureSettings(**base)
+    return failure_settings(**base)
 
 
 def test_in_order_stamps_dispatch_index_and_weight_fifo_none():
@@ -106,14 +105,14 @@ class BoundsWatcher(ScriptedRollouts):
 
 
 def test_capacity_and_inflight_bounds_and_permits_come_back():
-    cfg = ControllerSettings(
+    cfg = controller_settings(
         prompts_per_step=2,
         group_size=G,
         sampler=sampler_config("windowed", max_staleness_versions=5),
         max_buffered_rollouts=3,
         max_inflight_prompts=2,
         dynamic_sampling=False,
-        failure=FailureSettings(min_step_batch_fraction=0.5),
+        failure=failure_settings(min_step_batch_fraction=0.5),
     )
     rollouts = BoundsWatcher(group_size=G)
     controller = build_controller(cfg, make_loader(10), rollouts, RecordingTrainer(chunk_latency=10.0))
@@ -245,7 +244,7 @@ def test_fatal_failure_cancels_every_other_rollout_and_names_the_prompt():
         script=script,
         fates=fates,
         default=Outcome(latency=50.0),
-        failure=FailureSettings(max_data_attempts_per_prompt=1, max_skipped_prompts=0),
+        failure=failure_settings(max_data_attempts_per_prompt=1, max_skipped_prompts=0),
     )
     with pytest.raises(ScriptedDataError) as info:
         run_virtual(controller.run)
@@ -259,7 +258,7 @@ def test_a_prompt_backing_off_when_the_run_stops_ends_pending_without_a_slot():
     fates: list[FateRecord] = []
     # p2 (step 1's batch) fails with an infra error; its backoff outlasts step 0, which is the last step.
     script = {"p2": [Outcome(latency=1.0, fail="infra")]}
-    failure = FailureSettings(backoff_base_s=1000.0, max_backoff_s=1000.0, max_infra_attempts_per_prompt=5)
+    failure = failure_settings(backoff_base_s=1000.0, max_backoff_s=1000.0, max_infra_attempts_per_prompt=5)
     controller, _, trainer = make(
         "in_order", {"max_lookahead_versions": 1}, 2, 8, script=script, fates=fates, failure=failure, max_steps=1
     )
@@ -283,7 +282,7 @@ def test_filtered_groups_use_no_failure_budget_and_reset_the_drop_streak():
         "p2": [Outcome(latency=3.0, fail="infra")],
         "p3": [Outcome(latency=4.0, rewards=ZERO)],
     }
-    failure = FailureSettings(
+    failure = failure_settings(
         on_dropped_prompt="shrink",
         max_infra_attempts_per_prompt=1,
         max_consecutive_dropped_prompts=1,
@@ -331,11 +330,11 @@ class WrongIdRollouts(ScriptedRollouts):
 
 
 def test_rollout_client_must_return_the_given_group_id():
-    cfg = ControllerSettings(
+    cfg = controller_settings(
         prompts_per_step=2,
         group_size=G,
         dynamic_sampling=False,
-        failure=FailureSettings(max_data_attempts_per_prompt=1),
+        failure=failure_settings(max_data_attempts_per_prompt=1),
     )
     controller = build_controller(cfg, make_loader(2), WrongIdRollouts(group_size=G), RecordingTrainer())
     with pytest.raises(ValueError, match="must return the group_id it was given"):

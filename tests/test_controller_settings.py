@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import pytest
 from fakes import RecordingTrainer, ScriptedRollouts, make_loader, run_virtual
+from fakes.settings import controller_settings
 
+from groupwise.algo.filter import GroupFilter
 from groupwise.config import WindowedSamplerConfig, config_from_dict
 from groupwise.controller.controller import build_controller
 from groupwise.controller.settings import ControllerSettings
@@ -48,8 +50,8 @@ def test_from_config_maps_every_field():
     f = s.failure
     assert (f.on_dropped_prompt, f.max_skipped_prompts, f.max_consecutive_dropped_prompts) == ("shrink", 3, 4)
     assert (f.min_step_batch_fraction, f.backoff_base_s, f.max_backoff_s) == (0.75, 0.5, 8.0)
-    assert (s.dynamic_sampling, s.zero_variance_tol, s.seed, s.max_steps) == (True, 0.01, 7, 3)
-    assert (s.reward_low, s.reward_high) == (0.0, 1.0)
+    assert s.dynamic_sampling == GroupFilter(enabled=True, tol=0.01, reward_low=0.0, reward_high=1.0)
+    assert (s.seed, s.max_steps, s.advantages) == (7, 3, cfg.grpo)
     trainer = RecordingTrainer()
     summary = run_virtual(build_controller(s, make_loader(12), ScriptedRollouts(group_size=2), trainer).run)
     assert summary.stop_reason == "max_steps" and trainer.finished == [0, 1, 2]
@@ -69,4 +71,4 @@ def test_bad_settings_are_refused(kwargs, message):
     base = {"prompts_per_step": 4, "group_size": 2}
     base.update(kwargs)
     with pytest.raises(ValueError, match=message):
-        ControllerSettings(**base)
+        controller_settings(**base)

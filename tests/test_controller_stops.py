@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, run_virtual
+from fakes.settings import controller_settings, failure_settings
 
 from groupwise.config import config_from_dict, sampler_config
 from groupwise.controller.controller import build_controller
-from groupwise.controller.failures import FailureSettings
 from groupwise.controller.ledger import StepBelowFloorError
 from groupwise.controller.settings import ControllerSettings
 from groupwise.controller.train_pump import ControllerStalled, RolloutExhaustedError
@@ -38,14 +38,14 @@ G = 2
 
 
 def weight_fifo_settings() -> ControllerSettings:
-    failure = FailureSettings(
+    failure = failure_settings(
         on_dropped_prompt="replace",
         max_replacement_attempts=1,
         replacement_reserve_prompts=4,
         max_data_attempts_per_prompt=2,
         min_step_batch_fraction=0.5,
     )
-    return ControllerSettings(
+    return controller_settings(
         prompts_per_step=2, group_size=G, sampler=sampler_config("weight_fifo", max_staleness_versions=1),
         dynamic_sampling=False, max_buffered_rollouts=16, failure=failure,
     )  # fmt: skip
@@ -105,9 +105,9 @@ def test_simulated_weight_fifo_stall_ends_with_a_named_error_and_honest_counts()
 
 
 def test_gated_closes_short_sampler_with_a_spare_pool_finishes_with_a_short_last_step():
-    failure = FailureSettings(on_dropped_prompt="replace", max_replacement_attempts=1, replacement_reserve_prompts=2,
+    failure = failure_settings(on_dropped_prompt="replace", max_replacement_attempts=1, replacement_reserve_prompts=2,
                               min_step_batch_fraction=0.25)  # fmt: skip
-    settings = ControllerSettings(
+    settings = controller_settings(
         prompts_per_step=2, group_size=G,
         sampler=sampler_config("custom", target="fakes.samplers:GatedClosesShort", kwargs={"window": 0}),
         dynamic_sampling=False, max_buffered_rollouts=16, failure=failure,
@@ -129,7 +129,7 @@ class FailingOptimizerStep(RecordingTrainer):
 
 
 def test_groups_of_a_step_whose_optimizer_step_failed_are_pending_not_trained():
-    settings = ControllerSettings(prompts_per_step=2, group_size=G, dynamic_sampling=False,
+    settings = controller_settings(prompts_per_step=2, group_size=G, dynamic_sampling=False,
                                   sampler=sampler_config("in_order", max_lookahead_versions=1))  # fmt: skip
     fates = []
     trainer = FailingOptimizerStep()
@@ -152,9 +152,9 @@ def test_exhaustion_with_selectable_groups_fewer_than_the_open_slots_says_so():
         "p0": [Outcome(3.0)], "p1": [Outcome(7.0)], "p2": [Outcome(0.5, fail="data")], "p3": [Outcome(3.0)],
         "p4": [Outcome(1.0, fail="data")], "p5": [Outcome(7.0)],
     }  # fmt: skip
-    failure = FailureSettings(on_dropped_prompt="shrink", max_data_attempts_per_prompt=1, max_skipped_prompts=5,
+    failure = failure_settings(on_dropped_prompt="shrink", max_data_attempts_per_prompt=1, max_skipped_prompts=5,
                               min_step_batch_fraction=0.25)  # fmt: skip
-    settings = ControllerSettings(prompts_per_step=2, group_size=G, dynamic_sampling=False,
+    settings = controller_settings(prompts_per_step=2, group_size=G, dynamic_sampling=False,
                                   sampler=sampler_config("weight_fifo", max_staleness_versions=1),
                                   max_buffered_rollouts=16, failure=failure)  # fmt: skip
     controller = build_controller(settings, make_loader(6), ScriptedRollouts(G, script=script), RecordingTrainer())
@@ -166,9 +166,9 @@ def test_exhaustion_with_selectable_groups_fewer_than_the_open_slots_says_so():
 
 
 def test_a_loss_that_breaks_the_floor_names_its_prompt_and_steps():
-    failure = FailureSettings(on_dropped_prompt="shrink", max_data_attempts_per_prompt=1, max_skipped_prompts=5,
+    failure = failure_settings(on_dropped_prompt="shrink", max_data_attempts_per_prompt=1, max_skipped_prompts=5,
                               min_step_batch_fraction=1.0)  # fmt: skip
-    settings = ControllerSettings(prompts_per_step=2, group_size=G, dynamic_sampling=False,
+    settings = controller_settings(prompts_per_step=2, group_size=G, dynamic_sampling=False,
                                   sampler=sampler_config("in_order", max_lookahead_versions=0),
                                   failure=failure)  # fmt: skip
     script = {"p1": [Outcome(1.0, fail="data")]}
@@ -187,11 +187,11 @@ def test_the_weight_fifo_warning_is_earned_it_stalls_where_ready_first_finishes(
         for seed in range(5):
             workload = SimWorkload(group_size=4, seed=seed, rollout_slots=16, length_median_tokens=32,
                                    infra_failure_rate=0.02, num_prompts=2000)  # fmt: skip
-            failure = FailureSettings(on_dropped_prompt=on_dropped, min_step_batch_fraction=0.5,
+            failure = failure_settings(on_dropped_prompt=on_dropped, min_step_batch_fraction=0.5,
                                       max_skipped_prompts=1000, max_consecutive_dropped_prompts=1000,
                                       max_infra_attempts_per_prompt=2, backoff_base_s=0.5, max_backoff_s=2.0,
                                       replacement_reserve_prompts=8 if on_dropped == "replace" else 1)  # fmt: skip
-            settings = ControllerSettings(prompts_per_step=8, group_size=4, dynamic_sampling=False,
+            settings = controller_settings(prompts_per_step=8, group_size=4, dynamic_sampling=False,
                                           sampler=sampler_config(sampler, max_staleness_versions=1),
                                           max_buffered_rollouts=32, failure=failure, max_steps=50)  # fmt: skip
             run = simulate_async(settings, workload)

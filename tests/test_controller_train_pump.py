@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, make_prompts, run_virtual
+from fakes.settings import controller_settings, failure_settings
 
 from groupwise.config import sampler_config
 from groupwise.controller.controller import build_controller
-from groupwise.controller.failures import FailureSettings
 from groupwise.controller.settings import ControllerSettings
 from groupwise.controller.train_pump import ControllerStalled, RolloutExhaustedError
 from groupwise.data.loader import PromptLoader
@@ -33,10 +33,10 @@ G = 2
 
 
 def cfg(sampler="in_order", knobs=None, P=3, **kw) -> ControllerSettings:
-    kw.setdefault("failure", FailureSettings(min_step_batch_fraction=0.5))
+    kw.setdefault("failure", failure_settings(min_step_batch_fraction=0.5))
     kw.setdefault("dynamic_sampling", False)
     kw.setdefault("max_buffered_rollouts", 16)
-    return ControllerSettings(prompts_per_step=P, group_size=G, sampler=sampler_config(sampler, **(knobs or {})), **kw)
+    return controller_settings(prompts_per_step=P, group_size=G, sampler=sampler_config(sampler, **(knobs or {})), **kw)
 
 
 def random_latencies(n: int, seed: int) -> dict[str, list[Outcome]]:
@@ -52,7 +52,7 @@ def test_sync_equivalent_ordering_with_in_order_lookahead_zero(seed):
     rollouts = ScriptedRollouts(group_size=G, script=random_latencies(12, seed))
     trainer = RecordingTrainer()
     metrics = {}
-    shrink = FailureSettings(on_dropped_prompt="shrink", min_step_batch_fraction=0.5)
+    shrink = failure_settings(on_dropped_prompt="shrink", min_step_batch_fraction=0.5)
     controller = build_controller(
         cfg("in_order", {"max_lookahead_versions": 0}, failure=shrink),
         loader,
@@ -72,7 +72,7 @@ def test_sync_equivalent_ordering_with_in_order_lookahead_zero(seed):
 def test_with_replace_the_spare_pool_diverts_the_second_batch_as_the_docs_say():
     # The documented difference from the sync order (docs/samplers.md): batch 1 goes to the spare pool, steps 1
     # and 2 train batches 2 and 3, and the pool's batch is trained last, as a whole step at the end of data.
-    replace = FailureSettings(on_dropped_prompt="replace", replacement_reserve_prompts=1, min_step_batch_fraction=0.5)
+    replace = failure_settings(on_dropped_prompt="replace", replacement_reserve_prompts=1, min_step_batch_fraction=0.5)
     trainer = RecordingTrainer()
     controller = build_controller(cfg("in_order", {"max_lookahead_versions": 0}, failure=replace), make_loader(12),
                                   ScriptedRollouts(group_size=G, script=random_latencies(12, 0)), trainer)  # fmt: skip
@@ -113,7 +113,7 @@ def test_groups_left_that_cannot_be_selected_raise_a_named_error():
 def test_step_metrics_cover_tally_accounting_staleness_and_trainer():
     zero = (1.0, 1.0)
     script = {"p1": [Outcome(rewards=zero)]}
-    failure = FailureSettings(
+    failure = failure_settings(
         on_dropped_prompt="replace",
         max_replacement_attempts=1,
         replacement_reserve_prompts=2,
@@ -168,7 +168,7 @@ def bucket_mismatch_script() -> dict[str, list[Outcome]]:
 
 
 def bucket_mismatch_settings(sampler: str) -> ControllerSettings:
-    failure = FailureSettings(
+    failure = failure_settings(
         on_dropped_prompt="replace",
         max_replacement_attempts=1,
         replacement_reserve_prompts=2,
@@ -200,8 +200,8 @@ def test_weight_fifo_bucket_mismatch_is_reported_as_a_stall_not_a_hang():
 
 
 class CrashingTrainer(RecordingTrainer):
-    async def train_chunk(self, step, groups, first_chunk):
-        await super().train_chunk(step, groups, first_chunk)
+    async def train_chunk(self, step, chunk, first_chunk):
+        await super().train_chunk(step, chunk, first_chunk)
         if step == 1:
             raise RuntimeError("learner out of memory")
 
@@ -245,8 +245,8 @@ def test_snapshot_in_async_hook_then_resume_equals_continuing():
     first = RecordingTrainer()
     controller = None
 
-    async def snapshot(step, metrics, groups):
-        assert len(groups) == 2 and metrics["step"] == step
+    async def snapshot(step, metrics, chunks):
+        assert sum(len(chunk.groups) for chunk in chunks) == 2 and metrics["step"] == step
         if step == 1:
             saved["controller"] = controller.state_dict()
             saved["loader"] = loader.state_dict()

@@ -1,4 +1,4 @@
-"""The default CPU thread setting (``groupwise.runtime.cpu_threads``).
+"""The default CPU thread setting (``groupwise.trainer.cpu_threads``).
 
 Invariants pinned:
 - an explicit ``OMP_NUM_THREADS`` always wins: the count is left as the user set it;
@@ -18,7 +18,7 @@ import sys
 import torch
 
 from groupwise.model import build_tiny_model
-from groupwise.runtime.cpu_threads import apply_cpu_threads, choose_threads, prepare_openmp_environment
+from groupwise.trainer.cpu_threads import apply_cpu_threads, choose_threads, prepare_openmp_environment
 
 
 def test_an_explicit_omp_num_threads_wins_for_any_model() -> None:

@@ -10,7 +10,10 @@ Invariants pinned:
   countdown verifier), its numbers lie in 1..max_number and its target in 1..max_target.
 - impossible settings (eval split eating the whole space, too few countdown items) fail with a
   message naming the setting.
-- build_task builds each task from a config section and rejects unknown settings.
+- build_task builds each task from a config section and rejects unknown settings;
+- a plug-in task (``data.task: module:Class``) is built from ``data.kwargs`` with the run seed, and a config whose
+  plug-in task does not import, does not take its kwargs, raises or lacks the Task members is refused before any
+  model loads, naming the key; ``data.kwargs`` with a built-in task is refused.
 """
 
 from __future__ import annotations
@@ -210,3 +213,50 @@ def test_build_task_rejects_unknown_task_and_settings():
         build_task("countdown", {"max_numbers": 3}, seed=0)
     with pytest.raises(ValueError, match="seed"):
         build_task("addition", {"seed": 3}, seed=0)
+
+
+# ---------------------------------------------------------------- plug-in tasks
+
+
+def plugin_config(task: str, **kwargs):
+    from groupwise.config import config_from_dict
+
+    return config_from_dict({"model": {"source": "tiny"}, "data": {"task": task, "kwargs": kwargs},
+                             "grpo": {"num_prompts_per_step": 2}, "run": {"seed": 7}})  # fmt: skip
+
+
+def test_a_plugin_task_is_built_from_its_kwargs_and_the_run_seed():
+    from plugin_tasks import DoublingTask
+
+    from groupwise.trainer.preflight import check_inputs
+
+    inputs = check_inputs(plugin_config("plugin_tasks:DoublingTask", count=12), training=True)
+    expected = DoublingTask(count=12, seed=7)
+    assert inputs.task.train_prompts() == expected.train_prompts() and len(inputs.task.train_prompts()) == 8
+    assert inputs.task.eval_prompts() == expected.eval_prompts()
+
+
+@pytest.mark.parametrize(
+    "task, kwargs, key, words",
+    [
+        ("no_such_task_module:Task", {}, "data.task", "cannot import module"),
+        ("plugin_tasks:DoublingTask", {"size": 3}, "data.kwargs", "unexpected settings ['size']"),
+        ("plugin_tasks:RaisingTask", {}, "data.kwargs", "RuntimeError: the task's data server is down"),
+        ("plugin_tasks:NotATask", {}, "data.kwargs", "does not satisfy the Task protocol"),
+    ],
+)
+def test_a_plugin_task_that_cannot_be_built_is_a_config_error(task, kwargs, key, words):
+    from groupwise.config import ConfigError
+    from groupwise.trainer.preflight import check_inputs
+
+    with pytest.raises(ConfigError) as info:
+        check_inputs(plugin_config(task, **kwargs), training=True)
+    (issue,) = [i for i in info.value.errors if i.path == key]
+    assert words in issue.rule
+
+
+def test_kwargs_with_a_builtin_task_are_refused():
+    from groupwise.config import ConfigError
+
+    with pytest.raises(ConfigError, match="data.kwargs"):
+        plugin_config("addition", count=3)

@@ -130,10 +130,10 @@ def session_config(tmp_path: Path, name: str, max_steps: int, ranks: int = 2, sh
 
 
 def run_session(cfg, steps: int | None = None, **kwargs):
+    from groupwise.runtime.sessions import build_run_session
     from groupwise.runtime.sync_run import train_steps
-    from groupwise.trainer.builder import build_session
 
-    session = build_session(cfg, **kwargs)
+    session = build_run_session(cfg, **kwargs)
     try:
         train_steps(session, steps or cfg.run.max_steps)
         params = session.policy.model.state_dict()
@@ -158,10 +158,10 @@ def test_two_rank_resume_equals_continuing_and_one_rank_resumes_it(tmp_path, sha
 @pytest.mark.slow
 def test_a_killed_rank_ends_the_run_with_its_name_and_what_was_kept(tmp_path):
     from groupwise.runtime.learner_ranks import LearnerRankDied
+    from groupwise.runtime.sessions import build_run_session
     from groupwise.runtime.sync_run import train_steps
-    from groupwise.trainer.builder import build_session
 
-    session = build_session(session_config(tmp_path, "killed", 3))
+    session = build_run_session(session_config(tmp_path, "killed", 3))
     try:
         train_steps(session, 1)
         os.kill(session.ranks.processes[1].pid, signal.SIGKILL)
@@ -181,13 +181,13 @@ def test_async_in_order_run_on_two_fsdp_ranks_trains_as_one_rank(tmp_path):
     from test_async_resume import async_config
 
     from groupwise.runtime.async_run import run_async
-    from groupwise.trainer.builder import build_session
+    from groupwise.runtime.sessions import build_run_session
 
     def run(name: str, ranks: int):
         data = async_config(tmp_path, name, 3)
         if ranks > 1:
             data["learner"] = {"num_ranks": ranks, "sharding": "fsdp"}
-        session = build_session(config_from_dict(data))
+        session = build_run_session(config_from_dict(data))
         try:
             run_async(session)
             return session.policy.model.state_dict(), (session.run_dir.path / "fates.jsonl").read_text()

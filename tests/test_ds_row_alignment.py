@@ -16,6 +16,7 @@ import statistics
 import pytest
 
 from groupwise.algo.accumulator import DynamicSamplingAccumulator
+from groupwise.algo.filter import GroupFilter
 from groupwise.batch import RowBatch
 from groupwise.run.jsonl import write_rows_jsonl
 from groupwise.types import Completion, Group, Prompt
@@ -36,7 +37,7 @@ def trained_rows(groups: list[Group]) -> RowBatch:
 
 
 def new_accumulator(p: int) -> DynamicSamplingAccumulator:
-    return DynamicSamplingAccumulator(p, True, 4, "raise", 1.0, "discard")
+    return DynamicSamplingAccumulator(p, GroupFilter(enabled=True), 4, "raise", 1.0, "discard")
 
 
 def assert_rows_carry_their_own_reward(batch: RowBatch) -> None:

@@ -21,11 +21,12 @@ import json
 
 import pytest
 from fakes import RecordingTrainer, ScriptedRollouts, make_prompts, run_virtual
+from fakes.settings import controller_settings
 from test_sync_trainer import run, tiny_config
 
+from groupwise.cli.run_prompts import training_uids
 from groupwise.config import sampler_config
 from groupwise.controller.controller import build_controller
-from groupwise.controller.settings import ControllerSettings
 from groupwise.data.loader import PromptLoader
 from groupwise.run.audit import audit_run
 from groupwise.run.fates_file import LINE_FIELDS, FatesWriter, is_interim, read_fates, write_sync_step_fates
@@ -114,14 +115,14 @@ def test_a_sync_step_gives_every_generated_group_one_line(tmp_path, carry):
     writer = FatesWriter(tmp_path / "fates.jsonl")
     carried_in = group(0, [0.0, 1.0])
     generated = [group(1, [1.0, 1.0]), group(2, [0.0, 1.0]), group(3, [0.0, 0.0]), group(4, [1.0, 0.0])]
-    trained, surplus = [carried_in, generated[1]], [generated[3]]
-    write_sync_step_fates(writer, 7, generated, trained, surplus, carry, dynamic_sampling=True, zero_variance_tol=0.0)
+    trained, surplus, filtered = [carried_in, generated[1]], [generated[3]], [generated[0], generated[2]]
+    write_sync_step_fates(writer, 7, generated, trained, surplus, carry, filtered)
     got = {(entry["group_id"], entry["fate"], entry["step"]) for entry in read_fates(writer.path)}
     surplus_fate = "carried" if carry else "discarded"
     assert got == {(0, "trained", 7), (2, "trained", 7), (4, surplus_fate, 7), (1, "filtered", 7), (3, "filtered", 7)}
     assert all(entry["mode"] == "sync" and set(entry) == set(LINE_FIELDS) for entry in read_fates(writer.path))
-    with pytest.raises(AssertionError, match="group 4 was generated with reward variance"):
-        write_sync_step_fates(writer, 8, generated, trained, [], carry, dynamic_sampling=True, zero_variance_tol=0.0)
+    with pytest.raises(AssertionError, match=r"group\(s\) \[4\] were generated but are neither trained"):
+        write_sync_step_fates(writer, 8, generated, trained, [], carry, filtered)
 
 
 def test_sync_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_fates(tmp_path):
@@ -138,7 +139,7 @@ def test_sync_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_fates(t
         first.fates.write(line(900 + i, prompt_uid=entry["prompt_uid"], step=2))
     resumed = run(tiny_config(tmp_path, run={"name": "killed", "max_steps": 4}, grpo=surplus, **common), resume=True)
     assert read_fates(resumed.fates.path) == read_fates(straight.fates.path)
-    report = audit_run(resumed.run_dir.path)
+    report = audit_run(resumed.run_dir.path, training_uids)
     assert report.ok, report.format()
     trained_steps = [entry["step"] for entry in read_fates(resumed.fates.path) if entry["fate"] == "trained"]
     assert {s: trained_steps.count(s) for s in set(trained_steps)} == {0: 4, 1: 4, 2: 4, 3: 4}
@@ -160,7 +161,7 @@ def test_carried_groups_that_fill_a_step_train_without_a_round_and_keep_their_fa
         if entry["fate"] == "carried":
             later = [x["fate"] for x in lines[i + 1 :] if x["group_id"] == entry["group_id"]]
             assert later and later[0] in ("trained", "carried", "pending"), entry
-    report = audit_run(session.run_dir.path)
+    report = audit_run(session.run_dir.path, training_uids)
     assert report.ok, report.format()
 
 
@@ -168,7 +169,7 @@ def test_async_fate_records_carry_the_loader_epoch():
     prompts = make_prompts(6)
     records = []
     controller = build_controller(
-        ControllerSettings(
+        controller_settings(
             prompts_per_step=3, group_size=2, sampler=sampler_config("in_order", max_lookahead_versions=1),
             dynamic_sampling=False, max_buffered_rollouts=8,
         ),  # fmt: skip

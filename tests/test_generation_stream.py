@@ -246,8 +246,8 @@ def test_cancel_progress_and_a_failing_load(tokenizer) -> None:
 def test_without_the_fast_step_a_stream_is_refused_and_calls_run_in_chunks(tokenizer) -> None:
     model = peaked_model(len(tokenizer), seed=0)
     engine = Engine(model, tokenizer, STOPS, fast_decode=False, continuous_batching=True)
-    assert "transformers forward" in engine.decode_path or engine.stream_unavailable() is not None
-    assert "own forward" in engine.stream_unavailable()
+    assert "transformers forward" in engine.decode_path or not engine.stream_support().available
+    assert "own forward" in engine.stream_support().reason
     with pytest.raises(ValueError, match="cannot run a generation stream: the model decodes with its own forward"):
         engine.open_stream(SAMPLING)
     requests = _requests(tokenizer, samples=2)

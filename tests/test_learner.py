@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from groupwise.algo.loss import policy_loss
 from groupwise.batch import RowBatch
 from groupwise.config import config_from_dict
-from groupwise.config.algorithm import LossSection
+from groupwise.config.algorithm import LossSection, OptimizerSection
 from groupwise.model import load_policy
 from groupwise.model.logprobs import completion_logprobs
 from groupwise.model.lora import apply_lora, lora_config
@@ -69,11 +69,11 @@ def make_rows(seed: int, groups: int = 5, size: int = 3, first_group: int = 0) -
 
 
 def learner_settings(**overrides) -> LearnerSettings:
+    """The learner's settings: ``loss``, ``total_steps``, ``temperature``, or any ``optimizer`` key."""
     loss = overrides.pop("loss", LossSection(entropy_coef=0.01))
-    base = dict(loss=loss, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0, eps=1e-8, warmup_steps=0,
-                schedule="constant", min_lr_ratio=0.0, max_grad_norm=1.0, micro_batch_rows=64, total_steps=10,
-                temperature=1.0, logprob_chunk_tokens=16)
-    return LearnerSettings(**{**base, **overrides})
+    total_steps, temperature = overrides.pop("total_steps", 10), overrides.pop("temperature", 1.0)
+    optimizer = OptimizerSection(**{"lr": 1e-3, "logprob_chunk_tokens": 16, **overrides})
+    return LearnerSettings(loss=loss, optimizer=optimizer, total_steps=total_steps, temperature=temperature)
 
 
 def run_step(model, chunks, **overrides):
@@ -236,7 +236,7 @@ def test_settings_are_typed_and_pickle():
                             "optimizer": {"micro_batch_tokens": 256, "mini_batches_per_step": 2}})
     learner_cfg = LearnerSettings.from_config(cfg)
     assert isinstance(learner_cfg.loss, LossSection) and learner_cfg.loss.entropy_coef == 0.02
-    assert learner_cfg.updates_per_step == 2 and learner_cfg.micro_batch_tokens == 256
+    assert learner_cfg.updates_per_step == 2 and learner_cfg.optimizer.micro_batch_tokens == 256
     assert pickle.loads(pickle.dumps(learner_cfg)) == learner_cfg
 
 

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from groupwise.cli.progress import RunProgress
 from groupwise.run.metric_keys import METRIC_KEYS
 from groupwise.run.metrics import MetricsWriter, read_metrics
+from groupwise.run.progress import RunProgress
 from groupwise.run.rundir import RunDir
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"

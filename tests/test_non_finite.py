@@ -137,8 +137,9 @@ def test_searched_steps_never_leave_non_finite_weights_on_disk(stepping, tempera
     session, groups, initial, build_rows = stepping
     with torch.no_grad():
         session.policy.model.load_state_dict(initial)
-    settings_ = dataclasses.replace(session.learner.settings, temperature=temperature, lr=lr,
-                                    max_grad_norm=max_grad_norm)  # fmt: skip
+    settings = session.learner.settings  # model_copy: the search goes past the config's bounds on purpose
+    optimizer = settings.optimizer.model_copy(update={"lr": lr, "max_grad_norm": max_grad_norm})
+    settings_ = dataclasses.replace(settings, temperature=temperature, optimizer=optimizer)
     from groupwise.trainer.learner import Learner
 
     session.learner = Learner(session.policy.model, settings_)

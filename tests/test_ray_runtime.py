@@ -44,6 +44,7 @@ import torch
 ray = pytest.importorskip("ray")
 
 from groupwise.cli.commands import run_train  # noqa: E402
+from groupwise.cli.run_prompts import training_uids  # noqa: E402
 from groupwise.config import config_from_dict  # noqa: E402
 from groupwise.run.audit import audit_run  # noqa: E402
 from groupwise.run.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
@@ -187,7 +188,7 @@ def test_sync_on_ray_trains_the_same_parameters_as_embedded(ray_cluster, embedde
         assert [m.get(key) for m in ray_metrics] == [m.get(key) for m in embedded_metrics], key
     assert trained_uids_per_step(session.run_dir.path) == trained_uids_per_step(embedded_sync.run_dir.path)
     assert not flag.exists(), "no worker was killed"
-    audit = audit_run(session.run_dir.path)
+    audit = audit_run(session.run_dir.path, training_uids)
     assert audit.ok, audit.format()
     events = (session.run_dir.path / "events.log").read_text()
     assert "generation worker 0 died" in events and "generation worker 1 started in place of worker 0" in events
@@ -303,7 +304,8 @@ def assert_contract(session, summary) -> None:
     assert len(flat) == len(set(flat)), "a prompt was trained twice"
     for (fate, resolution), count in summary.fates.by_resolution.items():
         assert fate in ("trained", "pending") or resolution is not None, (fate, count)
-    audit = audit_run(session.run_dir.path)  # fates.jsonl against the dataset: nothing lost or trained twice
+    # fates.jsonl against the dataset: nothing lost or trained twice
+    audit = audit_run(session.run_dir.path, training_uids)
     assert audit.ok, audit.format()
 
 
@@ -381,7 +383,7 @@ def test_an_async_run_on_streamed_workers_keeps_the_contract(ray_cluster, tmp_pa
 
     session = build(streamed_config(tmp_path, "streamed", ASYNC_STEPS))
     try:
-        assert isinstance(ray_clients(session)[0], RayStreamedRollouts)
+        assert isinstance(ray_clients(session).rollouts, RayStreamedRollouts)
         summary = run_async(session)
     finally:
         session.close()
@@ -419,7 +421,7 @@ def test_a_checkpoint_on_ray_keeps_running_attempts_and_a_resume_continues_them(
     run_dir = resumed.run_dir.path
     assert sum(line.get("rollout/resumed_tokens", 0) for line in metrics_of(resumed)) == kept
     assert f"with {kept} generated token(s) kept" in (run_dir / "events.log").read_text()
-    audit = audit_run(run_dir)
+    audit = audit_run(run_dir, training_uids)
     assert audit.ok, audit.format()
 
 

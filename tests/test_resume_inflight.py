@@ -25,6 +25,7 @@ from fakes import RecordingTrainer, ScriptedRollouts, make_loader, make_prompts,
 from test_async_resume import N_PROMPTS, SCENARIOS, G, as_lines, latencies, settings
 from test_sync_trainer import tiny_config
 
+from groupwise.cli.run_prompts import training_uids
 from groupwise.config import config_from_dict
 from groupwise.controller.controller import build_controller
 from groupwise.run.async_checkpoint import ItemDecoder, encode_item
@@ -39,6 +40,7 @@ class ProgressRollouts(ScriptedRollouts):
         super().__init__(*args, **kwargs)
         self.started: dict[int, tuple[float, float]] = {}  # group id -> (start time, seconds already done)
         self.resumed: list[tuple[int, dict]] = []
+        self.resumed_tokens = 0
 
     def progress(self, group_id: int) -> dict | None:
         if group_id not in self.started:
@@ -46,10 +48,15 @@ class ProgressRollouts(ScriptedRollouts):
         start, done = self.started[group_id]
         return {"done": done + asyncio.get_running_loop().time() - start}
 
-    async def rollout(self, prompt, group_id, attempt, start_version, resume=None):
-        done = 0.0 if resume is None else resume["done"]
-        if resume is not None:
-            self.resumed.append((group_id, resume))
+    async def fetch_progress(self) -> dict[int, dict]:
+        return {group_id: self.progress(group_id) for group_id in self.started}
+
+    async def resume(self, prompt, group_id, attempt, start_version, progress):
+        self.resumed.append((group_id, progress))
+        self.resumed_tokens += 1
+        return await self.rollout(prompt, group_id, attempt, start_version, progress["done"])
+
+    async def rollout(self, prompt, group_id, attempt, start_version, done=0.0):
         self.started[group_id] = (asyncio.get_running_loop().time(), done)
         outcome = self.outcome(prompt.prompt.uid, attempt)
         saved = self.script.get(prompt.prompt.uid)
@@ -203,7 +210,7 @@ def test_a_resumed_run_continues_in_flight_attempts_with_the_same_tokens(tmp_pat
     metrics = read_metrics(run_dir / "metrics.jsonl")
     assert sum(m.get("rollout/resumed_tokens", 0) for m in metrics) == kept
     assert f"with {kept} generated token(s) kept" in (run_dir / "events.log").read_text()
-    report = audit_run(run_dir)
+    report = audit_run(run_dir, training_uids)
     assert report.ok, report.format()
     # Weights never change, so an attempt's tokens depend only on its seed: compare per prompt attempt.
     uninterrupted = {uid: rows for (uid, _), rows in _completions_by_attempt(full.run_dir.path).items()}

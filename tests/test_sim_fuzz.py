@@ -32,11 +32,11 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from fakes.settings import controller_settings, failure_settings
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from groupwise.config import sampler_config
-from groupwise.controller.failures import FailureSettings
 from groupwise.controller.fate_records import TERMINAL_RESOLUTIONS, FateRecord
 from groupwise.controller.settings import ControllerSettings
 from groupwise.controller.train_pump import ControllerStalled
@@ -80,7 +80,7 @@ def scenarios(draw):
         num_prompts=draw(st.integers(1, 40)),
     )
     needed = P * (window + 1) if sampler != "windowed" else P
-    cfg = ControllerSettings(
+    cfg = controller_settings(
         prompts_per_step=P,
         group_size=G,
         sampler=sampler_config(sampler, **knobs),
@@ -88,7 +88,7 @@ def scenarios(draw):
         max_inflight_prompts=draw(st.integers(1, 12)),
         max_buffered_rollouts=needed + draw(st.integers(0, 6)),
         dynamic_sampling=draw(st.booleans()) and sampler != "weight_fifo",  # refused together
-        failure=FailureSettings(
+        failure=failure_settings(
             on_dropped_prompt=draw(st.sampled_from(["shrink", "replace"])),
             max_replacement_attempts=draw(st.integers(1, 4)),
             replacement_reserve_prompts=draw(st.integers(1, 8)),

@@ -21,6 +21,8 @@ import statistics
 
 import pytest
 
+from groupwise.chunks import step_chunk
+from groupwise.config import GrpoSection
 from groupwise.controller.failures import classify_failure
 from groupwise.data.loader import LoadedPrompt
 from groupwise.sim.simulated_learner import SimulatedTrainer, TrainerProtocolError
@@ -154,8 +156,8 @@ def test_learner_time_and_learning_signal():
 
     async def step():
         loop = asyncio.get_running_loop()
-        await trainer.train_chunk(0, groups[:25], True)
-        await trainer.train_chunk(0, groups[25:], False)
+        await trainer.train_chunk(0, step_chunk(groups[:25], GrpoSection()), True)
+        await trainer.train_chunk(0, step_chunk(groups[25:], GrpoSection()), False)
         metrics = await trainer.finish_step(0)
         return metrics, loop.time()
 

@@ -27,15 +27,17 @@ from test_async_runtime import ready_first_async
 from test_sync_trainer import tiny_config
 from test_waste import tokens_by_fate
 
+from groupwise.cli.run_prompts import training_uids
 from groupwise.config import config_from_dict
 from groupwise.data.loader import LoadedPrompt
+from groupwise.generation.pausing import PausingGenerator
 from groupwise.model.lora import generator_state_dict
 from groupwise.run.audit import audit_run
 from groupwise.run.fates_file import read_fates
 from groupwise.run.metrics import read_metrics
 from groupwise.runtime.async_run import run_async
 from groupwise.runtime.embedded import EmbeddedRollouts
-from groupwise.runtime.streamed import PausingGenerator, StreamedRollouts
+from groupwise.runtime.streamed import StreamedRollouts
 from groupwise.trainer.builder import build_components, build_session, frozen_copy
 
 pytestmark = pytest.mark.numerics
@@ -189,7 +191,7 @@ def test_an_async_run_with_continuous_batching_and_partial_rollouts(tmp_path):
         rows = [json.loads(x) for x in session.run_dir.train_data_path(record["step"]).read_text().splitlines()]
         assert len({r["group_id"] for r in rows}) == record["ds/groups_trained"]
         assert all(len(r["completion_ids"]) == len(r["generation_logprobs"]) for r in rows)
-    report = audit_run(session.run_dir.path)
+    report = audit_run(session.run_dir.path, training_uids)
     assert report.ok, report.format()
     # every generated token is accounted: generated = trained + wasted + pending, and each fate's tokens are those
     # of its fates.jsonl lines (the streamed client charges each group the stream's time for its rows)
@@ -228,9 +230,11 @@ def test_a_cancelled_rollout_is_charged_what_the_stream_spent_on_it(tmp_path):
 
 def test_partial_rollouts_on_a_model_without_the_stream_are_refused_not_ignored(tmp_path, monkeypatch):
     from groupwise.config import ConfigError
+    from groupwise.generation.base import StreamSupport
     from groupwise.generation.engine import Engine
 
-    monkeypatch.setattr(Engine, "stream_unavailable", lambda self: "the model decodes with its own forward (test)")
+    unavailable = StreamSupport(False, "the model decodes with its own forward (test)")
+    monkeypatch.setattr(Engine, "stream_support", lambda self: unavailable)
     data = ready_first_async(tiny_config(tmp_path, generation={"continuous_batching": True}).model_dump(by_alias=True))
     build_components(config_from_dict(data))  # off: a note, and one batch per engine call
     data["async"]["partial_rollouts"] = "continue"

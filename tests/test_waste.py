@@ -287,7 +287,7 @@ def _group(group_id: int, tokens: int) -> Group:
 def test_a_cancelled_request_costs_its_share_of_the_call_it_was_in_or_nothing():
     async def main() -> None:
         queue = RolloutQueue(lambda: asyncio.sleep(3600), "test")
-        tasks = [asyncio.ensure_future(queue.submit(f"item{i}", i, 0)) for i in range(3)]
+        tasks = [asyncio.ensure_future(queue.submit(f"item{i}", i, 0, 0)) for i in range(3)]
         await asyncio.sleep(0)
         batch = drop_cancelled(queue.take(2))  # requests 0 and 1 go into a call; 2 stays queued
         tasks[1].cancel()  # an abort while its call runs, and one while it waits
@@ -312,7 +312,7 @@ def test_a_cancelled_request_costs_its_share_of_the_call_it_was_in_or_nothing():
 def test_a_failed_call_splits_its_time_evenly_and_a_reward_failure_keeps_its_cost_across_processes():
     async def main() -> None:
         queue = RolloutQueue(lambda: asyncio.sleep(3600), "test")
-        tasks = [asyncio.ensure_future(queue.submit(f"item{i}", i, 0)) for i in range(2)]
+        tasks = [asyncio.ensure_future(queue.submit(f"item{i}", i, 0, 0)) for i in range(2)]
         await asyncio.sleep(0)
         batch = queue.take(2)
         error = RuntimeError("engine died")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -130,6 +130,20 @@ class RowBatch:
             raise KeyError(f"RowBatch has no column {name!r}; columns are {sorted(self._columns)}")
         column = self._columns[name]
         return column.clone() if isinstance(column, torch.Tensor) else column
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The tensor column ``name`` (a copy); TypeError when it is a sequence column."""
+        column = self[name]
+        if not isinstance(column, torch.Tensor):
+            raise TypeError(f"RowBatch column {name!r} is a {type(column).__name__}, not a tensor")
+        return column
+
+    def sequence(self, name: str) -> tuple[Any, ...]:
+        """The sequence column ``name`` (a tuple, one value per row); TypeError when it is a tensor column."""
+        column = self[name]
+        if isinstance(column, torch.Tensor):
+            raise TypeError(f"RowBatch column {name!r} is a tensor, not a sequence")
+        return tuple(column)
 
     def __setitem__(self, name: str, column: Column) -> None:
         n = _column_length(name, column)

@@ -1,40 +1,18 @@
-"""From scored groups to row-aligned training rows.
+"""From a step's chunk (whole groups and their advantages, :mod:`groupwise.chunks`) to row-aligned training rows.
 
 One row per completion. Every column is built from the same group list in the same order, inside one
 :class:`~groupwise.batch.RowBatch`, so a reward can never be paired with another row's completion
 (the misaligned-rewards bug of docs/design.md).
-Advantages are computed here, per group, on the groups that are actually trained.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
-from groupwise.algo.advantages import clip_advantages, group_advantages
 from groupwise.batch import RowBatch
 from groupwise.types import Group
-
-if TYPE_CHECKING:
-    from groupwise.config import GrpoSection
-
-
-def group_row_advantages(
-    groups: Sequence[Group],
-    *,
-    baseline: str,
-    normalize: bool,
-    clip_low: float | None,
-    clip_high: float | None,
-) -> list[list[float]]:
-    """Per-group advantages on the (scaled, shaped) rewards, then optional clipping."""
-    per_group = []
-    for group in groups:
-        values = group_advantages(group.rewards, baseline=baseline, normalize=normalize)
-        per_group.append(clip_advantages(values, clip_low, clip_high))
-    return per_group
 
 
 def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -> RowBatch:
@@ -92,32 +70,3 @@ def pad_right(rows: Sequence[Sequence[float]], width: int, value: float = 0.0) -
         if row:
             out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
     return out
-
-
-class StepRows:
-    """The rows of one RL step assembled from chunks (async trainers): advantages per chunk of whole groups,
-    rows kept until the step closes so its ``train_data`` file can be written."""
-
-    def __init__(self, grpo: GrpoSection):
-        self.grpo = grpo
-        self._chunks: list[RowBatch] = []
-
-    def add_chunk(self, groups: Sequence[Group], first_chunk: bool) -> RowBatch:
-        if first_chunk:
-            self._chunks = []
-        advantages = group_row_advantages(
-            groups,
-            baseline=self.grpo.baseline,
-            normalize=self.grpo.normalize_advantages,
-            clip_low=self.grpo.advantage_clip_low,
-            clip_high=self.grpo.advantage_clip_high,
-        )
-        rows = build_rows(groups, advantages)
-        self._chunks.append(rows)
-        return rows
-
-    def take(self) -> RowBatch:
-        """Every row of the step, chunks in training order; forgets them."""
-        rows = RowBatch.concat(self._chunks) if len(self._chunks) > 1 else self._chunks[0]
-        self._chunks = []
-        return rows

@@ -8,7 +8,7 @@ Nothing here holds behaviour beyond tiny derived properties.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 FinishReason = Literal["stop", "length"]
 
@@ -26,6 +26,20 @@ class Prompt:
     text: str | None = None
     messages: tuple[dict[str, str], ...] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class LoaderItem(Protocol):
+    """One prompt as a prompt source yielded it: the prompt, the epoch it belongs to, and its index in that epoch's
+    order (``groupwise.data.loader.LoadedPrompt`` is one)."""
+
+    @property
+    def prompt(self) -> Prompt: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def index_in_epoch(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -97,7 +111,7 @@ class Completion:
     text: str
     finish_reason: FinishReason
     weight_version: int
-    token_versions: tuple[int, ...] | None = None
+    token_versions: tuple[int, ...] = ()  # () = every token of weight_version (filled in below)
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -105,7 +119,7 @@ class Completion:
                 f"Completion has {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs; "
                 "every token needs the logprob recorded when it was sampled"
             )
-        if self.token_versions is None:
+        if not self.token_versions and self.token_ids:
             object.__setattr__(self, "token_versions", (self.weight_version,) * len(self.token_ids))
         elif len(self.token_versions) != len(self.token_ids):
             raise ValueError(
@@ -134,7 +148,10 @@ class GenerationCost:
 NO_COST = GenerationCost()
 
 
-def attach_cost(error: BaseException, cost: GenerationCost) -> BaseException:
+Failure = TypeVar("Failure", bound=BaseException)
+
+
+def attach_cost(error: Failure, cost: GenerationCost) -> Failure:
     """Record on ``error`` what the failed (or cancelled) attempt had cost; returns ``error``."""
     error.generation_cost = cost  # type: ignore[attr-defined]
     return error
@@ -146,7 +163,10 @@ def cost_of(error: BaseException) -> GenerationCost:
     return cost if isinstance(cost, GenerationCost) else NO_COST
 
 
-def charge_seconds(outcome: Group | BaseException, seconds: float) -> Group | BaseException:
+Outcome = TypeVar("Outcome", bound="Group | BaseException")
+
+
+def charge_seconds(outcome: Outcome, seconds: float) -> Outcome:
     """``outcome`` of one attempt charged ``seconds`` of generation: a group's ``gen_seconds``, or on an error (a
     reward failure) its recorded cost, keeping the tokens already recorded there. Returns ``outcome``."""
     if isinstance(outcome, Group):
@@ -197,15 +217,6 @@ class Group:
         return sum(c.num_tokens for c in self.completions)
 
     @property
-    def token_version_mean(self) -> float:
-        """The mean weight version over every completion token (``start_version`` for a group with no tokens).
-
-        Staleness bounds use ``start_version`` (no token is older); this token-weighted mean says how far partial
-        rollouts moved a group's tokens forward."""
-        versions = [v for c in self.completions for v in c.token_versions]
-        return sum(versions) / len(versions) if versions else float(self.start_version)
-
-    @property
     def cost(self) -> GenerationCost:
         """The group's generation cost: its completion tokens and :attr:`gen_seconds`."""
         return GenerationCost(self.num_completion_tokens, self.gen_seconds)
@@ -230,7 +241,7 @@ def group_to_dict(group: Group) -> dict[str, Any]:
                 "text": c.text,
                 "finish_reason": c.finish_reason,
                 "weight_version": c.weight_version,
-                **({} if _uninterrupted(c) else {"token_versions": list(c.token_versions or ())}),
+                **({} if _uninterrupted(c) else {"token_versions": list(c.token_versions)}),
             }
             for c in group.completions
         ],
@@ -246,7 +257,7 @@ def group_to_dict(group: Group) -> dict[str, Any]:
 
 
 def _uninterrupted(completion: Completion) -> bool:
-    return all(v == completion.weight_version for v in completion.token_versions or ())
+    return all(v == completion.weight_version for v in completion.token_versions)
 
 
 def group_from_dict(data: dict[str, Any]) -> Group:
@@ -266,7 +277,7 @@ def group_from_dict(data: dict[str, Any]) -> Group:
             text=c["text"],
             finish_reason=c["finish_reason"],
             weight_version=c["weight_version"],
-            token_versions=tuple(c["token_versions"]) if "token_versions" in c else None,
+            token_versions=tuple(c["token_versions"]) if "token_versions" in c else (),
         )
         for c in data["completions"]
     ]

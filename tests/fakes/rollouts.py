@@ -94,6 +94,10 @@ class ScriptedRollouts:
             completions=completions,
             raw_rewards=rewards,
             rewards=list(rewards),
+            start_version=start_version,
+            end_version=start_version,
+            epoch=prompt.epoch,
+            attempt=attempt,
         )
 
     async def sync_weights(self, version: int) -> None:

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from groupwise.chunks import TrainChunk
 from groupwise.types import Group
 
 
@@ -31,7 +32,8 @@ class RecordingTrainer:
     chunks: list[Chunk] = field(default_factory=list)
     finished: list[int] = field(default_factory=list)
 
-    async def train_chunk(self, step: int, groups: list[Group], first_chunk: bool) -> None:
+    async def train_chunk(self, step: int, chunk: TrainChunk, first_chunk: bool) -> None:
+        groups = chunk.groups
         if step in self.finished:
             raise AssertionError(f"train_chunk for step {step} after its finish_step")
         index = sum(1 for c in self.chunks if c.step == step)

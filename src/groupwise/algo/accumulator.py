@@ -4,11 +4,14 @@ Each round's scored groups are tallied before filtering; groups with reward vari
 order (with dynamic sampling off every group is kept). The step is complete once carried-in plus kept
 groups reach P. ``max_gen_rounds`` means exactly that many rounds. Usage::
 
-    acc = DynamicSamplingAccumulator(P, enabled=True, max_gen_rounds=4, on_exhausted="raise",
+    acc = DynamicSamplingAccumulator(P, GroupFilter(enabled=True), max_gen_rounds=4, on_exhausted="raise",
                                      min_step_batch_fraction=1.0, surplus="carry", carried_in=previous.carry_over)
     while acc.can_generate_more:
         acc.add_round(score(generate(next_prompts(acc.groups_needed))))
     selection = acc.finish()   # raises DynamicSamplingExhausted if short (per on_exhausted)
+
+The filter decides each group once, when its round is added; the selection carries the decision (``filtered``), so
+the step's fates are written from it rather than decided again.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from groupwise.algo.filter import zero_variance_kind
+from groupwise.algo.filter import GroupFilter
 from groupwise.algo.reward_shaping import check_finite_rewards
 from groupwise.algo.step_size import step_floor
 from groupwise.algo.tally import StepTally
@@ -35,13 +38,15 @@ class DynamicSamplingExhausted(RuntimeError):
 @dataclass
 class StepSelection:
     """The outcome of one step: ``trained`` (carried-in groups first, then kept ones in round order),
-    ``surplus`` (kept beyond P), and the step's tally. ``carry_over`` is what the next step's accumulator
+    ``surplus`` (kept beyond P), ``filtered`` (dropped by the filter, in round order), and the step's
+    tally. ``carry_over`` is what the next step's accumulator
     takes as ``carried_in``: the surplus under ``surplus="carry"``, else nothing (the surplus was discarded
     and is only returned so its fate can be recorded)."""
 
     trained: list[Group]
     surplus: list[Group]
     surplus_carried: bool
+    filtered: list[Group]
     tally: StepTally
 
     @property
@@ -50,25 +55,19 @@ class StepSelection:
 
 
 class DynamicSamplingAccumulator:
-    """Collects generation rounds for one sync step (see module docstring).
-
-    ``reward_low``/``reward_high`` are the raw reward function's declared range, used only to split
-    zero-variance groups into all-max (all correct) and all-min (all wrong) for metrics and messages.
-    """
+    """Collects generation rounds for one sync step (see module docstring); ``group_filter`` is the run's filter
+    (``GrpoSection.group_filter``: on or off, tolerance, and the reward range that splits zero-variance groups into
+    all-max and all-min)."""
 
     def __init__(
         self,
         num_prompts_per_step: int,
-        enabled: bool,
+        group_filter: GroupFilter,
         max_gen_rounds: int,
         on_exhausted: OnExhausted,
         min_step_batch_fraction: float,
         surplus: SurplusPolicy,
-        zero_variance_tol: float = 0.0,
         carried_in: Sequence[Group] = (),
-        *,
-        reward_low: float = 0.0,
-        reward_high: float = 1.0,
     ) -> None:
         if num_prompts_per_step < 1:
             raise ValueError(f"num_prompts_per_step must be >= 1, got {num_prompts_per_step}")
@@ -80,19 +79,15 @@ class DynamicSamplingAccumulator:
             raise ValueError(f"min_step_batch_fraction must be in (0, 1], got {min_step_batch_fraction}")
         if surplus not in ("discard", "carry"):
             raise ValueError(f"surplus must be 'discard' or 'carry', got {surplus!r}")
-        if not zero_variance_tol >= 0.0:
-            raise ValueError(f"zero_variance_tol must be >= 0 (0 = exact equality), got {zero_variance_tol}")
         self.num_prompts_per_step = num_prompts_per_step
-        self.enabled = enabled
+        self.group_filter = group_filter
         self.max_gen_rounds = max_gen_rounds
         self.on_exhausted = on_exhausted
         self.min_step_batch_fraction = min_step_batch_fraction
         self.surplus = surplus
-        self.zero_variance_tol = zero_variance_tol
-        self.reward_low = reward_low
-        self.reward_high = reward_high
         self._carried_in = list(carried_in)
         self._kept: list[Group] = []
+        self._filtered: list[Group] = []
         self._seen_ids = {g.group_id for g in self._carried_in}
         self._rounds = 0
         self._finished = False
@@ -134,11 +129,19 @@ class DynamicSamplingAccumulator:
         self._rounds += 1
         for group in groups:
             self._seen_ids.add(group.group_id)
-            kind = zero_variance_kind(group.raw_rewards, self.reward_low, self.reward_high, self.zero_variance_tol)
-            dropped = self.enabled and kind is not None
-            self._tally.record_generated(group, kind, filtered=dropped)
-            if not dropped:
-                self._kept.append(group)
+            decision = self.group_filter.decide(group.raw_rewards)
+            self._tally.record_generated(group, decision.kind, filtered=decision.dropped)
+            (self._filtered if decision.dropped else self._kept).append(group)
+
+    @property
+    def filtered(self) -> list[Group]:
+        """The groups the filter dropped so far, in round order."""
+        return list(self._filtered)
+
+    @property
+    def unsettled(self) -> list[Group]:
+        """The groups not dropped so far (carried-in ones first): what a step that is never trained leaves pending."""
+        return self._carried_in + self._kept
 
     def _check_round(self, groups: Sequence[Group]) -> None:
         """Validate a whole round before recording any of it."""
@@ -149,7 +152,7 @@ class DynamicSamplingAccumulator:
                 f"group ids {repeated} were already seen this step; each dispatched group needs its own id"
             )
         for group in groups:
-            if self.enabled and group.size < 2:
+            if self.group_filter.enabled and group.size < 2:
                 raise ValueError(
                     f"group {group.group_id} has {group.size} completion(s); dynamic sampling needs G >= 2 "
                     "(a single reward always looks zero-variance)"
@@ -172,11 +175,12 @@ class DynamicSamplingAccumulator:
         self._tally.record_trained(trained, carried=min(len(self._carried_in), len(trained)))
         self._tally.record_surplus(len(surplus), carried=self.surplus == "carry")
         self._tally.check_balance()
-        return StepSelection(trained, surplus, self.surplus == "carry", self._tally)
+        return StepSelection(trained, surplus, self.surplus == "carry", list(self._filtered), self._tally)
 
     def _exhausted_message(self, kept: int) -> str:
         t = self._tally
         generated = max(t.groups_generated, 1)
+        low, high = self.group_filter.reward_low, self.group_filter.reward_high
         floor = step_floor(self.num_prompts_per_step, self.min_step_batch_fraction)
         short_rule = (
             f"on_exhausted=train_short needs at least ceil(P x min_step_batch_fraction) = {floor} groups"
@@ -188,8 +192,8 @@ class DynamicSamplingAccumulator:
             f"max_gen_rounds={self.max_gen_rounds} generation rounds: {t.groups_generated} groups generated, "
             f"{t.zero_variance_groups} zero-variance ({t.zero_variance_groups / generated:.0%}): "
             f"{t.zero_variance_max} all-max ({t.zero_variance_max / generated:.0%}, every completion got "
-            f"{self.reward_high}), {t.zero_variance_min} all-min ({t.zero_variance_min / generated:.0%}, every "
-            f"completion got {self.reward_low}). To fix: raise max_gen_rounds or batch_multiplier (more groups per "
+            f"{high}), {t.zero_variance_min} all-min ({t.zero_variance_min / generated:.0%}, every "
+            f"completion got {low}). To fix: raise max_gen_rounds or batch_multiplier (more groups per "
             f"round), {short_rule}; if the policy collapsed (mostly all-max or all-min) add an entropy bonus "
             "(entropy_coef); or use data of a difficulty the policy can sometimes but not always solve."
         )

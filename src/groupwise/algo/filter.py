@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 ZeroVarianceKind = Literal["max", "min", "other"]
@@ -58,3 +59,39 @@ def zero_variance_kind(
     if abs(value - low) <= tol:
         return "min"
     return "other"
+
+
+@dataclass(frozen=True)
+class FilterDecision:
+    """What the filter decided for one group: its zero-variance kind (None: it has variance) and whether it is
+    dropped (zero variance while dynamic sampling is on)."""
+
+    kind: ZeroVarianceKind | None
+    dropped: bool
+
+
+@dataclass(frozen=True)
+class GroupFilter:
+    """A run's dynamic-sampling filter: on or off, its tolerance, and the reward function's declared raw range.
+
+    Built once from the config (``GrpoSection.group_filter``) and handed to both loops, so the sync accumulator and
+    the async tally book decide every group the same way. The range only splits zero-variance groups into all-max
+    and all-min (metrics and messages); it never decides whether a group is dropped.
+    """
+
+    enabled: bool = True
+    tol: float = 0.0
+    reward_low: float = 0.0
+    reward_high: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.tol >= 0.0:
+            raise ValueError(f"zero_variance_tol must be >= 0 (0 = exact equality), got {self.tol}")
+        if not self.reward_low <= self.reward_high:
+            raise ValueError(f"the reward range needs low <= high, got {self.reward_low} and {self.reward_high}")
+
+    def decide(self, raw_rewards: Sequence[float]) -> FilterDecision:
+        """The decision for one group's raw rewards: ``kind`` by :func:`zero_variance_kind`; dropped iff the filter
+        is on and the group is zero-variance."""
+        kind = zero_variance_kind(raw_rewards, self.reward_low, self.reward_high, self.tol)
+        return FilterDecision(kind, self.enabled and kind is not None)

@@ -1,4 +1,5 @@
-"""The two step sizes derived from P: prompts per sync generation round, and the fewest groups a step may train.
+"""The sizes derived from P: prompts per sync generation round, the fewest groups a step may train, and the buffer a
+gated async sampler needs.
 
 Both are ``ceil(P × factor)``. The product is rounded to 9 decimals before the ceiling, because float noise
 would otherwise add one: 50 × 1.1 = 55.000000000000007 and 10 × 0.3 = 3.0000000000000004 in floats, so a bare
@@ -26,3 +27,9 @@ def step_floor(num_prompts_per_step: int, min_step_batch_fraction: float) -> int
     if not 0.0 < min_step_batch_fraction <= 1.0:
         raise ValueError(f"min_step_batch_fraction must be in (0, 1], got {min_step_batch_fraction}")
     return max(1, ceil_of_product(num_prompts_per_step, min_step_batch_fraction))
+
+
+def gated_buffer_capacity(prompts_per_step: int, window: int) -> int:
+    """The least ``max_buffered_rollouts`` a gated async sampler cannot deadlock with: ``P × (W + 1)``, the live
+    step's batch plus the ``W`` batches admitted ahead of it (``W`` = the sampler's window)."""
+    return prompts_per_step * (window + 1)

@@ -1,2 +1,2 @@
 """The ``groupwise`` command line: the entry point (:mod:`groupwise.cli.main`), one module of commands
-(:mod:`groupwise.cli.commands`) and the console progress display (:mod:`groupwise.cli.progress`)."""
+(:mod:`groupwise.cli.commands`, with the run summary :mod:`groupwise.cli.run_summary`)."""

@@ -12,15 +12,25 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from groupwise.config import ConfigError, ConfigIssue, config_from_dict, load_config
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from groupwise.config import RunConfig
+    from groupwise.trainer.preflight import Inputs
+    from groupwise.trainer.session import Session
+
+    Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 EXIT_OK = 0
 EXIT_RUN_FAILED = 1
 EXIT_USAGE = 2
 
 
-def print_config_warnings(cfg) -> list[str]:
+def print_config_warnings(cfg: RunConfig) -> list[str]:
     """Print the config's hazards (:mod:`groupwise.config.hazards`) to stderr; return them as one-line texts."""
     from groupwise.config.issues import format_warning, warning_line
 
@@ -40,7 +50,7 @@ def _config_arguments(parser: argparse.ArgumentParser, what: str = "FILE") -> No
 # --- train --------------------------------------------------------------------------------------------------------
 
 
-def add_train_parser(subparsers) -> None:
+def add_train_parser(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser("train", help="train a policy (sync or async, as the config's mode says)")
     _config_arguments(parser)
     resume = parser.add_mutually_exclusive_group()
@@ -72,10 +82,12 @@ def run_train(args: argparse.Namespace) -> int:
     for warning in warnings:
         session.events.event(warning)
     if cfg.runtime.backend != "ray":  # Ray sets each actor's OMP_NUM_THREADS from the CPUs it reserves
-        from groupwise.runtime.cpu_threads import apply_cpu_threads
+        from groupwise.trainer.cpu_threads import apply_cpu_threads
+        from groupwise.trainer.remote_policy import RemotePolicy
 
-        local = getattr(session.policy, "local", None)  # learner ranks: the driver's own copy (the engine's)
-        session.events.event(apply_cpu_threads(local.model if local is not None else session.policy.model))
+        policy = session.policy  # with learner ranks, the driver's own copy (the engine's) is the model here
+        local = policy.local.model if isinstance(policy, RemotePolicy) else policy.model
+        session.events.event(apply_cpu_threads(local))
     try:
         if cfg.mode == "sync":
             from groupwise.runtime.sync_run import run_sync
@@ -99,21 +111,17 @@ def run_train(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _build_train_session(cfg, args: argparse.Namespace, inputs):
-    """The run's session on the configured ``runtime.backend`` (Ray is imported only when chosen)."""
-    if cfg.runtime.backend == "ray":
-        from groupwise.runtime.ray_session import build_ray_session
+def _build_train_session(cfg: RunConfig, args: argparse.Namespace, inputs: Inputs) -> Session:
+    """The run's session on the configured runtime (:mod:`groupwise.runtime.sessions`)."""
+    from groupwise.runtime.sessions import build_run_session
 
-        return build_ray_session(cfg, resume=args.resume, resume_from=args.resume_from, inputs=inputs)
-    from groupwise.trainer.builder import build_session
-
-    return build_session(cfg, resume=args.resume, resume_from=args.resume_from, inputs=inputs)
+    return build_run_session(cfg, resume=args.resume, resume_from=args.resume_from, inputs=inputs)
 
 
 # --- eval ---------------------------------------------------------------------------------------------------------
 
 
-def add_eval_parser(subparsers) -> None:
+def add_eval_parser(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser("eval", help="held-out greedy accuracy (and pass@k) of a config's or run's policy")
     _config_arguments(parser, what="CONFIG|RUN_DIR")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -129,8 +137,8 @@ def run_eval(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(path, args.overrides)
         weights, note = _configured_weights(cfg, path)
-    from groupwise.runtime.cpu_threads import apply_cpu_threads
     from groupwise.trainer.builder import build_components
+    from groupwise.trainer.cpu_threads import apply_cpu_threads
     from groupwise.trainer.evaluation import evaluate_policy, evaluated_prompts
 
     parts = build_components(cfg)
@@ -144,7 +152,7 @@ def run_eval(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def eval_table(weights: str, cfg, num_prompts: int, result: dict[str, float]) -> str:
+def eval_table(weights: str, cfg: RunConfig, num_prompts: int, result: dict[str, float]) -> str:
     """The readable ``groupwise eval`` output: which weights, how many prompts, accuracy and pass@k."""
     rows = [("weights", weights), ("held-out prompts", f"{num_prompts}  (task {cfg.data.task}, eval split)")]
     accuracy = result.get("eval/accuracy")
@@ -164,7 +172,7 @@ def eval_table(weights: str, cfg, num_prompts: int, result: dict[str, float]) ->
     return "\n".join(f"{label:<{width}}  {text}" for label, text in rows)
 
 
-def _configured_weights(cfg, config_file: Path) -> tuple[str, str]:
+def _configured_weights(cfg: RunConfig, config_file: Path) -> tuple[str, str]:
     """(what the weights are, where that came from) for a config file's ``model`` section."""
     model = cfg.model
     if model.source == "tiny":
@@ -173,7 +181,7 @@ def _configured_weights(cfg, config_file: Path) -> tuple[str, str]:
     return name, f"model.path in {config_file}"
 
 
-def run_dir_config(run_dir: Path, overrides: list[str]):
+def run_dir_config(run_dir: Path, overrides: list[str]) -> RunConfig:
     """The run's resolved config with its model replaced by the trained policy in ``final/``."""
     from groupwise.config.load import read_config_file
 
@@ -198,7 +206,7 @@ def run_dir_config(run_dir: Path, overrides: list[str]):
 # --- sft ----------------------------------------------------------------------------------------------------------
 
 
-def add_sft_parser(subparsers) -> None:
+def add_sft_parser(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser("sft", help="supervised fine-tuning on task demonstrations (warm starts)")
     _config_arguments(parser)
     parser.set_defaults(handler=run_sft_command)
@@ -216,7 +224,7 @@ def run_sft_command(args: argparse.Namespace) -> int:
 # --- report / compare ---------------------------------------------------------------------------------------------
 
 
-def add_report_parser(subparsers) -> None:
+def add_report_parser(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser("report", help="report.md and plots for one or more runs (overlaid)")
     parser.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", type=Path)
     parser.set_defaults(handler=run_report_command)
@@ -229,7 +237,7 @@ def run_report_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def add_compare_parser(subparsers) -> None:
+def add_compare_parser(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser("compare", help="a markdown table and plots comparing runs (real or simulated)")
     parser.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", type=Path)
     parser.set_defaults(handler=run_compare_command)
@@ -245,7 +253,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
 # --- simulate -----------------------------------------------------------------------------------------------------
 
 
-def add_simulate_parser(subparsers) -> None:
+def add_simulate_parser(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "simulate",
         help="run a config in virtual time against a simulated generator and learner (sim: section); writes a run dir",
@@ -280,7 +288,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 # --- audit --------------------------------------------------------------------------------------------------------
 
 
-def add_audit_parser(subparsers) -> None:
+def add_audit_parser(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "audit",
         help="check fates.jsonl against the dataset: no prompt trained twice in an epoch, none lost without a fate",
@@ -291,10 +299,11 @@ def add_audit_parser(subparsers) -> None:
 
 def run_audit(args: argparse.Namespace) -> int:
     """Print the per-epoch audit; exit 1 if a prompt was trained twice in an epoch or lacks a fate."""
+    from groupwise.cli.run_prompts import training_uids
     from groupwise.run.audit import audit_run
 
     try:
-        report = audit_run(args.run_dir)
+        report = audit_run(args.run_dir, training_uids)
     except (FileNotFoundError, ValueError) as err:
         print(f"groupwise audit: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -9,7 +9,7 @@ Heavy imports (torch, transformers) belong inside the ``run_*`` functions so ``g
 Exit codes: 0 success, 2 bad usage or an invalid config (every problem printed, never a traceback).
 
 :func:`main` sets the OpenMP wait policy before any command imports torch (see
-:mod:`groupwise.runtime.cpu_threads`: libgomp reads it only when torch loads it).
+:mod:`groupwise.trainer.cpu_threads`: libgomp reads it only when torch loads it).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from groupwise.cli.commands import RUN_COMMAND_PARSERS, print_config_warnings
 from groupwise.config import ConfigError, load_config
-from groupwise.runtime.cpu_threads import prepare_openmp_environment
+from groupwise.trainer.cpu_threads import prepare_openmp_environment
 
 EXIT_OK = 0
 EXIT_CONFIG_ERROR = 2

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from groupwise.algo.filter import GroupFilter
 from groupwise.config.base import Section
 
 AdamBeta = Annotated[float, Field(ge=0, lt=1)]
@@ -89,6 +90,13 @@ class GrpoSection(Section):
     """DAPO overlong length penalty."""
     dynamic_sampling: DynamicSamplingSection = Field(default_factory=DynamicSamplingSection)
     """DAPO dynamic sampling (zero-variance group filter)."""
+
+    def group_filter(self) -> GroupFilter:
+        """The run's zero-variance filter, for both loops: on or off, its tolerance, and the raw reward range
+        (``reward_scaling.source_min`` .. ``source_max``, the declared range of the verifier's rewards) that tells
+        all-correct from all-wrong groups in the ``ds/zero_variance_{max,min}_fraction`` metrics."""
+        ds, scaling = self.dynamic_sampling, self.reward_scaling
+        return GroupFilter(ds.enabled, ds.zero_variance_tol, scaling.source_min, scaling.source_max)
 
 
 class LossSection(Section):

@@ -18,8 +18,9 @@ SYNC_ONLY_DS_KEYS = ("batch_multiplier", "max_gen_rounds", "on_exhausted", "min_
 
 WEIGHT_FIFO_DS_RULE = (
     "grpo.dynamic_sampling.enabled cannot be combined with async.sampler.name='weight_fifo': weight_fifo builds "
-    "each step only from groups generated under one weight version, and a filtered group's replacement is "
-    "generated later under a newer version, so the old version's bucket can never fill and training hangs."
+    "each step only from groups generated under the same weight version (a step holds one weight version), and a "
+    "filtered group's replacement is generated later under a newer version, so the old version's bucket can never "
+    "fill and training hangs."
 )
 WEIGHT_FIFO_DS_FIX = (
     "Set async.sampler.name to 'in_order', 'ready_first' or 'windowed', or set grpo.dynamic_sampling.enabled=false."

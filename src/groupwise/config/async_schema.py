@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, TypeAdapter, field_validator
 
+from groupwise.algo.step_size import gated_buffer_capacity
 from groupwise.config.base import Section, invalid
 
 
@@ -154,7 +155,7 @@ def required_buffer_capacity(sampler: SamplerConfig, prompts_per_step: int) -> i
     (the live step plus ``window`` admitted ahead); ``None`` when ungated (windowed) or unknown (custom)."""
     if not sampler.gated or sampler.window is None:
         return None
-    return prompts_per_step * (sampler.window + 1)
+    return gated_buffer_capacity(prompts_per_step, sampler.window)
 
 
 class RolloutFailureSection(Section):

@@ -11,7 +11,7 @@ import copy
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
@@ -77,7 +77,8 @@ def config_from_dict(data: Mapping[str, Any], overrides: Iterable[str] = (), *, 
     sections, section_issues = _validate_sections(raw)
     issues.extend(section_issues)
     if issues:
-        issues.extend(run_rules(SimpleNamespace(**sections), available=sections))
+        # The sections that validated, as a partial config: only the rules whose sections are all here run.
+        issues.extend(run_rules(cast("RunConfig", SimpleNamespace(**sections)), available=sections))
         raise ConfigError(issues, source)
     try:
         return RunConfig.model_validate(sections)
@@ -177,6 +178,7 @@ def _section_adapter(name: str) -> TypeAdapter[Any]:
     """A validator for one top-level field alone (strict, like the sections themselves)."""
     if name not in _ADAPTERS:
         annotation = RunConfig.model_fields[name].annotation
+        assert annotation is not None, f"RunConfig.{name} is annotated"
         is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
         # a model brings its own (strict) config; pydantic refuses a second one for it
         config = None if is_model else ConfigDict(strict=True)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from groupwise.config.checks import no_effect, rule
 from groupwise.config.issues import ConfigIssue
-from groupwise.config.sections import BUNDLED_GGUF_PATH
+from groupwise.config.sections import BUILTIN_ENGINE_KEYS, BUNDLED_GGUF_PATH, builtin_task_names
 
 if TYPE_CHECKING:
     from groupwise.config.schema import RunConfig
@@ -57,6 +57,22 @@ def continuous_batching_needs_the_fast_step(cfg: RunConfig) -> Iterator[ConfigIs
             "continuous batching decodes on the fast step's static slots, which generation.fast_decode: false turns "
             "off", "remove generation.continuous_batching, or set generation.fast_decode: true",
         )
+
+
+@rule("generation")
+def builtin_engine_keys_need_the_builtin_backend(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """generation.fast_decode and generation.cuda_graphs are the built-in engine's; another backend leaves them at
+    their defaults."""
+    gen = cfg.generation
+    if gen.backend == "builtin":
+        return
+    defaults = type(gen)()
+    for key in BUILTIN_ENGINE_KEYS:
+        value = getattr(gen, key)
+        if value != getattr(defaults, key):
+            yield ConfigIssue(f"generation.{key}", value,
+                              f"generation.{key} is a setting of the built-in engine, not of backend '{gen.backend}'",
+                              f"remove generation.{key}, or set generation.backend: builtin")  # fmt: skip
 
 
 @rule("model")
@@ -138,10 +154,15 @@ def data_task_keys(cfg: RunConfig) -> Iterator[ConfigIssue]:
             "data.jsonl.train_path", None, "data.task 'jsonl' needs data.jsonl.train_path",
             "set data.jsonl.train_path to a JSON-lines file (relative to the working directory)",
         )
-    for task in ("addition", "countdown", "jsonl"):
+    for task in builtin_task_names():
         if task != data.task:
             yield from no_effect(getattr(data, task), f"data.{task}", f"with data.task '{data.task}'",
                                  f"remove it, or set data.task: {task}")
+    if data.kwargs and data.task in builtin_task_names():
+        yield ConfigIssue(
+            "data.kwargs", data.kwargs, f"data.kwargs are for a plug-in task class; the built-in task '{data.task}' "
+            f"takes its settings from data.{data.task}", f"move them to data.{data.task}, or remove data.kwargs",
+        )
     if data.addition.min_digits > data.addition.max_digits:
         yield ConfigIssue(
             "data.addition.max_digits", data.addition.max_digits,
@@ -235,19 +256,20 @@ def overlong_shaping_lengths(cfg: RunConfig) -> Iterator[ConfigIssue]:
     for key in missing:
         yield ConfigIssue(f"{prefix}.{key}", None, f"overlong shaping needs {prefix}.{key}",
                           f"set {prefix}.{key}, or {prefix}.enabled: false")
-    if missing:
-        return
-    if shaping.overlong_buffer_length >= shaping.max_response_length:
+    length, buffer = shaping.max_response_length, shaping.overlong_buffer_length
+    if length is None or buffer is None:
+        return  # reported as missing above
+    if buffer >= length:
         yield ConfigIssue(
-            f"{prefix}.overlong_buffer_length", shaping.overlong_buffer_length,
-            f"overlong_buffer_length must be < max_response_length ({shaping.max_response_length})",
+            f"{prefix}.overlong_buffer_length", buffer,
+            f"overlong_buffer_length must be < max_response_length ({length})",
             "shorten the buffer or raise max_response_length",
         )
-    elif shaping.max_response_length - shaping.overlong_buffer_length >= cfg.generation.max_new_tokens:
+    elif length - buffer >= cfg.generation.max_new_tokens:
         yield ConfigIssue(
-            f"{prefix}.max_response_length", shaping.max_response_length,
+            f"{prefix}.max_response_length", length,
             f"the penalty starts after max_response_length − overlong_buffer_length = "
-            f"{shaping.max_response_length - shaping.overlong_buffer_length} tokens, which no completion reaches "
+            f"{length - buffer} tokens, which no completion reaches "
             f"(generation.max_new_tokens is {cfg.generation.max_new_tokens})",
             "set max_response_length to generation.max_new_tokens, or disable overlong shaping",
         )

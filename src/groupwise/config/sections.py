@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from groupwise.config.base import Section, invalid
+from groupwise.plugins import is_plugin_target
 
 BUILTIN_REWARD_FUNCTIONS = ("auto", "exact_numeric", "countdown", "math_verify")
 BUNDLED_GGUF_PATH = "smollm2"
@@ -174,7 +175,12 @@ class ModelSection(Section):
         return path
 
 
-class AdditionSection(Section):
+class TaskSection(Section):
+    """The settings of a built-in task. The :class:`DataSection` field holding one is the task's name, so the list
+    of built-in tasks is spelled once: :func:`builtin_task_names`."""
+
+
+class AdditionSection(TaskSection):
     """The synthetic addition task: ``a+b=`` → ``a+b``. With 1-digit operands there are only 100 distinct pairs;
     the task splits the pairs it can make into disjoint train and held-out sets, and the two sizes are caps."""
 
@@ -188,7 +194,7 @@ class AdditionSection(Section):
     """At most this many held-out prompts (≥ 1), disjoint from the training prompts."""
 
 
-class CountdownSection(Section):
+class CountdownSection(TaskSection):
     """The Countdown task: reach ``target`` with the given numbers and + − × ÷, each number used once."""
 
     num_numbers: int = Field(3, ge=2)
@@ -203,7 +209,7 @@ class CountdownSection(Section):
     """Held-out puzzles (≥ 1)."""
 
 
-class JsonlSection(Section):
+class JsonlSection(TaskSection):
     """Prompts from JSON-lines files, one object per line (``data.task: jsonl``)."""
 
     train_path: str | None = None
@@ -221,8 +227,10 @@ class JsonlSection(Section):
 class DataSection(Section):
     """The prompts: a built-in task or JSONL files."""
 
-    task: Literal["addition", "countdown", "jsonl"] = "addition"
-    """Which prompt source to use; only the matching sub-section may hold non-default values."""
+    task: str = "addition"
+    """Which prompt source to use: a built-in task (``addition``, ``countdown``, ``jsonl``; only the matching
+    sub-section may hold non-default values), or a task class of your own as ``package.module:ClassName``, built
+    with ``data.kwargs`` (and ``seed=run.seed`` when it takes a ``seed``): see docs/datasets.md."""
     addition: AdditionSection = Field(default_factory=AdditionSection)
     """Settings of the addition task."""
     countdown: CountdownSection = Field(default_factory=CountdownSection)
@@ -233,6 +241,27 @@ class DataSection(Section):
     """Shuffle training prompts each epoch (seeded from ``run.seed``)."""
     system_prompt: str | None = None
     """System message prepended to chat prompts; ``null`` = none."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of a plug-in task's class (``data.task: package.module:ClassName`` only)."""
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        if task in builtin_task_names() or is_plugin_target(task):
+            return task
+        raise invalid(
+            f"data.task must be a built-in task ({', '.join(builtin_task_names())}) or a plug-in task class "
+            "'package.module:ClassName'",
+            "pick a built-in task, or name your task class as package.module:ClassName",
+        )
+
+
+def builtin_task_names() -> tuple[str, ...]:
+    """The built-in tasks: the :class:`DataSection` fields that hold a :class:`TaskSection`."""
+    return tuple(
+        name for name, field in DataSection.model_fields.items()
+        if isinstance(field.annotation, type) and issubclass(field.annotation, TaskSection)
+    )  # fmt: skip
 
 
 class RewardSection(Section):
@@ -261,9 +290,19 @@ class RewardSection(Section):
         )
 
 
+GENERATION_BACKENDS = ("builtin",)
+"""The generation backends that ship with groupwise (each is one line of :mod:`groupwise.generation.factory`)."""
+BUILTIN_ENGINE_KEYS = ("fast_decode", "cuda_graphs")
+"""``generation`` keys only the built-in engine reads; under another backend they keep their defaults."""
+
+
 class GenerationSection(Section):
     """How training completions are sampled."""
 
+    backend: str = "builtin"
+    """The generation backend: ``builtin`` (the in-process KV-cache sampling engine, docs/generation.md), or a
+    backend of your own as ``package.module:function`` (called with a ``groupwise.generation.factory.GeneratorSpec``,
+    it returns a ``Generator``). :mod:`groupwise.generation.factory` builds each."""
     max_new_tokens: int = Field(16, ge=1)
     """Completion length cap in tokens (≥ 1)."""
     temperature: float = Field(1.0, ge=0.01)
@@ -294,6 +333,17 @@ class GenerationSection(Section):
     shrinks. The async runtimes feed requests to the engine while it runs; in sync mode a call with more rows than
     fit at once no longer waits for each chunk's slowest row. Needs the fast decode step (Llama and Qwen2 models;
     other models run one batch per call, and ``events.log`` says so); needed by ``async.partial_rollouts``."""
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, backend: str) -> str:
+        if backend in GENERATION_BACKENDS or is_plugin_target(backend):
+            return backend
+        raise invalid(
+            f"generation.backend must be one of {', '.join(GENERATION_BACKENDS)} or a backend factory "
+            "'package.module:function'",
+            "pick a shipped backend, or name your backend's factory as package.module:function",
+        )
 
     @field_validator("cuda_graphs", mode="before")
     @classmethod

@@ -95,7 +95,7 @@ def _check_structure(text: str, prefix: str) -> None:
             depth += 1
             if depth > MAX_YAML_DEPTH:
                 raise YamlInputError([ConfigIssue(
-                    prefix, f"more than {MAX_YAML_DEPTH} nested levels (line {event.start_mark.line + 1})",
+                    prefix, f"more than {MAX_YAML_DEPTH} nested levels (line {_line(event)})",
                     f"config YAML may nest lists and mappings at most {MAX_YAML_DEPTH} levels deep",
                     "flatten the value; no setting needs deeper nesting",
                 )])
@@ -113,7 +113,7 @@ def _check_structure(text: str, prefix: str) -> None:
             added = 1
             if event.anchor:
                 anchored_sizes[event.anchor] = 1
-        elif isinstance(event, yaml.AliasEvent):
+        elif isinstance(event, yaml.AliasEvent) and event.anchor is not None:
             added = anchored_sizes.get(event.anchor, 1)
         if open_collections:
             open_collections[-1][1] += added
@@ -198,3 +198,8 @@ def _number_issue(loader: yaml.SafeLoader, node: yaml.ScalarNode, path: str) -> 
                 f"(line {line})", f"write {decimal} without the leading zero, or quote the text: '{text}'",
             )
     return None
+
+
+def _line(event: yaml.Event) -> int | str:
+    """The 1-based line an event starts on (``?`` when the parser gave no position)."""
+    return event.start_mark.line + 1 if event.start_mark is not None else "?"

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from groupwise.types import Group, group_from_dict, group_to_dict
+from groupwise.types import Group, LoaderItem, group_from_dict, group_to_dict
 
 
 @dataclass(eq=False)
@@ -32,7 +32,7 @@ class Slot:
     slot_id: int
     start_version: int
     target_step: int | None
-    payload: Any = None
+    payload: LoaderItem | None = None  # the prompt the slot's attempt works on
     group: Group | None = None
     end_version: int | None = None
 
@@ -167,11 +167,11 @@ class GroupBuffer:
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
-    def reserve(self, start_version: int, target_step: int | None = None, payload: Any = None) -> int:
+    def reserve(self, start_version: int, target_step: int | None = None, payload: LoaderItem | None = None) -> int:
         """Append an unready slot for a dispatched attempt; return its id (dispatch order)."""
         return self._reserve(self._next_id, start_version, target_step, payload)
 
-    def _reserve(self, slot_id: int, start_version: int, target_step: int | None, payload: Any) -> int:
+    def _reserve(self, slot_id: int, start_version: int, target_step: int | None, payload: LoaderItem | None) -> int:
         if start_version < 0:
             raise ValueError(f"reserve: start_version must be >= 0, got {start_version}")
         if start_version < self._max_start_version:
@@ -246,10 +246,6 @@ class GroupBuffer:
     @property
     def ready_count(self) -> int:
         return len(self._ready)
-
-    @property
-    def unready_count(self) -> int:
-        return len(self._slots) - len(self._ready)
 
     def count_for_target_step(self, target_step: int) -> int:
         """Slots stamped with ``target_step``, ready or not."""

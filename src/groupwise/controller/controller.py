@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from groupwise.config.async_rules import WEIGHT_FIFO_DS_FIX, WEIGHT_FIFO_DS_RULE
 from groupwise.controller.buffer import GroupBuffer
 from groupwise.controller.clock import VersionClock
 from groupwise.controller.context import PumpContext
@@ -32,12 +33,8 @@ from groupwise.controller.state_report import describe_state
 from groupwise.controller.step_tally import StepTallyBook
 from groupwise.controller.train_pump import StepEndHook, TrainPump, untrained_record
 
-WEIGHT_FIFO_WITH_DS = (
-    "dynamic sampling (grpo.dynamic_sampling.enabled) cannot be combined with async.sampler.name='weight_fifo'. "
-    "weight_fifo builds each step only from groups generated under the same weight version, and a replacement "
-    "for a filtered group is generated later, under a newer version. The step can then never fill, and "
-    "training hangs. Set async.sampler.name to 'in_order' or 'ready_first', or turn off dynamic sampling."
-)
+# The refusal the config rules give (config check, train): the controller says the same when built directly.
+WEIGHT_FIFO_WITH_DS = f"{WEIGHT_FIFO_DS_RULE} {WEIGHT_FIFO_DS_FIX}"
 
 
 @dataclass
@@ -124,15 +121,16 @@ class Controller:
         self.ctx.rollout_permitted.set()
         rollout_task = loop.create_task(self.rollout_pump.run(), name="groupwise-rollout-pump")
         train_task = loop.create_task(self.train_pump.run(), name="groupwise-train-pump")
-        waiting = {rollout_task, train_task, self._failure}
+        waiting: set[asyncio.Future[Any]] = {rollout_task, train_task, self._failure}
         stopped_by: BaseException | None = None
         try:
             while train_task in waiting:
                 done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 # A failed dispatch slot is the root cause of whatever the pumps saw after it: surface it first.
                 for task in sorted(done, key=lambda t: t is not self._failure):
-                    if task.exception() is not None:  # a crashed pump or slot: stop everything, surface it
-                        raise task.exception()  # type: ignore[misc]
+                    failure = task.exception()
+                    if failure is not None:  # a crashed pump or slot: stop everything, surface it
+                        raise failure
             stop_reason = train_task.result()
         except BaseException as error:
             stopped_by = error
@@ -214,7 +212,7 @@ def build_controller(
     ``settings.start_step`` must equal its step and P must match. Buffered groups, stamps and ledger entries are
     restored only under the same sampler; otherwise they are dropped with notes in ``Controller.resume_notes``.
     """
-    if settings.dynamic_sampling and settings.sampler.name == "weight_fifo":
+    if settings.dynamic_sampling.enabled and settings.sampler.name == "weight_fifo":
         raise ValueError(WEIGHT_FIFO_WITH_DS)
     buffer = GroupBuffer()
     sampler = build_sampler(settings.sampler, buffer)
@@ -234,7 +232,7 @@ def build_controller(
         sampler=sampler,
         accounting=drop_accounting(sampler),
         ledger=ledger,
-        tally=StepTallyBook(ledger, settings.reward_low, settings.reward_high, settings.zero_variance_tol),
+        tally=StepTallyBook(ledger, settings.dynamic_sampling),
         spare_pool=SparePool(settings.failure.replacement_reserve_prompts),
         capacity=Permits(settings.max_buffered_rollouts, "max_buffered_rollouts"),
         budgets=FailureBudgets(settings.failure),

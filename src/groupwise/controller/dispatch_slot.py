@@ -25,7 +25,7 @@ from typing import Any
 from groupwise.controller.context import PumpContext
 from groupwise.controller.failures import PromptAttempts
 from groupwise.controller.fate_records import Fate, FateRecord
-from groupwise.controller.interfaces import LoaderItem, RolloutClient
+from groupwise.controller.interfaces import CancelledCost, LoaderItem, ResumableRollouts, RolloutClient
 from groupwise.controller.permits import Permits
 from groupwise.types import NO_COST, GenerationCost, Group, cost_of
 
@@ -69,10 +69,6 @@ class _Lost:
     record: FateRecord
     aborted: bool = False
 
-
-def _add_note(error: BaseException, note: str) -> None:
-    if hasattr(error, "add_note"):
-        error.add_note(note)
 
 
 class DispatchSlots:
@@ -142,7 +138,7 @@ class DispatchSlots:
         except BaseException as fatal:
             self.ctx.record_fate(_resolved(record, "fatal", None))
             where = self._where(record.prompt_uid, record.group_id, record.attempt, target)
-            _add_note(fatal, f"charging the loss of {where}")
+            fatal.add_note(f"charging the loss of {where}")
             raise
         self.ctx.record_fate(_resolved(record, "charged" if step is not None else "uncharged", step))
 
@@ -174,8 +170,9 @@ class DispatchSlots:
             try:
                 if resume is None:
                     group = await self.rollouts.rollout(item, slot_id, slot.attempt, start)
-                else:
-                    group = await self.rollouts.rollout(item, slot_id, slot.attempt, start, resume=resume)
+                else:  # only a resumable client's snapshot holds progress (restore checks it)
+                    assert isinstance(self.rollouts, ResumableRollouts)
+                    group = await self.rollouts.resume(item, slot_id, slot.attempt, start, resume)
             except asyncio.CancelledError:
                 del self._attempts[slot_id]
                 ctx.buffer.remove(slot_id)
@@ -205,13 +202,13 @@ class DispatchSlots:
             return self._finish(group, attempt, target)
 
     async def _spent(self, attempt: _Attempt) -> GenerationCost:
-        """What the generator spent on an aborted attempt, once it stopped working on it (a client without
-        ``spent`` reports nothing). A shutdown meanwhile records the attempt ``pending``, as for any other."""
-        spent = getattr(self.rollouts, "spent", None)
-        if spent is None:
+        """What the generator spent on an aborted attempt, once it stopped working on it (a client that is not a
+        :class:`CancelledCost` reports nothing). A shutdown meanwhile records the attempt ``pending``, as for any
+        other."""
+        if not isinstance(self.rollouts, CancelledCost):
             return NO_COST
         try:
-            cost: GenerationCost = await spent(attempt.group_id)
+            cost = await self.rollouts.spent(attempt.group_id)
         except asyncio.CancelledError:
             self.ctx.record_fate(attempt.record())
             raise
@@ -239,23 +236,19 @@ class DispatchSlots:
             return self.ctx.budgets.on_failure(attempts, error, context)
         except BaseException as fatal:
             self.ctx.record_fate(_resolved(attempt.record("failed", repr(error), cost), "fatal", None))
-            _add_note(fatal, context)
+            fatal.add_note(context)
             raise
 
     def _finish(self, group: Group, attempt: _Attempt, target: int | None) -> _Lost | None:
         ctx = self.ctx
         slot_id = attempt.group_id
-        self._check_group(group, slot_id, attempt.item.prompt.uid)
+        self._check_group(group, attempt)
         ctx.fates.generation.generated(group.num_completion_tokens, group.gen_seconds)
-        group.start_version = attempt.start_version
-        group.end_version = ctx.generator_version
-        group.target_step = target
-        group.attempt = attempt.number
-        group.epoch = attempt.item.epoch
-        step, zero_variance = ctx.tally.record_generated(group, filtering=ctx.settings.dynamic_sampling)
+        group.target_step = target  # the controller's own stamp (the client knows nothing of steps)
+        step, dropped = ctx.tally.record_generated(group)
         ctx.budgets.on_progress()
         self.groups_finished += 1
-        if ctx.settings.dynamic_sampling and zero_variance:
+        if dropped:
             ctx.buffer.remove(slot_id)
             ctx.signal()
             detail = f"tallied to step {step}; raw rewards {group.raw_rewards}"
@@ -264,11 +257,18 @@ class DispatchSlots:
         ctx.signal()
         return None
 
-    def _check_group(self, group: Group, slot_id: int, uid: str) -> None:
-        if group.group_id != slot_id:
+    def _check_group(self, group: Group, attempt: _Attempt) -> None:
+        """The group must carry what its attempt was dispatched with (the client sets these fields, once)."""
+        slot_id, uid = attempt.group_id, attempt.item.prompt.uid
+        given = {"group_id": slot_id, "attempt": attempt.number, "start_version": attempt.start_version,
+                 "epoch": attempt.item.epoch}  # fmt: skip
+        got = {"group_id": group.group_id, "attempt": group.attempt, "start_version": group.start_version,
+               "epoch": group.epoch}  # fmt: skip
+        if got != given:
+            wrong = ", ".join(f"{key} {got[key]} (given {given[key]})" for key in given if got[key] != given[key])
             raise ValueError(
-                f"rollout client returned group_id {group.group_id} for prompt {uid!r}; it must return the "
-                f"group_id it was given ({slot_id})"
+                f"rollout client returned {wrong} for prompt {uid!r} (group {slot_id}); it must return the group_id "
+                "it was given, with the attempt and start_version it was dispatched with and its prompt's epoch"
             )
         if group.size != self.ctx.settings.group_size:
             raise ValueError(

@@ -17,7 +17,10 @@ so a resumed run keeps spending the same budget.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from groupwise.config import RolloutFailureSection
 
 FailureKind = Literal["infra", "data"]
 _CAUSE_DEPTH = 8
@@ -65,43 +68,6 @@ def backoff_seconds(attempt: int, base_s: float, max_s: float) -> float:
     return min(base_s * 2.0 ** (attempt - 1), max_s)
 
 
-@dataclass(frozen=True)
-class FailureSettings:
-    """The ``async_.rollout_failure`` knobs the controller uses."""
-
-    on_dropped_prompt: Literal["shrink", "replace"] = "shrink"
-    max_replacement_attempts: int = 1
-    replacement_reserve_prompts: int = 1
-    min_step_batch_fraction: float = 0.9
-    max_infra_attempts_per_prompt: int = 5
-    max_data_attempts_per_prompt: int = 2
-    backoff_base_s: float = 1.0
-    max_backoff_s: float = 30.0
-    max_skipped_prompts: int = 0
-    max_consecutive_dropped_prompts: int = 0
-
-    def __post_init__(self) -> None:
-        if self.on_dropped_prompt not in ("shrink", "replace"):
-            raise ValueError(f"on_dropped_prompt must be 'shrink' or 'replace', got {self.on_dropped_prompt!r}")
-        for name in ("max_infra_attempts_per_prompt", "max_data_attempts_per_prompt"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1 (the first attempt counts), got {getattr(self, name)}")
-        for name in (
-            "max_skipped_prompts",
-            "max_consecutive_dropped_prompts",
-            "max_replacement_attempts",
-            "replacement_reserve_prompts",
-        ):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0.0 < self.min_step_batch_fraction <= 1.0:
-            raise ValueError(f"min_step_batch_fraction must be in (0, 1], got {self.min_step_batch_fraction}")
-        if self.max_backoff_s < self.backoff_base_s or self.backoff_base_s < 0:
-            raise ValueError(
-                f"need 0 <= backoff_base_s <= max_backoff_s, got {self.backoff_base_s} and {self.max_backoff_s}"
-            )
-
-
 @dataclass
 class PromptAttempts:
     """One prompt's attempts so far, per kind."""
@@ -119,7 +85,11 @@ class FailureBudgets:
 
     _COUNTERS = ("skipped", "consecutive_drops", "max_consecutive_seen", "infra_retries", "data_retries")
 
-    def __init__(self, settings: FailureSettings) -> None:
+    def __init__(self, settings: RolloutFailureSection) -> None:
+        if settings.max_backoff_s < settings.backoff_base_s:  # the config rules say so first, naming the keys
+            raise ValueError(
+                f"need backoff_base_s <= max_backoff_s, got {settings.backoff_base_s} and {settings.max_backoff_s}"
+            )
         self.settings = settings
         self.skipped = 0
         self.consecutive_drops = 0

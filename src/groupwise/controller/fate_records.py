@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from groupwise.algo.waste import GenerationAccount
 
@@ -95,16 +95,16 @@ class FateCounts:
             "generation": self.generation.state_dict(),
         }
 
-    def load_state_dict(self, state: dict[str, object]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.by_fate.clear()
         self.by_resolution.clear()
-        for fate, resolution, n in state["by_resolution"]:  # type: ignore[union-attr]
+        for fate, resolution, n in state["by_resolution"]:
             self.by_resolution[(fate, resolution)] += n
             self.by_fate[fate] += n
-        self.total = int(state["total"])  # type: ignore[arg-type]
+        self.total = int(state["total"])
         self.generation = GenerationAccount()
         if "generation" in state:  # absent in checkpoints written before costs were counted: they start at 0
-            self.generation.load_state_dict(state["generation"])  # type: ignore[arg-type]
+            self.generation.load_state_dict(state["generation"])
 
     def as_dict(self) -> dict[str, int]:
         out = {f"fates/{fate}": n for fate, n in sorted(self.by_fate.items())}

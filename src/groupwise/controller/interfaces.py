@@ -2,7 +2,9 @@
 
 Kept small on purpose: the embedded runtime implements them with the real generator, reward function and
 learner; the Ray runtime with actors; the simulator with simulated ones; the tests with scripted fakes
-(``tests/fakes``).
+(``tests/fakes``). What only some clients can do is an optional capability of its own (:class:`CancelledCost`,
+:class:`ResumableRollouts`, :class:`SelfTimedRollouts`): a client declares it by implementing it, and the
+controller and the loops ask for it by type (``isinstance``), never by probing for an attribute.
 """
 
 from __future__ import annotations
@@ -10,20 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from groupwise.types import Group, Prompt
+from groupwise.chunks import TrainChunk
+from groupwise.types import GenerationCost, Group, LoaderItem
 
-
-class LoaderItem(Protocol):
-    """One prompt as the loader yielded it (``groupwise.data.loader.LoadedPrompt`` satisfies this)."""
-
-    @property
-    def prompt(self) -> Prompt: ...
-
-    @property
-    def epoch(self) -> int: ...
-
-    @property
-    def index_in_epoch(self) -> int: ...
+__all__ = ["CancelledCost", "LoaderItem", "PromptSource", "ResumableRollouts", "RolloutClient", "SelfTimedRollouts",
+           "TrainerClient"]
 
 
 @runtime_checkable
@@ -33,7 +26,7 @@ class PromptSource(Protocol):
     @property
     def exhausted(self) -> bool: ...
 
-    def take(self, n: int) -> list[LoaderItem]: ...
+    def take(self, n: int) -> Sequence[LoaderItem]: ...
 
     def push_front(self, items: Sequence[LoaderItem]) -> None: ...
 
@@ -45,11 +38,14 @@ class RolloutClient(Protocol):
     """Generation + scoring of one prompt group, and weight updates of the generator."""
 
     async def rollout(self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int) -> Group:
-        """Generate G completions of ``prompt.prompt`` under weight version ``start_version`` and score them.
+        """Generate G completions of ``prompt.prompt`` and score them, for an attempt dispatched at generator version
+        ``start_version``.
 
-        The returned group must carry ``group_id``; ``attempt`` (0, 1, ...) numbers the attempts at this
-        prompt so seeds can be derived from (run seed, prompt uid, attempt). Raise on failure: the
-        controller classifies the error (``groupwise.controller.failures``) and retries or skips.
+        The returned group carries what it was given — ``group_id``, ``attempt``, ``start_version`` and the
+        prompt's ``epoch`` — set once here (the controller checks them), and ``end_version``, the generator version
+        it finished under. ``attempt`` (0, 1, ...) numbers the attempts at this prompt so seeds can be derived from
+        (run seed, prompt uid, attempt). Raise on failure: the controller classifies the error
+        (``groupwise.controller.failures``) and retries or skips.
         """
         ...
 
@@ -58,12 +54,54 @@ class RolloutClient(Protocol):
         ...
 
 
+# --- optional capabilities: a client declares one by implementing it; the controller asks by type ---------------
+
+
+@runtime_checkable
+class CancelledCost(Protocol):
+    """A rollout client that can say what a cancelled attempt cost (for the ``waste/*`` accounting)."""
+
+    async def spent(self, group_id: int) -> GenerationCost:
+        """What the attempt of ``group_id`` that the controller cancelled cost, once its generator stopped working
+        on it (nothing, :data:`~groupwise.types.NO_COST`, for an attempt it never ran)."""
+        ...
+
+
+@runtime_checkable
+class ResumableRollouts(Protocol):
+    """A rollout client that keeps what running attempts generated and can continue one after a resume;
+    ``resumed_tokens`` counts the tokens it continued rather than generated again."""
+
+    resumed_tokens: int
+
+    async def fetch_progress(self) -> dict[int, Any]:
+        """What every running attempt generated so far, by group id, as plain JSON-able data (a checkpoint saves
+        it). Read right after a controller snapshot: a later token boundary of the same attempts."""
+        ...
+
+    async def resume(
+        self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int, progress: Any
+    ) -> Group:
+        """Continue the attempt a checkpoint saved (``progress``, as :meth:`fetch_progress` gave it) instead of
+        starting it again; the group is as :meth:`RolloutClient.rollout` returns it."""
+        ...
+
+
+@runtime_checkable
+class SelfTimedRollouts(Protocol):
+    """A rollout client that sets each group's ``gen_seconds`` itself (the simulator, whose generator has no calls
+    to time); the sync loop otherwise splits each round's seconds among its groups."""
+
+    attributes_gen_seconds: bool
+
+
 @runtime_checkable
 class TrainerClient(Protocol):
     """The learner side of one RL step, fed in chunks of whole groups."""
 
-    async def train_chunk(self, step: int, groups: list[Group], first_chunk: bool) -> None:
-        """Prev-logprobs, advantages and forward/backward for one chunk of ``step``; the step stays open."""
+    async def train_chunk(self, step: int, chunk: TrainChunk, first_chunk: bool) -> None:
+        """Forward/backward for one chunk of ``step`` (whole groups and their advantages, built by the loop that
+        assembles the step); the step stays open until :meth:`finish_step`."""
         ...
 
     async def finish_step(self, step: int) -> dict[str, float]:

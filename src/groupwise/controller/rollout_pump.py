@@ -14,7 +14,7 @@ from (the loader front, or the spare pool front during the end-of-data drain).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from groupwise.controller.context import PumpContext
 from groupwise.controller.dispatch_slot import DispatchSlots, SlotState
@@ -56,11 +56,6 @@ class RolloutPump:
     def parked(self) -> bool:
         """True while the pump waits on something only the train pump can give (the gate or capacity)."""
         return (self._in_admit and self.ctx.clock.waiting > 0) or self.ctx.capacity.waiting > 0
-
-    def inflight_items(self) -> list[LoaderItem]:
-        """Prompts taken from the loader or pool and not yet settled: those of unsettled dispatch slots, then
-        those of the batch being admitted or launched."""
-        return [slot.item for slot in self._slots.items()] + [slot.item for slot in self._unlaunched]
 
     def unsettled(self) -> tuple[list[SlotState], list[LoaderItem], list[LoaderItem]]:
         """The work a snapshot must save: ``(slots, loader_items, spare_items)``.
@@ -133,7 +128,7 @@ class RolloutPump:
                 continue
             await self._admit_and_launch(batch)
 
-    async def _admit_and_launch(self, batch: list[LoaderItem], from_pool: bool = False) -> None:
+    async def _admit_and_launch(self, batch: Sequence[LoaderItem], from_pool: bool = False) -> None:
         self._unlaunched = [SlotState(item) for item in batch]
         self._batch_admitted, self._batch_from_pool = False, from_pool
         self._in_admit = True
@@ -188,7 +183,7 @@ class RolloutPump:
         while len(self.ctx.spare_pool) >= P:
             # One whole step at a time, so a snapshot always finds each spare in the pool or in a slot.
             while len(self.ctx.spare_pool) >= P:
-                await self._admit_and_launch([self.ctx.spare_pool.take() for _ in range(P)], from_pool=True)
+                await self._admit_and_launch(self.ctx.spare_pool.take_many(P), from_pool=True)
             await self._settle()
         if self.ctx.accounting.closes_short_at_exhaustion and len(self.ctx.spare_pool):
             # The leftover partial step closes short: admitted last, after every whole step.

@@ -1,6 +1,7 @@
 """`ControllerSettings`: what the controller needs of a run's config, as one frozen value.
 
-``ControllerSettings.from_config(cfg)`` reads a ``groupwise.config.RunConfig``; tests build settings directly.
+``ControllerSettings.from_config(cfg)`` reads a ``groupwise.config.RunConfig``; tests build settings directly (a
+``RolloutFailureSection(...)`` for the failure knobs, a ``GroupFilter(...)`` for the filter).
 The sampler is its typed config section (``groupwise.config.async_schema``, where its knobs are declared once;
 ``sampler_config(name, **knobs)`` builds one from plain values).
 """
@@ -10,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from groupwise.config.async_schema import ReadyFirstSamplerConfig, SamplerConfig
-from groupwise.controller.failures import FailureSettings
+from groupwise.algo.filter import GroupFilter
+from groupwise.config.algorithm import GrpoSection
+from groupwise.config.async_schema import ReadyFirstSamplerConfig, RolloutFailureSection, SamplerConfig
 
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
@@ -19,7 +21,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ControllerSettings:
-    """P, G, sampler, capacities, failure handling, dynamic sampling, seed and run length."""
+    """P, G, sampler, capacities, failure handling, the filter, advantages, seed and run length.
+
+    The config sections the controller acts on are held as themselves: ``failure`` is the
+    ``async.rollout_failure`` section, ``advantages`` the ``grpo`` section (its baseline, normalisation and clip
+    give each chunk's advantages), ``dynamic_sampling`` the run's filter (``GrpoSection.group_filter``).
+    """
 
     prompts_per_step: int
     group_size: int
@@ -27,11 +34,9 @@ class ControllerSettings:
     min_groups_for_streaming_train: int | None = None
     max_inflight_prompts: int = 32
     max_buffered_rollouts: int = 64
-    failure: FailureSettings = field(default_factory=FailureSettings)
-    dynamic_sampling: bool = True
-    zero_variance_tol: float = 0.0
-    reward_low: float = 0.0
-    reward_high: float = 1.0
+    failure: RolloutFailureSection = field(default_factory=RolloutFailureSection)
+    dynamic_sampling: GroupFilter = field(default_factory=GroupFilter)
+    advantages: GrpoSection = field(default_factory=GrpoSection)
     seed: int = 0
     max_steps: int | None = None
     start_step: int = 0
@@ -42,7 +47,7 @@ class ControllerSettings:
             raise ValueError(f"prompts_per_step must be >= 1, got {P}")
         if self.group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {self.group_size}")
-        if self.dynamic_sampling and self.group_size < 2:
+        if self.dynamic_sampling.enabled and self.group_size < 2:
             raise ValueError(
                 f"dynamic sampling needs group_size >= 2 (a group of {self.group_size} has no reward variance); "
                 "raise num_generations_per_prompt or turn dynamic sampling off"
@@ -53,9 +58,10 @@ class ControllerSettings:
                 f"min_groups_for_streaming_train must be between 1 and prompts_per_step {P} (or None = {P}), "
                 f"got {chunk}"
             )
-        for name in ("max_inflight_prompts", "max_buffered_rollouts"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name, value in (("max_inflight_prompts", self.max_inflight_prompts),
+                            ("max_buffered_rollouts", self.max_buffered_rollouts)):  # fmt: skip
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         if self.max_steps is not None and self.max_steps < self.start_step:
             raise ValueError(f"max_steps {self.max_steps} is below the resume step {self.start_step}")
         if self.start_step < 0:
@@ -71,8 +77,6 @@ class ControllerSettings:
     def from_config(cls, cfg: RunConfig, start_step: int = 0) -> ControllerSettings:
         """Settings of an async run from a ``RunConfig`` (its ``async`` section, ``grpo`` and ``run``)."""
         a = cfg.async_
-        rf = a.rollout_failure
-        ds = cfg.grpo.dynamic_sampling
         return cls(
             prompts_per_step=cfg.grpo.num_prompts_per_step,
             group_size=cfg.grpo.num_generations_per_prompt,
@@ -80,23 +84,9 @@ class ControllerSettings:
             min_groups_for_streaming_train=a.min_groups_for_streaming_train,
             max_inflight_prompts=a.max_inflight_prompts,
             max_buffered_rollouts=a.max_buffered_rollouts,
-            failure=FailureSettings(
-                on_dropped_prompt=rf.on_dropped_prompt,
-                max_replacement_attempts=rf.max_replacement_attempts,
-                replacement_reserve_prompts=rf.replacement_reserve_prompts,
-                min_step_batch_fraction=rf.min_step_batch_fraction,
-                max_infra_attempts_per_prompt=rf.max_infra_attempts_per_prompt,
-                max_data_attempts_per_prompt=rf.max_data_attempts_per_prompt,
-                backoff_base_s=rf.backoff_base_s,
-                max_backoff_s=rf.max_backoff_s,
-                max_skipped_prompts=rf.max_skipped_prompts,
-                max_consecutive_dropped_prompts=rf.max_consecutive_dropped_prompts,
-            ),
-            dynamic_sampling=ds.enabled,
-            zero_variance_tol=ds.zero_variance_tol,
-            # The declared raw reward range (only splits zero-variance groups into all-max / all-min metrics).
-            reward_low=cfg.grpo.reward_scaling.source_min,
-            reward_high=cfg.grpo.reward_scaling.source_max,
+            failure=a.rollout_failure,
+            dynamic_sampling=cfg.grpo.group_filter(),
+            advantages=cfg.grpo,
             seed=cfg.run.seed,
             max_steps=cfg.run.max_steps,
             start_step=start_step,

@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from groupwise.controller.dispatch_slot import SlotState
 from groupwise.controller.failures import PromptAttempts
 from groupwise.controller.fate_records import FateRecord
+from groupwise.controller.interfaces import ResumableRollouts
+from groupwise.controller.samplers.base import CursorSampler, StampingSampler
 from groupwise.types import group_from_dict
 
 if TYPE_CHECKING:
@@ -64,7 +66,12 @@ class ControllerParts(Protocol):
 
 
 def sampler_stamps(sampler: object) -> bool:
-    return bool(getattr(sampler, "stamps_target_steps", False))
+    return isinstance(sampler, StampingSampler) and bool(sampler.stamps_target_steps)
+
+
+def dispatch_cursor(sampler: object) -> int | None:
+    """The sampler's dispatch cursor, or None when it keeps none (a resume then restarts it)."""
+    return sampler.dispatch_index if isinstance(sampler, CursorSampler) else None
 
 
 def take_snapshot(
@@ -81,7 +88,7 @@ def take_snapshot(
         "sampler": ctx.settings.sampler.name,
         "prompts_per_step": ctx.settings.prompts_per_step,
         "stamps": sampler_stamps(ctx.sampler),
-        "dispatch_index": getattr(ctx.sampler, "dispatch_index", None),
+        "dispatch_index": dispatch_cursor(ctx.sampler),
         "buffer": ctx.buffer.state_dict(),
         "spare_pool": {"items": [encode(item) for item in spare_items] + spare_pool["items"]},
         "inflight_prompts": [encode(item) for item in loader_items],
@@ -148,7 +155,8 @@ def restore_snapshot(
     same_sampler = state["sampler"] == ctx.settings.sampler.name and state["stamps"] == sampler_stamps(ctx.sampler)
     keeps_cursor = same_sampler and state["dispatch_index"] is not None
     slots = [_slot_from_dict(data, decode) for data in state["inflight_slots"]]
-    continuing = [s for s in slots if keeps_cursor and s.progress is not None and s.group_id is not None]
+    resumable = isinstance(controller.rollout_pump.rollouts, ResumableRollouts)
+    continuing = [s for s in slots if keeps_cursor and resumable and s.progress is not None and s.group_id is not None]
     continues = {id(slot) for slot in continuing}
     if same_sampler:
         _restore_buffer(controller, state["buffer"], continuing)
@@ -165,7 +173,8 @@ def restore_snapshot(
     dropped = [slot for slot in slots if slot.progress is not None and id(slot) not in continues]
     if dropped:
         notes.append(f"resume: {len(dropped)} in-flight attempt(s) start again instead of continuing: the sampler "
-                     "changed or keeps no dispatch cursor")  # fmt: skip
+                     "changed or keeps no dispatch cursor, or the rollout client cannot continue "
+                     "an attempt")  # fmt: skip
     _record_requeued(controller, [slot for slot in slots if id(slot) not in continues])
     if keeps_cursor:
         ctx.ledger.load_state_dict(state["ledger"])
@@ -202,7 +211,8 @@ def _check_compatible(controller: ControllerParts, state: dict[str, Any]) -> Non
 def _restore_buffer(controller: ControllerParts, buffer_state: dict[str, Any], continuing: list[SlotState]) -> None:
     """The ready groups, and the reservations of attempts that continue, in dispatch order."""
     ctx = controller.ctx
-    inflight = [(slot.group_id, slot.start_version, slot.target, slot.item) for slot in continuing]
+    inflight = [(slot.group_id, slot.start_version, slot.target, slot.item) for slot in continuing
+                if slot.group_id is not None and slot.start_version is not None]  # continuing slots have both
     restored = ctx.buffer.load_state_dict(buffer_state, inflight=inflight)
     if len(restored) > ctx.capacity.total:
         raise ValueError(

@@ -42,6 +42,13 @@ class SparePool(Generic[Item]):
         self.taken += 1
         return self._items.popleft()
 
+    def take_many(self, count: int) -> list[Item]:
+        """The ``count`` oldest spares; the pool must hold that many (check ``len`` first)."""
+        if count > len(self._items):
+            raise ValueError(f"take_many({count}) from a spare pool of {len(self._items)}")
+        self.taken += count
+        return [self._items.popleft() for _ in range(count)]
+
     def drain_whole_steps(self, prompts_per_step: int) -> list[list[Item]]:
         """Remove and return as many whole batches of ``prompts_per_step`` spares as the pool holds."""
         if prompts_per_step < 1:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from groupwise.algo.filter import zero_variance_kind
+from groupwise.algo.filter import GroupFilter
 from groupwise.algo.tally import StepTally
 from groupwise.controller.ledger import StepLedger
 from groupwise.types import Group
@@ -23,9 +23,9 @@ from groupwise.types import Group
 class StepTallyBook:
     """One :class:`StepTally` per open step, keyed by the rule in the module docstring."""
 
-    def __init__(self, ledger: StepLedger, reward_low: float, reward_high: float, zero_variance_tol: float) -> None:
+    def __init__(self, ledger: StepLedger, group_filter: GroupFilter) -> None:
         self._ledger = ledger
-        self._low, self._high, self._tol = reward_low, reward_high, zero_variance_tol
+        self._filter = group_filter
         self._tallies: dict[int, StepTally] = {}
         self._late: dict[int, int] = {}
 
@@ -35,20 +35,18 @@ class StepTallyBook:
             tally = self._tallies[step] = StepTally()
         return tally
 
-    def record_generated(self, group: Group, *, filtering: bool) -> tuple[int, bool]:
-        """Tally a finished group before the filter decision; return (step tallied, is zero-variance).
-
-        ``filtering``: dynamic sampling is on, so a zero-variance group is dropped.
-        """
+    def record_generated(self, group: Group) -> tuple[int, bool]:
+        """Decide a finished group with the run's filter and tally it; return (step tallied, dropped by the
+        filter). The decision is made here once; the dispatch slot acts on it and writes the fate from it."""
         step = self._ledger.assembling
         if group.target_step is not None:
             if self._ledger.is_closed(group.target_step):
                 self._late[step] = self._late.get(step, 0) + 1
             else:
                 step = group.target_step
-        kind = zero_variance_kind(group.raw_rewards, self._low, self._high, self._tol)
-        self.tally(step).record_generated(group, kind, filtered=filtering and kind is not None)
-        return step, kind is not None
+        decision = self._filter.decide(group.raw_rewards)
+        self.tally(step).record_generated(group, decision.kind, filtered=decision.dropped)
+        return step, decision.dropped
 
     def record_trained(self, step: int, groups: Sequence[Group]) -> None:
         self.tally(step).record_trained(groups)

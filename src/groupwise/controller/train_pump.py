@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from groupwise.algo.waste import ASYNC_WASTE_FATES
+from groupwise.chunks import TrainChunk, step_chunk
+from groupwise.controller.buffer import Slot
 from groupwise.controller.context import PumpContext
 from groupwise.controller.fate_records import FateRecord
 from groupwise.controller.interfaces import RolloutClient, TrainerClient
@@ -35,7 +36,7 @@ from groupwise.controller.rollout_pump import RolloutPump
 from groupwise.controller.state_report import describe_state
 from groupwise.types import Group
 
-StepEndHook = Callable[[int, dict[str, float], list[Group]], "Awaitable[None] | None"]
+StepEndHook = Callable[[int, dict[str, float], list[TrainChunk]], "Awaitable[None] | None"]
 
 
 class RolloutExhaustedError(RuntimeError):
@@ -80,29 +81,28 @@ class TrainPump:
                     return "exhausted"
                 await self._finish(step, *assembled)
             except Exception as error:
-                if hasattr(error, "add_note"):
-                    error.add_note(f"in the train pump while assembling/finishing step {step}")
+                error.add_note(f"in the train pump while assembling/finishing step {step}")
                 raise
         return "max_steps"
 
-    async def _assemble(self, step: int) -> tuple[list[Group], int, bool] | None:
-        """Select chunks until the step is fully accounted; (groups, evicted, closes short) or None at the end."""
+    async def _assemble(self, step: int) -> tuple[list[TrainChunk], int, bool] | None:
+        """Select chunks until the step is fully accounted; (chunks, evicted, closes short) or None at the end."""
         ctx = self.ctx
-        groups: list[Group] = []
+        chunks: list[TrainChunk] = []
         evicted = 0
         while True:
             ctx.progress.clear()
             evicted += self._evict(step)
             remaining = ctx.ledger.open_slots(step)
             if remaining <= 0:
-                return groups, evicted, False
+                return chunks, evicted, False
             min_groups = min(ctx.settings.streaming_min_groups, remaining)
             if self.rollout.exhausted and ctx.accounting.closes_short_at_exhaustion:
                 min_groups = 1  # the last step closes on whatever is left
             slots = ctx.sampler.select(step, min_groups, remaining)
             if slots is None:
                 if self.rollout.exhausted:
-                    return self._at_exhaustion(step, groups, evicted, min_groups)
+                    return self._at_exhaustion(step, chunks, evicted, min_groups)
                 if self.rollout.parked() and self.rollout.active_slots == 0:
                     raise ControllerStalled(self._stall_report(step))
                 await ctx.progress.wait()
@@ -114,12 +114,13 @@ class TrainPump:
                 )
             ctx.ledger.record_selected(step, len(slots))
             ctx.capacity.release(len(slots))
-            chunk = [slot.group for slot in slots if slot.group is not None]
+            selected = [slot.group for slot in slots if slot.group is not None]
             # ``trained`` is a promise that the step's optimizer step ran: recorded by _finish after it did.
             self.selected.extend(_selected_record(slot, step) for slot in slots)
-            ctx.tally.record_trained(step, chunk)
-            first = not groups
-            groups.extend(chunk)
+            ctx.tally.record_trained(step, selected)
+            chunk = step_chunk(selected, ctx.settings.advantages)
+            first = not chunks
+            chunks.append(chunk)
             await self.trainer.train_chunk(step, chunk, first)
 
     def _evict(self, version: int) -> int:
@@ -144,15 +145,15 @@ class TrainPump:
         return len(slots)
 
     def _at_exhaustion(
-        self, step: int, groups: list[Group], evicted: int, min_groups: int
-    ) -> tuple[list[Group], int, bool] | None:
+        self, step: int, chunks: list[TrainChunk], evicted: int, min_groups: int
+    ) -> tuple[list[TrainChunk], int, bool] | None:
         ctx = self.ctx
         record = ctx.ledger.peek(step)
         ready = ctx.buffer.ready_count
         if record.selected == 0 and ready == 0:
             return None
         if ctx.accounting.closes_short_at_exhaustion and record.selected > 0:
-            return groups, evicted, True
+            return chunks, evicted, True
         open_slots = ctx.ledger.open_slots(step)
         if ready < min_groups:
             why = f"only {ready} ready group(s) are left for its {open_slots} open slot(s)"
@@ -167,7 +168,7 @@ class TrainPump:
             "(run.max_epochs), or choose a sampler that closes short (windowed)"
         )
 
-    async def _finish(self, step: int, groups: list[Group], evicted: int, short: bool) -> None:
+    async def _finish(self, step: int, chunks: list[TrainChunk], evicted: int, short: bool) -> None:
         ctx = self.ctx
         record = ctx.ledger.close_short(step) if short else ctx.ledger.close(step)
         trainer_metrics = await self.trainer.finish_step(step)
@@ -175,12 +176,13 @@ class TrainPump:
             ctx.record_fate(selected)
         self.selected = []
         aborted = await self._sync_weights()
+        groups = [group for chunk in chunks for group in chunk.groups]
         self.steps_trained += 1
         self.step_sizes.append(len(groups))
         metrics = self._metrics(step, record, groups, evicted, aborted)
         metrics.update(trainer_metrics)
         if self.on_step_end is not None:
-            result = self.on_step_end(step, metrics, groups)
+            result = self.on_step_end(step, metrics, chunks)
             if inspect.isawaitable(result):
                 await result
 
@@ -227,7 +229,7 @@ class TrainPump:
         )
 
 
-def _selected_record(slot: Any, step: int) -> FateRecord:
+def _selected_record(slot: Slot, step: int) -> FateRecord:
     group = slot.group
     attempt = group.attempt if group else 0
     return FateRecord(slot.slot_id, _uid(group), attempt, slot.start_version, "trained", step, epoch=_epoch(group),
@@ -242,17 +244,17 @@ def untrained_record(record: FateRecord, reason: str) -> FateRecord:
                       gen_seconds=record.gen_seconds)  # fmt: skip
 
 
-def _uid(group: Any) -> str:
+def _uid(group: Group | None) -> str:
     return group.prompt.uid if group is not None else "?"
 
 
-def _epoch(group: Any) -> int | None:
+def _epoch(group: Group | None) -> int | None:
     return group.epoch if group is not None else None
 
 
-def _tokens(group: Any) -> int:
+def _tokens(group: Group | None) -> int:
     return group.num_completion_tokens if group is not None else 0
 
 
-def _seconds(group: Any) -> float:
+def _seconds(group: Group | None) -> float:
     return group.gen_seconds if group is not None else 0.0

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from groupwise.seeding import derive_seed
-from groupwise.types import Prompt
+from groupwise.types import LoaderItem, Prompt
 
 
 @dataclass(frozen=True)
@@ -103,19 +103,21 @@ class PromptLoader:
                 self._position = 0
         return taken
 
-    def push_front(self, items: Sequence[LoadedPrompt]) -> None:
+    def push_front(self, items: Sequence[LoaderItem]) -> None:
         """Put ``items`` back so that the next take() yields them first, in the given order."""
-        for item in items:
-            self._check_belongs(item)
-        self._front.extendleft(reversed(list(items)))
+        own = [self._own(item) for item in items]
+        self._front.extendleft(reversed(own))
 
-    def _check_belongs(self, item: LoadedPrompt) -> None:
+    def _own(self, item: LoaderItem) -> LoadedPrompt:
+        """The loader's own item for ``item``, which it must have yielded (same epoch, index and prompt)."""
         in_range = item.epoch >= 0 and 0 <= item.index_in_epoch < len(self._prompts)
-        if not in_range or self._item(item.epoch, item.index_in_epoch).prompt.uid != item.prompt.uid:
+        own = self._item(item.epoch, item.index_in_epoch) if in_range else None
+        if own is None or own.prompt.uid != item.prompt.uid:
             raise ValueError(
                 f"push_front: prompt {item.prompt.uid!r} (epoch {item.epoch}, index {item.index_in_epoch}) "
                 "was not yielded by this loader; only put back what take() returned"
             )
+        return own
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot: cursor, front queue, and what the loader was built over."""

@@ -19,7 +19,6 @@ Built-ins (see ``docs/rewards.md``): ``exact_numeric``, ``countdown``, ``math_ve
 from __future__ import annotations
 
 import difflib
-import importlib
 import importlib.util
 import inspect
 import re
@@ -27,9 +26,10 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 
 from groupwise.data.expression import ExpressionError, parse_expression
+from groupwise.plugins import PluginImportError, import_plugin
 from groupwise.types import Completion, Prompt
 
 RewardFn = Callable[..., float]
@@ -164,24 +164,13 @@ def load_reward_fn(spec: str, task_default: str) -> RewardFn:
 
 
 def _import_reward_fn(spec: str) -> RewardFn:
-    module_name, _, attr_path = spec.partition(":")
-    if not module_name or not attr_path:
-        raise RewardSpecError(f"reward function {spec!r}: expected 'module:function', e.g. 'my_rewards:score'")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # ImportError, or whatever the module raised while it was imported
-        raise RewardSpecError(
-            f"reward function {spec!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); "
-            "check the name and that it is on PYTHONPATH"
-        ) from exc
-    target: Any = module
-    for part in attr_path.split("."):
-        if not hasattr(target, part):
-            raise RewardSpecError(f"reward function {spec!r}: module {module_name!r} has no attribute {attr_path!r}")
-        target = getattr(target, part)
+        target = import_plugin(spec, "reward function")
+    except PluginImportError as exc:
+        raise RewardSpecError(f"{exc}; fix reward.function (e.g. 'my_rewards:score')") from exc
     if not callable(target):
-        raise RewardSpecError(f"reward function {spec!r}: {attr_path!r} is a {type(target).__name__}, not callable")
-    return target
+        raise RewardSpecError(f"reward function {spec!r}: it is a {type(target).__name__}, not callable")
+    return cast(RewardFn, target)
 
 
 def check_reward_kwargs(reward_fn: RewardFn, kwargs: Mapping[str, Any]) -> None:

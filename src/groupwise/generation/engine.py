@@ -9,7 +9,7 @@ How a call runs:
    (:mod:`groupwise.generation.kv_cache`), so decode steps write in place instead of concatenating.
 3. One decode loop for the chunk: draw a token per row (:mod:`groupwise.generation.sampling`),
    record its logprob, retire rows that hit EOS, a stop string or ``max_new_tokens``
-   (:mod:`groupwise.generation.chunk_record`). Retired rows are dropped from the batch and the cache
+   (:mod:`groupwise.generation.chunk`). Retired rows are dropped from the batch and the cache
    once an eighth of the batch has retired, so finished rows stop costing compute without a cache copy
    every step. For sdpa/eager attention the masks are 4D masks we build (once per chunk, sliced per
    step), so transformers' mask construction is skipped; other attention kernels (flash-attention) get
@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache
 
+from groupwise.generation.base import StreamSupport
 from groupwise.generation.chunk import ChunkRecord, Prefill, RowResult
 from groupwise.generation.compacting import decode_compacting
 from groupwise.generation.kv_cache import new_kv_cache
@@ -79,7 +80,8 @@ class _Row:
 
 
 class Engine:
-    """A :class:`~groupwise.generation.base.Generator` over an in-process Hugging Face causal LM.
+    """The built-in backend: a :class:`~groupwise.generation.base.StreamingGenerator` over an in-process Hugging Face
+    causal LM.
 
     ``eos_token_ids`` end a completion (see :func:`groupwise.model.eos_token_ids`);
     ``max_batch_rows`` bounds how many rows share one decode loop (memory: the KV cache holds
@@ -167,23 +169,25 @@ class Engine:
                 raise ValueError(f"load_weights: the state dict does not match the engine's model: {error}") from error
         self._version = int(version)
 
-    def stream_unavailable(self) -> str | None:
-        """Why this engine cannot decode a stream (continuous batching, continuations), or None when it can: a
-        stream needs the fast decode step, which the first call (or this one) probes."""
+    def stream_support(self) -> StreamSupport:
+        """Whether this engine can decode a stream (continuous batching, continuations): a stream needs the fast
+        decode step, which the first call (or this one) probes."""
         with _inference(self.model):
             decoder = self._fast_decoder()
         if decoder is None:
-            return f"the model decodes with its own forward ({self._module_reason}), not the fast step on slots"
-        return None
+            return StreamSupport(
+                False, f"the model decodes with its own forward ({self._module_reason}), not the fast step on slots"
+            )
+        return StreamSupport(True)
 
     def open_stream(
         self, sampling: SamplingParams, *, max_rows: int | None = None, partial: str = "off", kv: str = "recompute"
     ) -> GenerationStream:
-        """A stream with slots of its own, for a runtime to feed while it runs (call :meth:`stream_unavailable`
+        """A stream with slots of its own, for a runtime to feed while it runs (check :meth:`stream_support`
         first); ``partial``/``kv`` say what a weight load mid-stream does (:mod:`groupwise.generation.stream`)."""
-        why = self.stream_unavailable()
-        if why is not None:
-            raise ValueError(f"this engine cannot run a generation stream: {why}")
+        support = self.stream_support()
+        if not support.available:
+            raise ValueError(f"this engine cannot run a generation stream: {support.reason}")
         return GenerationStream(
             self, self._decoder, sampling, max_rows=max_rows or self.max_batch_rows, partial=partial, kv=kv,
             slots=StreamSlots(self._stream_graphs()),
@@ -205,11 +209,11 @@ class Engine:
         """``request.num_samples`` completions per request, in request order (see ``Generator``)."""
         check_sampling_params(sampling)
         if self.continuous_batching or any(request.prefixes for request in requests):
-            why = self.stream_unavailable()
-            if why is None:
+            support = self.stream_support()
+            if support.available:
                 return self._generate_streamed(requests, sampling)
             if any(request.prefixes for request in requests):
-                raise ValueError(f"a request continues earlier rows, which needs a generation stream: {why}")
+                raise ValueError(f"a request continues earlier rows, which needs a generation stream: {support.reason}")
         rows = _expand_rows(requests)
         results: list[list[Completion | None]] = [[None] * request.num_samples for request in requests]
         rows.sort(key=lambda row: len(row.prompt), reverse=True)

@@ -23,8 +23,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.cuda.graphs import _POOL_HANDLE  # torch names its pool handle type only privately
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +44,7 @@ class StepGraphs:
         self.captures = 0  # how many steps were captured (each key once, again after a reset)
         self.resets = 0  # how many times the captured steps were dropped (their buffers or weights moved)
         self._steps: dict[Hashable, Callable[[], None]] = {}
-        self._pool = None
+        self._pool: _POOL_HANDLE | None = None  # the graphs' shared memory pool
 
     @property
     def keys(self) -> list[Hashable]:

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from groupwise.generation.pausing import PausingGenerator
 from groupwise.generation.sampling import check_sampling_params, keyed_uniforms, sample_tokens, tempered_logprobs_of
 from groupwise.generation.stream_rows import Done, FinishRules, StreamRequest, StreamRow, new_request
 from groupwise.generation.stream_slots import SlotRows, StreamSlots
@@ -171,6 +172,10 @@ class GenerationStream:
             yield
         finally:
             self.resume()
+
+    def generator_for_evaluation(self) -> PausingGenerator:
+        """The engine, each call parking this stream first (:class:`~groupwise.generation.pausing.PausingGenerator`)."""
+        return PausingGenerator(self.engine, self)
 
     def start(self, name: str) -> None:
         """Serve on a daemon thread of this name (never joined at exit: a stuck step cannot keep a run alive)."""

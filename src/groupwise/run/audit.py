@@ -20,12 +20,15 @@ this data). The exit code is 0 when there is no violation and 1 otherwise.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from groupwise.run.fates_file import is_interim, read_fates
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
 
 CATEGORIES = ("trained", "filtered", "charged", "evicted/aborted", "failed", "discarded", "pending", "no fate")
 _SHOWN = 10  # offending prompts listed per kind
@@ -87,13 +90,13 @@ class AuditReport:
 
     def format(self) -> str:
         """The human-readable report: a table per epoch, then every violation found."""
-        header = ["epoch", "dispatched", *CATEGORIES, "never dispatched", "trained twice"]
-        rows = [
+        header: list[object] = ["epoch", "dispatched", *CATEGORIES, "never dispatched", "trained twice"]
+        rows: list[list[object]] = [
             [_epoch_name(e.epoch), e.dispatched, *(e.counts[c] for c in CATEGORIES), e.never_dispatched,
              len(e.trained_twice)]
             for e in self.epochs
         ]  # fmt: skip
-        widths = [max(len(str(x)) for x in column) for column in zip(header, *rows, strict=True)]
+        widths = [max(len(str(x)) for x in column) for column in zip(*[header, *rows], strict=True)]
         table = [
             "  ".join(str(x).rjust(w) for x, w in zip(row, widths, strict=True)) for row in [header, *rows]
         ]
@@ -165,7 +168,12 @@ def audit_fates(lines: Sequence[dict[str, Any]], dataset_uids: Sequence[str], so
     return AuditReport(source, len(lines), len(known), ordered, unknown, sorted(conflicting))
 
 
-def audit_run(run_dir: str | Path) -> AuditReport:
+TrainingUids = Callable[["RunConfig", bool], Sequence[str]]
+"""The uids of the prompts a run trained on, from its config and whether it was simulated (the caller knows where
+prompts come from: a task, or the simulator's workload; :func:`groupwise.cli.run_prompts.training_uids`)."""
+
+
+def audit_run(run_dir: str | Path, training_uids: TrainingUids) -> AuditReport:
     """Audit ``RUN_DIR/fates.jsonl`` against the training prompts of the run's own ``config.yaml``."""
     import yaml
 
@@ -180,15 +188,3 @@ def audit_run(run_dir: str | Path) -> AuditReport:
             )
     cfg = config_from_dict(yaml.safe_load(run.config_path.read_text(encoding="utf-8")), source=str(run.config_path))
     return audit_fates(read_fates(run.fates_path), training_uids(cfg, run.is_simulation), source=str(run.path))
-
-
-def training_uids(cfg: Any, simulated: bool) -> list[str]:
-    """The uids of the prompts the run trained on: the task's, or the simulator's for a simulated run."""
-    if simulated:
-        from groupwise.sim.workload import SimWorkload, make_sim_prompts
-
-        prompts, _ = make_sim_prompts(SimWorkload.from_config(cfg))
-        return [prompt.uid for prompt in prompts]
-    from groupwise.data.registry import build_task
-
-    return [prompt.uid for prompt in build_task(cfg.data.task, cfg.data, cfg.run.seed).train_prompts()]

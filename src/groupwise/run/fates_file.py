@@ -44,7 +44,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from groupwise.run.journal import append_line, read_json_lines
 from groupwise.types import Group
@@ -53,6 +53,7 @@ FATES = ("trained", "filtered", "failed", "evicted", "aborted", "discarded", "ca
 FIELDS = (
     "group_id", "prompt_uid", "epoch", "attempt", "start_version", "fate", "step", "resolution", "detail", "mode",
 )  # fmt: skip
+FILTERED_DETAIL = "zero variance: raw rewards all equal"
 COST_FIELDS = ("tokens",)  # written on every line; optional when read (older files lack it)
 LINE_FIELDS = FIELDS + COST_FIELDS
 
@@ -79,6 +80,12 @@ class RollbackResult:
     dropped_bytes: int
     dropped_lines: int
     missing_bytes: int
+
+
+class GroupFates(Protocol):
+    """Where the sync loop's fate lines go: a :class:`FatesWriter`, or the loop's own counter in front of one."""
+
+    def write_groups(self, groups: Iterable[Group], fate: str, step: int | None, detail: str = "") -> None: ...
 
 
 class FatesWriter:
@@ -176,39 +183,34 @@ def read_fates(path: str | Path) -> list[dict[str, Any]]:
 
 
 def write_sync_step_fates(
-    writer: FatesWriter, step: int, generated: Sequence[Group], trained: Sequence[Group], surplus: Sequence[Group],
-    surplus_carried: bool, dynamic_sampling: bool, zero_variance_tol: float,
+    writer: GroupFates, step: int, generated: Sequence[Group], trained: Sequence[Group], surplus: Sequence[Group],
+    surplus_carried: bool, filtered: Sequence[Group],
 ) -> None:  # fmt: skip
-    """The fates of one trained sync step: every trained group (carried-in ones included), the surplus (carried or
-    discarded), and every generated group that was neither (filtered: zero variance under dynamic sampling)."""
-    from groupwise.algo.filter import is_zero_variance  # lazy: the algo package imports torch; the audit must not
-
-    settled = {g.group_id for g in trained} | {g.group_id for g in surplus}
+    """The fates of one trained sync step, from the accumulator's selection: every trained group (carried-in ones
+    included), the surplus (carried or discarded), and the groups the filter dropped. Every generated group must be
+    in exactly one of them (an AssertionError names the one that is not: the step's accounting is broken)."""
+    settled = [g.group_id for part in (trained, surplus, filtered) for g in part]
+    missing = sorted({g.group_id for g in generated} - set(settled))
+    repeated = sorted(gid for gid in set(settled) if settled.count(gid) > 1)
+    if missing or repeated:
+        raise AssertionError(
+            f"sync step {step}: group(s) {missing} were generated but are neither trained, surplus nor filtered, "
+            f"and group(s) {repeated} are in more than one of them; the step's accounting is broken"
+        )
     writer.write_groups(trained, "trained", step)
     writer.write_groups(surplus, "carried" if surplus_carried else "discarded", step)
-    filtered = [g for g in generated if g.group_id not in settled]
-    for group in filtered:
-        if not (dynamic_sampling and is_zero_variance(group.raw_rewards, zero_variance_tol)):
-            raise AssertionError(
-                f"sync step {step}: group {group.group_id} was generated with reward variance (or with dynamic "
-                "sampling off) but was neither trained nor surplus; the step's accounting is broken"
-            )
-    writer.write_groups(filtered, "filtered", step, detail="zero variance: raw rewards all equal")
+    writer.write_groups(filtered, "filtered", step, detail=FILTERED_DETAIL)
 
 
 def write_untrained_step_fates(
-    writer: FatesWriter, step: int, generated: Sequence[Group], carried_in: Sequence[Group],
-    dynamic_sampling: bool, zero_variance_tol: float, reason: str,
-) -> None:  # fmt: skip
-    """The fates of a sync step that was never trained (the data ran out, or dynamic sampling gave up): the
-    zero-variance groups are ``filtered``, the rest (carried-in groups included) stay ``pending``."""
-    from groupwise.algo.filter import is_zero_variance
-
-    generated_ids = {group.group_id for group in generated}
-    for group in [*carried_in, *generated]:
-        zero_variance = is_zero_variance(group.raw_rewards, zero_variance_tol)
-        filtered = dynamic_sampling and group.group_id in generated_ids and zero_variance
-        if filtered:
-            writer.write_groups([group], "filtered", step, detail="zero variance: raw rewards all equal")
+    writer: GroupFates, step: int, groups: Sequence[Group], filtered: Sequence[Group], reason: str
+) -> None:
+    """The fates of a sync step that was never trained (the data ran out, dynamic sampling gave up, a round or the
+    optimizer step failed), one line per group of ``groups`` in order: those the filter dropped (``filtered``, as
+    the accumulator recorded them) are ``filtered``, the rest (carried-in ones included) stay ``pending``."""
+    dropped = {group.group_id for group in filtered}
+    for group in groups:
+        if group.group_id in dropped:
+            writer.write_groups([group], "filtered", step, detail=FILTERED_DETAIL)
         else:
             writer.write_groups([group], "pending", step, detail=f"step {step} was not trained: {reason}")

@@ -10,19 +10,26 @@ from typing import Any
 import torch
 
 from groupwise.algo.waste import describe_totals
-from groupwise.controller.controller import build_controller
+from groupwise.chunks import TrainChunk
+from groupwise.controller.controller import ControllerSummary, build_controller
+from groupwise.controller.failures import FailureBudgets
+from groupwise.controller.interfaces import ResumableRollouts
 from groupwise.controller.settings import ControllerSettings
-from groupwise.run.async_checkpoint import ItemDecoder, boundary_snapshot, controller_state
+from groupwise.generation.factory import open_stream
+from groupwise.run.async_checkpoint import CONTROLLER_PIECE, ItemDecoder, boundary_snapshot, controller_state
+from groupwise.run.progress import RunProgress
+from groupwise.runtime.clients import AsyncClients, RuntimeRollouts, RuntimeTrainer
 from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.embedded import EmbeddedRollouts, EmbeddedTrainer
 from groupwise.runtime.inflight import attach_progress, kept_tokens
-from groupwise.runtime.streamed import PausingGenerator, StreamedRollouts
+from groupwise.runtime.streamed import StreamedRollouts
 from groupwise.runtime.watchdog import RunStalled, run_watched, watch_progress
+from groupwise.trainer.rollout import RolloutWorker
 from groupwise.trainer.session import Session
 from groupwise.types import Group
 
 
-def run_async(session: Session) -> Any:
+def run_async(session: Session) -> ControllerSummary:
     """Train ``session`` with the async single controller until ``run.max_steps`` or the end of data."""
     cfg = session.cfg
     if session.state.step == 0 and cfg.eval.at_start:
@@ -44,27 +51,25 @@ def run_async(session: Session) -> Any:
     return summary
 
 
-async def _run(session: Session, progress: Any) -> Any:
-    rollouts, trainer = _runtime_clients(session)
-    stream = getattr(rollouts, "stream", None)
+async def _run(session: Session, progress: RunProgress) -> ControllerSummary:
+    clients = _runtime_clients(session)
     engine = session.engine
-    if stream is not None:  # evaluation shares the engine with the running stream: it parks the stream meanwhile
-        session.engine = PausingGenerator(engine, stream)
+    if clients.stream is not None:  # evaluation shares the engine with the running stream: it parks the stream
+        session.engine = clients.stream.generator_for_evaluation()
     try:
-        return await _run_controller(session, progress, rollouts, trainer)
+        return await _run_controller(session, progress, clients)
     finally:
         session.engine = engine
 
 
-async def _run_controller(session: Session, progress: Any, rollouts: Any, trainer: Any) -> Any:
+async def _run_controller(session: Session, progress: RunProgress, clients: AsyncClients) -> ControllerSummary:
     cfg = session.cfg
+    rollouts, trainer = clients.rollouts, clients.trainer
     meter = _StepMeter(rollouts, trainer)
-    local_progress = getattr(rollouts, "progress_by_group", None)  # the embedded stream: read synchronously
-    remote_progress = getattr(rollouts, "fetch_progress", None)  # Ray workers' streams: a round trip
-    streamed = local_progress is not None or remote_progress is not None
+    resumable = rollouts if isinstance(rollouts, ResumableRollouts) else None
 
-    async def on_step_end(step: int, metrics: dict[str, float], groups: list[Group]) -> None:
-        rows = trainer.take_step_rows()
+    async def on_step_end(step: int, metrics: dict[str, float], chunks: list[TrainChunk]) -> None:
+        groups = [group for chunk in chunks for group in chunk.groups]
         metrics.update(meter.step_metrics())
         metrics.update(faults.step_metrics())
         if cfg.async_.partial_rollouts == "continue":
@@ -72,16 +77,14 @@ async def _run_controller(session: Session, progress: Any, rollouts: Any, traine
         session.state.step = step + 1
         # The rollout pump keeps running while end_step writes a checkpoint in a thread: capture what the
         # checkpoint needs of the controller, loader and fates now, in one synchronous block.
-        # What each running attempt generated so far is saved with it, so a resume continues it.
-        inflight = local_progress().get if local_progress is not None else None
-        snapshot = boundary_snapshot(step + 1, controller, session.loader, session.fates, inflight)
-        if remote_progress is not None:  # read after the snapshot: a later boundary of the same attempts
-            attach_progress(controller_state(snapshot["extra"]), await remote_progress())
+        snapshot = boundary_snapshot(step + 1, controller, session.loader, session.fates)
+        if resumable is not None:  # what each running attempt generated so far is saved with it: a resume continues
+            attach_progress(snapshot["extra"][CONTROLLER_PIECE], await resumable.fetch_progress())
         session.boundary_snapshot = snapshot
         # Evaluation uses the engine: hold it so no rollout batch runs on it meanwhile (a stream is paused instead,
-        # by PausingGenerator, only while evaluation generates).
-        async with contextlib.nullcontext() if streamed else rollouts.engine_lock:
-            await step_end.run(session.end_step, step, metrics, rows)
+        # by its evaluation generator or the streamed worker, only while evaluation generates).
+        async with contextlib.nullcontext() if clients.streamed else rollouts.engine_lock:
+            await step_end.run(session.end_step, step, metrics, chunks)
         progress.update(step + 1, session.last_metrics)
 
     settings = ControllerSettings.from_config(cfg, start_step=session.state.step)
@@ -106,7 +109,7 @@ async def _run_controller(session: Session, progress: Any, rollouts: Any, traine
     faults = _FaultMeter(controller.ctx.budgets, rollouts)
     step_end = DaemonWorker("groupwise-step-end")  # metrics, evaluation, checkpoints
 
-    def progress_marker() -> tuple[Any, ...]:
+    def progress_marker() -> tuple[int, ...]:
         return (*controller.progress_marker(), rollouts.calls_returned)
 
     stall_s = cfg.runtime.stall_timeout_s
@@ -145,48 +148,50 @@ def _resume_state(session: Session) -> dict[str, Any] | None:
     return state
 
 
-def _runtime_clients(session: Session) -> tuple[Any, Any]:
+def _runtime_clients(session: Session) -> AsyncClients:
     """The controller's rollout and trainer clients on the configured ``runtime.backend``."""
     cfg = session.cfg
     if cfg.runtime.backend == "ray":
-        from groupwise.runtime.ray_session import ray_clients  # Ray is imported only when chosen
+        from groupwise.runtime.ray_session import RaySession, ray_clients  # Ray is imported only when chosen
 
+        assert isinstance(session, RaySession), "runtime.backend: ray runs on the session build_ray_session makes"
         return ray_clients(session)
-    trainer = EmbeddedTrainer(session.learner, cfg.grpo)
-    if cfg.generation.continuous_batching and session.engine.stream_unavailable() is None:
-        stream = session.engine.open_stream(
+    trainer = EmbeddedTrainer(session.learner)
+    if not isinstance(session.rollouts, RolloutWorker):
+        raise TypeError(f"the embedded runtime runs an in-process RolloutWorker, not {type(session.rollouts).__name__}")
+    if session.streaming.available:
+        stream = open_stream(
+            session.engine,
             session.rollouts.sampling,
             max_rows=cfg.generation.micro_batch_groups * cfg.grpo.num_generations_per_prompt,
             partial=cfg.async_.partial_rollouts,
             kv=cfg.async_.partial_rollout_kv,
         )
-        return StreamedRollouts(session.rollouts, session.generator_weights, stream, session.events.event), trainer
-    rollouts = EmbeddedRollouts(session.rollouts, session.generator_weights, cfg.generation.micro_batch_groups)
-    return rollouts, trainer
+        rollouts = StreamedRollouts(session.rollouts, session.generator_weights, stream, session.events.event)
+        return AsyncClients(rollouts, trainer, stream, streamed=True)
+    embedded = EmbeddedRollouts(session.rollouts, session.generator_weights, cfg.generation.micro_batch_groups)
+    return AsyncClients(embedded, trainer)
 
 
 class _FaultMeter:
     """``rollout/redispatches`` (infra retries the controller made), ``rollout/worker_restarts`` (replacement
-    generation workers) and, with continuous batching, ``rollout/resumed_tokens`` (tokens of resumed attempts
-    continued rather than generated again) since the previous step closed."""
+    generation workers) and, with a client that continues resumed attempts, ``rollout/resumed_tokens`` (tokens of
+    resumed attempts continued rather than generated again) since the previous step closed."""
 
-    def __init__(self, budgets: Any, rollouts: Any):
+    def __init__(self, budgets: FailureBudgets, rollouts: RuntimeRollouts):
         self.budgets, self.rollouts = budgets, rollouts
-        self.redispatches, self.restarts = budgets.infra_retries, self._restarts()
+        self.redispatches, self.restarts = budgets.infra_retries, rollouts.worker_restarts
         self.resumed = 0
 
-    def _restarts(self) -> int:
-        return getattr(self.rollouts, "worker_restarts", 0)  # the embedded engine is never restarted
-
     def step_metrics(self) -> dict[str, float]:
-        redispatches, restarts = self.budgets.infra_retries, self._restarts()
+        redispatches, restarts = self.budgets.infra_retries, self.rollouts.worker_restarts
         metrics = {
             "rollout/redispatches": float(redispatches - self.redispatches),
             "rollout/worker_restarts": float(restarts - self.restarts),
         }
         self.redispatches, self.restarts = redispatches, restarts
-        resumed = getattr(self.rollouts, "resumed_tokens", None)  # only clients that can continue an attempt
-        if resumed is not None:
+        if isinstance(self.rollouts, ResumableRollouts):
+            resumed = self.rollouts.resumed_tokens
             metrics["rollout/resumed_tokens"] = float(resumed - self.resumed)
             self.resumed = resumed
         return metrics
@@ -195,7 +200,7 @@ class _FaultMeter:
 class _StepMeter:
     """Wall time per step and how busy generation and training were in it (``perf/*`` metrics)."""
 
-    def __init__(self, rollouts: EmbeddedRollouts, trainer: EmbeddedTrainer):
+    def __init__(self, rollouts: RuntimeRollouts, trainer: RuntimeTrainer):
         self.rollouts, self.trainer = rollouts, trainer
         self.last = time.perf_counter()
         self.tokens = self.gen_busy = self.train_busy = 0.0

@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from groupwise.batch import RowBatch
-from groupwise.rows import StepRows
+from groupwise.chunks import TrainChunk
+from groupwise.controller.interfaces import LoaderItem
 from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.rollout_queue import (
     PendingRollout,
@@ -29,17 +29,20 @@ from groupwise.runtime.rollout_queue import (
     fail_all,
     settle_outcomes,
 )
+from groupwise.trainer.parts import StepLearner
 from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import GenerationCost, Group
 
 if TYPE_CHECKING:
-    from groupwise.config import GrpoSection
+    import torch
 
 
 class EmbeddedRollouts:
     """``RolloutClient`` over an in-process :class:`~groupwise.trainer.rollout.RolloutWorker`."""
 
-    def __init__(self, worker: RolloutWorker, weights: Callable[[], Mapping[str, Any]] | None, max_batch_groups: int):
+    def __init__(
+        self, worker: RolloutWorker, weights: Callable[[], Mapping[str, torch.Tensor]] | None, max_batch_groups: int
+    ) -> None:
         self.worker = worker
         self.weights = weights  # the learner's weights for the generator (the session's generator_weights)
         self.max_batch_groups = max(1, max_batch_groups)
@@ -49,9 +52,10 @@ class EmbeddedRollouts:
         self.generated_tokens = 0
         self.busy_seconds = 0.0
         self.calls_returned = 0  # engine calls that returned or raised: progress for the stall watchdog
+        self.worker_restarts = 0  # the in-process engine is never restarted
 
-    async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int) -> Group:
-        return await self._queue.submit(prompt, group_id, attempt)
+    async def rollout(self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int) -> Group:
+        return await self._queue.submit(prompt, group_id, attempt, start_version)
 
     async def spent(self, group_id: int) -> GenerationCost:
         """What a rollout the controller cancelled cost (waits for the engine call it is in)."""
@@ -75,6 +79,7 @@ class EmbeddedRollouts:
                     [p.item for p in batch],
                     [p.group_id for p in batch],
                     [p.attempt for p in batch],
+                    [p.start_version for p in batch],
                 )
             except Exception as err:  # noqa: BLE001 — the engine call failed: every waiting rollout gets its error
                 self.calls_returned += 1
@@ -90,6 +95,8 @@ class EmbeddedRollouts:
 
     async def sync_weights(self, version: int) -> None:
         """Copy the learner's parameters (adapters merged, with LoRA) into the engine's model, between engine calls."""
+        if self.weights is None:
+            raise RuntimeError("these rollouts were built without a weights source (weights=None): they cannot sync")
         async with self.engine_lock:
             self.worker.generator.load_weights(self.weights(), version)
 
@@ -104,26 +111,19 @@ class EmbeddedRollouts:
 
 @dataclass
 class EmbeddedTrainer:
-    """``TrainerClient`` over an in-process :class:`~groupwise.trainer.learner.Learner`.
+    """``TrainerClient`` over an in-process :class:`~groupwise.trainer.learner.Learner`: each chunk's rows (built
+    by the loop that assembled the step, advantages included) go to the learner."""
 
-    Advantages are computed per chunk: chunks hold whole groups, so group baselines are exact. The rows of
-    every chunk are kept until the step closes so the runtime can write the step's ``train_data`` file.
-    """
-
-    learner: Any
-    grpo: GrpoSection
+    learner: StepLearner
     in_thread: bool = True  # async: train in a worker thread while generation goes on; sync: inline
-    step_rows: StepRows = field(init=False)
     busy_seconds: float = 0.0
     _thread: DaemonWorker = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.step_rows = StepRows(self.grpo)
         self._thread = DaemonWorker("groupwise-learner")
 
-    async def train_chunk(self, step: int, groups: list[Group], first_chunk: bool) -> None:
-        rows = self.step_rows.add_chunk(groups, first_chunk)
-        await self._call(self.learner.train_chunk, rows)
+    async def train_chunk(self, step: int, chunk: TrainChunk, first_chunk: bool) -> None:
+        await self._call(self.learner.train_chunk, chunk.rows)
 
     async def finish_step(self, step: int) -> dict[str, float]:
         return await self._call(self.learner.finish_step)
@@ -134,9 +134,6 @@ class EmbeddedTrainer:
             return await self._thread.run(method, *args) if self.in_thread else method(*args)
         finally:
             self.busy_seconds += time.perf_counter() - start
-
-    def take_step_rows(self) -> RowBatch:
-        return self.step_rows.take()
 
     def close(self, grace_s: float = 60.0) -> None:
         self._thread.close(grace_s)

@@ -93,12 +93,6 @@ def prefix_tokens(prefixes: tuple[RowPrefix | None, ...]) -> int:
     return sum(len(prefix.token_ids) for prefix in prefixes if prefix is not None)
 
 
-def oldest_version(prefixes: tuple[RowPrefix | None, ...], version: int) -> int:
-    """The oldest weight version among the prefixes' tokens and ``version`` (a group's staleness is its oldest
-    token's)."""
-    return min([version, *(v for prefix in prefixes if prefix is not None for v in prefix.token_versions)])
-
-
 def attach_progress(state: dict[str, Any], progress: dict[int, Any]) -> int:
     """Fill in the progress of the running attempts of a controller snapshot ``state`` from ``progress`` (by group
     id), read after the snapshot was taken (a later token boundary of the same attempts, so still a prefix of each);

@@ -38,6 +38,7 @@ from groupwise.batch import RowBatch
 
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
+    from groupwise.trainer.rank_learner import RankLearner
 
 _POLL_S = 0.5  # how often a waiting driver looks at the ranks' processes
 _STOP_GRACE_S = 5.0  # seconds a stopped rank gets to exit before it is killed
@@ -213,12 +214,13 @@ def _portable(err: BaseException) -> tuple[BaseException | None, str]:
 
 def build_rank_learner(
     cfg: RunConfig, rank: int, world_size: int, host: str, port: int, cuda_index: int, share_cpus: bool
-) -> Any:
+) -> RankLearner:
     """Rank ``rank``'s learner in the group that meets at ``host:port``, on GPU ``cuda_index`` with CUDA;
     ``share_cpus``: split this machine's cores among the ranks (Ray sets each actor's threads itself)."""
     from groupwise.model.loading import resolve_device
-    from groupwise.trainer.builder import build_learner, load_policy_from_config
+    from groupwise.trainer.builder import learner_parts, load_policy_from_config
     from groupwise.trainer.data_parallel import DataParallel, init_process_group
+    from groupwise.trainer.rank_learner import RankLearner
 
     device = resolve_device(cfg.model.device)
     if device.type == "cuda":
@@ -231,7 +233,8 @@ def build_rank_learner(
     torch.manual_seed(cfg.run.seed)
     policy = load_policy_from_config(cfg)
     parallel = DataParallel(rank, world_size, cfg.learner.sharding, device)
-    return build_learner(cfg, policy.model, parallel=parallel)
+    parts = learner_parts(cfg, policy.model)
+    return RankLearner(parts.model, parts.settings, parallel, reference=parts.reference, precision=parts.precision)
 
 
 @dataclass
@@ -261,10 +264,6 @@ class RankCommands:
 
     def generator_state(self) -> dict[str, torch.Tensor]:
         return self.learner.generator_state()
-
-    def exit_now(self, code: int) -> None:
-        """Tests: end this rank's process at once, as a crash would (``os._exit``)."""
-        os._exit(code)
 
 
 class RankedLearner:

@@ -65,8 +65,8 @@ def build_ranked_session(
         parts.task.train_prompts(), seed=cfg.run.seed, shuffle=cfg.data.shuffle, max_epochs=cfg.run.max_epochs
     )
     session = RankedSession(
-        cfg=cfg, run_dir=run_dir, policy=policy, engine=parts.engine, learner=learner, rollouts=parts.rollouts,
-        loader=loader, task=parts.task, reward_fn=parts.reward_fn, events=writer, ranks=ranks,
+        cfg=cfg, run_dir=run_dir, policy=policy, engine=parts.engine, streaming=parts.streaming, learner=learner,
+        rollouts=parts.rollouts, loader=loader, task=parts.task, reward_fn=parts.reward_fn, events=writer, ranks=ranks,
     )  # fmt: skip
     try:
         if not session.begin(resume_from, notes=parts.notes):

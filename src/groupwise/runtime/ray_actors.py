@@ -68,9 +68,7 @@ class GenerationWorker:
         self.index = index
         self.engine = parts.engine
         self.rollouts = parts.rollouts
-        self.stream: Any = None
-        if cfg.generation.continuous_batching and parts.engine.stream_unavailable() is None:
-            self.stream = StreamedWorker(parts, cfg)
+        self.stream: StreamedWorker | None = StreamedWorker(parts, cfg) if parts.streaming.available else None
         # A threaded actor without a stream (a model without the fast step) runs one engine call at a time.
         self._engine_lock = threading.Lock()
 
@@ -78,27 +76,30 @@ class GenerationWorker:
         return {"index": self.index, "version": self.engine.version, **_where()}
 
     def generate_groups(
-        self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int] | None = None
-    ) -> list[Group]:
-        return self.rollouts.generate_groups(items, group_ids, attempts)
+        self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int] | None = None,
+        start_versions: Sequence[int] | None = None,
+    ) -> list[Group]:  # fmt: skip
+        return self.rollouts.generate_groups(items, group_ids, attempts, start_versions)
 
     def generate_group_outcomes(
-        self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int] | None = None,
-        prefixes: Sequence[tuple] | None = None,
+        self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int],
+        start_versions: Sequence[int] | None = None, prefixes: Sequence[tuple] | None = None,
     ) -> list[Group | Exception]:  # fmt: skip
         """Groups, with each prompt's own reward failure in its place (the async client fails only that prompt);
+        ``start_versions[i]``: the version the attempt was dispatched at (the engine's current one when omitted);
         with a stream, ``prefixes[i]`` continues the samples of a resumed attempt."""
+        if start_versions is None:
+            start_versions = [self.engine.version] * len(items)
         if self.stream is not None:
-            return self.stream.outcomes(items, group_ids, attempts, prefixes)
+            return self.stream.outcomes(items, group_ids, attempts, start_versions, prefixes)
         if prefixes and any(prefixes):
             raise ValueError("this worker has no generation stream, so it cannot continue a resumed attempt")
         with self._engine_lock:
-            return self.rollouts.generate_group_outcomes(items, group_ids, attempts)
+            return list(self.rollouts.generate_group_outcomes(items, group_ids, attempts, start_versions))
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
-        if self.stream is not None:  # evaluation: the running stream is parked meanwhile
-            with self.stream.stream.paused():
-                return self.engine.generate(requests, sampling)
+        if self.stream is not None:  # evaluation beside the running stream (the built-in engine parks it meanwhile)
+            return self.stream.stream.generator_for_evaluation().generate(requests, sampling)
         with self._engine_lock:
             return self.engine.generate(requests, sampling)
 

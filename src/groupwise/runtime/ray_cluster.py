@@ -55,6 +55,10 @@ RAY_INFRA_ERRORS: tuple[type[BaseException], ...] = (
 for _error_type in RAY_INFRA_ERRORS:
     register_infra_error_type(_error_type)
 
+# A Ray actor handle. Its remote methods are looked up dynamically (``handle.train_chunk.remote(rows)``), which
+# Ray's own ``ActorHandle`` types as ``Never``; so a handle is typed as unknown, and each call site says what it gets.
+ActorHandle = Any
+
 _EPSILON = 1e-9
 
 

@@ -13,7 +13,7 @@ nothing had happened. The async client is :class:`groupwise.runtime.ray_runtime.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,8 @@ from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import Completion, GenerationRequest, Group, SamplingParams
 
 if TYPE_CHECKING:
+    import torch
+
     from groupwise.config import RunConfig
 
 # Sync mode: how many times one call may replace a lost worker before giving up.
@@ -173,7 +175,9 @@ class GenerationPool:
 
 
 class RemoteEngine:
-    """The session's ``engine`` (evaluation): generation on a live worker, blocking."""
+    """The session's ``engine`` (a :class:`~groupwise.generation.base.Generator`): generation on a live worker, and
+    weights loaded into every worker, blocking. Training runs publish the learner's weights straight from the learner
+    actor instead (``RaySession.publish_weights``), so they never pass through the driver."""
 
     def __init__(self, pool: GenerationPool):
         self.pool = pool
@@ -181,6 +185,10 @@ class RemoteEngine:
     @property
     def version(self) -> int:
         return self.pool.version
+
+    def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Every worker loads ``state`` (put in the object store once) as ``version``."""
+        self.pool.publish([ray.put(dict(state))], version)
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
         for _ in range(MAX_REPLACEMENTS_PER_CALL + 1):
@@ -225,13 +233,16 @@ class RaySyncRollouts:
         return self.local.encode(prompt)
 
     def generate_groups(
-        self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int] | None = None
-    ) -> list[Group]:
+        self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int] | None = None,
+        start_versions: Sequence[int] | None = None,
+    ) -> list[Group]:  # fmt: skip
         """Like :meth:`groupwise.trainer.rollout.RolloutWorker.generate_groups`, on the worker actors."""
         items, group_ids = list(items), list(group_ids)
         attempts = list(attempts) if attempts is not None else [0] * len(items)
-        if not len(items) == len(group_ids) == len(attempts):
-            raise ValueError(f"{len(items)} prompts, {len(group_ids)} group ids and {len(attempts)} attempts")
+        starts = list(start_versions) if start_versions is not None else [self.pool.version] * len(items)
+        if not len(items) == len(group_ids) == len(attempts) == len(starts):
+            raise ValueError(f"{len(items)} prompts, {len(group_ids)} group ids, {len(attempts)} attempts and "
+                             f"{len(starts)} start versions")  # fmt: skip
         shards = split_evenly(len(items), len(self.pool.workers))
         results: dict[int, list[Group]] = {}
         for _ in range(MAX_REPLACEMENTS_PER_CALL + 1):
@@ -242,7 +253,8 @@ class RaySyncRollouts:
             calls = []
             for n, i in enumerate(todo):
                 slot, shard = workers[n % len(workers)], shards[i]
-                pick = [items[k] for k in shard], [group_ids[k] for k in shard], [attempts[k] for k in shard]
+                pick = ([items[k] for k in shard], [group_ids[k] for k in shard], [attempts[k] for k in shard],
+                        [starts[k] for k in shard])  # fmt: skip
                 calls.append((i, slot, slot.handle.generate_groups.remote(*pick)))
             self._collect(calls, results)
         missing = [i for i in range(len(shards)) if i not in results]

@@ -8,8 +8,8 @@
   A reward failure fails only the prompt whose completion raised it: the worker returns it in that group's place.
   Each call's wall time, as the driver waits for it, is split among its groups pro rata by completion tokens
   (:func:`~groupwise.runtime.rollout_queue.charge_call`).
-* :class:`RayTrainer` (``TrainerClient``): advantages per chunk of whole groups in the driver, then the rows go
-  to the learner actor.
+* :class:`RayTrainer` (``TrainerClient``): each chunk's rows (advantages computed by the loop that assembled the
+  step) go to the learner actor.
 * :class:`RayLearner`: what the session calls ``learner`` (and, through :class:`LearnerModel`, the policy's
   ``model``): blocking calls to the learner actor. A lost learner raises :class:`LearnerFailed`: the run stops,
   and the newest complete checkpoint stays the place to resume from.
@@ -21,19 +21,17 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from groupwise.batch import RowBatch
-from groupwise.rows import StepRows
+from groupwise.chunks import TrainChunk
+from groupwise.controller.interfaces import LoaderItem
 from groupwise.runtime.ray_cluster import ray
 from groupwise.runtime.ray_errors import UnschedulableError
 from groupwise.runtime.ray_pool import GenerationPool, GenerationWorkerLost, WorkerSlot
 from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, charge_call, fail_all, settle_outcomes
 from groupwise.types import GenerationCost, Group
-
-if TYPE_CHECKING:
-    from groupwise.config import GrpoSection
 
 
 class LearnerFailed(RuntimeError):
@@ -98,18 +96,13 @@ class LearnerModel:
 
 @dataclass
 class RayTrainer:
-    """``TrainerClient`` over the learner actor; keeps each step's rows for the ``train_data`` file."""
+    """``TrainerClient`` over the learner actor: each chunk's rows go to it."""
 
     learner: RayLearner
-    grpo: GrpoSection
-    step_rows: StepRows = field(init=False)
     busy_seconds: float = 0.0
 
-    def __post_init__(self) -> None:
-        self.step_rows = StepRows(self.grpo)
-
-    async def train_chunk(self, step: int, groups: list[Group], first_chunk: bool) -> None:
-        rows = self.step_rows.add_chunk(groups, first_chunk)
+    async def train_chunk(self, step: int, chunk: TrainChunk, first_chunk: bool) -> None:
+        rows = chunk.rows
         await self._call(f"training a chunk of step {step}", self.learner.handle.train_chunk.remote(rows))
 
     async def finish_step(self, step: int) -> dict[str, float]:
@@ -126,9 +119,6 @@ class RayTrainer:
             raise _learner_failed(what, err) from err
         finally:
             self.busy_seconds += time.perf_counter() - start
-
-    def take_step_rows(self) -> RowBatch:
-        return self.step_rows.take()
 
     def close(self, grace_s: float = 60.0) -> None:
         """Nothing to stop here: the learner actor runs the steps (the session stops it)."""
@@ -158,8 +148,8 @@ class RayRolloutClient:
     def worker_restarts(self) -> int:
         return self.pool.restarts
 
-    async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int) -> Group:
-        return await self._queue.submit(prompt, group_id, attempt)
+    async def rollout(self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int) -> Group:
+        return await self._queue.submit(prompt, group_id, attempt, start_version)
 
     async def spent(self, group_id: int) -> GenerationCost:
         """What a rollout the controller cancelled cost (waits for the worker call it is in)."""
@@ -222,7 +212,8 @@ class RayRolloutClient:
 
     def _call(self, slot: WorkerSlot, batch: list[PendingRollout]) -> Any:
         return slot.handle.generate_group_outcomes.remote([p.item for p in batch], [p.group_id for p in batch],
-                                                          [p.attempt for p in batch])  # fmt: skip
+                                                          [p.attempt for p in batch],
+                                                          [p.start_version for p in batch])  # fmt: skip
 
     def _charge(self, batch: list[PendingRollout], outcomes: Any, seconds: float) -> None:
         """Record what each group of a call that took ``seconds`` cost (split pro rata by tokens)."""
@@ -260,14 +251,15 @@ class RayRolloutClient:
         timeout = self.pool.startup_timeout_s
         try:
             await asyncio.wait_for(ready, timeout)
-        except asyncio.TimeoutError as err:
+        except TimeoutError as err:
             raise UnschedulableError(
                 f"replacement generation worker {slot.index} did not start within {timeout:g} s (see `ray status`: "
                 "the cluster may have lost the node or the resources it needs)"
             ) from err
         while slot.version < self.pool.version:  # also the versions synced while it started
-            version = self.pool.version
-            await slot.handle.load_weights.remote(self.pool.weights[0], version)
+            version, weights = self.pool.version, self.pool.weights
+            assert weights is not None, "a version above 0 was published with its weights"
+            await slot.handle.load_weights.remote(weights[0], version)
             slot.version = version
 
     async def sync_weights(self, version: int) -> None:

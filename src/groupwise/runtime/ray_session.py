@@ -27,6 +27,7 @@ from groupwise.data.loader import PromptLoader
 from groupwise.model.lora import lora_config
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
+from groupwise.runtime.clients import AsyncClients
 from groupwise.runtime.ray_actors import (
     LearnerRankWorker,
     LearnerWorker,
@@ -35,6 +36,7 @@ from groupwise.runtime.ray_actors import (
     start_actor,
 )
 from groupwise.runtime.ray_cluster import (
+    ActorHandle,
     RayCluster,
     check_schedulable,
     connect_cluster,
@@ -60,9 +62,11 @@ class RaySession(Session):
     """A :class:`~groupwise.trainer.session.Session` whose learner and generators are Ray actors. Call :meth:`close`
     when done (it stops the actors, and the cluster if this session started it)."""
 
-    cluster: RayCluster | None = None
-    pool: GenerationPool | None = None
-    learner_peers: list[Any] = field(default_factory=list)  # learner ranks 1.. (rank 0 is the learner's handle)
+    learner: RayLearner  # narrowed: the learner actor's driver-side handle
+    rollouts: RaySyncRollouts  # narrowed: the workers, with the driver's own rollout worker for encoding
+    cluster: RayCluster = field(kw_only=True)
+    pool: GenerationPool = field(kw_only=True)
+    learner_peers: list[ActorHandle] = field(default_factory=list)  # learner ranks 1.. (rank 0 is the learner's)
     _closed: bool = field(default=False, repr=False)
 
     def publish_weights(self) -> None:
@@ -114,7 +118,8 @@ def build_ray_session(
     inputs = inputs or check_train_start(cfg, resume=resume, resume_from=resume_from)
     check_device_resources(cfg)
     cluster = connect_cluster(cfg.runtime.ray.address)
-    learners, pool = [], None
+    learners: list[ActorHandle] = []
+    pool: GenerationPool | None = None
     try:
         check_schedulable(run_resources(cfg.runtime.ray, cfg.learner.num_ranks))
         # Start every actor first: it overlaps their model loading with the driver's own set-up.
@@ -173,6 +178,7 @@ def _assemble(
             lambda: learner.call("merging weights", learner.handle.generator_state.remote()), _lora_config(cfg),
         ),
         engine=RemoteEngine(pool),
+        streaming=parts.streaming,  # the driver's copy of the model: the workers build the same one
         learner=learner,
         rollouts=rollouts,
         loader=loader,
@@ -200,18 +206,17 @@ def _lora_config(cfg: Any) -> Any:
     return lora_config(lora.rank, lora.alpha, lora.dropout, lora.target_modules) if lora.enabled else None
 
 
-def ray_clients(session: RaySession) -> tuple[RayRolloutClient, RayTrainer]:
+def ray_clients(session: RaySession) -> AsyncClients:
     """The async controller's rollout and trainer clients for a :class:`RaySession`: with
     ``generation.continuous_batching`` (and a model the stream takes: the workers build the same one) a call per
     group on streamed workers, otherwise batches of ``generation.micro_batch_groups``."""
     cfg, learner, local = session.cfg, session.learner, session.rollouts.local
-    rollouts: RayRolloutClient
-    if cfg.generation.continuous_batching and local.generator.stream_unavailable() is None:
+    if session.streaming.available:
         from groupwise.runtime.ray_stream_client import RayStreamedRollouts
 
-        rollouts = RayStreamedRollouts(
+        streamed = RayStreamedRollouts(
             session.pool, groups_per_streamed_worker(cfg), learner.publish_weights, local, session.events.event
         )
-    else:
-        rollouts = RayRolloutClient(session.pool, cfg.generation.micro_batch_groups, learner.publish_weights)
-    return rollouts, RayTrainer(learner, cfg.grpo)
+        return AsyncClients(streamed, RayTrainer(learner), streamed=True)
+    rollouts = RayRolloutClient(session.pool, cfg.generation.micro_batch_groups, learner.publish_weights)
+    return AsyncClients(rollouts, RayTrainer(learner))

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from groupwise.runtime.inflight import encode_progress, oldest_version
+from groupwise.generation.factory import open_stream
+from groupwise.runtime.inflight import encode_progress
 from groupwise.types import GenerationCost, GenerationRequest, Group, attach_cost, charge_seconds
 
 if TYPE_CHECKING:
@@ -43,8 +45,8 @@ class StreamedWorker:
 
     def __init__(self, parts: Components, cfg: RunConfig) -> None:
         self.rollouts = parts.rollouts
-        self.stream = parts.engine.open_stream(
-            parts.rollouts.sampling,
+        self.stream = open_stream(
+            parts.engine, parts.rollouts.sampling,
             max_rows=cfg.generation.micro_batch_groups * cfg.grpo.num_generations_per_prompt,
             partial=cfg.async_.partial_rollouts,
             kv=cfg.async_.partial_rollout_kv,
@@ -55,13 +57,11 @@ class StreamedWorker:
         self._running: dict[int, tuple[int, GenerationRequest, _Answer]] = {}
 
     def outcomes(
-        self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int] | None,
-        prefixes: Sequence[tuple] | None,
+        self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int],
+        start_versions: Sequence[int], prefixes: Sequence[tuple] | None,
     ) -> list[Group | Exception]:  # fmt: skip
         """Each group, or its own reward failure; an engine failure fails the call."""
-        attempts = list(attempts) if attempts is not None else [0] * len(items)
         prefixes = list(prefixes) if prefixes is not None else [()] * len(items)
-        version = self.rollouts.generator.version
         waiting = []
         for item, group_id, attempt, rows in zip(items, group_ids, attempts, prefixes, strict=True):
             request = self.rollouts.request_for(item, attempt, tuple(rows))
@@ -71,8 +71,8 @@ class StreamedWorker:
                 self._running[group_id] = (handle, request, answer)
             waiting.append((item, group_id, attempt, request, handle, answer))
         try:
-            outcomes = []
-            for item, group_id, attempt, request, handle, answer in waiting:
+            outcomes: list[Group | Exception] = []
+            for (item, group_id, attempt, request, handle, answer), start in zip(waiting, start_versions, strict=True):
                 answer.ready.wait()
                 if isinstance(answer.value, GroupCancelled):  # its place holds the cost, for the driver's books
                     outcomes.append(answer.value)
@@ -80,10 +80,10 @@ class StreamedWorker:
                 if isinstance(answer.value, BaseException):
                     raise answer.value
                 _, seconds = self.stream.cost(handle)
-                start = oldest_version(request.prefixes, version)  # a continued attempt: its oldest kept token
-                outcomes.append(charge_seconds(self.rollouts.score_group(
+                scored = self.rollouts.score_group(
                     item, group_id, attempt, request, answer.value, start, self.rollouts.generator.version
-                ), seconds))  # fmt: skip
+                )  # fmt: skip
+                outcomes.append(charge_seconds(scored, seconds))
             return outcomes
         finally:
             with self._lock:
@@ -98,8 +98,7 @@ class StreamedWorker:
         for entry in running:
             if entry is not None:
                 handle, _, answer = entry
-                self.stream.cancel(handle, lambda tokens, seconds, answer=answer: answer(attach_cost(
-                    GroupCancelled("the driver cancelled this group"), GenerationCost(tokens, seconds))))
+                self.stream.cancel(handle, partial(_answer_cancelled, answer))
 
     def load_weights(self, load: Callable[[], None]) -> None:
         """Have the stream run ``load`` at a token boundary (or after a drain) and wait for it; one at a time (the
@@ -121,3 +120,8 @@ class StreamedWorker:
             for group_id, (handle, request, _) in running
             if handle in progress
         }
+
+
+def _answer_cancelled(answer: _Answer, tokens: int, seconds: float) -> None:
+    """A cancelled group's call gets a :class:`GroupCancelled` in its place, carrying what the group had cost."""
+    answer(attach_cost(GroupCancelled("the driver cancelled this group"), GenerationCost(tokens, seconds)))

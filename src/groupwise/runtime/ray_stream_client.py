@@ -17,8 +17,8 @@ may hold plus the control calls, so a weight load is never queued behind generat
 
 A cancelled rollout (the controller aborted a stale attempt, or the run stops) cancels its group on the worker,
 whose rows then leave their slots. For checkpoints, :meth:`RayStreamedRollouts.fetch_progress` asks every worker
-what its running attempts generated so far; a resumed attempt is continued (``rollout(..., resume=data)``) on
-whichever worker takes it. Worker loss and replacement are :class:`~groupwise.runtime.ray_runtime.RayRolloutClient`'s.
+what its running attempts generated so far; a resumed attempt is continued (``resume``) on whichever worker takes
+it. Worker loss and replacement are :class:`~groupwise.runtime.ray_runtime.RayRolloutClient`'s.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
+from groupwise.controller.interfaces import LoaderItem
 from groupwise.runtime.inflight import continuation, prefix_tokens
 from groupwise.runtime.ray_pool import GenerationPool, WorkerSlot
 from groupwise.runtime.ray_runtime import RayRolloutClient
@@ -52,12 +54,13 @@ class RayStreamedRollouts(RayRolloutClient):
         self.resumed_tokens = 0  # tokens of resumed attempts that were continued, not generated again
         self._holding_since: dict[int, float] = {}  # worker index -> when it last went from no group to some
 
-    async def rollout(self, prompt: Any, group_id: int, attempt: int, start_version: int, resume: Any = None) -> Group:
-        prefixes: tuple = ()
-        if resume is not None:
-            prefixes = continuation(self.local, prompt, group_id, attempt, resume, self.on_event)
-            self.resumed_tokens += prefix_tokens(prefixes)
-        return await self._queue.submit(prompt, group_id, attempt, prefixes)
+    async def resume(
+        self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int, progress: Any
+    ) -> Group:
+        """Continue a checkpointed attempt: its samples so far go to the worker as prefixes."""
+        prefixes = continuation(self.local, prompt, group_id, attempt, progress, self.on_event)
+        self.resumed_tokens += prefix_tokens(prefixes)
+        return await self._queue.submit(prompt, group_id, attempt, start_version, prefixes)
 
     def _fill_workers(self) -> None:
         """Every waiting group goes, as a call of its own, to the worker holding the fewest groups."""
@@ -67,11 +70,11 @@ class RayStreamedRollouts(RayRolloutClient):
                 self._holding_since[slot.index] = time.perf_counter()
             slot.groups += 1
             future = pending[0].future
-            future.add_done_callback(lambda f, s=slot, g=pending[0].group_id: self._cancelled(f, s, g))
+            future.add_done_callback(partial(self._cancelled, slot=slot, group_id=pending[0].group_id))
             self._spawn(self._run_batch(slot, pending), f"ray-group-{pending[0].group_id}-worker-{slot.index}")
 
     @staticmethod
-    def _cancelled(future: asyncio.Future, slot: WorkerSlot, group_id: int) -> None:
+    def _cancelled(future: asyncio.Future[Group], *, slot: WorkerSlot, group_id: int) -> None:
         """The requester gave up on ``group_id``: free its rows on the worker (a dead worker ignores it)."""
         if future.cancelled():
             slot.handle.cancel_groups.remote([group_id])
@@ -79,7 +82,7 @@ class RayStreamedRollouts(RayRolloutClient):
     def _call(self, slot: WorkerSlot, batch: list[PendingRollout]) -> Any:
         return slot.handle.generate_group_outcomes.remote(
             [p.item for p in batch], [p.group_id for p in batch], [p.attempt for p in batch],
-            [p.prefixes for p in batch],
+            [p.start_version for p in batch], [p.prefixes for p in batch],
         )  # fmt: skip
 
     def _charge(self, batch: list[PendingRollout], outcomes: Any, seconds: float) -> None:

@@ -28,6 +28,7 @@ class PendingRollout:
     item: Any
     group_id: int
     attempt: int
+    start_version: int  # the generator version the controller dispatched the attempt at (the group carries it)
     future: asyncio.Future
     prefixes: tuple = ()  # a resumed attempt's samples generated so far (continuous batching only)
     in_call: bool = False  # taken for a generator call (or to be dropped from one: then its cost is NO_COST)
@@ -58,12 +59,12 @@ class RolloutQueue:
         self._serve = serve
         self._name = name
 
-    async def submit(self, item: Any, group_id: int, attempt: int, prefixes: tuple = ()) -> Group:
+    async def submit(self, item: Any, group_id: int, attempt: int, start_version: int, prefixes: tuple = ()) -> Group:
         loop = asyncio.get_running_loop()
         if self.task is None or self.task.done():
             self.task = loop.create_task(self._serve(), name=self._name)
         future = loop.create_future()
-        pending = PendingRollout(item, group_id, attempt, future, prefixes)
+        pending = PendingRollout(item, group_id, attempt, start_version, future, prefixes)
         self.items.append(pending)
         self.wake.set()
         try:
@@ -132,21 +133,21 @@ def charge_reported(batch: Sequence[PendingRollout], outcomes: Sequence[Group | 
         pending.record_cost(outcome.cost if isinstance(outcome, Group) else cost_of(outcome))
 
 
-def resolve_all(batch: list[PendingRollout], groups: list[Group]) -> None:
+def resolve_all(batch: Sequence[PendingRollout], groups: Sequence[Group]) -> None:
     """Hand each waiting requester its group (``groups`` in ``batch`` order); a cancelled requester is skipped."""
     for pending, group in zip(batch, groups, strict=True):
         if not pending.future.done():
             pending.future.set_result(group)
 
 
-def fail_all(batch: list[PendingRollout], error: BaseException) -> None:
+def fail_all(batch: Sequence[PendingRollout], error: BaseException) -> None:
     """Every waiting requester of ``batch`` gets ``error`` (one failed generator call fails its whole batch)."""
     for pending in batch:
         if not pending.future.done():
             pending.future.set_exception(error)
 
 
-def settle_outcomes(batch: list[PendingRollout], outcomes: list[Group | BaseException]) -> int:
+def settle_outcomes(batch: Sequence[PendingRollout], outcomes: Sequence[Group | BaseException]) -> int:
     """Hand each requester its own outcome: its group, or the error that failed only it (a reward failure of that
     prompt's completions; a cancelled requester is skipped). Returns the completion tokens generated."""
     tokens = 0

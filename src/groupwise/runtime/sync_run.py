@@ -45,7 +45,7 @@ class RoundRollouts:
         self.in_progress: list[str] = []  # the prompts of the round being generated, for the watchdog's report
 
     async def rollout(self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int) -> Group:
-        return await self._queue.submit(prompt, group_id, attempt)
+        return await self._queue.submit(prompt, group_id, attempt, start_version)
 
     async def _serve(self) -> None:
         while True:
@@ -57,6 +57,7 @@ class RoundRollouts:
                 groups = await self._thread.run(
                     self.worker.generate_groups,
                     [p.item for p in batch], [p.group_id for p in batch], [p.attempt for p in batch],
+                    [p.start_version for p in batch],
                 )  # fmt: skip
             except Exception as err:  # noqa: BLE001 — every waiting rollout gets the generator's error
                 fail_all(batch, err)
@@ -90,11 +91,12 @@ def sync_clients(session: Session) -> tuple[RoundRollouts, EmbeddedTrainer | Ray
     rollouts = RoundRollouts(session.rollouts, session.publish_weights)
     trainer: EmbeddedTrainer | RayTrainer
     if session.cfg.runtime.backend == "ray":
-        from groupwise.runtime.ray_runtime import RayTrainer  # Ray is imported only when chosen
+        from groupwise.runtime.ray_runtime import RayLearner, RayTrainer  # Ray is imported only when chosen
 
-        trainer = RayTrainer(session.learner, session.cfg.grpo)
+        assert isinstance(session.learner, RayLearner), "runtime.backend: ray runs on the Ray session's learner"
+        trainer = RayTrainer(session.learner)
     else:
-        trainer = EmbeddedTrainer(session.learner, session.cfg.grpo, in_thread=False)
+        trainer = EmbeddedTrainer(session.learner, in_thread=False)
     return rollouts, trainer
 
 
@@ -113,7 +115,7 @@ def train_steps(session: Session, max_steps: int, on_step: Callable[[], None] | 
             "perf/gen_seconds": done.gen_seconds,
             "perf/gen_tokens_per_s": done.gen_tokens / done.gen_seconds if done.gen_seconds > 0 else 0.0,
         })  # fmt: skip
-        session.end_step(done.step, metrics, trainer.take_step_rows())
+        session.end_step(done.step, metrics, [done.chunk])
         if on_step is not None:
             on_step()
 

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from groupwise.sim.simulated_learner import SimulatedTrainer
-from groupwise.sim.simulated_rollouts import SimulatedRollouts
+from groupwise.sim.simulated_rollouts import SimulatedGroup, SimulatedRollouts
 from groupwise.types import Group
 
 
@@ -43,7 +43,8 @@ class StepMeter:
         """Count the staleness ``step − start_version`` of each trained group, and of its tokens."""
         for group in groups:
             self.staleness[step - group.start_version] += 1
-            mix = getattr(group, "version_tokens", ()) or ((group.start_version, group.num_completion_tokens),)
+            mixed = group.version_tokens if isinstance(group, SimulatedGroup) else ()
+            mix = mixed or ((group.start_version, group.num_completion_tokens),)
             for version, tokens in mix:
                 self._token_staleness += (step - version) * tokens
                 self._trained_tokens += tokens

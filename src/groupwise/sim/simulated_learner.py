@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
+from groupwise.chunks import TrainChunk
 from groupwise.sim.workload import LearningCurve, SimWorkload
-from groupwise.types import Group
 
 
 class TrainerProtocolError(AssertionError):
@@ -33,7 +33,8 @@ class SimulatedTrainer:
         self._step_signal = 0
         self._step_seconds = 0.0
 
-    async def train_chunk(self, step: int, groups: list[Group], first_chunk: bool) -> None:
+    async def train_chunk(self, step: int, chunk: TrainChunk, first_chunk: bool) -> None:
+        groups = chunk.groups
         if first_chunk != (self._open_step is None) or (self._open_step not in (None, step)):
             raise TrainerProtocolError(
                 f"train_chunk(step={step}, first_chunk={first_chunk}) while step {self._open_step} is open"

@@ -70,7 +70,7 @@ class SimulatedGroup(Group):
     version_tokens: tuple[tuple[int, int], ...] = ()
 
     @property
-    def num_completion_tokens(self) -> int:  # type: ignore[override]
+    def num_completion_tokens(self) -> int:
         return self.completion_tokens
 
 
@@ -175,12 +175,12 @@ class SimulatedRollouts:
         uid = prompt.prompt.uid
         if failing:
             counters.infra_failures += 1
-            error = SimulatedInfraFailure(f"simulated infrastructure failure of {uid!r} attempt {attempt}")
-            raise attach_cost(error, cost)
+            raise attach_cost(SimulatedInfraFailure(f"simulated infrastructure failure of {uid!r} attempt {attempt}"),
+                              cost)  # fmt: skip
         if data < w.data_failure_rate:
             counters.data_failures += 1
-            error = SimulatedDataFailure(f"simulated data failure of {uid!r} attempt {attempt} (scoring raised)")
-            raise attach_cost(error, cost)
+            raise attach_cost(SimulatedDataFailure(
+                f"simulated data failure of {uid!r} attempt {attempt} (scoring raised)"), cost)  # fmt: skip
         version_tokens: tuple[tuple[int, int], ...] = ()
         if self.partial_rollouts and len(self._switches) > switched:
             assert starts is not None

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from groupwise.algo.accumulator import DynamicSamplingExhausted
 from groupwise.algo.waste import GenerationAccount
+from groupwise.chunks import TrainChunk
 from groupwise.controller.controller import Controller, ControllerSummary, build_controller
 from groupwise.controller.failures import RolloutDataFailure, RolloutRedispatchExhausted
 from groupwise.controller.fate_records import FateRecord
@@ -137,8 +138,9 @@ def simulate_async(
     parts = SimParts.build(workload, partial_rollouts)
     run = SimRun(mode="async", parts=parts)
 
-    async def step_end(step: int, metrics: dict[str, float], groups: list[Group]) -> None:
+    async def step_end(step: int, metrics: dict[str, float], chunks: list[TrainChunk]) -> None:
         assert run.meter is not None
+        groups = [group for chunk in chunks for group in chunk.groups]
         run.meter.record_trained(step, groups)
         metrics.update(run.meter.step_metrics(async_mode=True))
         run.steps_trained = step + 1 - settings.start_step

@@ -75,7 +75,7 @@ def new_virtual_loop() -> asyncio.AbstractEventLoop:
     """A fresh looptime loop at virtual time 0, tuned for simulations (see the module docstring)."""
     loop = looptime.patch_event_loop(asyncio.SelectorEventLoop(NoIOSelector()), start=0, noop_cycles=0)
     if hasattr(loop, "_LoopTimeEventLoop__sync_futures"):  # looptime internals; harmless to skip if renamed
-        loop._LoopTimeEventLoop__sync_futures = set()  # type: ignore[attr-defined]
+        loop._LoopTimeEventLoop__sync_futures = set()
     return loop
 
 
@@ -106,7 +106,7 @@ def _run(main: Callable[[], Awaitable[T]], max_virtual_seconds: float) -> tuple[
     async def bounded() -> T:
         try:
             result = await asyncio.wait_for(main(), max_virtual_seconds)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             if loop.time() < max_virtual_seconds:  # a TimeoutError from inside the run, not the bound
                 raise
             raise SimulationTimeout(

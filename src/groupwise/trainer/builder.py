@@ -12,10 +12,11 @@ import torch
 
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.data.loader import PromptLoader
-from groupwise.data.registry import Task
+from groupwise.data.registry import Task, prompt_sources
 from groupwise.data.reward_timeout import with_timeout
 from groupwise.data.rewards import RewardFn
-from groupwise.generation.engine import Engine
+from groupwise.generation.base import Generator, StreamSupport
+from groupwise.generation.factory import GeneratorSpec, build_generator, stream_support
 from groupwise.model.loading import Policy, eos_token_ids, load_policy, resolve_device
 from groupwise.model.lora import LoraSetupError, apply_lora, lora_config
 from groupwise.run.metrics import MetricsWriter
@@ -32,7 +33,6 @@ logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
-    from groupwise.trainer.data_parallel import DataParallel
 
 
 def sampling_from_config(cfg: RunConfig) -> SamplingParams:
@@ -78,12 +78,20 @@ def generator_needs_own_model(cfg: RunConfig) -> bool:
     return cfg.mode == "async" or cfg.model.lora.enabled or precision_from_config(cfg).generator_needs_own_copy
 
 
-def build_learner(cfg: RunConfig, model: torch.nn.Module, parallel: DataParallel | None = None) -> Learner:
-    """The learner around ``model``: master dtype, reference copy, gradient checkpointing, LoRA, settings; on a
-    data-parallel rank (``parallel``), a :class:`~groupwise.trainer.rank_learner.RankLearner`.
+@dataclass
+class LearnerParts:
+    """What a learner is made of: the model that trains (a peft wrapper with LoRA), its settings, the frozen
+    reference copy (``model.reference: initial``) and the precision plan."""
 
-    ``learner.model`` is what trains (a peft wrapper of ``model`` with LoRA); put it back into the policy.
-    """
+    model: torch.nn.Module
+    settings: LearnerSettings
+    reference: torch.nn.Module | None
+    precision: LearnerPrecision
+
+
+def learner_parts(cfg: RunConfig, model: torch.nn.Module) -> LearnerParts:
+    """``model`` prepared for training: master dtype, reference copy, gradient checkpointing, LoRA; and the
+    settings. A bad LoRA target list is a :class:`ConfigError`."""
     precision = precision_from_config(cfg)
     model.to(dtype=precision.master_dtype)
     reference = frozen_copy(model) if cfg.model.reference == "initial" else None
@@ -98,12 +106,14 @@ def build_learner(cfg: RunConfig, model: torch.nn.Module, parallel: DataParallel
                 "model.lora.target_modules", list(lora.target_modules), str(err),
                 "list names of the model's Linear projections (print the model to see them)",
             )]) from err
-    settings = LearnerSettings.from_config(cfg)
-    if parallel is not None:
-        from groupwise.trainer.rank_learner import RankLearner
+    return LearnerParts(model, LearnerSettings.from_config(cfg), reference, precision)
 
-        return RankLearner(model, settings, parallel, reference=reference, precision=precision)
-    return Learner(model, settings, reference=reference, precision=precision)
+
+def build_learner(cfg: RunConfig, model: torch.nn.Module) -> Learner:
+    """The learner around ``model`` (:func:`learner_parts`). ``learner.model`` is what trains (a peft wrapper of
+    ``model`` with LoRA); put it back into the policy."""
+    parts = learner_parts(cfg, model)
+    return Learner(parts.model, parts.settings, reference=parts.reference, precision=parts.precision)
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
@@ -135,10 +145,12 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 @dataclass
 class Components:
     """What generation and scoring need, without a run directory (``train``, ``eval`` and ``sft`` share it).
-    ``notes`` are what the prompt checks counted without refusing (the run writes them to ``events.log``)."""
+    ``streaming`` says whether the generator can run a request stream for this model (asked once, here); ``notes``
+    are what the prompt checks counted without refusing (the run writes them to ``events.log``)."""
 
     policy: Policy
-    engine: Engine
+    engine: Generator
+    streaming: StreamSupport
     task: Task
     reward_fn: RewardFn
     rollouts: RolloutWorker
@@ -161,14 +173,9 @@ def build_components(
     # Async mode generates while training: the engine needs its own copy, refreshed at weight sync (also LoRA and
     # CUDA mixed precision: generator_needs_own_model).
     engine_model = generator_copy(policy.model) if separate_engine_model else policy.model
-    engine = Engine(
-        engine_model,
-        policy.tokenizer,
-        eos_token_ids(policy.tokenizer, policy.model),
-        fast_decode=cfg.generation.fast_decode,
-        cuda_graphs=cfg.generation.cuda_graphs,
-        continuous_batching=cfg.generation.continuous_batching,
-    )
+    engine = build_generator(GeneratorSpec(
+        cfg.generation, cfg.model, engine_model, policy.tokenizer, eos_token_ids(policy.tokenizer, policy.model)
+    ))  # fmt: skip
     reward_fn = with_timeout(inputs.reward_fn, cfg.reward.timeout_s)  # bounded per call when configured
     rollouts = RolloutWorker(
         generator=engine,
@@ -186,7 +193,10 @@ def build_components(
     if report.issues:
         raise ConfigError(report.issues)
     notes = list(report.notes)
-    if cfg.generation.continuous_batching and (why := engine.stream_unavailable()) is not None:
+    off = StreamSupport(False, "generation.continuous_batching is off")
+    streaming = stream_support(engine) if cfg.generation.continuous_batching else off
+    if cfg.generation.continuous_batching and not streaming.available:
+        why = streaming.reason
         if cfg.mode == "async" and cfg.async_.partial_rollouts == "continue":  # it would silently do nothing
             raise ConfigError([ConfigIssue(
                 "async.partial_rollouts", "continue", f"partial rollouts need the generation stream, but {why}",
@@ -195,8 +205,8 @@ def build_components(
         notes.append(f"generation.continuous_batching is on, but {why}: generation runs one batch per engine call")
     for note in notes:
         logger.warning(note)
-    return Components(policy=policy, engine=engine, task=inputs.task, reward_fn=reward_fn, rollouts=rollouts,
-                      notes=notes)
+    return Components(policy=policy, engine=engine, streaming=streaming, task=inputs.task, reward_fn=reward_fn,
+                      rollouts=rollouts, notes=notes)
 
 
 def _load_policy_reported(cfg: RunConfig) -> Policy:
@@ -216,11 +226,8 @@ def _load_policy_reported(cfg: RunConfig) -> Policy:
 
 
 def _check_prompts(cfg: RunConfig, task: Task, policy: Policy, rollouts: RolloutWorker) -> PromptReport:
-    source = "data.jsonl" if cfg.data.task == "jsonl" else f"data.{cfg.data.task}"
-    splits = {
-        "train": (f"{source}.train_path" if cfg.data.task == "jsonl" else source, task.train_prompts()),
-        "eval": (f"{source}.eval_path" if cfg.data.task == "jsonl" else source, task.eval_prompts()),
-    }
+    sources = prompt_sources(cfg.data)
+    splits = {"train": (sources["train"], task.train_prompts()), "eval": (sources["eval"], task.eval_prompts())}
     positions = getattr(policy.model.config, "max_position_embeddings", None)
     return check_prompts(rollouts.encode, policy.tokenizer, positions, cfg.generation.max_new_tokens, splits)
 
@@ -234,9 +241,10 @@ def build_session(
     and the run directory is made only once everything loaded, so a failed start leaves nothing behind.
     """
     if cfg.learner.num_ranks > 1:
-        from groupwise.runtime.ranked_session import build_ranked_session
-
-        return build_ranked_session(cfg, resume=resume, resume_from=resume_from, inputs=inputs)
+        raise ValueError(
+            f"build_session builds a one-learner session; learner.num_ranks={cfg.learner.num_ranks} needs the ranked "
+            "session: use groupwise.runtime.sessions.build_run_session"
+        )
     inputs = inputs or check_train_start(cfg, resume=resume, resume_from=resume_from)
     torch.manual_seed(cfg.run.seed)
     parts = build_components(cfg, separate_engine_model=generator_needs_own_model(cfg), inputs=inputs)
@@ -252,6 +260,7 @@ def build_session(
         run_dir=run_dir,
         policy=parts.policy,
         engine=parts.engine,
+        streaming=parts.streaming,
         learner=learner,
         rollouts=parts.rollouts,
         loader=loader,

@@ -22,7 +22,7 @@ import contextlib
 import datetime
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -34,10 +34,20 @@ from groupwise.model.completion_scorer import CompletionScorer, unwrap_adapter
 class ScoringModule(torch.nn.Module):
     """``forward(prompt_ids, completion_ids, with_entropy)`` = the learner's scorer on ``model``, as a module."""
 
-    def __init__(self, model: torch.nn.Module, scorer: CompletionScorer):
+    def __init__(self, model: torch.nn.Module, scorer: CompletionScorer | None = None):
         super().__init__()
         self.model = model
-        self.scorer = scorer
+        self._scorer = scorer
+
+    @property
+    def scorer(self) -> CompletionScorer:
+        if self._scorer is None:
+            raise RuntimeError("the scoring module scores with the learner's scorer, which was never set")
+        return self._scorer
+
+    @scorer.setter
+    def scorer(self, scorer: CompletionScorer) -> None:
+        self._scorer = scorer
 
     def forward(
         self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], with_entropy: bool
@@ -58,6 +68,21 @@ def init_process_group(
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class WrappedScoring:
+    """The learner's scoring module as this rank trains it: ``module`` is what runs the passes and holds the
+    parameters (the DDP wrapper, or the FSDP2-sharded module itself); ``scoring`` the scoring module inside it."""
+
+    module: torch.nn.Module
+    scoring: ScoringModule
+
+    def __call__(
+        self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], with_entropy: bool
+    ) -> tuple[Tensor, Tensor | None, Tensor, int, int]:
+        return cast("tuple[Tensor, Tensor | None, Tensor, int, int]",
+                    self.module(prompt_ids, completion_ids, with_entropy))  # the scoring module's forward
+
+
 @dataclass
 class DataParallel:
     """This rank in a process group of ``world_size`` ranks that trains with ``sharding`` (``ddp`` or ``fsdp``)."""
@@ -67,15 +92,16 @@ class DataParallel:
     sharding: str
     device: torch.device
 
-    def wrap(self, model: torch.nn.Module, scorer: CompletionScorer) -> torch.nn.Module:
+    def wrap(self, model: torch.nn.Module) -> WrappedScoring:
         """The scoring module around ``model``, under DDP, or sharded in place by FSDP2 (every decoder layer,
-        then the root). Call before the optimizer is made: FSDP2 turns the parameters into sharded DTensors."""
-        scoring = ScoringModule(model, scorer)
+        then the root); its scorer is set once the learner has one. Call before the optimizer is made: FSDP2 turns
+        the parameters into sharded DTensors."""
+        scoring = ScoringModule(model)
         if self.sharding == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
             device_ids = [self.device] if self.device.type == "cuda" else None
-            return DistributedDataParallel(scoring, device_ids=device_ids)
+            return WrappedScoring(DistributedDataParallel(scoring, device_ids=device_ids), scoring)
         if self.sharding != "fsdp":
             raise ValueError(f"sharding must be 'ddp' or 'fsdp', got {self.sharding!r}")
         from torch.distributed.device_mesh import init_device_mesh
@@ -85,21 +111,33 @@ class DataParallel:
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=mesh)
         fully_shard(scoring, mesh=mesh)
-        return scoring
+        return WrappedScoring(scoring, scoring)
 
     @contextlib.contextmanager
-    def gradient_sync(self, wrapped: torch.nn.Module, enabled: bool) -> Iterator[None]:
+    def gradient_sync(self, wrapped: WrappedScoring, enabled: bool) -> Iterator[None]:
         """Inside: forward/backward passes that all-reduce (DDP) or reduce-scatter (FSDP) their gradients only when
         ``enabled``; off, gradients accumulate locally until the update's last micro-batch."""
-        if self.sharding == "ddp":
-            with contextlib.nullcontext() if enabled else wrapped.no_sync():
+        from torch.distributed.fsdp import FSDPModule
+        from torch.nn.parallel import DistributedDataParallel
+
+        module = wrapped.module
+        if isinstance(module, DistributedDataParallel):
+            with contextlib.nullcontext() if enabled else module.no_sync():
                 yield
             return
-        wrapped.set_requires_gradient_sync(enabled)
+        assert isinstance(module, FSDPModule), "a rank trains under DDP or FSDP2"
+        module.set_requires_gradient_sync(enabled)
         try:
             yield
         finally:
-            wrapped.set_requires_gradient_sync(True)
+            module.set_requires_gradient_sync(True)
+
+    def reshard(self, wrapped: WrappedScoring) -> None:
+        """FSDP: put every parameter back to its shard (nothing to do under DDP)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if isinstance(wrapped.module, FSDPModule):
+            wrapped.module.reshard()
 
     def all_sum(self, values: Sequence[float]) -> list[float]:
         """Each value summed over the ranks (float64)."""
@@ -149,9 +187,11 @@ def full_optimizer_state(wrapped: torch.nn.Module, optimizer: torch.optim.Optimi
     one-process learner loads it as its own; complete on rank 0 (a collective)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    by_name = get_optimizer_state_dict(
+    # torch types the state as a union of every value kind; its layout is the optimizer's own ("state" by name,
+    # "param_groups" with parameter names), which is what is read here.
+    by_name: dict[str, Any] = dict(get_optimizer_state_dict(
         wrapped, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
+    ))  # fmt: skip
     if not by_name:
         return {}
     order = {name: index for index, name in enumerate(_trained_names(wrapped))}
@@ -165,8 +205,8 @@ def load_full_optimizer_state(wrapped: torch.nn.Module, optimizer: torch.optim.O
 
     names = _trained_names(wrapped)
     groups = [{**group, "params": [names[index] for index in group["params"]]} for group in state["param_groups"]]
-    by_name = {"state": {names[index]: value for index, value in state["state"].items()}, "param_groups": groups}
-    set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=by_name,
+    by_name: Any = {"state": {names[index]: value for index, value in state["state"].items()}, "param_groups": groups}
+    set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=by_name,  # the optimizer's own layout, by name
                              options=StateDictOptions(full_state_dict=True))
 
 

@@ -34,7 +34,7 @@ import torch
 
 from groupwise.algo.loss import LossStats, global_denominator, policy_loss
 from groupwise.batch import RowBatch
-from groupwise.config.algorithm import LossSection
+from groupwise.config.algorithm import LossSection, OptimizerSection
 from groupwise.model.completion_scorer import CompletionScorer, ScoredRows
 from groupwise.rows import pad_right
 from groupwise.trainer.finite import NonFiniteTrainingError, check_finite_step
@@ -52,51 +52,22 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LearnerSettings:
-    """What the learner needs from the run config: the ``loss`` section, ``optimizer`` keys, the sampling
-    temperature. Plain typed values (a pydantic section and scalars), so it pickles for the Ray learner actor."""
+    """What the learner needs from the run config: the ``loss`` and ``optimizer`` sections as themselves, the run's
+    length (the LR schedule's horizon) and the sampling temperature (logprobs are taken at it). Pydantic sections
+    and scalars, so it pickles for the Ray learner actor."""
 
     loss: LossSection
-    lr: float
-    betas: tuple[float, float]
-    weight_decay: float
-    eps: float
-    warmup_steps: int
-    schedule: str
-    min_lr_ratio: float
-    max_grad_norm: float | None
-    micro_batch_rows: int
+    optimizer: OptimizerSection
     total_steps: int
     temperature: float
-    micro_batch_tokens: int | None = None
-    logprob_chunk_tokens: int | None = None
-    mini_batches_per_step: int = 1
-    epochs_per_step: int = 1
 
     @property
     def updates_per_step(self) -> int:
-        return self.mini_batches_per_step * self.epochs_per_step
+        return self.optimizer.mini_batches_per_step * self.optimizer.epochs_per_step
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> LearnerSettings:
-        opt = cfg.optimizer
-        return cls(
-            loss=cfg.loss.model_copy(),
-            lr=opt.lr,
-            betas=tuple(opt.betas),
-            weight_decay=opt.weight_decay,
-            eps=opt.eps,
-            warmup_steps=opt.warmup_steps,
-            schedule=opt.schedule,
-            min_lr_ratio=opt.min_lr_ratio,
-            max_grad_norm=opt.max_grad_norm,
-            micro_batch_rows=opt.micro_batch_rows,
-            total_steps=cfg.run.max_steps,
-            temperature=cfg.generation.temperature,
-            micro_batch_tokens=opt.micro_batch_tokens,
-            logprob_chunk_tokens=opt.logprob_chunk_tokens,
-            mini_batches_per_step=opt.mini_batches_per_step,
-            epochs_per_step=opt.epochs_per_step,
-        )
+        return cls(cfg.loss, cfg.optimizer, cfg.run.max_steps, cfg.generation.temperature)
 
 
 def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
@@ -116,6 +87,11 @@ def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, schedule: s
     if schedule == "cosine":
         return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
     raise ValueError(f"unknown schedule {schedule!r}; expected constant, linear or cosine")
+
+
+MicroBatch = RowBatch | None
+"""A micro-batch of rows; None only on a data-parallel rank: a zero-weight pass it runs so that every rank runs as
+many passes as the busiest (:mod:`groupwise.trainer.rank_learner`)."""
 
 
 @dataclass
@@ -155,31 +131,28 @@ class Learner:
         self.reference = reference
         self.settings = settings
         precision = precision or LearnerPrecision(master_dtype=next(model.parameters()).dtype)
-        self.scorer = CompletionScorer(settings.temperature, settings.logprob_chunk_tokens, precision.compute_dtype)
+        chunk_tokens = settings.optimizer.logprob_chunk_tokens
+        self.scorer = CompletionScorer(settings.temperature, chunk_tokens, precision.compute_dtype)
         self.optimizer = adamw(
             [p for p in model.parameters() if p.requires_grad],
             precision,
-            lr=settings.lr,
-            betas=settings.betas,
-            weight_decay=settings.weight_decay,
-            eps=settings.eps,
+            lr=settings.optimizer.lr,
+            betas=settings.optimizer.betas,
+            weight_decay=settings.optimizer.weight_decay,
+            eps=settings.optimizer.eps,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lambda s: lr_multiplier(
                 s,
-                warmup_steps=settings.warmup_steps,
+                warmup_steps=settings.optimizer.warmup_steps,
                 total_steps=settings.total_steps,
-                schedule=settings.schedule,
-                min_lr_ratio=settings.min_lr_ratio,
+                schedule=settings.optimizer.schedule,
+                min_lr_ratio=settings.optimizer.min_lr_ratio,
             ),
         )
         self.version = 0
         self._step: _OpenStep | None = None
-
-    @property
-    def step_open(self) -> bool:
-        return self._step is not None
 
     @property
     def logprob_path(self) -> str:
@@ -249,22 +222,23 @@ class Learner:
         self.version = int(state["version"])
 
     # --- the passes -------------------------------------------------------------------------------------------
-    def _micro_batches(self, rows: RowBatch) -> list[RowBatch]:
+    def _micro_batches(self, rows: RowBatch) -> list[MicroBatch]:
         """``rows`` cut into micro-batches: by rows, or packed under the token budget (micro_batches module)."""
-        settings = self.settings
-        if settings.micro_batch_tokens is None:
-            plan = micro_batches_by_rows(rows.num_rows, settings.micro_batch_rows)
+        optimizer = self.settings.optimizer
+        if optimizer.micro_batch_tokens is None:
+            plan = micro_batches_by_rows(rows.num_rows, optimizer.micro_batch_rows)
             if len(plan) == 1:
                 return [rows]
         else:
-            lengths = [len(p) + len(c) for p, c in zip(rows["prompt_ids"], rows["completion_ids"], strict=True)]
-            plan = micro_batches_by_tokens(lengths, settings.micro_batch_tokens, settings.micro_batch_rows)
+            pairs = zip(rows.sequence("prompt_ids"), rows.sequence("completion_ids"), strict=True)
+            lengths = [len(p) + len(c) for p, c in pairs]
+            plan = micro_batches_by_tokens(lengths, optimizer.micro_batch_tokens, optimizer.micro_batch_rows)
         return [rows.select(indices) for indices in plan]
 
-    def _backward(self, micro: RowBatch, prev: torch.Tensor | None, ref: torch.Tensor | None) -> None:
+    def _backward(self, micro: MicroBatch, prev: torch.Tensor | None, ref: torch.Tensor | None) -> None:
         """Forward one micro-batch, add its loss *sum* to the gradients; ``prev`` None = the current logprobs."""
         step, loss_cfg = self._step, self.settings.loss
-        assert step is not None
+        assert step is not None and micro is not None, "an open step; only a data-parallel rank plans empty passes"
         # Entropy is always computed: `loss/entropy` is the collapse alarm for small models.
         scored = self._score(micro)
         logprobs, mask = scored.logprobs, scored.mask
@@ -274,8 +248,8 @@ class Learner:
         loss, stats = policy_loss(
             logprobs,
             logprobs.detach() if prev is None else prev,
-            pad_right(micro["generation_logprobs"], logprobs.shape[1]).to(device),
-            micro["advantage"].to(device),
+            pad_right(micro.sequence("generation_logprobs"), logprobs.shape[1]).to(device),
+            micro.tensor("advantage").to(device),
             mask,
             epsilon_low=loss_cfg.epsilon_low,
             epsilon_high=loss_cfg.epsilon_high,
@@ -301,7 +275,7 @@ class Learner:
         step.real_tokens += scored.real_tokens
 
     # --- hooks a data-parallel rank overrides (groupwise.trainer.rank_learner) --------------------------------
-    def _train_micro_batches(self, micros: list[RowBatch]) -> None:
+    def _train_micro_batches(self, micros: list[MicroBatch]) -> None:
         """One update's forward/backward passes over a chunk's micro-batches (gradients add up)."""
         for micro in micros:
             self._backward(micro, prev=None, ref=None)
@@ -312,14 +286,15 @@ class Learner:
 
     def _score(self, micro: RowBatch, with_entropy: bool = True) -> ScoredRows:
         """The policy's logprobs (entropies) and mask on one micro-batch; under grad when grad is enabled."""
-        return self.scorer.score(self.model, micro["prompt_ids"], micro["completion_ids"], with_entropy=with_entropy)
+        prompts, completions = micro.sequence("prompt_ids"), micro.sequence("completion_ids")
+        return self.scorer.score(self.model, prompts, completions, with_entropy=with_entropy)
 
     def _run_backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
     def _clip_gradients(self, params: list[torch.nn.Parameter]) -> float:
         """Clip the gradients' global norm to ``max_grad_norm`` (none: ∞); the norm before clipping."""
-        max_norm = self.settings.max_grad_norm
+        max_norm = self.settings.optimizer.max_grad_norm
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf")))
 
     def _update_totals(self, update: _Update) -> tuple[float, float]:
@@ -338,7 +313,8 @@ class Learner:
         if self.reference is None:
             raise RuntimeError("loss.kl_coef > 0 but the learner has no reference model (model.reference)")
         with torch.no_grad():
-            return self.scorer.score(self.reference, micro["prompt_ids"], micro["completion_ids"]).logprobs
+            prompts, completions = micro.sequence("prompt_ids"), micro.sequence("completion_ids")
+            return self.scorer.score(self.reference, prompts, completions).logprobs
 
     def _optimizer_update(self) -> None:
         """Scale the summed gradients by the update's normaliser, clip, step; record loss and grad norm."""
@@ -346,9 +322,10 @@ class Learner:
         assert step is not None
         normaliser, loss_sum = self._update_totals(step.update)
         scale = self._grad_scale(normaliser)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         params = [p for p in self.model.parameters() if p.grad is not None]
-        for p in params:
-            p.grad.mul_(scale)
+        for grad in grads:
+            grad.mul_(scale)
         grad_norm = self._clip_gradients(params)
         loss = loss_sum / max(normaliser, 1.0)
         try:  # before the optimizer step: a NaN gradient must never reach the weights
@@ -369,19 +346,20 @@ class Learner:
         self.model.train()
         plans = [
             self._micro_batches(rows.select_groups(groups))
-            for groups in mini_batch_groups(rows.group_ids(), settings.mini_batches_per_step)
+            for groups in mini_batch_groups(rows.group_ids(), settings.optimizer.mini_batches_per_step)
         ]
         with torch.no_grad():
             old = [[self._old_logprobs(micro) for micro in plan] for plan in plans]
-        for _ in range(settings.epochs_per_step):
+        for _ in range(settings.optimizer.epochs_per_step):
             for plan, plan_old in zip(plans, old, strict=True):
                 for index, (micro, (prev, ref)) in enumerate(zip(plan, plan_old, strict=True)):
                     with self._gradient_sync(last=index == len(plan) - 1):
                         self._backward(micro, prev=prev, ref=ref)
                 self._optimizer_update()
 
-    def _old_logprobs(self, micro: RowBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _old_logprobs(self, micro: MicroBatch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """π_old (and the reference's logprobs when the KL term is on) of one micro-batch, before any update."""
+        assert micro is not None, "only a data-parallel rank plans empty passes"
         prev = self._score(micro, with_entropy=False).logprobs
         ref = self._reference_logprobs(micro) if self.settings.loss.kl_coef > 0 else None
         return prev, ref

@@ -55,12 +55,18 @@ class StepLearner(Protocol):
 class GroupRollouts(Protocol):
     """Whole scored groups from loaded prompts, and what evaluation needs to encode, sample and score."""
 
-    sampling: SamplingParams
-    reward_fn: Callable[..., float]
-    reward_kwargs: Mapping[str, Any]
+    @property
+    def sampling(self) -> SamplingParams: ...
+
+    @property
+    def reward_fn(self) -> Callable[..., float]: ...
+
+    @property
+    def reward_kwargs(self) -> Mapping[str, Any]: ...
 
     def encode(self, prompt: Prompt) -> tuple[int, ...]: ...
 
     def generate_groups(
-        self, items: Sequence[LoadedPrompt], group_ids: Sequence[int], attempts: Sequence[int] | None = None
+        self, items: Sequence[LoadedPrompt], group_ids: Sequence[int], attempts: Sequence[int] | None = None,
+        start_versions: Sequence[int] | None = None,
     ) -> list[Group]: ...

@@ -45,6 +45,10 @@ def learner_precision(device: torch.device, dtype: str) -> LearnerPrecision:
     return LearnerPrecision(master_dtype=torch.float32, compute_dtype=compute, fused_adamw=True)
 
 
-def adamw(params: list[torch.nn.Parameter], precision: LearnerPrecision, **options: object) -> torch.optim.AdamW:
+def adamw(
+    params: list[torch.nn.Parameter], precision: LearnerPrecision, lr: float, betas: tuple[float, float] = (0.9, 0.999),
+    weight_decay: float = 0.0, eps: float = 1e-8,
+) -> torch.optim.AdamW:  # fmt: skip
     """``torch.optim.AdamW`` over ``params``, fused when the plan says so (``fused=None`` keeps torch's default)."""
-    return torch.optim.AdamW(params, fused=True if precision.fused_adamw else None, **options)
+    fused = True if precision.fused_adamw else None
+    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, eps=eps, fused=fused)

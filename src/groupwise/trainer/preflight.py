@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.config import ConfigError, ConfigIssue
-from groupwise.config.sections import BUNDLED_GGUF_PATH
+from groupwise.config.sections import BUNDLED_GGUF_PATH, GENERATION_BACKENDS
 from groupwise.data.jsonl_dataset import DatasetError, load_jsonl_prompts
-from groupwise.data.registry import Task, build_task
+from groupwise.data.registry import TASKS, Task, build_task, task_config_key
 from groupwise.data.rewards import RewardFn, RewardSpecError, check_reward_kwargs, load_reward_fn
+from groupwise.plugins import PluginImportError, import_plugin
 from groupwise.run.rundir import location_problems, start_problems
 
 
@@ -88,6 +89,7 @@ def input_issues(cfg: Any, *, training: bool, location: bool) -> tuple[Inputs | 
     reward_fn, reward_issues = _reward(cfg, task)
     issues.extend(reward_issues)
     issues.extend(_sampler_issues(cfg))
+    issues.extend(_backend_issues(cfg))
     if location:
         issues.extend(location_problems(cfg.run.output_dir, cfg.run.name))
     inputs = None if task is None or reward_fn is None else Inputs(task=task, reward_fn=reward_fn)
@@ -168,14 +170,20 @@ def _gguf_issues(model: Any) -> list[ConfigIssue]:
 
 def _task(cfg: Any) -> tuple[Task | None, list[ConfigIssue]]:
     """The task built from ``cfg.data``, or None and why it cannot be."""
+    key = task_config_key(cfg.data)
+    value = cfg.data.kwargs if key == "data.kwargs" else getattr(cfg.data, cfg.data.task).model_dump()
+    plugin = cfg.data.task not in TASKS
     try:
         task = build_task(cfg.data.task, cfg.data, cfg.run.seed)
     except DatasetError as exc:
         return None, _dataset_issues(cfg.data.jsonl, exc)
-    except ValueError as exc:  # a generated task that cannot make what was asked (countdown's item space)
-        section = f"data.{cfg.data.task}"
-        return None, [ConfigIssue(section, getattr(cfg.data, cfg.data.task).model_dump(), str(exc),
-                                  f"change the {section} settings as the message says")]
+    except PluginImportError as exc:  # the plug-in task class itself
+        return None, [ConfigIssue("data.task", cfg.data.task, str(exc), "name an importable 'package.module:Class'")]
+    except Exception as exc:  # a generated task that cannot make what was asked (countdown's item space)
+        if not plugin and not isinstance(exc, ValueError):
+            raise  # a built-in task failing otherwise is a bug, not bad input
+        what = f"{type(exc).__name__}: {exc}" if plugin else str(exc)
+        return None, [ConfigIssue(key, value, what, f"change the {key} settings as the message says")]
     return task, []
 
 
@@ -262,6 +270,21 @@ def _sampler_issues(cfg: Any) -> list[ConfigIssue]:
         return []
     return [ConfigIssue("async.sampler.kwargs", dict(sampler.kwargs), problem,
                         f"use only the keyword arguments {cls.__name__} takes")]
+
+
+def _backend_issues(cfg: Any) -> list[ConfigIssue]:
+    """A plug-in ``generation.backend`` must import and be callable (the shipped ones are built with the model)."""
+    backend = cfg.generation.backend
+    if backend in GENERATION_BACKENDS:
+        return []
+    try:
+        factory = import_plugin(backend, "generation backend")
+    except PluginImportError as exc:
+        return [ConfigIssue("generation.backend", backend, str(exc), "name an importable 'package.module:function'")]
+    if callable(factory):
+        return []
+    return [ConfigIssue("generation.backend", backend, f"it is a {type(factory).__name__}, not callable",
+                        "name a function that takes a GeneratorSpec and returns a Generator")]
 
 
 # --- resuming ---------------------------------------------------------------------------------------------------

@@ -90,7 +90,7 @@ def check_prompts(
                 "positions for:\n" + _listed(too_long),
                 "shorten or drop these prompts, lower generation.max_new_tokens, or use a model with more positions",
             ))
-        if with_unknown:
+        if with_unknown and unk is not None:
             report.notes.append(_unknown_note(tokenizer, unk, split, len(prompts), with_unknown))
     return report
 

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from groupwise.algo.loss import LossStats, valid_count
 from groupwise.batch import RowBatch
@@ -37,7 +38,7 @@ from groupwise.trainer.data_parallel import (
     load_full_model_state,
     load_full_optimizer_state,
 )
-from groupwise.trainer.learner import Learner, LearnerSettings, _OpenStep, _Update
+from groupwise.trainer.learner import Learner, LearnerSettings, MicroBatch, _OpenStep, _Update
 from groupwise.trainer.micro_batches import rank_rows
 from groupwise.trainer.precision import LearnerPrecision
 
@@ -57,9 +58,9 @@ class RankLearner(Learner):
     ):
         self.parallel = parallel
         # Wrapped before the optimizer is made: FSDP2 replaces the parameters by their shards.
-        self.wrapped = parallel.wrap(model, scorer=None)  # type: ignore[arg-type]
+        self.wrapped = parallel.wrap(model)
         super().__init__(model, settings, reference=reference, precision=precision)
-        self._scoring_module().scorer = self.scorer
+        self.wrapped.scoring.scorer = self.scorer
         self._held: list[RowBatch | None] = []  # the open chunk's last micro-batch, run in the next sync
 
     def warm_up(self) -> str:
@@ -73,18 +74,17 @@ class RankLearner(Learner):
     def _reshard(self) -> None:
         """FSDP: put every parameter back to its shard. The root keeps its gathered parameters after a forward
         pass until the backward pass; a state load in between would meet whole tensors where shards belong."""
-        if self.parallel.sharding == "fsdp":
-            self.wrapped.reshard()
+        self.parallel.reshard(self.wrapped)
 
     # --- the hooks ----------------------------------------------------------------------------------------------
-    def _micro_batches(self, rows: RowBatch) -> list[RowBatch | None]:  # type: ignore[override]
+    def _micro_batches(self, rows: RowBatch) -> list[MicroBatch]:
         lengths = [len(p) + len(c) for p, c in zip(rows["prompt_ids"], rows["completion_ids"], strict=True)]
         mine = rank_rows(rows.row_group_ids(), lengths, self.parallel.world_size)[self.parallel.rank]
-        plan: list[RowBatch | None] = list(super()._micro_batches(rows.select(mine))) if mine else []
+        plan: list[MicroBatch] = list(super()._micro_batches(rows.select(mine))) if mine else []
         count = self.parallel.all_max(len(plan))
         return plan + [None] * (count - len(plan))
 
-    def _train_micro_batches(self, micros: list[RowBatch | None]) -> None:  # type: ignore[override]
+    def _train_micro_batches(self, micros: list[MicroBatch]) -> None:
         for micro in [*self._held, *micros[:-1]]:
             with self._gradient_sync(last=False):
                 self._backward(micro, prev=None, ref=None)
@@ -100,25 +100,28 @@ class RankLearner(Learner):
     def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager[None]:
         return self.parallel.gradient_sync(self.wrapped, enabled=last)
 
-    def _backward(self, micro: RowBatch | None, prev: torch.Tensor | None, ref: torch.Tensor | None) -> None:
+    def _backward(self, micro: MicroBatch, prev: torch.Tensor | None, ref: torch.Tensor | None) -> None:
         if micro is None:
             logprobs, entropy = self._pad_pass()
             (logprobs.sum() * 0.0 + entropy.sum() * 0.0).backward()
             return
         super()._backward(micro, prev, ref)
 
-    def _old_logprobs(self, micro: RowBatch | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _old_logprobs(self, micro: MicroBatch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if micro is None:
             self._pad_pass()
             return None, None
         return super()._old_logprobs(micro)
 
     def _score(self, micro: RowBatch, with_entropy: bool = True) -> ScoredRows:
-        logprobs, entropy, mask, padded, real = self.wrapped(micro["prompt_ids"], micro["completion_ids"], with_entropy)
+        logprobs, entropy, mask, padded, real = self.wrapped(
+            micro.sequence("prompt_ids"), micro.sequence("completion_ids"), with_entropy
+        )
         return ScoredRows(logprobs, entropy, mask, padded, real)
 
     def _pad_pass(self) -> tuple[torch.Tensor, torch.Tensor]:
         logprobs, entropy, *_ = self.wrapped([_PAD_ROW[0]], [_PAD_ROW[1]], True)
+        assert entropy is not None, "the pad pass asks for the entropy"
         return logprobs, entropy
 
     def _update_totals(self, update: _Update) -> tuple[float, float]:
@@ -132,9 +135,9 @@ class RankLearner(Learner):
         return self.parallel.world_size / max(normaliser, 1.0)
 
     def _clip_gradients(self, params: list[torch.nn.Parameter]) -> float:
-        max_norm = self.settings.max_grad_norm
+        max_norm = self.settings.optimizer.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a sharded norm
+        return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # FSDP: a sharded norm
 
     def _step_totals(self, step: _OpenStep) -> tuple[LossStats, int, int, int]:
         """Statistics and padding summed over the ranks; every rank saw the whole chunks (train_tokens as is)."""
@@ -167,16 +170,14 @@ class RankLearner(Learner):
         state = super().state_dict()
         # Before the first update there is no state to gather (and torch's helper would create it with a step).
         if self.parallel.sharding == "fsdp" and self.optimizer.state:
-            state["optimizer"] = full_optimizer_state(self.wrapped, self.optimizer)
+            state["optimizer"] = full_optimizer_state(self.wrapped.module, self.optimizer)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if self.parallel.sharding != "fsdp" or not state["optimizer"]["state"]:
             super().load_state_dict(state)
             return
-        load_full_optimizer_state(self.wrapped, self.optimizer, state["optimizer"])
+        load_full_optimizer_state(self.wrapped.module, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
 
-    def _scoring_module(self) -> torch.nn.Module:
-        return getattr(self.wrapped, "module", self.wrapped)  # DDP keeps the wrapped module in .module

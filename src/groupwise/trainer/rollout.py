@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from groupwise.algo.reward_shaping import overlong_penalty, scale_rewards
-from groupwise.data.loader import LoadedPrompt
 from groupwise.data.scoring import RewardError, score_completions
 from groupwise.generation.base import Generator
 from groupwise.model.encode import encode_prompt
@@ -22,6 +21,7 @@ from groupwise.types import (
     GenerationCost,
     GenerationRequest,
     Group,
+    LoaderItem,
     Prompt,
     RowPrefix,
     SamplingParams,
@@ -29,31 +29,32 @@ from groupwise.types import (
 )
 
 if TYPE_CHECKING:
-    from groupwise.config import GrpoSection
+    from groupwise.config import GrpoSection, OverlongSection, RewardScalingSection
 
 
 @dataclass(frozen=True)
 class RewardPipeline:
-    """Raw reward → scaled (optional) → overlong-shaped (optional). Settings mirror ``grpo.reward_scaling`` and
-    ``grpo.overlong_shaping``; ``None`` disables a stage."""
+    """Raw reward → scaled (optional) → overlong-shaped (optional): the ``grpo.reward_scaling`` and
+    ``grpo.overlong_shaping`` sections themselves; ``None`` disables a stage."""
 
-    scaling: Mapping[str, float] | None = None
-    overlong: Mapping[str, float] | None = None
+    scaling: RewardScalingSection | None = None
+    overlong: OverlongSection | None = None
 
     @classmethod
     def from_config(cls, grpo: GrpoSection) -> RewardPipeline:
-        scaling = grpo.reward_scaling.model_dump(exclude={"enabled"}) if grpo.reward_scaling.enabled else None
-        overlong = grpo.overlong_shaping.model_dump(exclude={"enabled"}) if grpo.overlong_shaping.enabled else None
+        scaling = grpo.reward_scaling if grpo.reward_scaling.enabled else None
+        overlong = grpo.overlong_shaping if grpo.overlong_shaping.enabled else None
         return cls(scaling=scaling, overlong=overlong)
 
     def apply(self, raw: Sequence[float], completions: Sequence[Completion]) -> list[float]:
         values = list(raw)
-        if self.scaling is not None:
-            values = scale_rewards(values, **self.scaling)
-        if self.overlong is not None:
-            values = [
-                v + overlong_penalty(c.num_tokens, **self.overlong) for v, c in zip(values, completions, strict=True)
-            ]
+        if (s := self.scaling) is not None:
+            values = scale_rewards(values, s.source_min, s.source_max, s.target_min, s.target_max)
+        if (o := self.overlong) is not None:
+            length, buffer, penalty = o.max_response_length, o.overlong_buffer_length, o.overlong_buffer_penalty
+            assert length is not None and buffer is not None and penalty is not None, "the config rules require them"
+            values = [v + overlong_penalty(c.num_tokens, length, buffer, penalty)
+                      for v, c in zip(values, completions, strict=True)]  # fmt: skip
         return values
 
 
@@ -80,39 +81,47 @@ class RolloutWorker:
             self._encoded[prompt.uid] = ids
         return ids
 
-    def seed_for(self, item: LoadedPrompt, attempt: int) -> int:
+    def seed_for(self, item: LoaderItem, attempt: int) -> int:
         return request_seed(self.run_seed, f"{item.prompt.uid}@{item.epoch}", attempt)
 
     def generate_groups(
         self,
-        items: Sequence[LoadedPrompt],
+        items: Sequence[LoaderItem],
         group_ids: Sequence[int],
         attempts: Sequence[int] | None = None,
+        start_versions: Sequence[int] | None = None,
     ) -> list[Group]:
         """Sample G completions per prompt (``max_groups_per_call`` groups per engine call), score each group.
 
         ``attempts[i]`` numbers the attempts at ``items[i]`` (all 0 when omitted); it enters the seed so a
-        retried prompt samples fresh completions. The first reward failure is raised (sync mode stops on it).
+        retried prompt samples fresh completions. ``start_versions[i]`` is the version the attempt was dispatched
+        at (the generator's current one when omitted). The first reward failure is raised (sync mode stops on it).
         """
-        outcomes = self.generate_group_outcomes(items, group_ids, attempts)
+        outcomes = self.generate_group_outcomes(items, group_ids, attempts, start_versions)
+        groups = []
         for outcome in outcomes:
             if isinstance(outcome, RewardError):
                 raise outcome
-        return outcomes  # type: ignore[return-value]
+            groups.append(outcome)
+        return groups
 
     def generate_group_outcomes(
         self,
-        items: Sequence[LoadedPrompt],
+        items: Sequence[LoaderItem],
         group_ids: Sequence[int],
         attempts: Sequence[int] | None = None,
+        start_versions: Sequence[int] | None = None,
     ) -> list[Group | RewardError]:
         """Like :meth:`generate_groups`, but each prompt's reward failure is returned in its group's place:
         prompts that share an engine call never share a reward failure (the async runtimes fail only the
         prompt whose completion raised)."""
         attempts = list(attempts) if attempts is not None else [0] * len(items)
-        if not len(items) == len(group_ids) == len(attempts):
-            raise ValueError(f"{len(items)} prompts, {len(group_ids)} group ids and {len(attempts)} attempts")
-        start_version = self.generator.version
+        starts = list(start_versions) if start_versions is not None else [self.generator.version] * len(items)
+        if not len(items) == len(group_ids) == len(attempts) == len(starts):
+            raise ValueError(
+                f"{len(items)} prompts, {len(group_ids)} group ids, {len(attempts)} attempts and {len(starts)} "
+                "start versions"
+            )
         requests = [self.request_for(item, attempt) for item, attempt in zip(items, attempts, strict=True)]
         outputs: list[list[Completion]] = []
         for start in range(0, len(requests), self.max_groups_per_call):
@@ -120,20 +129,20 @@ class RolloutWorker:
         end_version = self.generator.version
         return [
             self.score_group(item, group_id, attempt, request, completions, start_version, end_version)
-            for item, group_id, attempt, request, completions in zip(
-                items, group_ids, attempts, requests, outputs, strict=True
+            for item, group_id, attempt, request, completions, start_version in zip(
+                items, group_ids, attempts, requests, outputs, starts, strict=True
             )
         ]
 
     def request_for(
-        self, item: LoadedPrompt, attempt: int, prefixes: tuple[RowPrefix | None, ...] = ()
+        self, item: LoaderItem, attempt: int, prefixes: tuple[RowPrefix | None, ...] = ()
     ) -> GenerationRequest:
         """The generation request of one attempt at ``item`` (G samples, the attempt's seed); ``prefixes`` continue
         samples an interrupted attempt had already generated."""
         return GenerationRequest(self.encode(item.prompt), self.group_size, self.seed_for(item, attempt), prefixes)
 
     def score_group(
-        self, item: LoadedPrompt, group_id: int, attempt: int, request: GenerationRequest,
+        self, item: LoaderItem, group_id: int, attempt: int, request: GenerationRequest,
         completions: Sequence[Completion], start_version: int, end_version: int,
     ) -> Group | RewardError:  # fmt: skip
         """Score one prompt's completions into its group, or the reward failure that only this prompt gets."""

@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from groupwise.batch import RowBatch
-from groupwise.cli.progress import RunProgress
+from groupwise.chunks import TrainChunk, step_rows
 from groupwise.data.loader import PromptLoader
 from groupwise.data.registry import Task
 from groupwise.data.rewards import RewardFn
-from groupwise.generation.base import Generator
+from groupwise.generation.base import Generator, StreamSupport
 from groupwise.model.lora import generator_state_dict, load_trained_state_dict, trained_state_dict
 from groupwise.run.checkpoint import (
     CheckpointError,
@@ -34,6 +33,7 @@ from groupwise.run.disk_full import disk_full_error, is_disk_full
 from groupwise.run.fates_file import FatesWriter
 from groupwise.run.jsonl import write_rows_jsonl
 from groupwise.run.metrics import MetricsWriter
+from groupwise.run.progress import RunProgress
 from groupwise.run.rundir import RunDir
 from groupwise.trainer.evaluation import evaluate_policy
 from groupwise.trainer.finite import check_finite_weights
@@ -69,6 +69,7 @@ class Session:
     run_dir: RunDir
     policy: TrainedPolicy
     engine: Generator
+    streaming: StreamSupport  # whether the generator runs a request stream (asked once, by the builder)
     learner: StepLearner
     rollouts: GroupRollouts
     loader: PromptLoader
@@ -77,7 +78,7 @@ class Session:
     events: MetricsWriter
     state: TrainerState = field(default_factory=TrainerState)
     last_metrics: dict[str, float] = field(default_factory=dict)
-    fates: FatesWriter | None = None  # fates.jsonl (groupwise.run.fates_file); created from run_dir when not given
+    fates: FatesWriter = field(init=False)  # fates.jsonl (groupwise.run.fates_file), made from run_dir
     # Async runs: loader position, fates offset and controller state captured together at the last step boundary
     # (groupwise.run.async_checkpoint.boundary_snapshot); checkpoints of that step use it.
     boundary_snapshot: dict[str, Any] | None = None
@@ -87,8 +88,7 @@ class Session:
     _last_checkpoint_step: int = -1
 
     def __post_init__(self) -> None:
-        if self.fates is None:
-            self.fates = FatesWriter(self.run_dir.fates_path)
+        self.fates = FatesWriter(self.run_dir.fates_path)
 
     # --- weights -------------------------------------------------------------------------------------------
     def generator_weights(self) -> Mapping[str, Any]:
@@ -106,8 +106,9 @@ class Session:
         """Stop what the session started outside this process (nothing here; learner ranks, Ray actors)."""
 
     # --- per-step edges ------------------------------------------------------------------------------------
-    def end_step(self, step: int, metrics: dict[str, float], rows: RowBatch) -> None:
-        """Log metrics and train data for the step that just finished; evaluate and checkpoint when due."""
+    def end_step(self, step: int, metrics: dict[str, float], chunks: Sequence[TrainChunk]) -> None:
+        """Log metrics and train data (the rows of the step's ``chunks``) for the step that just finished; evaluate
+        and checkpoint when due."""
         done = step + 1
         # Step N is the state after N optimizer steps (step 0 is the initial policy's evaluation).
         metrics = {**metrics, "step": done, "weight_version": self.learner.version}
@@ -115,8 +116,9 @@ class Session:
         if every and done % every == 0 and done < self.cfg.run.max_steps:
             metrics.update(self.evaluate(done, log=False))
         if self.cfg.logging.train_data:
+            rows = step_rows(chunks)
             columns = {name: rows[name] for name in TRAIN_DATA_COLUMNS}
-            columns["prompt_text"] = prompt_texts(self.policy.tokenizer, rows["prompt_ids"])
+            columns["prompt_text"] = prompt_texts(self.policy.tokenizer, rows.sequence("prompt_ids"))
             write_rows_jsonl(self.run_dir.train_data_path(done), columns)
         self.events.log(done, metrics)
         self.events.event(step_summary(done, metrics))
@@ -286,7 +288,7 @@ class Session:
             )
 
 
-def prompt_texts(tokenizer: Any, prompt_ids: list) -> list[str]:
+def prompt_texts(tokenizer: Any, prompt_ids: Sequence[Sequence[int]]) -> list[str]:
     """The prompts as the model saw them: token ids decoded with special tokens kept (a chat prompt reads as its
     rendered template, generation prompt included)."""
     return tokenizer.batch_decode([list(ids) for ids in prompt_ids], skip_special_tokens=False)

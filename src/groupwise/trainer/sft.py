@@ -21,9 +21,9 @@ from groupwise.model.loading import eos_token_ids
 from groupwise.model.logprobs import completion_logprobs
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir, start_problems
-from groupwise.runtime.cpu_threads import apply_cpu_threads
 from groupwise.seeding import derive_seed
 from groupwise.trainer.builder import build_components
+from groupwise.trainer.cpu_threads import apply_cpu_threads
 from groupwise.trainer.evaluation import evaluate_policy
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ runs (and so before the step's checkpoint), so a resume rolls the file back to e
 
 Generation cost (:mod:`groupwise.algo.waste`): a round is one generator call, so each group of a round is
 attributed the round's seconds pro rata by completion tokens (they add up to ``perf/gen_seconds``), unless the
-rollout client attributes them itself (``attributes_gen_seconds``: the simulator, whose engine has no calls).
+rollout client attributes them itself (a ``SelfTimedRollouts``: the simulator, whose engine has no calls).
 Every group counts as generated when its round returns and as settled when its fate line is written (trained,
 filtered, discarded; pending when the run stops; a carried group settles in the step that takes it). The step's
 ``waste/*`` metrics come from :attr:`TrainerState.generation`, which a checkpoint keeps.
@@ -29,7 +29,7 @@ filtered, discarded; pending when the run stops; a carried group settles in the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,10 +37,12 @@ from groupwise.algo.accumulator import DynamicSamplingAccumulator, DynamicSampli
 from groupwise.algo.step_size import round_size
 from groupwise.algo.tally import StepTally
 from groupwise.algo.waste import SYNC_WASTE_FATES, GenerationAccount, split_call_seconds
+from groupwise.chunks import TrainChunk, step_chunk
+from groupwise.controller.interfaces import SelfTimedRollouts  # the shared protocols; never the controller itself
 from groupwise.run.fates_file import write_sync_step_fates, write_untrained_step_fates
 from groupwise.types import Group, group_from_dict, group_to_dict
 
-if TYPE_CHECKING:  # the protocols only; the loop never imports the controller itself
+if TYPE_CHECKING:
     from groupwise.config import GrpoSection
     from groupwise.controller.interfaces import LoaderItem, PromptSource, RolloutClient, TrainerClient
     from groupwise.run.fates_file import FatesWriter
@@ -89,11 +91,15 @@ class SyncStep:
 
     step: int
     metrics: dict[str, float]  # the trainer's step metrics and the step tally's
-    trained: list[Group]
+    chunk: TrainChunk  # the trained groups (carried-in ones first) and their advantages: the step's one chunk
     tally: StepTally
     started: float  # the loop clock when the step began
     gen_seconds: float  # loop-clock seconds spent in the step's generation rounds
     gen_tokens: int
+
+    @property
+    def trained(self) -> list[Group]:
+        return list(self.chunk.groups)
 
 
 SyncStepHook = Callable[[SyncStep], "Awaitable[None] | None"]
@@ -153,16 +159,17 @@ class SyncLoop:
         if collected is None:
             return False
         selection = collected.selection
+        chunk = step_chunk(selection.trained, self.grpo)  # advantages of exactly the trained groups
         try:
-            await self.trainer.train_chunk(step, selection.trained, True)
+            await self.trainer.train_chunk(step, chunk, True)
             metrics = await self.trainer.finish_step(step)
         except Exception as err:  # the step's optimizer step never ran: its groups are pending, saying why
-            self._untrained_fates(step, collected.generated, self.state.carried, _failed("its optimizer step", err))
+            groups, reason = [*self.state.carried, *collected.generated], _failed("its optimizer step", err)
+            write_untrained_step_fates(self._lines, step, groups, selection.filtered, reason)
             raise
-        ds = self.grpo.dynamic_sampling
         write_sync_step_fates(
-            self._lines, step, collected.generated, selection.trained, selection.surplus,  # type: ignore[arg-type]
-            selection.surplus_carried, ds.enabled, ds.zero_variance_tol,
+            self._lines, step, collected.generated, selection.trained, selection.surplus, selection.surplus_carried,
+            selection.filtered,
         )  # fmt: skip
         await self.rollouts.sync_weights(step + 1)
         self.state.carried = selection.carry_over
@@ -171,7 +178,7 @@ class SyncLoop:
         metrics.update(self.state.generation.step_metrics(SYNC_WASTE_FATES))
         if self.on_step_end is not None:
             done = SyncStep(
-                step, metrics, selection.trained, selection.tally, started, collected.gen_seconds, collected.gen_tokens
+                step, metrics, chunk, selection.tally, started, collected.gen_seconds, collected.gen_tokens
             )
             outcome = self.on_step_end(done)
             if outcome is not None:
@@ -189,13 +196,14 @@ class SyncLoop:
             items = self.loader.take(self.round_size)
             if not items:
                 # Carried groups get their pending line from record_carried_at_end, after the last checkpoint.
-                self._untrained_fates(step, generated, [], DATA_RAN_OUT)
+                write_untrained_step_fates(self._lines, step, generated, accumulator.filtered, DATA_RAN_OUT)
                 return None
             started = clock()
             try:
                 groups = await self._generate_round(step, items)
             except Exception as err:  # the earlier rounds' groups will never train: pending, saying why
-                self._untrained_fates(step, generated, [], _failed("a generation round", err))
+                reason = _failed("a generation round", err)
+                write_untrained_step_fates(self._lines, step, generated, accumulator.filtered, reason)
                 raise
             round_seconds = clock() - started
             gen_seconds += round_seconds
@@ -206,11 +214,12 @@ class SyncLoop:
         try:
             selection = accumulator.finish()
         except DynamicSamplingExhausted:
-            self._untrained_fates(step, generated, self.state.carried, DS_GAVE_UP)
+            groups = [*self.state.carried, *generated]
+            write_untrained_step_fates(self._lines, step, groups, accumulator.filtered, DS_GAVE_UP)
             raise
         return _Collected(selection, generated, gen_seconds, gen_tokens)
 
-    async def _generate_round(self, step: int, items: list[LoaderItem]) -> list[Group]:
+    async def _generate_round(self, step: int, items: Sequence[LoaderItem]) -> list[Group]:
         """Every prompt of the round requested at once (attempt 0, under the step's weights), in order."""
         ids = self.state.next_group_ids(len(items))
         calls = [self.rollouts.rollout(item, gid, 0, step) for item, gid in zip(items, ids, strict=True)]
@@ -219,7 +228,7 @@ class SyncLoop:
     def _count_generated(self, groups: list[Group], round_seconds: float) -> None:
         """Attribute the round's seconds to its groups pro rata by tokens (unless the client did); count them as
         generated."""
-        if not getattr(self.rollouts, "attributes_gen_seconds", False):
+        if not isinstance(self.rollouts, SelfTimedRollouts):
             shares = split_call_seconds(round_seconds, [g.num_completion_tokens for g in groups])
             for group, seconds in zip(groups, shares, strict=True):
                 group.gen_seconds = seconds
@@ -230,18 +239,13 @@ class SyncLoop:
         ds = self.grpo.dynamic_sampling
         return DynamicSamplingAccumulator(
             num_prompts_per_step=self.grpo.num_prompts_per_step,
-            enabled=ds.enabled,
+            group_filter=self.grpo.group_filter(),
             max_gen_rounds=ds.max_gen_rounds if ds.enabled else 1,
             on_exhausted=ds.on_exhausted,
             min_step_batch_fraction=ds.min_step_batch_fraction,
             surplus=ds.surplus,
-            zero_variance_tol=ds.zero_variance_tol,
             carried_in=self.state.carried,
         )
-
-    def _untrained_fates(self, step: int, generated: list[Group], carried: list[Group], reason: str) -> None:
-        ds = self.grpo.dynamic_sampling
-        write_untrained_step_fates(self._lines, step, generated, carried, ds.enabled, ds.zero_variance_tol, reason)  # type: ignore[arg-type]
 
 
 def _failed(what: str, error: BaseException) -> str:

@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from groupwise.algo.step_size import gated_buffer_capacity
 from groupwise.controller.buffer import GroupBuffer, Slot
 from groupwise.controller.clock import VersionClock
 
@@ -41,6 +42,32 @@ class Sampler(Protocol):
     def required_buffer_capacity(self, prompts_per_step: int) -> int | None: ...
 
     def set_dispatch_index(self, resume_step: int) -> None: ...
+
+
+@runtime_checkable
+class CursorSampler(Protocol):
+    """Optional: a sampler whose dispatch cursor a checkpoint can save and a resume continue (every built-in one).
+    A sampler that is not one restarts its cursor on resume, and in-flight attempts start again."""
+
+    @property
+    def dispatch_index(self) -> int: ...
+
+
+@runtime_checkable
+class StampingSampler(Protocol):
+    """Optional: a sampler that says whether it stamps each admitted batch with the step it is for (``in_order``
+    does); one that does not say stamps nothing."""
+
+    @property
+    def stamps_target_steps(self) -> bool: ...
+
+
+@runtime_checkable
+class WindowedGate(Protocol):
+    """Optional: a sampler with a staleness window ``W`` (what a stall report shows as ``gate_window``)."""
+
+    @property
+    def window(self) -> int: ...
 
 
 @runtime_checkable
@@ -120,6 +147,7 @@ class BaseSampler(ABC):
     Each sampler defines its own :meth:`select`."""
 
     window: int = 0
+    stamps_target_steps = False
 
     def __init__(self, buffer: GroupBuffer) -> None:
         self.buffer = buffer
@@ -177,5 +205,5 @@ class GatedSampler(BaseSampler):
         return self._dispatch_index < version + self.window
 
     def required_buffer_capacity(self, prompts_per_step: int) -> int | None:
-        """``P × (W + 1)``: the live batch plus W lookahead batches must fit."""
-        return prompts_per_step * (self.window + 1)
+        """The live batch plus W batches ahead must fit (:func:`~groupwise.algo.step_size.gated_buffer_capacity`)."""
+        return gated_buffer_capacity(prompts_per_step, self.window)

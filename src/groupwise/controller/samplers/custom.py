@@ -7,31 +7,19 @@ The class is instantiated with ``(buffer, **kwargs)`` and must satisfy the :clas
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any
 
 from groupwise.controller.buffer import GroupBuffer
 from groupwise.controller.samplers.base import Sampler
+from groupwise.plugins import import_plugin
 
 
 def import_sampler_class(target: str) -> type:
     """The class ``module:ClassName`` names; ``ValueError`` saying what is wrong when it cannot be imported."""
-    if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
-        raise ValueError(f"custom sampler target must look like 'package.module:ClassName', got {target!r}")
-    module_name, class_name = target.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # ImportError, or whatever the module raised while it was imported
-        raise ValueError(
-            f"custom sampler target {target!r}: cannot import module {module_name!r} "
-            f"({type(exc).__name__}: {exc}); check the name and that it is on PYTHONPATH"
-        ) from exc
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise ValueError(f"custom sampler target {target!r}: module {module_name!r} has no {class_name!r}")
+    cls = import_plugin(target, "custom sampler target")
     if not isinstance(cls, type):
-        raise ValueError(f"custom sampler target {target!r}: {class_name!r} is a {type(cls).__name__}, not a class")
+        raise ValueError(f"custom sampler target {target!r}: it is a {type(cls).__name__}, not a class")
     return cls
 
 

@@ -1,0 +1,88 @@
+"""One factory for every generation backend: ``build_generator(spec)`` builds the one ``generation.backend`` names.
+
+Adding a backend is one module (a class implementing :class:`~groupwise.generation.base.Generator`, and
+:class:`~groupwise.generation.base.StreamingGenerator` when it can stream), one value of ``generation.backend`` in the
+config schema (``GENERATION_BACKENDS``), and one line in :data:`BACKENDS`; or, without touching groupwise, a plug-in
+``generation.backend: package.module:function`` that takes a :class:`GeneratorSpec` and returns the generator.
+Nothing else names a backend class: the runtimes and the trainer see a ``Generator`` and ask
+:func:`stream_support` what it can do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+from groupwise.generation.base import Generator, RequestStream, StreamingGenerator, StreamSupport
+from groupwise.plugins import PluginImportError, import_plugin
+from groupwise.types import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from groupwise.config import GenerationSection, ModelSection
+
+
+@dataclass(frozen=True)
+class GeneratorSpec:
+    """What a backend is built from: the ``generation`` and ``model`` sections, the model whose weights it samples
+    from (the policy, or a copy of its own), the tokenizer and the token ids that end a completion."""
+
+    generation: GenerationSection
+    model_section: ModelSection
+    model: torch.nn.Module
+    tokenizer: Any  # a Hugging Face tokenizer (its classes share no base type worth naming)
+    eos_token_ids: Sequence[int]
+
+
+def _builtin(spec: GeneratorSpec) -> Generator:
+    from groupwise.generation.engine import Engine  # torch and transformers: only when a generator is built
+
+    gen = spec.generation
+    return Engine(
+        spec.model, spec.tokenizer, spec.eos_token_ids, fast_decode=gen.fast_decode, cuda_graphs=gen.cuda_graphs,
+        continuous_batching=gen.continuous_batching,
+    )  # fmt: skip
+
+
+BACKENDS: dict[str, Callable[[GeneratorSpec], Generator]] = {
+    "builtin": _builtin,
+}
+
+
+def build_generator(spec: GeneratorSpec) -> Generator:
+    """The generator of ``spec.generation.backend``: a shipped one, or a plug-in factory ``package.module:function``
+    (called with ``spec``; it must return a :class:`Generator`)."""
+    name = spec.generation.backend
+    build = BACKENDS.get(name)
+    if build is None:
+        factory = import_plugin(name, "generation backend")
+        if not callable(factory):
+            raise PluginImportError(f"generation backend {name!r}: it is a {type(factory).__name__}, not callable")
+        build = cast("Callable[[GeneratorSpec], Generator]", factory)
+    generator = build(spec)
+    if not isinstance(generator, Generator):
+        raise TypeError(
+            f"generation backend {name!r} returned a {type(generator).__name__}, which is not a Generator (it needs "
+            "version, generate and load_weights: groupwise.generation.base.Generator)"
+        )
+    return generator
+
+
+def stream_support(generator: Generator) -> StreamSupport:
+    """The one capability query: can ``generator`` run a request stream (continuous batching, weights loaded
+    mid-generation, resumed attempts) for its model?"""
+    if isinstance(generator, StreamingGenerator):
+        return generator.stream_support()
+    return StreamSupport(False, f"the {type(generator).__name__} generator does not run a request stream")
+
+
+def open_stream(
+    generator: Generator, sampling: SamplingParams, *, max_rows: int, partial: str = "off", kv: str = "recompute"
+) -> RequestStream:
+    """A request stream on ``generator`` (which :func:`stream_support` said can run one)."""
+    support = stream_support(generator)
+    if not support.available or not isinstance(generator, StreamingGenerator):
+        raise ValueError(f"this generator cannot run a request stream: {support.reason}")
+    return generator.open_stream(sampling, max_rows=max_rows, partial=partial, kv=kv)

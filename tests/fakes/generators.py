@@ -1,0 +1,57 @@
+"""`ToyGenerator`: a generation backend of the tests' own, plugged in as ``generation.backend:
+fakes.generators:toy_backend`` — the proof that a backend needs nothing but the generator factory.
+
+It samples digit tokens uniformly (logprob ``-log 10`` each, recorded as a real backend records the sampled
+token's logprob), from a counter RNG seeded by (request seed, sample index), so a prompt samples the same
+completions whatever batch it lands in; it never streams.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+
+from torch import Tensor
+
+from groupwise.generation.factory import GeneratorSpec
+from groupwise.types import Completion, GenerationRequest, SamplingParams
+
+DIGITS = "0123456789"
+
+
+class ToyGenerator:
+    """A :class:`~groupwise.generation.base.Generator` that samples digits, then EOS (see the module docstring)."""
+
+    def __init__(self, spec: GeneratorSpec) -> None:
+        self.tokenizer = spec.tokenizer
+        self.eos = int(spec.eos_token_ids[0])
+        self.digit_ids = [int(self.tokenizer.convert_tokens_to_ids(d)) for d in DIGITS]
+        self._version = 0
+        self.calls = 0
+        self.loads: list[int] = []
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
+        self.calls += 1
+        return [[self._sample(request.seed, i, sampling) for i in range(request.num_samples)] for request in requests]
+
+    def _sample(self, seed: int, index: int, sampling: SamplingParams) -> Completion:
+        rng = random.Random(f"{seed}/{index}")
+        length = rng.randint(1, max(1, sampling.max_new_tokens - 1))
+        ids = tuple(rng.choice(self.digit_ids) for _ in range(length)) + (self.eos,)
+        logprobs = (-math.log(len(DIGITS)),) * length + (0.0,)
+        text = self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        return Completion(ids, logprobs, text, "stop", self._version)
+
+    def load_weights(self, state: Mapping[str, Tensor], version: int) -> None:
+        self.loads.append(version)
+        self._version = version
+
+
+def toy_backend(spec: GeneratorSpec) -> ToyGenerator:
+    """The factory ``generation.backend: fakes.generators:toy_backend`` names."""
+    return ToyGenerator(spec)

@@ -1,0 +1,104 @@
+"""The generator factory is the one seam a generation backend needs.
+
+Invariants pinned:
+- a backend of the tests' own (``fakes.generators:toy_backend``), plugged in through ``generation.backend`` alone,
+  trains a sync run and an async run: every trained completion is one the toy sampled, the toy gets the learner's
+  weights after every step (versions 1, 2, ...), and the runs' fates pass the audit;
+- a backend that cannot stream is reported so by the one capability query (``stream_support``), and a run asking for
+  continuous batching on it notes that it runs one batch per call;
+- a plug-in backend that does not import, or is not callable, is a config error naming ``generation.backend``,
+  before any model loads; the shipped backends are exactly the config's ``GENERATION_BACKENDS``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fakes.generators import DIGITS, ToyGenerator
+
+from groupwise.cli.run_prompts import training_uids
+from groupwise.config import ConfigError, config_from_dict
+from groupwise.config.sections import GENERATION_BACKENDS
+from groupwise.generation.factory import BACKENDS, stream_support
+from groupwise.run.audit import audit_run
+from groupwise.runtime.async_run import run_async
+from groupwise.runtime.sync_run import run_sync
+from groupwise.trainer.builder import build_session
+from groupwise.trainer.preflight import check_inputs
+
+TOY = "fakes.generators:toy_backend"
+
+
+def toy_config(tmp_path, mode: str, **sections):
+    data = {
+        "mode": mode,
+        "run": {"name": f"toy-{mode}", "output_dir": str(tmp_path / "runs"), "seed": 1, "max_steps": 2},
+        "model": {"source": "tiny", "tiny": {"num_layers": 1, "hidden_size": 32, "num_heads": 2,
+                                             "intermediate_size": 64, "max_position_embeddings": 32}},
+        "data": {"task": "addition", "addition": {"min_digits": 1, "max_digits": 1, "num_eval": 8}},
+        "generation": {"backend": TOY, "max_new_tokens": 4},
+        "grpo": {"num_prompts_per_step": 2, "num_generations_per_prompt": 4, "dynamic_sampling": {"enabled": False}},
+        "logging": {"progress": False, "tensorboard": False},
+        "eval": {"at_start": False, "at_end": False},
+    }  # fmt: skip
+    if mode == "async":
+        data["async"] = {"sampler": {"name": "in_order", "max_lookahead_versions": 0},
+                         "rollout_failure": {"on_dropped_prompt": "shrink"}}  # fmt: skip
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value}
+    return config_from_dict(data)
+
+
+def trained_texts(run_dir) -> list[str]:
+    lines = []
+    for path in sorted((run_dir / "train_data").glob("step_*.jsonl")):
+        lines += [json.loads(line) for line in path.read_text().splitlines()]
+    return [line["completion_text"] for line in lines]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_toy_backend_plugged_in_through_the_factory_trains_both_modes(tmp_path, mode):
+    session = build_session(toy_config(tmp_path, mode))
+    toy = session.engine
+    assert isinstance(toy, ToyGenerator)
+    (run_sync if mode == "sync" else run_async)(session)
+    assert session.state.step == 2
+    assert toy.calls > 0 and toy.loads[-2:] == [1, 2]  # the learner's weights after each step
+    texts = trained_texts(session.run_dir.path)
+    assert len(texts) == 2 * 2 * 4  # 2 steps x P 2 x G 4
+    eos = session.policy.tokenizer.eos_token
+    assert all(text.endswith(eos) and set(text.removesuffix(eos)) <= set(DIGITS) and text != eos for text in texts)
+    report = audit_run(session.run_dir.path, training_uids)
+    assert report.ok, report.format()
+
+
+def test_a_backend_that_cannot_stream_says_so_and_batching_falls_back(tmp_path):
+    cfg = toy_config(tmp_path, "sync", generation={"continuous_batching": True})
+    session = build_session(cfg)
+    support = stream_support(session.engine)
+    assert not support.available and "ToyGenerator" in support.reason
+    assert not session.streaming.available
+    events = session.run_dir.events_path.read_text()
+    assert "generation runs one batch per engine call" in events
+
+
+@pytest.mark.parametrize(
+    "backend, words",
+    [("no_such_backend_module:make", "cannot import module"), ("fakes.generators:DIGITS", "not callable")],
+)
+def test_a_plugin_backend_that_cannot_be_built_is_a_config_error(tmp_path, backend, words):
+    cfg = toy_config(tmp_path, "sync", generation={"backend": backend})
+    with pytest.raises(ConfigError) as info:
+        check_inputs(cfg, training=True)
+    (issue,) = [i for i in info.value.errors if i.path == "generation.backend"]
+    assert issue.value == backend and words in issue.rule
+
+
+def test_an_unknown_backend_name_is_refused_by_the_schema(tmp_path):
+    with pytest.raises(ConfigError, match="generation.backend"):
+        toy_config(tmp_path, "sync", generation={"backend": "fastest"})
+
+
+def test_the_shipped_backends_are_the_config_values():
+    assert tuple(BACKENDS) == GENERATION_BACKENDS
