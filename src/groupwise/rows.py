@@ -21,8 +21,9 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
     Columns: ``group_id``, ``prompt_uid``, ``completion_index``, ``prompt_ids``, ``completion_ids``,
     ``generation_logprobs``, ``completion_text``, ``finish_reason``, ``raw_reward`` (the verifier's, as the
     zero-variance filter saw it), ``reward`` (scaled and shaped), ``advantage`` (a float32 tensor, a separate
-    column: a reward is never overwritten by its advantage), ``start_version``. Id and logprob rows are the
-    groups' own tuples (no copy; the batch is immutable).
+    column: a reward is never overwritten by its advantage), ``start_version``, ``token_versions`` (the weight
+    version that drew each completion token: the learner finds its on-policy tokens by it). Id and logprob rows are
+    the groups' own tuples (no copy; the batch is immutable).
     """
     if len(advantages) != len(groups):
         raise ValueError(f"{len(groups)} groups but advantages for {len(advantages)}")
@@ -41,6 +42,7 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
             "reward",
             "advantage",
             "start_version",
+            "token_versions",
         )
     }
     for group, group_adv in zip(groups, advantages, strict=True):
@@ -59,6 +61,7 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
             cols["reward"].append(group.rewards[i])
             cols["advantage"].append(group_adv[i])
             cols["start_version"].append(group.start_version)
+            cols["token_versions"].append(tuple(completion.token_versions))
     batch = RowBatch({**cols, "advantage": torch.tensor(cols["advantage"], dtype=torch.float32)})
     return batch
 

@@ -36,7 +36,7 @@ def test_full_vocab_engine_records_unfiltered_logprobs_under_top_k(settings, pol
         requests = [GenerationRequest(prompt, 4, seed=5 + index) for index, prompt in enumerate(prompt_ids)]
         out = generator.generate(requests, sampling)
     finally:
-        generator.close()
+        generator.shutdown()
     for prompt, per_request in zip(prompt_ids, out, strict=True):
         for completion in per_request:
             with torch.no_grad():

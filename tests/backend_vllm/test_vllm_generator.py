@@ -44,7 +44,7 @@ def generator(settings, policy, eos, weight_names):
 
     generator = VllmGenerator(settings, policy.tokenizer, eos, weight_names)
     yield generator
-    generator.close()
+    generator.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ Invariants pinned:
   within ``max_new_tokens``;
 - an answered request stays in ``progress`` (every row finished) with its cost until ``forget``; busy seconds and
   steps grow;
-- ``close`` ends the engine and the loop thread; a request still running gets no answer.
+- ``close`` ends the stream: a request still running is answered with an error, and the engine still serves
+  ``generate`` (the run's last evaluation); ``shutdown`` ends the engine and the loop thread.
 
 Near-random weights (``noisy_state``) make rows run long, so a weight load lands while they run.
 """
@@ -46,7 +47,7 @@ def stream(settings, policy, eos, weight_names):
     stream = VllmStream(settings, policy.tokenizer, eos, weight_names, sampling, partial="continue")
     stream.start("test-vllm-stream")
     yield stream
-    stream.close(60)
+    stream.shutdown(60)
 
 
 class Answer:
@@ -208,10 +209,16 @@ def test_answered_requests_stay_in_progress_until_forgotten(stream, prompt_ids):
     assert handle not in stream.progress()
 
 
-def test_close_ends_the_engine_without_answering(stream, prompt_ids, noisy_state, versions):
+def test_close_ends_the_requests_and_shutdown_the_engine(stream, prompt_ids, noisy_state, versions):
     stream.load_weights(noisy_state, next(versions))
     answer = Answer()
     handle = stream.submit(GenerationRequest(prompt_ids[0], 2, seed=51), answer)
     _wait_for(lambda: sum(_tokens_so_far(stream, handle)) >= 1)
     assert stream.close(60)
-    assert not answer.event.is_set()
+    assert isinstance(answer.wait(), RuntimeError)  # answered with the reason, never left waiting
+    out = stream.generate([GenerationRequest(prompt_ids[1], 2, seed=52)], SamplingParams(max_new_tokens=4))
+    assert len(out[0]) == 2 and all(1 <= c.num_tokens <= 4 for c in out[0])  # the engine still generates
+    stream.shutdown(60)
+    assert not stream._thread.is_alive()
+    with pytest.raises(RuntimeError):
+        stream.generate([GenerationRequest(prompt_ids[1], 1, seed=53)], SamplingParams(max_new_tokens=2))

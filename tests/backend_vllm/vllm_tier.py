@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from groupwise.generation.vllm_setup import vllm_unavailable
+from groupwise.optional_packages import vllm_unavailable
 
 TINY_MODEL = Path(__file__).resolve().parents[2] / "models" / "addition-tiny"
 VLLM_MISSING = vllm_unavailable()

@@ -57,7 +57,7 @@ class VllmGenerator:
         self._version = int(version)
         if _open_engines:
             raise RuntimeError(
-                "a vLLM engine already runs in this process (vLLM's process groups are per process); close() it "
+                "a vLLM engine already runs in this process (vLLM's process groups are per process); shutdown() it "
                 "before building another, or use VllmStream, whose engine runs in a process of its own"
             )
         self._vllm = import_vllm(settings)
@@ -95,7 +95,7 @@ class VllmGenerator:
         reload_in_process(self.llm, state)
         self._version = int(version)
 
-    def close(self) -> None:
+    def shutdown(self) -> None:
         """Shut the engine core down (its KV cache, workers and process groups); the generator is unusable
         afterwards, and another in-process engine may be built."""
         if self in _open_engines:

@@ -2,7 +2,7 @@
 
 vLLM is optional (``pip install groupwise[vllm]`` on a CUDA machine; ``scripts/install_vllm.sh`` builds the CPU
 environment): nothing here imports it at module import time, so the core imports without it, and
-:func:`vllm_unavailable` says why it cannot be used before anything is built.
+:func:`groupwise.optional_packages.vllm_unavailable` says why it cannot be used before anything is built.
 
 Environment variables, set (only where the user has not set them) before vLLM is imported:
 
@@ -22,7 +22,6 @@ engine's seed. Also worth knowing: the first call that asks for logprobs compile
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 from collections.abc import Iterator
@@ -34,16 +33,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from groupwise.optional_packages import VLLM_INSTALL_HINT, vllm_unavailable
+
 LogprobSource = Literal["processed", "full_vocab"]
-INSTALL_HINT = "install groupwise[vllm] on a CUDA machine, or run scripts/install_vllm.sh (CPU)"
-
-
-def vllm_unavailable() -> str | None:
-    """Why the vLLM backend cannot be used here (the package is missing), or None when it can."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin is None:  # (a folder named vllm on the path is no package)
-        return f"generation.backend 'vllm' needs the vllm package, which is not installed: {INSTALL_HINT}"
-    return None
 
 
 @dataclass(frozen=True)
@@ -109,7 +101,7 @@ def import_vllm(settings: VllmSettings) -> Any:
     """Set the environment defaults (module docstring) and import vLLM; a clear error when it is missing."""
     why = vllm_unavailable()
     if why is not None:
-        raise ImportError(why)
+        raise ImportError(f"{why}: {VLLM_INSTALL_HINT}")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     if settings.device == "cpu":

@@ -1,12 +1,17 @@
 """Continuous batching and partial rollouts on vLLM: a stream over ``AsyncLLM``, with the built-in stream's methods.
 
-:class:`VllmStream` offers what the runtimes use of :class:`~groupwise.generation.stream.GenerationStream`
-(``submit`` / ``cancel`` / ``cost`` / ``forget`` / ``progress`` / ``post_weights`` / ``pause`` / ``resume`` /
-``paused`` / ``start`` / ``close``; ``steps``, ``weight_loads``, ``busy_seconds``, ``generated_tokens``, ``joins``)
-and is a :class:`~groupwise.generation.base.Generator` itself (``version`` / ``generate`` / ``load_weights``), so
-the same engine serves rollouts and evaluation. ``AsyncLLM`` runs its engine core in a child process (a script that
-builds one needs an ``if __name__ == "__main__":`` guard); its asyncio loop runs on a daemon thread of this stream,
-and every callback (``on_done``, ``on_dropped``, ``done``) is called from that thread.
+:class:`VllmStream` is a :class:`~groupwise.generation.base.StreamingGenerator` whose stream is itself: a
+:class:`~groupwise.generation.base.Generator` (``version`` / ``generate`` / ``load_weights``), and, once
+:meth:`~VllmStream.open_stream` set the run's sampling and partial-rollout mode, the
+:class:`~groupwise.generation.base.RequestStream` the runtimes feed (``submit`` / ``cancel`` / ``cost`` / ``forget``
+/ ``progress`` / ``post_weights`` / ``paused`` / ``start`` / ``close``; ``steps``, ``weight_loads``,
+``busy_seconds``), so rollouts, weight loads and evaluation share one engine. Closing the stream ends its requests
+and leaves the engine serving ``generate`` (the run's last evaluation); :meth:`~VllmStream.shutdown` stops the
+engine (the session does, when the run ends; also at interpreter exit).
+
+``AsyncLLM`` runs its engine core in a child process (a script that builds one needs an ``if __name__ ==
+"__main__":`` guard); its asyncio loop runs on a daemon thread of this stream, and every callback (``on_done``,
+``on_dropped``, ``done``) is called from that thread.
 
 * **Continuous batching** is vLLM's own: a submitted request's samples (one vLLM request each,
   :mod:`groupwise.generation.vllm_rows`) join the running batch at once.
@@ -27,16 +32,19 @@ and every callback (``on_done``, ``on_dropped``, ``done``) is called from that t
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import shutil
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from torch import Tensor
 
+from groupwise.generation.base import StreamSupport
 from groupwise.generation.sampling import check_sampling_params
 from groupwise.generation.vllm_rows import (
     assemble,
@@ -82,7 +90,7 @@ class VllmStream:
         self._clock = BusyClock()
         self._pauses = 0  # pause holders (evaluation, weight loads); touched on the loop thread only
         self._post_done: Callable[[BaseException | None], None] | None = None  # the pending weight post's callback
-        self._closed = False
+        self._closed = False  # the engine was shut down
         self.steps = self.weight_loads = self.generated_tokens = self.joins = 0
         self._loop = asyncio.new_event_loop()
         self._unpaused = asyncio.Event()  # (used on the loop only; created before it runs, unbound until then)
@@ -100,6 +108,7 @@ class VllmStream:
         self._disk = DiskReload(folder)
         self._ipc = IpcTransfer(self.engine, self._run) if settings.device == "cuda" else None
         self._run(self.engine.update_weight_version(str(self._version)))
+        atexit.register(_shutdown_at_exit, weakref.ref(self))  # AsyncLLM's own finaliser fails at interpreter exit
 
     # -- Generator ----------------------------------------------------------------------------------------------
     @property
@@ -141,6 +150,48 @@ class VllmStream:
             )
         check_names(state, self._weight_names)
         self._run(self._load(state, int(version)))
+
+    def shutdown(self, timeout_s: float = 60.0) -> None:
+        """Stop the engine (its processes, KV cache and loop thread); requests still held get no answer. The stream
+        and the generator are unusable afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        self._answer_post(RuntimeError("the vLLM engine was shut down before the weights were loaded"))
+        with contextlib.suppress(Exception):  # the engine may already be dead: shutting down must still end the thread
+            self._run(self._shutdown(), timeout_s)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout_s)
+        if self._own_dir is not None:
+            shutil.rmtree(self._own_dir, ignore_errors=True)
+
+    # -- StreamingGenerator -------------------------------------------------------------------------------------
+    def stream_support(self) -> StreamSupport:
+        """vLLM streams every model it serves (its scheduler batches continuously)."""
+        return StreamSupport(True)
+
+    def open_stream(
+        self, sampling: SamplingParams, *, max_rows: int | None = None, partial: str = "off", kv: str = "recompute"
+    ) -> VllmStream:
+        """This engine as the run's stream, sampling with ``sampling`` unless a request says otherwise. ``partial``:
+        ``off`` drains the running rows before a weight load, ``continue`` loads at once and the rows go on with
+        their KV cache (vLLM's ``keep`` pause: ``kv`` must be ``keep``). ``max_rows`` is not used: vLLM's
+        scheduler bounds the rows it decodes at once (``generation.vllm.max_num_seqs``) and queues the rest."""
+        if partial not in PARTIAL_MODES:
+            raise ValueError(f"partial={partial!r} must be one of {PARTIAL_MODES}")
+        if partial == "continue" and kv != "keep":
+            raise ValueError(
+                f"kv={kv!r}: vLLM keeps the running rows' KV cache across a weight load (its 'keep' pause) and "
+                "cannot recompute it; open the stream with kv='keep' (async.partial_rollout_kv: keep)"
+            )
+        check_sampling_params(sampling)
+        check_source(self.settings.logprobs, sampling)
+        self.sampling, self.partial = sampling, partial
+        return self
+
+    def generator_for_evaluation(self) -> VllmStream:
+        """Evaluation's requests join the running batch (vLLM needs no pause for them): the stream itself."""
+        return self
 
     # -- the stream (any thread) --------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest, on_done: Done, sampling: SamplingParams | None = None) -> int:
@@ -215,18 +266,17 @@ class VllmStream:
         self._thread.name = name
 
     def close(self, timeout_s: float) -> bool:
-        """Shut the engine down; requests still held get no answer. True when the loop thread ended in time."""
+        """End the stream: the requests still held are aborted (each answered with an error), a pending weight post
+        gets an error. The engine keeps serving :meth:`generate` (:meth:`shutdown` stops it). True when every aborted
+        request had stopped within ``timeout_s``."""
         if self._closed:
             return True
-        self._closed = True
         self._answer_post(RuntimeError("the vLLM stream was closed before the weights were loaded"))
-        with contextlib.suppress(Exception):  # the engine may already be dead: closing must still end the thread
-            self._run(self._shutdown(), timeout_s)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout_s)
-        if self._own_dir is not None:
-            shutil.rmtree(self._own_dir, ignore_errors=True)
-        return not self._thread.is_alive()
+        try:
+            self._run(self._abort_all(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     # -- the loop thread ----------------------------------------------------------------------------------------
     def _run(self, coroutine: Coroutine[Any, Any, _T], timeout_s: float | None = None) -> _T:
@@ -363,14 +413,21 @@ class VllmStream:
         if done is not None:
             done(error)
 
-    async def _shutdown(self) -> None:
-        tasks = [task for entry in list(self._entries.values()) for task in entry.tasks]
+    async def _abort_all(self) -> None:
+        """Abort every request held; each gets an error as its answer (nobody waits for one forever)."""
         with self._lock:
-            for entry in self._entries.values():
-                entry.cancelled, entry.on_dropped = True, None  # closed first: nobody is answered
+            entries = list(self._entries.values())
+            for entry in entries:
+                entry.cancelled, entry.on_dropped = True, None  # (its settling then answers nothing itself)
+        tasks = [task for entry in entries for task in entry.tasks]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for entry in entries:
+            entry.on_done(RuntimeError("the vLLM stream was closed before this request was answered"))
+
+    async def _shutdown(self) -> None:
+        await self._abort_all()
         engine, self.engine = self.engine, None
         engine.shutdown()
         del engine  # (collected now: AsyncLLM's __del__ shuts down again, which fails at interpreter exit)
@@ -380,3 +437,9 @@ def _cancel_tasks(entry: StreamEntry) -> None:
     """(On the loop thread.) Cancel the entry's row tasks: vLLM aborts their requests."""
     for task in entry.tasks:
         task.cancel()
+
+
+def _shutdown_at_exit(stream: weakref.ref[VllmStream]) -> None:
+    alive = stream()
+    if alive is not None:
+        alive.shutdown(10.0)

@@ -124,7 +124,7 @@ class IpcTransfer:
 
         self._source = _StateSource()
         self._trainer = WeightTransferTrainerFactory.trainer_init(
-            IPCTrainerInitInfo(rank=0), client=_LoopClient(engine, run), source=self._source  # type: ignore[arg-type]
+            IPCTrainerInitInfo(rank=0), client=_LoopClient(engine, run), source=self._source  # type: ignore[arg-type, unused-ignore]
         )
 
     def push_blocking(self, state: Mapping[str, Tensor]) -> None:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from groupwise.algo.loss import LossStats, global_denominator, policy_loss
+from groupwise.algo.mismatch import mismatch_stats, on_policy_tokens
 from groupwise.batch import RowBatch
 from groupwise.config.algorithm import LossSection, OptimizerSection
 from groupwise.model.completion_scorer import CompletionScorer, ScoredRows
@@ -245,10 +246,12 @@ class Learner:
         device = logprobs.device
         if ref is None and loss_cfg.kl_coef > 0:
             ref = self._reference_logprobs(micro)
+        old = logprobs.detach() if prev is None else prev  # π_old: the step's weights, version self.version
+        generation = pad_right(micro.sequence("generation_logprobs"), logprobs.shape[1]).to(device)
         loss, stats = policy_loss(
             logprobs,
-            logprobs.detach() if prev is None else prev,
-            pad_right(micro.sequence("generation_logprobs"), logprobs.shape[1]).to(device),
+            old,
+            generation,
             micro.tensor("advantage").to(device),
             mask,
             epsilon_low=loss_cfg.epsilon_low,
@@ -268,6 +271,8 @@ class Learner:
             entropy_coef=loss_cfg.entropy_coef,
         )
         self._run_backward(loss)
+        versions = pad_right(micro.sequence("token_versions"), logprobs.shape[1], -1.0).to(device)
+        stats.merge(mismatch_stats(old, generation, on_policy_tokens(versions, self.version, mask)))
         step.stats.merge(stats)
         step.update.masks.append(mask)
         step.update.loss_sum += float(loss.detach())
