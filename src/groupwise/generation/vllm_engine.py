@@ -10,9 +10,11 @@ stream (:mod:`groupwise.generation.vllm_stream`), which runs ``AsyncLLM``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from groupwise.generation.sampling import check_sampling_params
@@ -63,6 +65,10 @@ class VllmGenerator:
         self._vllm = import_vllm(settings)
         with process_state_kept():
             self.llm = self._vllm.LLM(**engine_kwargs(settings))
+        # vLLM's CPU kernels check that the OpenMP team size they run with is the one their metadata (and the
+        # weights' repacking at a reload) was made with; torch's thread count is per calling thread, and the
+        # runtimes call from several threads (the learner's set to its own count): every call runs at this one.
+        self._threads = torch.get_num_threads()
         _open_engines.append(self)
 
     @property
@@ -78,7 +84,8 @@ class VllmGenerator:
             sampling_params_for(self._vllm, row, sampling, self.eos_token_ids, self.settings.logprobs) for row in rows
         ]
         prompts = [{"prompt_token_ids": list(row.prompt)} for row in rows]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False) if rows else []
+        with self._engine_threads():
+            outputs = self.llm.generate(prompts, params, use_tqdm=False) if rows else []
         generated = [self._row_output(output, sampling) for output in outputs]
         completions = package(rows, generated, self.eos_token_ids, self.tokenizer)
         completions += package_finished(finished, self.eos_token_ids, self.tokenizer)
@@ -92,7 +99,8 @@ class VllmGenerator:
                 "weight versions only increase — pass the learner's current version"
             )
         check_names(state, self._weight_names)
-        reload_in_process(self.llm, state)
+        with self._engine_threads():
+            reload_in_process(self.llm, state)
         self._version = int(version)
 
     def shutdown(self) -> None:
@@ -101,6 +109,16 @@ class VllmGenerator:
         if self in _open_engines:
             self.llm.llm_engine.engine_core.shutdown()
             _open_engines.remove(self)
+
+    @contextlib.contextmanager
+    def _engine_threads(self) -> Iterator[None]:
+        """The calling thread at the engine's thread count for the call, then back at its own."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self._threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
 
     def _row_output(self, output: Any, sampling: SamplingParams) -> RowOutput:
         completion = output.outputs[0]
