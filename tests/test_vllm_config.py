@@ -7,6 +7,7 @@ Invariants pinned (none of them needs vLLM installed):
   a weight load, it cannot recompute it), and one learner process;
 - ``generation.vllm.engine_args`` may not set what the backend sets itself; ``kv_cache_gib`` is refused on an
   explicit CUDA device and ``gpu_memory_utilization`` on the CPU;
+- ``groupwise simulate`` refuses ``generation.backend`` (its engine is a cost model);
 - where vllm is not installed, ``config check`` exits 2 with an error naming ``generation.backend`` and the
   install (``groupwise[vllm]``, ``make test-vllm``), without a traceback.
 """
@@ -84,3 +85,10 @@ def test_a_missing_vllm_package_is_a_config_error_naming_the_install(tmp_path, c
     err = capsys.readouterr().err
     assert "generation.backend" in err and "groupwise[vllm]" in err and "make test-vllm" in err
     assert "Traceback" not in err
+
+
+def test_the_simulator_says_the_backend_has_no_effect():
+    from groupwise.sim.run import check_engine_keys
+
+    issues = check_engine_keys(config_from_dict(BASE))
+    assert [issue.path for issue in issues] == ["generation.backend"] and "cost model" in issues[0].rule

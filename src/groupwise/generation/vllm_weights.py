@@ -128,8 +128,9 @@ class IpcTransfer:
         )
 
     def push_blocking(self, state: Mapping[str, Tensor]) -> None:
-        """Send ``state`` (CUDA tensors on the engine's GPU) and wait until the workers loaded it."""
-        self._source.state = state
+        """Send ``state`` and wait until the workers loaded it. CUDA IPC shares device memory: tensors that are
+        not on the GPU (a Ray worker receives the learner's weights on the CPU) are copied there first."""
+        self._source.state = {name: t if t.is_cuda else t.to("cuda") for name, t in state.items()}
         try:
             self._trainer.send_weights()
         finally:
