@@ -17,6 +17,15 @@ values drawn from a seeded RNG):
 * ``data_line``: JSONL files with malformed JSON, empty prompts, missing answers, duplicate ids, non-objects;
 * ``reward``: a reward module that does not import, a misspelled ``reward.kwargs`` key; ``prompt_count``: more
   prompts per step than the dataset holds;
+* ``jsonl_input``: JSONL lines nested 65 to 100,000 deep, a lone surrogate escape (``\\ud800``) in the prompt, a
+  chat turn, the answer, the id or metadata, a 5,000-digit integer;
+* ``numeric_bound``: values whose training arithmetic overflows (``reward.timeout_s: 1e10``, ``optimizer.lr: 1e38``,
+  lr × weight_decay ≥ 1, an AdamW eps of 1e-300, coefficients, clips and reward-scale values of 1e300);
+* ``train_refuses``: what ``train`` used to refuse or fail on after ``config check`` passed: built-in verifier kwargs
+  out of range, answers a numeric verifier cannot read (a word, 100,000 digits), ``run.output_dir`` under /proc,
+  ``model.device: cuda`` without CUDA, a model folder whose ``config.json`` is not JSON or names custom code;
+* ``meaningless``: G = 1 without dynamic sampling (every advantage 0), a zero-variance tolerance at or above the
+  reward's range (every group filtered);
 * ``value``: random values at random valid keys (the mutation test's values), which may be valid or not.
 
 A case of every class but ``value`` must be refused. Outcomes: **ok** (exit 0), **clean error** (exit 2, no
@@ -51,7 +60,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ("bounds", "duplicate_key", "yaml11_number", "run_name", "seed", "path", "data_line", "reward",
-           "prompt_count", "value")  # fmt: skip
+           "prompt_count", "jsonl_input", "numeric_bound", "train_refuses", "meaningless", "value")  # fmt: skip
 OUTCOMES = ("ok", "clean error", "run failed", "unnamed", "traceback", "silently accepted", "hang")
 ACCEPTABLE = ("ok", "clean error", "run failed")
 TINY_MODEL = {"source": "tiny", "tiny": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 16,
@@ -206,6 +215,101 @@ def _prompt_count(config: dict, rng: random.Random, workdir: Path) -> Case:
                 key="grpo.num_prompts_per_step")
 
 
+def _jsonl_input(config: dict, rng: random.Random, workdir: Path) -> Case:
+    good = [json.dumps({"prompt": f"{i}+1=", "answer": i + 1}) for i in range(rng.randint(4, 20))]
+    depth = rng.choice([65, 1000, 20_000, 100_000])
+    variant, bad = rng.choice([
+        (f"nested {depth}", "[" * depth + "]" * depth),
+        (f"metadata nested {depth}", '{"prompt": "1+1=", "answer": "2", "m": ' + "[" * depth + "]" * depth + "}"),
+        ("surrogate in prompt", '{"prompt": "1+1=\\ud800", "answer": "2"}'),
+        ("surrogate in a turn", '{"messages": [{"role": "user", "content": "\\udfff?"}], "answer": "2"}'),
+        ("surrogate in answer", '{"prompt": "1+1=", "answer": "\\ud83d"}'),
+        ("surrogate in id", '{"prompt": "1+1=", "answer": "2", "id": "q\\udc80"}'),
+        ("surrogate in metadata", '{"prompt": "1+1=", "answer": "2", "tags": ["\\ud800"]}'),
+        ("5000-digit integer", '{"prompt": "1+1=", "answer": ' + "9" * 5000 + "}"),
+    ])  # fmt: skip
+    lines = [*good, bad]
+    rng.shuffle(lines)
+    config["data"] = {"task": "jsonl", "jsonl": {"train_path": str(workdir / "train.jsonl")}}
+    return Case("jsonl_input", variant, dump(config), files={"train.jsonl": "\n".join(lines)},
+                key="data.jsonl.train_path")
+
+
+# (key, overrides): values whose arithmetic overflows in training, each refused naming the key
+_OVERFLOWS = [
+    ("reward.timeout_s", ["reward.timeout_s=1e10"]), ("reward.timeout_s", ["reward.timeout_s=1e300"]),
+    ("optimizer.lr", ["optimizer.lr=1e38"]), ("optimizer.lr", ["optimizer.lr=5"]),
+    ("optimizer.weight_decay", ["optimizer.weight_decay=1e300"]), ("optimizer.eps", ["optimizer.eps=1e-300"]),
+    ("loss.is_ratio_max", ["loss.is_ratio_max=1e300"]), ("loss.entropy_coef", ["loss.entropy_coef=1e38"]),
+    ("loss.kl_coef", ["model.reference=initial", "loss.kl_coef=1e300"]),
+    ("loss.kl_input_clamp", ["model.reference=initial", "loss.kl_coef=0.1", "loss.kl_input_clamp=1e300"]),
+    ("loss.epsilon_low", ["optimizer.mini_batches_per_step=2", "loss.epsilon_low=1e300"]),
+    ("model.lora.alpha", ["model.lora.enabled=true", "model.lora.alpha=1e300"]),
+    ("grpo.overlong_shaping.overlong_buffer_penalty",
+     ["grpo.overlong_shaping={enabled: true, max_response_length: 4, overlong_buffer_length: 2, "
+      "overlong_buffer_penalty: 1e300}"]),
+    ("grpo.reward_scaling.target_max", ["grpo.reward_scaling={enabled: true, target_max: 1e300}"]),
+    ("grpo.reward_scaling.source_max", ["grpo.reward_scaling={enabled: true, source_max: 1e-300}"]),
+    ("sft.lr", ["sft.lr=1e38"]),
+]  # fmt: skip
+
+
+def _numeric_bound(config: dict, rng: random.Random, workdir: Path) -> Case:
+    key, overrides = rng.choice(_OVERFLOWS)
+    return Case("numeric_bound", " ".join(overrides)[:80], dump(config), list(overrides), key=key)
+
+
+def _cuda_is_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _train_refuses(config: dict, rng: random.Random, workdir: Path) -> Case:
+    variant = rng.choice(["partial_credit", "format_reward", "word answer", "100,000-digit answer", "under /proc",
+                          "cuda without CUDA", "config.json not JSON", "auto_map"])
+    files: dict[str, str] = {}
+    if variant == "partial_credit":
+        config["reward"] = {"function": "exact_numeric", "kwargs": {"partial_credit": rng.choice([5.0, -1.0, 1.5])}}
+        return Case("train_refuses", variant, dump(config), key="reward.kwargs")
+    if variant == "format_reward":
+        config["data"] = {"task": "countdown", "countdown": {"num_eval": 4, "num_train": 50}}
+        config["reward"] = {"function": "countdown", "kwargs": {"format_reward": rng.choice([1.0, 2.0, -0.5])}}
+        return Case("train_refuses", variant, dump(config), key="reward.kwargs")
+    if variant in ("word answer", "100,000-digit answer"):
+        answer = rng.choice(["four", "1/2", "3 apples", ""]) if variant == "word answer" else "7" * 100_000
+        lines = [json.dumps({"prompt": f"{i}+1=", "answer": i + 1}) for i in range(rng.randint(4, 20))]
+        lines.insert(rng.randrange(len(lines) + 1), json.dumps({"prompt": "2+2=", "answer": answer}))
+        config["data"] = {"task": "jsonl", "jsonl": {"train_path": str(workdir / "train.jsonl")}}
+        return Case("train_refuses", variant, dump(config), files={"train.jsonl": "\n".join(lines)},
+                    key="data.jsonl.train_path")
+    if variant == "under /proc":
+        config["run"]["output_dir"] = rng.choice(["/proc/groupwise-runs", "/proc/self/runs", "/sys/runs"])
+        return Case("train_refuses", variant, dump(config), key="run.output_dir")
+    if variant == "cuda without CUDA":
+        config["model"]["device"] = "cuda"
+        config["generation"]["cuda_graphs"] = rng.choice(["on", "auto"])
+        return Case("train_refuses", variant, dump(config), key="model.device", must_refuse=not _cuda_is_available())
+    config["model"] = {"source": "hf", "path": str(workdir / "model")}
+    if variant == "config.json not JSON":
+        files["model/config.json"] = rng.choice(['{"model_type": "llama", ', "[1, 2]", "not json", ""])
+        return Case("train_refuses", variant, dump(config), files=files, key="model.path")
+    files["model/config.json"] = json.dumps({"model_type": "llama", "auto_map": {"AutoConfig": "custom.Config"}})
+    files["model/custom.py"] = "raise SystemExit('the folder code ran')\n"
+    return Case("train_refuses", variant, dump(config), files=files, key="model.trust_remote_code")
+
+
+def _meaningless(config: dict, rng: random.Random, workdir: Path) -> Case:
+    if rng.random() < 0.5:
+        config["grpo"]["num_generations_per_prompt"] = 1
+        return Case("meaningless", "G = 1 without dynamic sampling", dump(config),
+                    key="grpo.num_generations_per_prompt")
+    tol = rng.choice([1, 1.0, 2.5, 1e6])
+    config["grpo"]["dynamic_sampling"] = {"enabled": True, "zero_variance_tol": tol}
+    config["reward"] = {"function": rng.choice(["auto", "exact_numeric"])}
+    return Case("meaningless", f"zero_variance_tol {tol}", dump(config), key="grpo.dynamic_sampling.zero_variance_tol")
+
+
 _VALUES = [None, True, False, 0, -1, 1, 2, 7, 10**20, 0.5, -0.0, 1e308, "", "x", "1:30", "auto", "tiny", "hf", "async",
            "in_order", "custom", [], [1, "a"], {}, {"k": 1}]  # fmt: skip
 
@@ -254,7 +358,8 @@ def _near(current: object, rng: random.Random) -> object:
 
 _MAKERS = {"bounds": _bounds, "duplicate_key": _duplicate_key, "yaml11_number": _yaml11_number,
            "run_name": _run_name, "seed": _seed, "path": _path, "data_line": _data_line, "reward": _reward,
-           "prompt_count": _prompt_count, "value": _value}  # fmt: skip
+           "prompt_count": _prompt_count, "jsonl_input": _jsonl_input, "numeric_bound": _numeric_bound,
+           "train_refuses": _train_refuses, "meaningless": _meaningless, "value": _value}  # fmt: skip
 
 
 def write_case(case: Case, workdir: Path) -> Path:

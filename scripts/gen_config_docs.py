@@ -68,14 +68,20 @@ check that they exist (below), naming the directory a missing path was resolved 
 
 **What `config check` and `train` check** beyond the schema, before any model is loaded (each problem one
 issue, all at once, exit 2, nothing created): the reward function imports and `reward.kwargs` fit its
-signature (a misspelled key is named with the closest one the function takes); a custom sampler's class
-imports and takes `async.sampler.kwargs`; the task builds (JSONL files exist and every bad line is listed, up
-to 20 per file); a generation round takes at most as many prompts as the training set holds (`ceil(P ×
-batch_multiplier)` in sync mode, P in async mode; more would train one prompt twice in a step); `model.path`
-exists and holds `config.json` (a path that is not a local directory is accepted only as a Hugging Face Hub
-id already in the local cache: a run never downloads); the run directory can be created under
-`run.output_dir`. `train` also refuses a non-empty run directory without `--resume`, `--resume` without
-`run.name`, and a `--resume-from` that is not a complete checkpoint; once the model is loaded it refuses
+signature (a misspelled key is named with the closest one the function takes); a built-in `exact_numeric` or
+`countdown` verifier accepts `reward.kwargs` and can read every prompt's answer (a trial call with the answer as
+the completion; your own reward is never called); a custom sampler's class imports and takes
+`async.sampler.kwargs`; the task builds (JSONL files exist and every bad line is listed, up to 20 per file,
+among them lines nested deeper than 64 levels and lone surrogate escapes); a generation round takes at most as
+many prompts as the training set holds (`ceil(P × batch_multiplier)` in sync mode, P in async mode; more would
+train one prompt twice in a step); `model.path` exists and holds a `config.json` that is a JSON object (a path
+that is not a local directory is accepted only as a Hugging Face Hub id already in the local cache: a run never
+downloads), and a folder naming custom code (`auto_map`) needs `model.trust_remote_code: true`; `model.device:
+cuda` needs a CUDA device on this machine; the run directory can be created under `run.output_dir` (a directory
+is made there and removed: permission bits alone pass /proc or a read-only mount). `train` also refuses a
+non-empty run directory without `--resume`, `--resume` without `run.name`, a `--resume-from` that is not a
+complete checkpoint, a checkpoint to continue from that is past `run.max_steps`, and a run directory holding a
+symbolic link (see `docs/fates-and-resume.md`); once the model is loaded it refuses
 prompts longer than the model's positions (prompt tokens + `generation.max_new_tokens`) and prompts with no
 content, and counts the prompts with characters the tokenizer maps to its unknown token (`events.log`).
 

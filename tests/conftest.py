@@ -9,9 +9,16 @@ afterwards, so one test cannot change the kernels of the tests after it.
 
 ``OMP_WAIT_POLICY=PASSIVE`` (unless set already) is exported before torch loads libgomp, which reads it only
 then: waiting OpenMP threads sleep instead of spinning against other work on the machine.
+
+Nothing a test runs writes to the user's caches or trackers: the GGUF cache (``GROUPWISE_CACHE_DIR``) and trackio's
+store (``TRACKIO_DIR``, read when trackio is imported) point into a scratch directory removed at exit, W&B runs
+offline whatever keys the machine holds, and ``MLFLOW_TRACKING_URI`` is unset (each run keeps its own SQLite store).
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -26,6 +33,14 @@ def _test_threads() -> int:
 
 
 TEST_THREADS = _test_threads()
+SCRATCH = tempfile.mkdtemp(prefix="groupwise-tests-")
+atexit.register(shutil.rmtree, SCRATCH, ignore_errors=True)
+os.environ["GROUPWISE_CACHE_DIR"] = os.path.join(SCRATCH, "cache")
+os.environ["TRACKIO_DIR"] = os.path.join(SCRATCH, "trackio")
+os.environ["WANDB_MODE"] = "offline"
+for _wandb_dir in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+    os.environ[_wandb_dir] = os.path.join(SCRATCH, "wandb", _wandb_dir.lower())
+os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ["OMP_NUM_THREADS"] = str(TEST_THREADS)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

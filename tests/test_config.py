@@ -6,7 +6,21 @@ Invariants pinned here:
 - several problems (types, ranges, unknown keys, bad overrides, cross-field rules) are reported together in one
   ConfigError, and a section that fails type validation does not hide the other sections' errors;
 - a key with no effect in the chosen setting is an error (invariant 10 in docs/design.md);
-- RunConfig built directly in Python runs the same rules.
+- a setting that makes training meaningless is an error: G = 1 without dynamic sampling and with no entropy or
+  KL term (every advantage and gradient is 0), and with dynamic sampling a zero_variance_tol at or above a built-in
+  reward's range [0, 1] (every group filtered); G = 1 with an entropy or KL term is a warning (hazard), and a
+  custom reward's range is unknown, so its tolerance is not checked;
+- a value whose arithmetic would overflow during training is refused at load, naming the key: a reward timeout
+  beyond a day (the timer overflows near 9.2e9 s), a learning rate above 1 (1e38 failed the optimizer's float32
+  conversion), lr × weight_decay ≥ 1, an AdamW epsilon that is 0 in float32, coefficients, clips and bounds beyond
+  1e6, a KL log-ratio clamp past exp's float32 range, reward-scale targets, slopes and penalties past the reward
+  bound 1e30;
+- RunConfig built directly in Python runs the same rules;
+- defaults follow the switch that makes them meaningless: ``loss.importance_sampling: false`` alone loads, with
+  truncation off (and the resolved config says so, so it reloads the same); a truncation asked for explicitly
+  without importance sampling is still an error;
+- a warm-up longer than the run loads with a warning naming the clamp (the learning rate reaches its peak at the
+  last step: ``tests/test_learner.py`` pins the schedule); a warm-up that fits warns nothing.
 """
 
 from __future__ import annotations
@@ -88,7 +102,6 @@ VIOLATIONS = [
     (["model.lora.enabled=true", "model.lora.target_modules=[]"], "model.lora.target_modules", [], "non-empty"),
     (["optimizer.micro_batch_tokens=0"], "optimizer.micro_batch_tokens", 0, "≥ 1"),
     (["loss.is_ratio_min=3"], "loss.is_ratio_min", 3, "≤ loss.is_ratio_max"),
-    (["loss.importance_sampling=false"], "loss.is_truncation", "tis", "importance_sampling"),
     (["loss.importance_sampling=false", "loss.is_truncation=icepop"], "loss.is_truncation", "icepop",
      "importance_sampling"),
     (["loss.is_truncation=none", "loss.is_ratio_max=3"], "loss.is_ratio_max", 3, "no effect"),
@@ -99,7 +112,6 @@ VIOLATIONS = [
     (["generation.top_p=0"], "generation.top_p", 0, "> 0"),
     (["generation.top_p=1.5"], "generation.top_p", 1.5, "≤ 1"),
     (["generation.stop=[a, '']"], "generation.stop", ["a", ""], "empty"),
-    (["optimizer.warmup_steps=100"], "optimizer.warmup_steps", 100, "max_steps"),
     (["optimizer.min_lr_ratio=0.1"], "optimizer.min_lr_ratio", 0.1, "no effect"),
     (["optimizer.betas=[1.0, 0.9]"], "optimizer.betas[0]", 1.0, "< 1"),
     (["runtime.ray.num_generation_workers=2"], "runtime.ray.num_generation_workers", 2, "no effect"),
@@ -107,6 +119,35 @@ VIOLATIONS = [
     (["run.max_steps=0"], "run.max_steps", 0, "≥ 1"),
     (["reward.function=not a function"], "reward.function", "not a function", "module:function"),
     (["sft.stop_at_accuracy=0"], "sft.stop_at_accuracy", 0, "> 0"),
+    # settings that make training meaningless
+    (["grpo.num_generations_per_prompt=1", "grpo.dynamic_sampling.enabled=false"], "grpo.num_generations_per_prompt",
+     1, "every advantage is exactly 0"),
+    (["grpo.dynamic_sampling.zero_variance_tol=1"], "grpo.dynamic_sampling.zero_variance_tol", 1,
+     "every group would count as zero-variance"),
+    (["reward.function=exact_numeric", "grpo.dynamic_sampling.zero_variance_tol=2.5"],
+     "grpo.dynamic_sampling.zero_variance_tol", 2.5, "scores in [0, 1]"),
+    # values whose arithmetic overflows during training (timer, float32 conversions, inf or NaN losses)
+    (["reward.timeout_s=1e10"], "reward.timeout_s", 1e10, "≤ 86400"),
+    (["optimizer.lr=1e38"], "optimizer.lr", 1e38, "≤ 1"),
+    (["optimizer.lr=2"], "optimizer.lr", 2, "≤ 1"),
+    (["sft.lr=1e38"], "sft.lr", 1e38, "≤ 1"),
+    (["optimizer.weight_decay=1e5"], "optimizer.weight_decay", 1e5, "1 − lr × weight_decay"),
+    (["optimizer.eps=1e-300"], "optimizer.eps", 1e-300, "≥ 1e-30"),
+    (["loss.is_ratio_max=1e300"], "loss.is_ratio_max", 1e300, "≤ 1000000"),
+    (["loss.entropy_coef=1e38"], "loss.entropy_coef", 1e38, "≤ 1000000"),
+    (["model.reference=initial", "loss.kl_coef=1e300"], "loss.kl_coef", 1e300, "≤ 1000000"),
+    (["loss.kl_input_clamp=1e300"], "loss.kl_input_clamp", 1e300, "≤ 80"),
+    (["loss.kl_output_clamp=1e300"], "loss.kl_output_clamp", 1e300, "≤ 1000000"),
+    (["optimizer.mini_batches_per_step=2", "loss.epsilon_low=1e300"], "loss.epsilon_low", 1e300, "< 1"),
+    (["optimizer.mini_batches_per_step=2", "loss.epsilon_high=1e300"], "loss.epsilon_high", 1e300, "≤ 1000000"),
+    (["model.lora.enabled=true", "model.lora.alpha=1e300"], "model.lora.alpha", 1e300, "≤ 1000000"),
+    (["grpo.overlong_shaping.enabled=true", "grpo.overlong_shaping.max_response_length=16",
+      "grpo.overlong_shaping.overlong_buffer_length=4", "grpo.overlong_shaping.overlong_buffer_penalty=1e300"],
+     "grpo.overlong_shaping.overlong_buffer_penalty", 1e300, "≤ 1e30"),
+    (["grpo.reward_scaling.enabled=true", "grpo.reward_scaling.target_max=1e300"],
+     "grpo.reward_scaling.target_max", 1e300, "≤ 1e30"),
+    (["grpo.reward_scaling.enabled=true", "grpo.reward_scaling.source_max=1e-300"],
+     "grpo.reward_scaling.source_max", 1e-300, "slope"),
 ]
 
 
@@ -129,7 +170,10 @@ VALID = [
     ["loss.kl_coef=0.1", "model.reference=initial", "loss.kl_input_clamp=5"],
     ["data.task=jsonl", "data.jsonl.train_path=train.jsonl", "data.addition.max_digits=1"],
     ["data.task=countdown", "data.countdown.max_target=50"],
-    ["grpo.num_generations_per_prompt=1", "grpo.dynamic_sampling.enabled=false"],
+    ["grpo.num_generations_per_prompt=1", "grpo.dynamic_sampling.enabled=false", "loss.entropy_coef=0.01"],
+    ["grpo.dynamic_sampling.zero_variance_tol=0.99"],
+    ["grpo.dynamic_sampling.zero_variance_tol=5", "reward.function=my_rewards:score"],
+    ["grpo.dynamic_sampling.enabled=false", "grpo.dynamic_sampling.zero_variance_tol=1"],
     ["grpo.dynamic_sampling.enabled=false", "grpo.dynamic_sampling.zero_variance_tol=0.1"],
     ["grpo.dynamic_sampling.surplus=carry", "grpo.dynamic_sampling.batch_multiplier=1.5"],
     ["grpo.advantage_clip_low=-1", "grpo.advantage_clip_high=1"],
@@ -242,3 +286,20 @@ def test_config_error_survives_pickling():
     error = ConfigError(errors, source="x.yaml")
     again = pickle.loads(pickle.dumps(error))
     assert again.errors == errors and again.source == "x.yaml" and str(again) == str(error)
+
+
+def test_importance_sampling_off_alone_turns_truncation_off():
+    cfg = config_from_dict(TINY, ["loss.importance_sampling=false"])
+    assert (cfg.loss.importance_sampling, cfg.loss.is_truncation) == (False, "none")
+    assert config_from_dict(cfg.model_dump(by_alias=True)).loss.is_truncation == "none"  # a run dir's config.yaml
+    assert config_from_dict(TINY).loss.is_truncation == "tis"
+    issue = issue_at(errors_of(["loss.importance_sampling=false", "loss.is_truncation=tis"]), "loss.is_truncation")
+    assert "importance_sampling false turns off" in issue.rule
+
+
+def test_a_warm_up_longer_than_the_run_is_clamped_with_a_warning():
+    cfg = config_from_dict(TINY, ["run.max_steps=1", "optimizer.warmup_steps=5"])
+    [warning] = cfg.warnings()
+    assert (warning.path, warning.value) == ("optimizer.warmup_steps", 5)
+    assert "clamped to 1 step(s)" in warning.rule and "peak at the run's last step" in warning.rule
+    assert config_from_dict(TINY, ["run.max_steps=5", "optimizer.warmup_steps=5"]).warnings() == []

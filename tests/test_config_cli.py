@@ -5,6 +5,7 @@ Invariants pinned here:
   (with overrides applied) otherwise; a missing file or a YAML syntax error also exits 2; never a traceback;
 - ``config show`` prints the resolved config as YAML that loads back to an equal config;
 - usage errors exit 2 and ``--help`` exits 0 (``main`` returns the code instead of raising SystemExit);
+- G = 1 with only an entropy term is a warning (the reward never reaches the gradient), without it an error;
 - a hazard (async weight_fifo, with replace or shrink) is a warning: ``config check`` exits 0 and says so,
   ``config show`` keeps stdout loadable, the warning goes to stderr and ``simulate`` writes it to events.log.
 """
@@ -104,6 +105,17 @@ def test_a_hazard_is_a_warning_on_stderr_and_the_config_stays_valid(tmp_path, ca
     # Another sampler: no warning.
     assert main(["config", "check", str(path), "async.sampler.name=ready_first"]) == 0
     assert capsys.readouterr() == (f"ok: {path}\n", "")
+
+
+def test_one_generation_per_prompt_with_only_an_entropy_term_is_a_warning(tmp_path, capsys):
+    path = write(tmp_path, "model:\n  source: tiny\ngrpo:\n  num_generations_per_prompt: 1\n  dynamic_sampling:\n"
+                 "    enabled: false\nloss:\n  entropy_coef: 0.01\n")
+    assert main(["config", "check", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == f"ok: {path} (1 warning(s) above)"
+    assert err.startswith("warning: grpo.num_generations_per_prompt: 1\n") and "only loss.entropy_coef moves" in err
+    assert main(["config", "check", str(path), "loss.entropy_coef=0"]) == 2
+    assert "every advantage is exactly 0" in capsys.readouterr().err
 
 
 def test_simulate_writes_the_warning_to_events_log(tmp_path, capsys):

@@ -1,7 +1,10 @@
 """The config fuzz tier (bench/config_fuzz.py): hostile configs and data files through ``groupwise config check``.
 
 Invariants pinned, for every mutation class (YAML bounds, duplicate keys, YAML 1.1 numbers, bad run names, seeds and
-paths, bad JSONL lines, broken rewards, more prompts per step than the dataset, random values at valid keys):
+paths, bad JSONL lines, broken rewards, more prompts per step than the dataset, hostile JSONL input (deep nesting,
+lone surrogates, huge integers), values whose training arithmetic overflows, what ``train`` used to refuse only
+after ``config check`` passed (verifier kwargs, unreadable answers, /proc, CUDA, broken or custom-code model
+folders), settings that make training meaningless, random values at valid keys):
 - the outcome is exit 0 or a clean error (exit 2, no traceback, the expected key named), never a traceback, never a
   hang (each case has a 60 s alarm: a busy machine must not make a slow case look like a hang); ``train`` may
   also stop with a named runtime failure (exit 1);

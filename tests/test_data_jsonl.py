@@ -7,6 +7,9 @@ Invariants pinned:
 - every kind of bad line fails with DatasetError naming the file and the line number and what is
   wrong; all bad lines are reported in one error (capped at 20 with a count of the rest).
 - missing and empty files fail with DatasetError naming the path.
+- hostile lines are bad lines like any other, never a crash: nesting deeper than the parser's limit (100,000
+  levels: ``RecursionError`` before), a lone surrogate escape (``"\\ud800"``, which no tokenizer can encode) in
+  the prompt, a chat turn, the answer, the id or metadata, and an integer of more digits than Python converts.
 - JsonlTask loads both splits eagerly and its demonstration is the answer.
 """
 
@@ -58,10 +61,18 @@ BAD_LINES = {
     '{"messages": [{"role": "user"}], "answer": "1"}': r"messages\[0\].*'role' and 'content'",
     '{"messages": [{"role": "user", "content": 5}], "answer": "1"}': r"messages\[0\].*must be strings",
     '{"prompt": "a", "answer": "1", "id": 1.5}': r"'id' must be",
+    '{"prompt": "1+1=\\ud800", "answer": "2"}': r"lone surrogate.*\\ud800.*'prompt'",
+    '{"messages": [{"role": "user", "content": "\\udfff"}], "answer": "2"}': r"lone surrogate.*'messages'",
+    '{"prompt": "a", "answer": "\\ud83d"}': r"lone surrogate.*'answer'",
+    '{"prompt": "a", "answer": "1", "id": "x\\udc80"}': r"lone surrogate.*'id'",
+    '{"prompt": "a", "answer": "1", "tags": [{"t": "\\ud800"}]}': r"lone surrogate.*'tags'",
+    '{"prompt": "a", "answer": ' + "7" * 5000 + "}": r"invalid JSON.*digits",
+    "[" * 100_000 + "]" * 100_000: r"nested deeper than 64 levels",
+    '{"prompt": "a", "answer": "1", "meta": ' + "[" * 65 + "]" * 65 + "}": r"nested deeper than 64 levels",
 }
 
 
-@pytest.mark.parametrize(("line", "problem"), list(BAD_LINES.items()))
+@pytest.mark.parametrize(("line", "problem"), list(BAD_LINES.items()), ids=lambda v: v[:40])
 def test_each_bad_line_kind_is_named_with_file_and_line(tmp_path, line, problem):
     path = write_lines(tmp_path / "data.jsonl", [json.dumps({"prompt": "ok", "answer": "1"}), line])
     with pytest.raises(DatasetError) as info:

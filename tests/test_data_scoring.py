@@ -3,7 +3,8 @@
 Invariants pinned:
 - score_completions returns one float per completion, in completion order, passing kwargs through.
 - a reward function that raises gives RewardError naming the prompt uid and the completion index,
-  with the original exception chained (never a silent 0).
+  with the original exception chained (never a silent 0); so does one that raises SystemExit (even 0) or another
+  BaseException, while a KeyboardInterrupt (the user's Ctrl-C) passes through unchanged.
 - NaN, ±inf and non-numbers (None, str, a tensor-like) are RewardErrors naming the uid.
 - a reward beyond ±1e30 (±1e308, an int too large for a float) is a RewardError naming the reward function, the
   prompt and the completion, before any statistic overflows; ±1e30 itself is accepted.
@@ -88,3 +89,26 @@ def test_a_reward_too_large_for_the_statistics_names_function_and_prompt(huge):
     assert info.value.prompt_uid == PROMPT.uid and info.value.completion_index == 1
     edge = score_completions(lambda p, c: -1e30 if c.text == "0" else 1e30, PROMPT, [completion("0"), completion("1")])
     assert edge == [-1e30, 1e30]
+
+
+class _Escape(BaseException):
+    pass
+
+
+@pytest.mark.parametrize("error", [SystemExit(0), SystemExit(3), _Escape("out")], ids=["exit0", "exit3", "custom"])
+def test_a_reward_raising_a_base_exception_is_a_reward_error_naming_it(error):
+    def leaves(prompt, completion):
+        raise error
+
+    with pytest.raises(RewardError) as info:
+        score_completions(leaves, PROMPT, [completion("123")])
+    assert "reward function 'leaves' raised " + type(error).__name__ in str(info.value)
+    assert info.value.prompt_uid == PROMPT.uid and info.value.__cause__ is error
+
+
+def test_a_keyboard_interrupt_in_a_reward_passes_through():
+    def interrupted(prompt, completion):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        score_completions(interrupted, PROMPT, [completion("123")])

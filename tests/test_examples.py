@@ -2,6 +2,11 @@
 
 Invariants pinned:
 - every file in examples/ and recipes/ is a valid config;
+- every ``groupwise train`` or ``config check`` command an example's header suggests passes ``config check`` with
+  its overrides (the SmolLM2 example's ``run.max_steps=1``: its warm-up is clamped, with a warning), and every
+  ``groupwise simulate`` command loads (what ``simulate`` checks);
+- ``config check`` imports neither torch nor transformers on any example (what keeps it under 3 s:
+  ``bench/config_check.py`` times it);
 - the shipped warm-start model loads with plain transformers and sits well below mastery on the held-out
   split (greedy accuracy in [0.2, 0.6]), leaving room for RL;
 - a short RL run from the warm start raises held-out greedy accuracy (the learning test, < 1 minute: the best of
@@ -30,6 +35,59 @@ CONFIGS = sorted([*ROOT.glob("examples/**/*.yaml"), *ROOT.glob("recipes/*.yaml")
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_shipped_config_is_valid(path):
     load_config(path)
+
+
+def suggested_commands(path: Path) -> list[list[str]]:
+    """The ``groupwise`` commands in a config file's comments, as ``[verb, file, *overrides]`` (continuations
+    joined; ``config check`` is the verb ``check``)."""
+    text = "\n".join(line.lstrip("# ").rstrip() for line in path.read_text().splitlines() if line.startswith("#"))
+    text = text.replace("\\\n", " ")
+    commands = []
+    for line in text.splitlines():
+        words = line.split("  #")[0].split()  # a trailing comment after two spaces
+        if words[:1] == ["groupwise"] and words[1:2] in (["train"], ["simulate"]):
+            commands.append(words[1:])
+        elif words[:3] == ["groupwise", "config", "check"]:
+            commands.append(["check", *words[3:]])
+    return commands
+
+
+EXAMPLE_COMMANDS = [(path, command) for path in CONFIGS for command in suggested_commands(path)]
+
+
+@pytest.mark.parametrize(("path", "command"), EXAMPLE_COMMANDS,
+                         ids=[" ".join(command) for _, command in EXAMPLE_COMMANDS])  # fmt: skip
+def test_the_commands_an_example_suggests_are_accepted(path, command, tmp_path, monkeypatch, capsys):
+    from groupwise.cli.main import main
+
+    monkeypatch.chdir(ROOT)
+    verb, file, *overrides = command
+    assert file == str(path.relative_to(ROOT))
+    overrides.append(f"run.output_dir={tmp_path}")
+    if verb == "simulate":
+        load_config(file, overrides)
+    else:
+        assert main(["config", "check", file, *overrides]) == 0, capsys.readouterr().err
+
+
+def test_the_smollm2_example_suggests_a_one_step_run():
+    assert ["train", "examples/smollm2_countdown.yaml", "run.max_steps=1", "grpo.num_prompts_per_step=2"] in [
+        command for path, command in EXAMPLE_COMMANDS if path.name == "smollm2_countdown.yaml"
+    ]
+
+
+def test_config_check_imports_no_torch_on_any_example():
+    import subprocess
+    import sys
+
+    child = ("import sys; from groupwise.cli.main import main\n"
+             "for path in sys.argv[1:]:\n    assert main(['config', 'check', path]) == 0, path\n"
+             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")  # fmt: skip
+    examples = [str(p.relative_to(ROOT)) for p in CONFIGS if p.parts[-2] != "recipes"]
+    done = subprocess.run([sys.executable, "-c", child, *examples], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_warm_start_model_loads_with_plain_transformers_and_leaves_room():

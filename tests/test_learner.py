@@ -11,6 +11,8 @@ Invariants pinned:
   ratio and the clip acts; a step streamed in chunks equals the same step trained at once, bit for bit;
 - token-budget packing: every row in exactly one micro-batch, the budget respected (a longer row alone), the
   row cap respected, and less padding than cutting by rows (``perf/padding_fraction``);
+- the LR schedule: a linear warm-up to the peak, then constant / linear / cosine decay to ``min_lr_ratio`` at the
+  last step; a warm-up longer than the run is clamped to it (the last step trains at the peak);
 - settings are typed and pickle (the Ray learner actor receives them);
 - gradient checkpointing recomputes the layers and gives the same gradients; with LoRA only the adapter
   weights change; the CUDA precision plan (float32 masters, bfloat16 autocast, fused AdamW) is what the
@@ -37,7 +39,7 @@ from groupwise.model.logprobs import completion_logprobs
 from groupwise.model.lora import apply_lora, lora_config
 from groupwise.rows import pad_right
 from groupwise.trainer.builder import enable_gradient_checkpointing
-from groupwise.trainer.learner import Learner, LearnerSettings
+from groupwise.trainer.learner import Learner, LearnerSettings, lr_multiplier
 from groupwise.trainer.micro_batches import micro_batches_by_tokens, mini_batch_groups
 from groupwise.trainer.precision import LearnerPrecision, adamw, learner_precision
 
@@ -55,7 +57,7 @@ def make_rows(seed: int, groups: int = 5, size: int = 3, first_group: int = 0) -
     """Whole groups of ragged rows with random tokens, recorded logprobs and advantages."""
     rng = random.Random(seed)
     cols: dict[str, list] = {k: [] for k in ("group_id", "prompt_ids", "completion_ids", "generation_logprobs",
-                                             "token_versions", "advantage")}
+                                             "version_spans", "advantage")}
     for group in range(first_group, first_group + groups):
         prompt = [1] + [rng.randrange(4, 91) for _ in range(rng.randrange(1, 8))]
         for _ in range(size):
@@ -64,7 +66,7 @@ def make_rows(seed: int, groups: int = 5, size: int = 3, first_group: int = 0) -
             cols["prompt_ids"].append(prompt)
             cols["completion_ids"].append(completion)
             cols["generation_logprobs"].append([-rng.uniform(2.0, 6.0) for _ in completion])
-            cols["token_versions"].append([0] * len(completion))
+            cols["version_spans"].append(((0, len(completion)),))
             cols["advantage"].append(rng.uniform(-1.5, 1.5))
     return RowBatch({**cols, "advantage": torch.tensor(cols["advantage"], dtype=torch.float32)})
 
@@ -197,6 +199,19 @@ def test_lr_schedule_counts_rl_steps_not_updates(model):
     learner.optimizer.register_step_pre_hook(lambda opt, *_: seen.append(opt.param_groups[0]["lr"]))
     lrs = [learner.train_step(make_rows(seed, groups=2))["optim/lr"] for seed in (7, 8)]
     assert lrs == pytest.approx([1e-3 / 4, 2e-3 / 4]) and seen == pytest.approx([1e-3 / 4] * 2 + [2e-3 / 4] * 2)
+
+
+def test_lr_schedule_values_and_a_warm_up_clamped_to_the_run():
+    def schedule(total, warmup, kind="constant", floor=0.0):
+        return [lr_multiplier(s, warmup_steps=warmup, total_steps=total, schedule=kind, min_lr_ratio=floor)
+                for s in range(total)]  # fmt: skip
+
+    assert schedule(5, 2) == [0.5, 1.0, 1.0, 1.0, 1.0]
+    assert schedule(5, 1, "linear", 0.2) == pytest.approx([1.0, 1.0, 0.8, 0.6, 0.4])
+    assert schedule(3, 1, "cosine") == pytest.approx([1.0, 1.0, 0.5])
+    assert schedule(1, 5) == [1.0]  # run.max_steps=1 with the example's 5 warm-up steps: the peak
+    assert schedule(3, 5) == pytest.approx([1 / 3, 2 / 3, 1.0])  # clamped to the run: the peak at the last step
+    assert schedule(3, 3) == schedule(3, 5)
 
 
 @given(

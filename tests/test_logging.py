@@ -165,7 +165,8 @@ def test_compact_lines_every_n_steps_when_not_a_terminal() -> None:
     with RunProgress(5, run_name="exp", print_every=2, console=console, clock=clock) as progress:
         for step in range(1, 6):
             progress.update(step, {"reward/unfiltered_mean": step / 10, "perf/gen_tokens_per_s": 1234.4, **figures})
-    lines = out.getvalue().splitlines()
+    started, *lines = out.getvalue().splitlines()
+    assert started == "[exp] step 1/5 started"
     assert [line.split(" reward")[0] for line in lines] == ["[exp] step 2/5", "[exp] step 4/5", "[exp] step 5/5"]
     # ETA = elapsed / steps done × steps left: 10 s / 2 × 3 = 15 s; 20 s / 4 × 1 = 5 s; 0 at the end.
     assert [line.rsplit("eta ", 1)[1] for line in lines] == ["0:00:15", "0:00:05", "0:00:00"]
@@ -177,9 +178,10 @@ def test_progress_off_on_a_terminal_prints_lines_and_missing_figures_show_a_dash
     console = Console(file=out, force_terminal=True, width=300)
     with RunProgress(4, start=2, enabled=False, print_every=1, console=console, clock=_fake_clock([0.0, 6.0])) as p:
         p.update(3, {"reward/unfiltered_mean": 0.5})
-    assert out.getvalue().strip() == (
-        "step 3/4 reward 0.500 (trained —) zero-var — rounds — gen — tok/s acc — eta 0:00:06"
-    )
+    assert out.getvalue().strip().splitlines() == [
+        "step 3/4 started",  # a resumed run continues with step 3
+        "step 3/4 reward 0.500 (trained —) zero-var — rounds — gen — tok/s acc — eta 0:00:06",
+    ]
 
 
 def test_compact_lines_show_the_latest_eval_accuracy() -> None:
@@ -190,7 +192,7 @@ def test_compact_lines_show_the_latest_eval_accuracy() -> None:
         progress.update(2, {"eval/accuracy": 0.5})
         progress.update(3, {})
         progress.update(4, {"eval/accuracy": None})  # a non-finite value logged as null keeps the last one
-    accuracies = [line.split(" acc ")[1].split()[0] for line in out.getvalue().splitlines()]
+    accuracies = [line.split(" acc ")[1].split()[0] for line in out.getvalue().splitlines()[1:]]
     assert accuracies == ["0.235", "0.500", "0.500", "0.500"]
 
 

@@ -1,6 +1,7 @@
 """The rollout–trainer mismatch metric (``mismatch/*``), for every backend.
 
 Invariants pinned:
+- a row's version spans expand to one version per token (padding -1);
 - the sums: for gaps ``δ = learner − recorded`` the metric is ``mean |δ|`` and ``mean (exp(δ) − 1 − δ)`` over the
   on-policy tokens only (valid tokens drawn under the learner's version), and the on-policy share of the trained
   tokens;
@@ -26,6 +27,7 @@ from groupwise.algo.mismatch import mismatch_stats, on_policy_tokens
 from groupwise.batch import RowBatch
 from groupwise.config import config_from_dict
 from groupwise.model import completion_logprobs, load_policy
+from groupwise.rows import span_versions, version_spans
 from groupwise.runtime.sync_run import run_sync
 from groupwise.trainer.builder import build_session
 from groupwise.trainer.learner import Learner, LearnerSettings
@@ -34,7 +36,8 @@ from groupwise.trainer.learner import Learner, LearnerSettings
 def test_the_sums_are_over_on_policy_tokens_only():
     learner = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, 0.0]])
     recorded = torch.tensor([[-1.1, -2.0, -9.0], [-0.3, -0.5, 0.0]])
-    versions = torch.tensor([[4, 4, 3], [4, 4, -1]])
+    versions = span_versions([((4, 2), (3, 1)), ((4, 2),)], 3)  # a row across a weight load, and a short row
+    assert versions.tolist() == [[4, 4, 3], [4, 4, -1]]
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     on_policy = on_policy_tokens(versions, 4, mask)
     assert on_policy.tolist() == [[True, True, False], [True, True, False]]
@@ -73,7 +76,8 @@ def test_the_learner_counts_only_the_tokens_of_its_own_version():
         else:
             recorded.append([row[0] + 5.0, *row[1:]])
             versions.append([-1, *[0] * (len(row) - 1)])
-    rows = RowBatch({**base.columns, "generation_logprobs": recorded, "token_versions": versions})
+    spans = [version_spans(row) for row in versions]
+    rows = RowBatch({**base.columns, "generation_logprobs": recorded, "version_spans": spans})
     metrics = learner.train_step(rows)
     lengths = [len(c) for c in rows.sequence("completion_ids")]
     on_policy = lengths[1] + sum(length - 1 for length in lengths[2:])

@@ -82,8 +82,9 @@ def _llama_cpp_rotary_layout(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, 2, rows // num_heads // 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
-def _write_tiny_gguf(path: Path, model: torch.nn.Module, tokenizer) -> None:
-    """A float32 GGUF of a tiny Llama with a byte-level (gpt2-type) tokenizer holding the char vocabulary."""
+def _write_tiny_gguf(path: Path, model: torch.nn.Module, tokenizer, chat_template: str | None = None) -> None:
+    """A float32 GGUF of a tiny Llama with a byte-level (gpt2-type) tokenizer holding the char vocabulary (and
+    ``chat_template`` in its metadata when given)."""
     config = model.config
     writer = gguf.GGUFWriter(str(path), arch="llama")
     writer.add_name("tiny-test")
@@ -108,6 +109,8 @@ def _write_tiny_gguf(path: Path, model: torch.nn.Module, tokenizer) -> None:
     writer.add_eos_token_id(tokenizer.eos_token_id)
     writer.add_pad_token_id(tokenizer.pad_token_id)
     writer.add_unk_token_id(tokenizer.unk_token_id)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     state = {name: tensor.detach().numpy() for name, tensor in model.state_dict().items()}
     heads = config.num_attention_heads
     writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"])

@@ -8,7 +8,8 @@ Pinned:
   initial, finite ones; no checkpoint and no ``final/`` are written; the step's groups end ``pending`` saying why
   (none ``trained``);
 - a checkpoint of non-finite weights is refused and leaves no checkpoint directory;
-- ``groupwise train`` of a diverging run (lr 1e30) exits 1 naming the error, with no ``final/``;
+- ``groupwise train`` of a run whose policy is not finite (a model folder holding an infinite weight) exits 1
+  naming the error, with no ``final/``; the learning rate that used to make one (1e30) is refused at load;
 - a temperature below 0.01 (0, 1e-300) is a config error naming ``generation.temperature``;
 - searched: a step under extreme temperatures, learning rates and advantages (hypothesis) either leaves the weights
   unchanged (its loss or gradient was not finite) or updates them, and a checkpoint is written only of finite
@@ -28,6 +29,7 @@ from test_sync_trainer import tiny_config
 
 from groupwise.cli.main import main
 from groupwise.config import ConfigError, config_from_dict
+from groupwise.model.loading import load_policy
 from groupwise.run.checkpoint import latest_checkpoint
 from groupwise.run.fates_file import read_fates
 from groupwise.runtime.async_run import run_async
@@ -94,14 +96,21 @@ def test_non_finite_weights_are_never_checkpointed(tmp_path):
 
 def test_a_diverging_run_exits_1_without_a_final_policy(tmp_path, capsys):
     plain = {"dynamic_sampling": {"enabled": False}}
-    cfg = tiny_config(tmp_path, run={"name": "diverge"}, optimizer={"lr": 1e30},
-                      eval={"at_start": False, "at_end": False}, grpo=plain)  # fmt: skip
+    cfg = tiny_config(tmp_path, run={"name": "diverge"}, eval={"at_start": False, "at_end": False}, grpo=plain)
+    policy = load_policy("tiny", tiny=cfg.model.tiny.model_dump(), seed=0, device="cpu")
+    with torch.no_grad():  # a policy that already diverged: one weight is infinite
+        next(p for name, p in policy.model.named_parameters() if "mlp" in name).view(-1)[0] = math.inf
+    policy.save(tmp_path / "diverged")
+    data = cfg.model_dump(by_alias=True, mode="json")
+    data["model"] = {"source": "hf", "path": str(tmp_path / "diverged")}
     path = tmp_path / "diverge.yaml"
-    path.write_text(cfg.to_yaml())
+    path.write_text(config_from_dict(data).to_yaml())
     assert main(["train", str(path)]) == 1
     err = capsys.readouterr().err
     assert "the run failed: NonFiniteTrainingError" in err and "Traceback" not in err
     assert not (tmp_path / "runs" / "diverge" / "final").exists()
+    assert main(["train", str(path), "optimizer.lr=1e30"]) == 2  # what used to diverge is refused at load
+    assert "optimizer.lr" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1e-300, 0.009])

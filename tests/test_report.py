@@ -8,7 +8,9 @@
 - How the plots read: paired series of one run have different colours (and dash styles); a noisy per-step
   series is drawn faint with its centred moving mean over it in full colour; whole quantities get integer
   ticks; the legend lies outside the axes.
-- A plot whose metrics no run logged is not drawn and the report says so.
+- A plot whose metrics no run logged is not drawn and the report says so; so is a plot that would be an empty
+  frame: the waste plot of runs that wasted no token, compare's fates and throughput plots of runs without group
+  counts or step times (no stale PNG of an earlier report is left either); compare lists the plots it wrote.
 - compare gives one column per run with counts summed over steps, trained groups/h, staleness
   (group-weighted mean, max), idle fractions from sim/summary.json, tokens generated and wasted (summed), the
   last wasted share, final rewards; a key a run lacks is "—".
@@ -296,3 +298,25 @@ def test_the_waste_plot_draws_each_wasted_fate_and_their_sum(tmp_path: Path) -> 
     assert lines["filtered"].get_color() == "C0" and lines["discarded"].get_color() == "C1"
     assert [line.get_label() for line in async_ax.get_lines()] == ["filtered"]  # one fate: no separate sum
     assert draw_waste([bare]) is None
+
+
+def test_a_plot_with_nothing_to_show_says_so_instead_of_drawing_an_empty_frame(tmp_path: Path) -> None:
+    from groupwise.run.plots import draw_fates, draw_throughput, draw_waste
+
+    no_waste = {s: {"reward/unfiltered_mean": 0.5, "waste/tokens": 0.0, "waste/filtered_tokens": 0.0,
+                    "waste/cumulative_fraction": 0.0} for s in (1, 2, 3)}  # fmt: skip
+    run = make_run(tmp_path, "frugal", SYNC_CONFIG, no_waste)
+    (run / "plots").mkdir()
+    (run / "plots" / "waste_tokens.png").write_bytes(b"an older report's plot")
+    text = run_report([run]).read_text()
+    assert not (run / "plots" / "waste_tokens.png").exists()
+    assert ("## Wasted generation by fate (cumulative tokens)\n\nNo run wasted a generated token (`waste/tokens` is 0"
+            in text)  # fmt: skip
+    assert draw_waste([load_run(run)]) is None
+    assert draw_fates([load_run(run)]) is None and draw_throughput([load_run(run)]) is None
+    table = run_compare([run])
+    assert not (run / "plots" / "compare_fates.png").exists()
+    assert not (run / "plots" / "compare_throughput.png").exists()
+    listed = table.strip().splitlines()[-1]
+    assert listed.startswith(f"plots in {run / 'plots'}/: ") and "compare_fates.png" not in listed
+    assert "compare_waste_fraction.png" in listed  # a flat line at zero is something to show

@@ -10,6 +10,9 @@ Invariants pinned:
   session exports);
 - the async run prints progress lines too, with the latest held-out accuracy;
 - a run without evaluations or without final/ says so instead of inventing numbers;
+- ``checkpoint.every: 0`` with ``save_final: false`` writes no checkpoint and no final/; the summary says no
+  weights were written, lists only the files the run has, and every command it suggests (for this run and for a
+  run with final/) exits 0 on that run directory;
 - ``groupwise eval RUN`` prints a table (weights, prompts, accuracy with the count of correct prompts, pass@k)
   whose accuracy is the run's final evaluation of the same weights, and ``--json`` prints the same numbers.
 """
@@ -151,4 +154,46 @@ def test_a_run_without_evaluations_or_final_says_so(tmp_path) -> None:
     assert "held-out accuracy  — (no evaluation ran" in text
     assert "reward (trained)   — (not logged)" in text
     assert "groups             12 generated · 12 trained" in text
-    assert "trained policy     not saved (checkpoint.save_final is false)" in text
+    assert "trained policy     not saved (checkpoint.save_final is false and checkpoint.every is 0" in text
+    assert "groupwise eval" not in text  # it evaluates final/, which this run does not have
+
+
+def suggested_commands(out: str) -> list[list[str]]:
+    """The commands under the summary's ``next:`` line, as argument lists (the description after them dropped)."""
+    lines = out.split("\nnext:\n", 1)[1].splitlines()
+    return [line.split("  ")[1].split()[1:] for line in lines if line.startswith("  groupwise ")]
+
+
+def test_a_run_that_keeps_nothing_writes_no_checkpoint_and_suggests_only_what_works(tmp_path, capsys) -> None:
+    data = sync_data(tmp_path, name="nothing", steps=2)
+    data["checkpoint"] = {"every": 0, "save_final": False}
+    assert main(["train", str(write_config(tmp_path, data))]) == 0
+    out = capsys.readouterr().out
+    run_dir = tmp_path / "runs" / "nothing"
+    assert not (run_dir / "final").exists()
+    assert not list(run_dir.glob("checkpoints/step_*"))
+    assert "trained policy     not saved (checkpoint.save_final is false and checkpoint.every is 0: no weights" in out
+    files = re.search(r"run files\s+\S+/  \((.*)\)", out).group(1).split(", ")
+    assert files == ["metrics.jsonl", "events.log", "fates.jsonl", "train_data/"]
+    commands = suggested_commands(out)
+    assert [command[0] for command in commands] == ["report"]
+    for command in commands:
+        assert main(command) == 0, command
+
+
+def test_every_command_the_summary_suggests_works(tmp_path, capsys) -> None:
+    data = sync_data(tmp_path, name="kept", steps=2)
+    data["checkpoint"] = {"every": 1, "save_final": False}
+    assert main(["train", str(write_config(tmp_path, data))]) == 0
+    out = capsys.readouterr().out
+    run_dir = tmp_path / "runs" / "kept"
+    assert f"not saved (checkpoint.save_final is false); the last checkpoint is {run_dir / 'checkpoints' / 'step_2'}" \
+        in out
+    assert [command[0] for command in suggested_commands(out)] == ["report"]
+
+    data = sync_data(tmp_path, name="final", steps=2)
+    assert main(["train", str(write_config(tmp_path, data))]) == 0
+    commands = suggested_commands(capsys.readouterr().out)
+    assert [command[0] for command in commands] == ["eval", "report"]
+    for command in commands:
+        assert main(command) == 0, command

@@ -11,6 +11,9 @@ Invariants pinned:
 - an async run with continuous batching and partial rollouts balances every step (trained + dropped = P),
   writes aligned train data, audits clean and accounts every generated token (generated = trained + wasted +
   pending; each fate's tokens = those of its fates.jsonl lines; every step's groups charged some seconds);
+  each train_data row's ``version_spans`` cover its tokens, and ``staleness/token_mean`` is recomputed from them
+  exactly (it is bounded by ``staleness/max``, not by ``staleness/mean``: a mean over groups weighs a short group
+  as much as a long one);
 - a rollout cancelled mid-generation (an abort) is charged what the stream spent on it once its rows left their
   slots: the tokens it held and some seconds (``spent``); a group the client never ran costs nothing;
 - partial rollouts on a model the stream cannot decode are a config error (never silently one version per call).
@@ -186,11 +189,17 @@ def test_an_async_run_with_continuous_batching_and_partial_rollouts(tmp_path):
     assert [r["step"] for r in records] == [1, 2, 3]
     for record in records:
         assert record["ds/groups_trained"] + record["accounting/dropped_groups"] == cfg.grpo.num_prompts_per_step
-        assert 0 <= record["staleness/token_mean"] <= record["staleness/mean"]
         assert record["rollout/resumed_tokens"] == 0
         rows = [json.loads(x) for x in session.run_dir.train_data_path(record["step"]).read_text().splitlines()]
         assert len({r["group_id"] for r in rows}) == record["ds/groups_trained"]
         assert all(len(r["completion_ids"]) == len(r["generation_logprobs"]) for r in rows)
+        # the per-token versions in the file give the metric back: staleness of token = trainer version − its version
+        assert all(sum(n for _, n in r["version_spans"]) == len(r["completion_ids"]) for r in rows)
+        trainer = record["step"] - 1
+        weighted = [(trainer - version, n) for r in rows for version, n in r["version_spans"]]
+        assert record["staleness/token_mean"] == pytest.approx(
+            sum(s * n for s, n in weighted) / sum(n for _, n in weighted), abs=1e-12)
+        assert 0 <= record["staleness/token_mean"] <= record["staleness/max"]
     report = audit_run(session.run_dir.path, training_uids)
     assert report.ok, report.format()
     # every generated token is accounted: generated = trained + wasted + pending, and each fate's tokens are those

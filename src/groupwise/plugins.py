@@ -26,7 +26,9 @@ def import_plugin(target: str, what: str) -> object:
     module_name, attribute = target.split(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # ImportError, or whatever the module raised while it was imported
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # ImportError, or whatever the module raised while imported (sys.exit() too)
         raise PluginImportError(
             f"{what} {target!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); check the name "
             "and that it is on PYTHONPATH"

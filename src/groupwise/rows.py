@@ -15,15 +15,28 @@ from groupwise.batch import RowBatch
 from groupwise.types import Group
 
 
+def version_spans(token_versions: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """A completion's per-token weight versions, run-length encoded: ``((v₁, n₁), (v₂, n₂), ...)`` means the first
+    n₁ tokens were sampled under version v₁, the next n₂ under v₂, and so on (``Σ nᵢ`` = the token count; ``()``
+    for no tokens). One span without partial rollouts; one more per weight sync the completion lived through."""
+    spans: list[tuple[int, int]] = []
+    for version in token_versions:
+        if spans and spans[-1][0] == version:
+            spans[-1] = (version, spans[-1][1] + 1)
+        else:
+            spans.append((version, 1))
+    return tuple(spans)
+
+
 def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -> RowBatch:
     """One row per completion, groups in the given order, completions in sampling order.
 
     Columns: ``group_id``, ``prompt_uid``, ``completion_index``, ``prompt_ids``, ``completion_ids``,
     ``generation_logprobs``, ``completion_text``, ``finish_reason``, ``raw_reward`` (the verifier's, as the
     zero-variance filter saw it), ``reward`` (scaled and shaped), ``advantage`` (a float32 tensor, a separate
-    column: a reward is never overwritten by its advantage), ``start_version``, ``token_versions`` (the weight
-    version that drew each completion token: the learner finds its on-policy tokens by it). Id and logprob rows are
-    the groups' own tuples (no copy; the batch is immutable).
+    column: a reward is never overwritten by its advantage), ``start_version``, ``version_spans`` (the weight
+    versions of the completion's tokens, :func:`version_spans`; the learner finds its on-policy tokens by them).
+    Id and logprob rows are the groups' own tuples (no copy; the batch is immutable).
     """
     if len(advantages) != len(groups):
         raise ValueError(f"{len(groups)} groups but advantages for {len(advantages)}")
@@ -42,7 +55,7 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
             "reward",
             "advantage",
             "start_version",
-            "token_versions",
+            "version_spans",
         )
     }
     for group, group_adv in zip(groups, advantages, strict=True):
@@ -61,7 +74,7 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
             cols["reward"].append(group.rewards[i])
             cols["advantage"].append(group_adv[i])
             cols["start_version"].append(group.start_version)
-            cols["token_versions"].append(tuple(completion.token_versions))
+            cols["version_spans"].append(version_spans(completion.token_versions or ()))
     batch = RowBatch({**cols, "advantage": torch.tensor(cols["advantage"], dtype=torch.float32)})
     return batch
 
@@ -72,4 +85,16 @@ def pad_right(rows: Sequence[Sequence[float]], width: int, value: float = 0.0) -
     for i, row in enumerate(rows):
         if row:
             out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out
+
+
+def span_versions(rows: Sequence[Sequence[tuple[int, int]]], width: int, pad: int = -1) -> torch.Tensor:
+    """The per-token weight versions of ``rows`` of :func:`version_spans` as an ``[R, width]`` int64 tensor,
+    right-padded (and cut) at ``width`` with ``pad``."""
+    out = torch.full((len(rows), width), pad, dtype=torch.int64)
+    for i, spans in enumerate(rows):
+        start = 0
+        for version, count in spans:
+            out[i, start : min(start + count, width)] = version
+            start += count
     return out

@@ -97,7 +97,9 @@ def run_train(args: argparse.Namespace) -> int:
             from groupwise.runtime.async_run import run_async
 
             run_async(session)
-    except Exception as err:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # a SystemExit raised by user code (a sampler, a task) is a failure, not exit 0
         kept = latest_checkpoint(session.run_dir.path)
         session.events.event(f"run failed: {type(err).__name__}: {err}")
         print(f"groupwise train: the run failed: {type(err).__name__}: {err}", file=sys.stderr)
@@ -196,7 +198,7 @@ def run_dir_config(run_dir: Path, overrides: list[str]) -> RunConfig:
         raise ConfigError([issue], source=str(run_dir))
     data = read_config_file(run_dir / "config.yaml")
     data["model"] = {
-        **{k: v for k, v in data["model"].items() if k not in ("tiny", "gguf_file")},
+        **{k: v for k, v in data["model"].items() if k not in ("tiny", "gguf_file", "gguf_cache")},
         "source": "hf",
         "path": str(final),
     }
@@ -233,7 +235,12 @@ def add_report_parser(subparsers: Subparsers) -> None:
 def run_report_command(args: argparse.Namespace) -> int:
     from groupwise.run.report import run_report
 
-    print(f"wrote {run_report(args.run_dirs)}")
+    try:
+        written = run_report(args.run_dirs)
+    except (FileNotFoundError, ValueError) as err:  # not a run directory, or a corrupted metrics.jsonl
+        print(f"groupwise report: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"wrote {written}")
     return EXIT_OK
 
 
@@ -246,7 +253,12 @@ def add_compare_parser(subparsers: Subparsers) -> None:
 def run_compare_command(args: argparse.Namespace) -> int:
     from groupwise.run.report import run_compare
 
-    print(run_compare(args.run_dirs))
+    try:
+        table = run_compare(args.run_dirs)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"groupwise compare: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    print(table)
     return EXIT_OK
 
 
@@ -268,6 +280,10 @@ def add_simulate_parser(subparsers: Subparsers) -> None:
 def run_simulate(args: argparse.Namespace) -> int:
     cfg = load_config(args.file, args.overrides)
     print_config_warnings(cfg)
+    from groupwise.trainer.preflight import tracker_issues  # no torch: a simulation logs to the same trackers
+
+    if issues := tracker_issues(cfg):
+        raise ConfigError(issues)
     from groupwise.run.rundir import RunDirError
     from groupwise.sim.run import format_summary, simulate
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 
 from groupwise.cli.commands import RUN_COMMAND_PARSERS, print_config_warnings
@@ -96,12 +97,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# FutureWarnings of the libraries under us (and those attributed to our calls into them) are about our code, not
+# the user's: they tell a developer what to change before a release, and a user can do nothing about them.
+LIBRARY_WARNINGS = r"(transformers|torch|peft|accelerate|huggingface_hub|tokenizers|gguf|groupwise)(\.|$)"
+
+
+def quiet_library_output() -> None:
+    """Keep the libraries' own progress bars, info logs and FutureWarnings off the console: each command prints its
+    own phase lines, progress and summary, which the libraries' output would interleave with. Each switch is set
+    only where the user has not set it (``HF_HUB_DISABLE_PROGRESS_BARS=0`` brings the loading bars back,
+    ``TRANSFORMERS_VERBOSITY=warning`` transformers' warnings); they must be set before those libraries import."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' and the Hub's bars
+    os.environ.setdefault("TQDM_DISABLE", "1")  # bars that call tqdm directly (GGUF dequantisation)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=LIBRARY_WARNINGS)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command and return its exit code (the ``groupwise`` console script)."""
     prepare_openmp_environment()
-    # The command prints its own progress and summary; transformers' per-file loading and saving bars would
-    # interleave with them (HF_HUB_DISABLE_PROGRESS_BARS=0 brings them back).
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    quiet_library_output()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from groupwise.run.checkpoint import latest_checkpoint
 from groupwise.run.report import fmt_duration
 from groupwise.run.run_stats import RunSummary, Smoothed, load_run, summarize_run
 
@@ -35,17 +36,28 @@ def format_run_summary(summary: RunSummary, run_dir: Path, command_seconds: floa
     if summary.groups:
         lines.append(_row("groups", " · ".join(f"{_count(n)} {label}" for label, n in summary.groups.items())))
     final = run_dir / "final"
-    if final.is_dir():
-        lines.append(_row("trained policy", f"{final}  (Hugging Face format: loads with transformers)"))
-    else:
-        lines.append(_row("trained policy", "not saved (checkpoint.save_final is false); see checkpoints/"))
-    lines.append(_row("run files", f"{run_dir}/  (metrics.jsonl, events.log, fates.jsonl, checkpoints/)"))
-    lines += [
-        "next:",
-        f"  groupwise eval {run_dir}      held-out accuracy (and pass@k) of final/",
-        f"  groupwise report {run_dir}    writes {run_dir / 'report.md'} with plots in {run_dir / 'plots'}/",
-    ]
+    lines.append(_row("trained policy", _trained_policy(run_dir)))
+    present = [name for name in RUN_FILES if (run_dir / name.rstrip("/")).exists()]
+    lines.append(_row("run files", f"{run_dir}/  ({', '.join(present)})"))
+    lines.append("next:")
+    if final.is_dir():  # groupwise eval RUN_DIR evaluates final/: suggest it only where there is one
+        lines.append(f"  groupwise eval {run_dir}      held-out accuracy (and pass@k) of final/")
+    lines.append(f"  groupwise report {run_dir}    writes {run_dir / 'report.md'} with plots in {run_dir / 'plots'}/")
     return "\n".join(lines)
+
+
+RUN_FILES = ("metrics.jsonl", "events.log", "fates.jsonl", "train_data/", "tensorboard/", "wandb/", "mlflow.db",
+             "checkpoints/", "final/")
+
+
+def _trained_policy(run_dir: Path) -> str:
+    final = run_dir / "final"
+    if final.is_dir():
+        return f"{final}  (Hugging Face format: loads with transformers)"
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is not None:
+        return f"not saved (checkpoint.save_final is false); the last checkpoint is {checkpoint}"
+    return "not saved (checkpoint.save_final is false and checkpoint.every is 0: no weights were written)"
 
 
 def _row(label: str, text: str) -> str:

@@ -5,14 +5,23 @@ Only single-field ranges live here; rules that relate two fields are in :mod:`gr
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from groupwise.algo.filter import GroupFilter
 from groupwise.config.base import Section
 
 AdamBeta = Annotated[float, Field(ge=0, lt=1)]
+
+#: Bounds that keep every value finite in float32 training arithmetic (at most 3.4e38): a coefficient, clip or
+#: penalty beyond these makes a loss term, a clamp or a reward overflow to inf or NaN, or fail a float32 conversion
+#: ("value cannot be converted to type float without overflow") far from the key that caused it.
+MAX_COEF = 1e6
+MAX_REWARD_VALUE = 1e30  # as groupwise.data.scoring.MAX_ABS_REWARD: the largest reward magnitude accepted
+MAX_LR = 1.0
+MIN_ADAM_EPS = 1e-30
+MAX_KL_INPUT_CLAMP = 80.0  # exp(88.7) is float32's largest value: the k3 estimator exponentiates the log-ratio
 
 
 class RewardScalingSection(Section):
@@ -21,14 +30,15 @@ class RewardScalingSection(Section):
 
     enabled: bool = False
     """Apply the map. When off, the other keys must keep their defaults."""
-    source_min: float = 0.0
-    """Raw reward mapped to ``target_min`` (< ``source_max``)."""
-    source_max: float = 1.0
-    """Raw reward mapped to ``target_max`` (> ``source_min``)."""
-    target_min: float = 0.0
-    """Lowest scaled reward (< ``target_max``)."""
-    target_max: float = 1.0
-    """Highest scaled reward (> ``target_min``)."""
+    source_min: float = Field(0.0, ge=-MAX_REWARD_VALUE, le=MAX_REWARD_VALUE)
+    """Raw reward mapped to ``target_min`` (< ``source_max``; within ±1e30, the reward bound)."""
+    source_max: float = Field(1.0, ge=-MAX_REWARD_VALUE, le=MAX_REWARD_VALUE)
+    """Raw reward mapped to ``target_max`` (> ``source_min``; within ±1e30)."""
+    target_min: float = Field(0.0, ge=-MAX_REWARD_VALUE, le=MAX_REWARD_VALUE)
+    """Lowest scaled reward (< ``target_max``; within ±1e30)."""
+    target_max: float = Field(1.0, ge=-MAX_REWARD_VALUE, le=MAX_REWARD_VALUE)
+    """Highest scaled reward (> ``target_min``; within ±1e30). The slope (target range ÷ source range) must be at
+    most 1e30, so every scaled reward is finite."""
 
 
 class OverlongSection(Section):
@@ -42,8 +52,8 @@ class OverlongSection(Section):
     """Length in tokens at which the full penalty applies (≥ 1)."""
     overlong_buffer_length: int | None = Field(None, ge=1)
     """Tokens before ``max_response_length`` where the penalty ramps up (≥ 1, < ``max_response_length``)."""
-    overlong_buffer_penalty: float | None = Field(None, ge=0)
-    """Largest penalty, in reward units (≥ 0)."""
+    overlong_buffer_penalty: float | None = Field(None, ge=0, le=MAX_REWARD_VALUE)
+    """Largest penalty, in reward units (0 ≤ penalty ≤ 1e30, the reward bound)."""
 
 
 class DynamicSamplingSection(Section):
@@ -66,7 +76,9 @@ class DynamicSamplingSection(Section):
     """Sync: kept groups beyond P in the last round are ``discard``-ed (counted) or ``carry``-ed into the next step
     (one version off-policy, corrected by importance sampling)."""
     zero_variance_tol: float = Field(0.0, ge=0)
-    """A group is zero-variance when ``max − min`` of its raw rewards is ≤ this (≥ 0; 0 = exactly equal)."""
+    """A group is zero-variance when ``max − min`` of its raw rewards is ≤ this (≥ 0; 0 = exactly equal). With
+    dynamic sampling it must stay below the reward's range (< 1 for the built-in rewards, which score in [0, 1]):
+    at or above it every group is filtered. For a ``module:function`` reward the range is yours to respect."""
 
 
 class GrpoSection(Section):
@@ -75,7 +87,8 @@ class GrpoSection(Section):
     num_prompts_per_step: int = Field(16, ge=1)
     """P: prompt groups per optimizer step (≥ 1)."""
     num_generations_per_prompt: int = Field(8, ge=1)
-    """G: completions per prompt (≥ 1; ≥ 2 with dynamic sampling)."""
+    """G: completions per prompt (≥ 2; 1 only with dynamic sampling off and an entropy or KL term, which is then
+    all that trains: a group of one is its own baseline, so every advantage is 0)."""
     baseline: Literal["mean", "leave_one_out"] = "mean"
     """Per-group baseline: the group ``mean``, or the mean of the other G − 1 rewards (``leave_one_out``)."""
     normalize_advantages: bool = True
@@ -102,53 +115,67 @@ class GrpoSection(Section):
 class LossSection(Section):
     """The clipped policy-gradient loss."""
 
-    epsilon_low: float = Field(0.2, ge=0)
-    """Lower clip: the ratio is clipped at ``1 − epsilon_low`` (≥ 0). The ratio moves away from 1 only with
-    several optimizer updates per RL step (``optimizer.mini_batches_per_step × epochs_per_step > 1``); with one
-    update it is exactly 1 and a non-default value is an error (no effect)."""
-    epsilon_high: float = Field(0.28, ge=0)
-    """Upper clip ("clip-higher"): the ratio is clipped at ``1 + epsilon_high`` (≥ 0). Acts only with several
+    epsilon_low: float = Field(0.2, ge=0, lt=1)
+    """Lower clip: the ratio is clipped at ``1 − epsilon_low`` (0 ≤ ε < 1: a ratio is positive). The ratio
+    moves away from 1 only with several optimizer updates per RL step (``optimizer.mini_batches_per_step ×
+    epochs_per_step > 1``); with one update it is exactly 1 and a non-default value is an error (no effect)."""
+    epsilon_high: float = Field(0.28, ge=0, le=MAX_COEF)
+    """Upper clip ("clip-higher"): the ratio is clipped at ``1 + epsilon_high`` (0 ≤ ε ≤ 1e6). Acts only with several
     optimizer updates per RL step, like ``epsilon_low``."""
-    dual_clip_c: float | None = Field(None, gt=1)
-    """Dual-clip bound for negative advantages (> 1); ``null`` = off. Acts only with several optimizer updates
+    dual_clip_c: float | None = Field(None, gt=1, le=MAX_COEF)
+    """Dual-clip bound for negative advantages (1 < c ≤ 1e6); ``null`` = off. Acts only with several optimizer updates
     per RL step, like ``epsilon_low``."""
     normalization: Literal["token_level", "sequence_level"] = "token_level"
     """``token_level`` = mean over every completion token of the step (DAPO); ``sequence_level`` = mean per
     completion, then over completions."""
-    kl_coef: float = Field(0.0, ge=0)
-    """Weight of the k3 KL penalty to the reference policy (≥ 0; > 0 needs ``model.reference: initial``)."""
-    kl_input_clamp: float = Field(20.0, gt=0)
-    """Clamp on the log-ratio fed to the KL estimator (> 0)."""
-    kl_output_clamp: float = Field(10.0, gt=0)
-    """Clamp on each token's KL value (> 0)."""
+    kl_coef: float = Field(0.0, ge=0, le=MAX_COEF)
+    """Weight of the k3 KL penalty to the reference policy (0 ≤ β ≤ 1e6; > 0 needs ``model.reference: initial``)."""
+    kl_input_clamp: float = Field(20.0, gt=0, le=MAX_KL_INPUT_CLAMP)
+    """Clamp on the log-ratio fed to the KL estimator (0 < c ≤ 80: the estimator exponentiates it, and float32
+    overflows past exp(88))."""
+    kl_output_clamp: float = Field(10.0, gt=0, le=MAX_COEF)
+    """Clamp on each token's KL value (0 < c ≤ 1e6)."""
     importance_sampling: bool = True
     """Correct for the gap between the sampling-time and the training-time policy with per-token importance
     weights (required by any off-policy data: async windows, ``surplus: carry``)."""
     is_truncation: Literal["none", "tis", "icepop"] = "tis"
     """How importance weights are bounded: ``tis`` clamps them to ``[is_ratio_min, is_ratio_max]``; ``icepop``
-    zeroes tokens outside that range; ``none`` leaves them (needs ``importance_sampling`` unless ``none``)."""
+    zeroes tokens outside that range; ``none`` leaves them (needs ``importance_sampling`` unless ``none``). Left
+    unset, it follows ``importance_sampling``: ``tis`` when on, ``none`` when off."""
     is_ratio_min: float = Field(0.0, ge=0)
     """Lower importance-weight bound (≥ 0, ≤ ``is_ratio_max``)."""
-    is_ratio_max: float = Field(2.0, gt=0)
-    """Upper importance-weight bound (> 0, ≥ ``is_ratio_min``)."""
-    entropy_coef: float = Field(0.0, ge=0)
-    """Weight of the entropy bonus (≥ 0; a small value such as 0.01 delays entropy collapse)."""
+    is_ratio_max: float = Field(2.0, gt=0, le=MAX_COEF)
+    """Upper importance-weight bound (0 < max ≤ 1e6, ≥ ``is_ratio_min``; no bound at all is
+    ``is_truncation: none``)."""
+    entropy_coef: float = Field(0.0, ge=0, le=MAX_COEF)
+    """Weight of the entropy bonus (0 ≤ c ≤ 1e6; a small value such as 0.01 delays entropy collapse)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _truncation_follows_importance_sampling(cls, data: Any) -> Any:
+        """``importance_sampling: false`` alone turns truncation off too: there are no weights to bound."""
+        if isinstance(data, dict) and data.get("importance_sampling") is False and "is_truncation" not in data:
+            return {**data, "is_truncation": "none"}
+        return data
 
 
 class OptimizerSection(Section):
     """AdamW and the learning-rate schedule."""
 
-    lr: float = Field(1e-4, gt=0)
-    """Peak learning rate (> 0)."""
+    lr: float = Field(1e-4, gt=0, le=MAX_LR)
+    """Peak learning rate (0 < lr ≤ 1: an AdamW update moves each weight by up to about lr, so beyond 1 the
+    first update destroys the model, and far beyond it the update overflows float32)."""
     betas: tuple[AdamBeta, AdamBeta] = Field((0.9, 0.999), strict=False)
     """AdamW (beta1, beta2), each in [0, 1)."""
     weight_decay: float = Field(0.0, ge=0)
-    """Decoupled weight decay (≥ 0)."""
-    eps: float = Field(1e-8, gt=0)
-    """AdamW epsilon (> 0)."""
+    """Decoupled weight decay (≥ 0, with ``lr × weight_decay < 1``: each update multiplies every weight by
+    ``1 − lr × weight_decay``)."""
+    eps: float = Field(1e-8, ge=MIN_ADAM_EPS)
+    """AdamW epsilon (≥ 1e-30: a smaller one is 0 in float32, and a weight whose gradient is 0 gets 0 ÷ 0)."""
     warmup_steps: int = Field(0, ge=0)
-    """Linear warm-up from 0 to ``lr`` over this many RL steps (≥ 0, < ``run.max_steps``). The schedule counts RL
-    steps, not optimizer updates: the updates of one step share its learning rate."""
+    """Linear warm-up from 0 to ``lr`` over this many RL steps (≥ 0). One longer than ``run.max_steps`` is clamped
+    to it, with a warning (a shortened run such as ``run.max_steps=1`` still trains at the peak rate by its last
+    step). The schedule counts RL steps, not optimizer updates: the updates of one step share its learning rate."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Learning rate after warm-up: ``constant``, or ``linear``/``cosine`` decay to ``lr × min_lr_ratio`` at
     ``run.max_steps``."""

@@ -37,3 +37,32 @@ def weight_fifo_stalls_after_a_failure(cfg: RunConfig) -> Iterator[ConfigIssue]:
         "use async.sampler.name: ready_first (or in_order) whenever rollouts can fail (either on_dropped_prompt); "
         "keep weight_fifo for studies where they cannot",
     )  # fmt: skip
+
+
+@hazard("grpo", "loss")
+def one_generation_trains_only_the_regulariser(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """G = 1 with an entropy or KL term: every advantage is 0, so only that term moves the weights (warning)."""
+    grpo, loss = cfg.grpo, cfg.loss
+    if grpo.num_generations_per_prompt != 1 or not (loss.entropy_coef > 0 or loss.kl_coef > 0):
+        return
+    terms = " and ".join(name for name, on in (("loss.entropy_coef", loss.entropy_coef > 0),
+                                               ("loss.kl_coef", loss.kl_coef > 0)) if on)
+    yield ConfigIssue(
+        "grpo.num_generations_per_prompt", 1,
+        f"one completion per prompt is its own group baseline, so every advantage is 0: the reward never reaches "
+        f"the gradient and only {terms} moves the weights",
+        "set grpo.num_generations_per_prompt ≥ 2 to learn from the reward",
+    )
+
+
+@hazard("optimizer", "run")
+def warmup_longer_than_the_run(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """optimizer.warmup_steps > run.max_steps: the warm-up is clamped to the run (warning)."""
+    warmup, steps = cfg.optimizer.warmup_steps, cfg.run.max_steps
+    if warmup > steps:
+        yield ConfigIssue(
+            "optimizer.warmup_steps", warmup,
+            f"the warm-up is longer than the run (run.max_steps is {steps}), so it is clamped to {steps} step(s): "
+            "the learning rate rises to its peak at the run's last step",
+            f"nothing to do for a shortened run; otherwise set optimizer.warmup_steps ≤ {steps}",
+        )  # fmt: skip

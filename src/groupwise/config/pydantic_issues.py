@@ -110,5 +110,10 @@ def unknown_key_issue(path: str, value: Any) -> ConfigIssue:
 
 
 def _number(bound: Any) -> Any:
-    """``0.0`` → ``0`` for display; other bounds unchanged."""
-    return int(bound) if isinstance(bound, float) and bound.is_integer() else bound
+    """``0.0`` → ``0`` and ``1e+30`` → ``1e30`` for display (a float that is a whole number below a million shows
+    as one, a larger or smaller one in exponent form); other bounds unchanged."""
+    if not isinstance(bound, float):
+        return bound
+    if bound.is_integer() and abs(bound) < 1e7:
+        return int(bound)
+    return f"{bound:g}".replace("e+", "e")

@@ -9,9 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from groupwise.config.algorithm import MAX_REWARD_VALUE
 from groupwise.config.checks import no_effect, rule
 from groupwise.config.issues import ConfigIssue
-from groupwise.config.sections import BUILTIN_ENGINE_KEYS, BUNDLED_GGUF_PATH, builtin_task_names
+from groupwise.config.sections import (
+    BUILTIN_ENGINE_KEYS,
+    BUNDLED_GGUF_PATH,
+    builtin_reward_range_width,
+    builtin_task_names,
+)
 
 if TYPE_CHECKING:
     from groupwise.config.schema import RunConfig
@@ -43,9 +49,20 @@ def model_source_keys(cfg: RunConfig) -> Iterator[ConfigIssue]:
             "model.gguf_file", model.gguf_file, f"model.gguf_file has no effect with model.source '{model.source}'",
             "remove model.gguf_file, or set model.source: gguf",
         )
+    if model.source != "gguf" and model.gguf_cache != type(model).model_fields["gguf_cache"].default:
+        yield ConfigIssue(
+            "model.gguf_cache", model.gguf_cache, f"model.gguf_cache has no effect with model.source '{model.source}'",
+            "remove model.gguf_cache, or set model.source: gguf",
+        )
     if model.source != "tiny":
         yield from no_effect(model.tiny, "model.tiny", f"with model.source '{model.source}'",
                              "remove it, or set model.source: tiny")
+    if model.source != "hf" and model.trust_remote_code:
+        yield ConfigIssue(
+            "model.trust_remote_code", True,
+            f"model.trust_remote_code has no effect with model.source '{model.source}' (only a Hugging Face model "
+            "folder can name code to run)", "remove model.trust_remote_code, or set model.source: hf",
+        )
 
 
 @rule("generation")
@@ -190,6 +207,41 @@ def dynamic_sampling_needs_groups(cfg: RunConfig) -> Iterator[ConfigIssue]:
         )
 
 
+@rule("grpo", "loss")
+def one_generation_trains_nothing(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """G = 1 without an entropy or KL term trains nothing: a group of one is its own baseline, so every advantage
+    is 0 and so is every gradient.
+
+    (With ``loss.entropy_coef`` or ``loss.kl_coef`` > 0 the run still moves the weights, by that term alone: a
+    hazard, warned about, not an error. With dynamic sampling G = 1 is refused by the rule above.)"""
+    grpo, loss = cfg.grpo, cfg.loss
+    if grpo.num_generations_per_prompt == 1 and not grpo.dynamic_sampling.enabled and not (
+        loss.entropy_coef > 0 or loss.kl_coef > 0
+    ):
+        yield ConfigIssue(
+            "grpo.num_generations_per_prompt", 1,
+            "one completion per prompt is its own group baseline: every advantage is exactly 0, so the "
+            "policy-gradient loss and every gradient are 0 and the run would train nothing",
+            "set grpo.num_generations_per_prompt ≥ 2 (GRPO compares completions of one prompt)",
+        )
+
+
+@rule("grpo", "reward", "data")
+def zero_variance_tol_below_the_reward_range(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """With dynamic sampling and a built-in reward (every built-in scores in [0, 1]),
+    grpo.dynamic_sampling.zero_variance_tol < 1: at 1 or more every group counts as zero-variance and is filtered."""
+    ds = cfg.grpo.dynamic_sampling
+    width = builtin_reward_range_width(cfg.reward.function, cfg.data.task)
+    if ds.enabled and width is not None and ds.zero_variance_tol >= width:
+        yield ConfigIssue(
+            "grpo.dynamic_sampling.zero_variance_tol", ds.zero_variance_tol,
+            f"the reward ({cfg.reward.function}) scores in [0, {width:g}], so max − min of a group's rewards is at "
+            f"most {width:g} ≤ zero_variance_tol: every group would count as zero-variance and be filtered, and no "
+            "step could fill",
+            f"set zero_variance_tol below {width:g} (0 = filter only groups whose rewards are all equal)",
+        )
+
+
 @rule("mode", "grpo")
 def sync_dynamic_sampling_off_keys(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """Sync mode with dynamic sampling off: its knobs keep their defaults (so batch_multiplier == 1)."""
@@ -232,13 +284,24 @@ def reward_scaling_range(cfg: RunConfig) -> Iterator[ConfigIssue]:
         yield from no_effect(scaling, "grpo.reward_scaling", "with grpo.reward_scaling.enabled false",
                              "remove it, or set grpo.reward_scaling.enabled: true", keep=("enabled",))
         return
+    empty = False
     for side in ("source", "target"):
         low, high = getattr(scaling, f"{side}_min"), getattr(scaling, f"{side}_max")
         if high <= low:
+            empty = True
             yield ConfigIssue(
                 f"grpo.reward_scaling.{side}_max", high,
                 f"grpo.reward_scaling.{side}_max must be > {side}_min ({low}); an empty range cannot be mapped",
                 f"set {side}_max above {side}_min",
+            )
+    if not empty:
+        slope = (scaling.target_max - scaling.target_min) / (scaling.source_max - scaling.source_min)
+        if not slope <= MAX_REWARD_VALUE:
+            yield ConfigIssue(
+                "grpo.reward_scaling.source_max", scaling.source_max,
+                f"the map's slope, target range ÷ source range = {slope:g}, must be at most {MAX_REWARD_VALUE:g}: "
+                "beyond it scaled rewards overflow to inf or NaN",
+                "widen the source range (source_min..source_max) or narrow the target range",
             )
 
 
@@ -300,16 +363,16 @@ def importance_sampling_bounds(cfg: RunConfig) -> Iterator[ConfigIssue]:
         )
 
 
-@rule("optimizer", "run")
-def warmup_ends_before_run(cfg: RunConfig) -> Iterator[ConfigIssue]:
-    """optimizer.warmup_steps < run.max_steps."""
+@rule("optimizer")
+def weight_decay_below_one_per_update(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """optimizer.lr × optimizer.weight_decay < 1 (decoupled decay multiplies each weight by 1 − lr × decay)."""
     opt = cfg.optimizer
-    if opt.warmup_steps >= cfg.run.max_steps:
+    if opt.lr * opt.weight_decay >= 1:
         yield ConfigIssue(
-            "optimizer.warmup_steps", opt.warmup_steps,
-            f"warm-up must end before the run does (run.max_steps is {cfg.run.max_steps}); "
-            "the learning rate would never reach its peak",
-            "lower optimizer.warmup_steps or raise run.max_steps",
+            "optimizer.weight_decay", opt.weight_decay,
+            f"each update multiplies every weight by 1 − lr × weight_decay = {1 - opt.lr * opt.weight_decay:g} "
+            f"(optimizer.lr is {opt.lr:g}): at lr × weight_decay ≥ 1 the weights are zeroed or flip sign",
+            f"set optimizer.weight_decay below {1 / opt.lr:g} (typical values are 0 to 0.1)",
         )
 
 

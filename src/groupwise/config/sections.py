@@ -13,11 +13,23 @@ from groupwise.config.base import Section, invalid
 from groupwise.plugins import is_plugin_target
 
 BUILTIN_REWARD_FUNCTIONS = ("auto", "exact_numeric", "countdown", "math_verify")
+#: Every built-in verifier (and ``auto``: each built-in task's default is one of them) scores in [0, 1].
+BUILTIN_REWARD_RANGE = (0.0, 1.0)
 BUNDLED_GGUF_PATH = "smollm2"
 
 
 MAX_SEED = 2**63 - 1
+MAX_REWARD_TIMEOUT_S = 86_400.0  # one day; threading's waits overflow near 9.2e9 s
 MAX_NAME_BYTES = 255
+
+
+def builtin_reward_range_width(function: str, task: str) -> float | None:
+    """``max − min`` of the rewards ``reward.function`` can give when it is a built-in (1), else None (unknown:
+    a ``module:function``, or ``auto`` for a task whose verifier is not a built-in)."""
+    low, high = BUILTIN_REWARD_RANGE
+    # A built-in task's ``auto`` reward is a built-in verifier.
+    builtin = function in BUILTIN_REWARD_FUNCTIONS and (function != "auto" or task in builtin_task_names())
+    return high - low if builtin else None
 
 
 def run_name_problem(name: str) -> str | None:
@@ -114,8 +126,9 @@ class LoraSection(Section):
     """Train LoRA adapters instead of every weight. When off, the other keys must keep their defaults."""
     rank: int = Field(16, ge=1)
     """Adapter rank r (≥ 1)."""
-    alpha: float = Field(32.0, gt=0)
-    """Scale numerator: the update is ``(alpha / rank) · B A`` (> 0)."""
+    alpha: float = Field(32.0, gt=0, le=1e6)
+    """Scale numerator: the update is ``(alpha / rank) · B A`` (0 < alpha ≤ 1e6; beyond, the scaled update
+    overflows float32)."""
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout on the adapter input (0 ≤ p < 1). Default 0: with dropout the old-policy logprobs of PPO
     mini-batches and the training logprobs see different dropout masks, so the ratio is noise before any update."""
@@ -152,6 +165,11 @@ class ModelSection(Section):
     package (then ``gguf_file`` may be omitted)."""
     gguf_file: str | None = None
     """GGUF file name inside ``path`` (``source: gguf`` only)."""
+    gguf_cache: str = "auto"
+    """Where the dequantised copy of a GGUF file is kept, so only the first run dequantises it (``source: gguf``
+    only): ``auto`` = ``$GROUPWISE_CACHE_DIR``, else ``$XDG_CACHE_HOME/groupwise``, else ``~/.cache/groupwise``;
+    ``off`` = dequantise on every load; anything else = that directory. An entry is keyed by the file's path, size
+    and modification time and the converting libraries' versions, and written atomically (docs/configs.md)."""
     tiny: TinyModelSection = Field(default_factory=TinyModelSection)
     """Architecture of the tiny model (``source: tiny`` only)."""
     device: Literal["cpu", "cuda", "auto"] = "auto"
@@ -162,17 +180,27 @@ class ModelSection(Section):
     bfloat16 copy; on the CPU the weights themselves are held in this dtype."""
     reference: Literal["none", "initial"] = "none"
     """``initial`` keeps a frozen copy of the initial policy for the KL penalty (needed when ``loss.kl_coef > 0``)."""
+    trust_remote_code: bool = False
+    """Run the Python code a model folder (or its tokenizer) names in ``auto_map`` (``source: hf`` only). Off by
+    default: transformers is always told ``trust_remote_code=False``, so such code never runs and no loader asks on
+    the terminal; ``config check`` and ``train`` refuse a folder with ``auto_map`` until this is set to ``true``
+    (set it only for a folder whose code you have read: it runs with your permissions)."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (less memory,
     about one more forward of compute), through transformers' own switch (non-reentrant)."""
     lora: LoraSection = Field(default_factory=LoraSection)
     """LoRA adapters (peft) instead of full fine-tuning."""
 
-    @field_validator("path", "gguf_file")
+    @field_validator("path", "gguf_file", "gguf_cache")
     @classmethod
     def _paths_are_paths(cls, path: str | None, info: ValidationInfo) -> str | None:
         check_path_text(f"model.{info.field_name}", path)
         return path
+
+    @field_validator("gguf_cache", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads a bare off as false
 
 
 class TaskSection(Section):
@@ -272,11 +300,12 @@ class RewardSection(Section):
     (an importable callable)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to the reward function."""
-    timeout_s: float | None = Field(None, gt=0)
-    """Seconds one reward call may take (> 0); ``null`` = no limit (the call runs inline). A slower call fails
-    with a ``RewardError`` naming the prompt and completion: a data failure of that prompt in async mode (retried,
-    then skipped within ``async.rollout_failure.max_skipped_prompts``), a stop in sync mode. Calls then run on a
-    helper thread; a stuck one cannot be killed and keeps its thread until it returns (docs/rewards.md)."""
+    timeout_s: float | None = Field(None, gt=0, le=MAX_REWARD_TIMEOUT_S)
+    """Seconds one reward call may take (0 < t ≤ 86,400, one day); ``null`` = no limit (the call runs inline). A
+    slower call fails with a ``RewardError`` naming the prompt and completion: a data failure of that prompt in
+    async mode (retried, then skipped within ``async.rollout_failure.max_skipped_prompts``), a stop in sync mode.
+    Calls then run on a helper thread; a stuck one cannot be killed and keeps its thread until it returns
+    (docs/rewards.md)."""
 
     @field_validator("function")
     @classmethod
@@ -416,22 +445,52 @@ class EvalSection(Section):
     """Samples per prompt at the training temperature for pass@k (≥ 1); greedy accuracy is always reported."""
 
 
+TrackingBackend = Literal["tensorboard", "wandb", "trackio", "mlflow"]
+DEFAULT_BACKENDS: tuple[TrackingBackend, ...] = ("tensorboard",)
+
+
 class LoggingSection(Section):
     """What the run records besides ``metrics.jsonl`` (always written)."""
 
-    tensorboard: bool = True
-    """Write TensorBoard curves under ``runs/<name>/tensorboard``."""
+    backends: list[TrackingBackend] = Field(default_factory=lambda: list(DEFAULT_BACKENDS))
+    """Experiment trackers that get the same scalars as ``metrics.jsonl``, each through its own library (each name
+    at most once; ``[]`` = none): ``tensorboard`` (``runs/<name>/tensorboard``), ``wandb`` (``runs/<name>/wandb``,
+    offline without an API key), ``trackio`` (its local store), ``mlflow`` (``runs/<name>/mlflow.db``). All but
+    TensorBoard are optional extras: ``pip install 'groupwise[wandb]'`` (``trackio``, ``mlflow``). Where each writes
+    and how to view it: docs/metrics.md."""
+    tensorboard: bool | None = None
+    """The switch from before ``backends``, kept working: ``false`` leaves TensorBoard out and ``true`` adds it,
+    whatever ``backends`` says; ``null`` = as ``backends`` says."""
+    project: str = Field("groupwise", min_length=1)
+    """Project (W&B, trackio) or experiment (MLflow) the run is logged under; the run is named after its
+    directory."""
     progress: bool = True
     """Show a live progress bar on the console."""
     train_data: bool = True
     """Write every trained row to ``train_data/step_<N>.jsonl``."""
+
+    @field_validator("backends")
+    @classmethod
+    def _each_backend_once(cls, backends: list[str]) -> list[str]:
+        repeated = sorted({name for name in backends if backends.count(name) > 1})
+        if repeated:
+            raise invalid(f"logging.backends names {repeated} more than once", "list each backend once")
+        return backends
+
+    def enabled_backends(self) -> list[str]:
+        """``backends`` with ``tensorboard`` (the older switch) applied: TensorBoard first when on."""
+        chosen: list[str] = [name for name in self.backends if name != "tensorboard"]
+        on = self.tensorboard if self.tensorboard is not None else "tensorboard" in self.backends
+        return ["tensorboard", *chosen] if on else chosen
 
 
 class CheckpointSection(Section):
     """Checkpoints (atomic directories under ``runs/<name>/checkpoints``)."""
 
     every: int = Field(0, ge=0)
-    """Save every this many optimizer steps (≥ 0; 0 = only at the end)."""
+    """Save every this many optimizer steps (≥ 0; 0 = only at the end, and not even then when ``save_final`` is
+    false: such a run writes no checkpoint and cannot be resumed). A run always saves a checkpoint of its last step
+    unless both are off."""
     keep_last: int = Field(2, ge=1)
     """Step checkpoints kept (≥ 1); older ones are deleted."""
     save_final: bool = True
@@ -446,8 +505,8 @@ class SftSection(Section):
     """Optimizer steps at most (≥ 1)."""
     batch_size: int = Field(64, ge=1)
     """Demonstrations per step (≥ 1)."""
-    lr: float = Field(1e-3, gt=0)
-    """AdamW learning rate (> 0)."""
+    lr: float = Field(1e-3, gt=0, le=1.0)
+    """AdamW learning rate (0 < lr ≤ 1, as ``optimizer.lr``)."""
     eval_every: int = Field(100, ge=1)
     """Held-out greedy evaluation every this many steps (≥ 1), and after the last step."""
     stop_at_accuracy: float | None = Field(None, gt=0, le=1)

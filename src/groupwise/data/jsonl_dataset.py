@@ -12,7 +12,11 @@ One JSON object per line (blank lines are skipped)::
   Without it the uid is ``"{file stem}/{split}/{line number}"`` (1-based physical line);
 - any other field goes to ``Prompt.metadata`` (e.g. ``numbers`` for the countdown reward).
 
-Every bad line is reported at once (up to 20) in one :class:`DatasetError` naming the file and line.
+Every bad line is reported at once (up to 20) in one :class:`DatasetError` naming the file and line. Hostile lines
+are bad lines too, never a crash later: nesting deeper than :data:`MAX_NESTING` levels (a line nested 100,000 deep
+exhausts the parser's recursion; a deep ``metadata`` would be copied into every checkpoint), a lone surrogate
+escape such as ``"\\ud800"`` anywhere in the line (valid JSON, but not a character: no tokenizer can encode it and no
+file can hold it as UTF-8), and an integer of more digits than Python converts (4,300).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 from groupwise.types import Prompt
 
 MAX_REPORTED_ERRORS = 20
+MAX_NESTING = 64  # objects and arrays inside each other, the line's own object included
 
 
 class DatasetError(ValueError):
@@ -62,14 +67,51 @@ def _messages(value: Any) -> tuple[dict[str, str], ...] | str:
     return tuple(turns)
 
 
+def _structure_problem(record: dict[str, Any]) -> str | None:
+    """Why a parsed line cannot be used as it is (too deep, or a lone surrogate in some string), or None.
+
+    Walks the record with an explicit stack (a recursive walk is what a deep line would break)."""
+    stack: list[tuple[Any, int, str]] = [(value, 2, str(key)) for key, value in record.items()]
+    stack.extend((key, 1, "(a key)") for key in record)
+    while stack:
+        value, depth, field = stack.pop()
+        if isinstance(value, str):
+            bad = _lone_surrogate(value)
+            if bad is not None:
+                return (f"a lone surrogate escape ({bad}) in field {field!r}: half of a UTF-16 pair, not a character, "
+                        "so no tokenizer can encode it; write the character itself, or a complete pair")
+        elif isinstance(value, (dict, list)):
+            if depth > MAX_NESTING:
+                return f"nested deeper than {MAX_NESTING} levels (arrays and objects inside each other)"
+            items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+            stack.extend((item, depth + 1, field) for item in items)
+    return None
+
+
+def _lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate of ``text`` as its JSON escape (``\\ud800``), or None when it is valid text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"\\u{ord(text[exc.start]):04x}"
+    return None
+
+
 def _parse_line(line: str, uid_fallback: str, seen_ids: dict[str, int], lineno: int) -> Prompt | str:
     """One prompt, or a description of what is wrong with the line."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         return f"invalid JSON ({exc.msg} at column {exc.colno})"
+    except RecursionError:
+        return f"nested deeper than {MAX_NESTING} levels (arrays and objects inside each other)"
+    except ValueError as exc:  # an integer beyond Python's conversion limit
+        return f"invalid JSON ({str(exc).split('; use sys.')[0]}; write such a number as a string)"
     if not isinstance(record, dict):
         return f"expected a JSON object, got {type(record).__name__}"
+    problem = _structure_problem(record)
+    if problem is not None:
+        return problem
     has_prompt, has_messages = "prompt" in record, "messages" in record
     if has_prompt == has_messages:
         return "needs exactly one of 'prompt' (a string) or 'messages' (chat turns); " + (

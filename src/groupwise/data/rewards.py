@@ -36,6 +36,9 @@ RewardFn = Callable[..., float]
 
 # A plain decimal number: optional sign, digits, optional fraction. No exponent, no "_", no "nan".
 _NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?")
+#: The longest text read as a number: Python converts at most 4,300 digits to an int (Fraction does), so a longer
+#: answer would fail mid-run and a longer completion would make the verifier raise instead of scoring 0.
+MAX_NUMBER_CHARS = 4000
 _MATH_VERIFY_INSTALL = "pip install math-verify  (or: pip install 'groupwise[math]')"
 
 
@@ -44,8 +47,9 @@ class RewardSpecError(ValueError):
 
 
 def parse_number(text: str) -> Fraction | None:
-    """The exact value of a plain decimal number (``-12``, ``3.50``), or None for anything else."""
-    if _NUMBER.fullmatch(text) is None:
+    """The exact value of a plain decimal number (``-12``, ``3.50``) of at most :data:`MAX_NUMBER_CHARS`
+    characters, or None for anything else."""
+    if len(text) > MAX_NUMBER_CHARS or _NUMBER.fullmatch(text) is None:
         return None
     return Fraction(text)
 
@@ -67,7 +71,8 @@ def exact_numeric(prompt: Prompt, completion: Completion, *, partial_credit: flo
     expected = parse_number(prompt.answer.strip())
     if expected is None:
         raise ValueError(
-            f"exact_numeric: prompt {prompt.uid} has answer {prompt.answer!r}, which is not a plain number; "
+            f"exact_numeric: prompt {prompt.uid} has answer {prompt.answer[:80]!r}, which is not a plain number "
+            f"(digits with an optional sign and decimal point, at most {MAX_NUMBER_CHARS} characters); "
             "use another reward function (e.g. math_verify or a custom 'module:function')"
         )
     text = completion.text.strip()
@@ -101,7 +106,8 @@ def countdown(prompt: Prompt, completion: Completion, *, format_reward: float = 
         )
     target = parse_number(prompt.answer.strip())
     if target is None:
-        raise ValueError(f"countdown: prompt {prompt.uid} has answer {prompt.answer!r}; the target must be a number")
+        raise ValueError(f"countdown: prompt {prompt.uid} has answer {prompt.answer[:80]!r}; the target must be a "
+                         f"plain number of at most {MAX_NUMBER_CHARS} characters")
     if completion.finish_reason != "stop":
         return 0.0
     try:

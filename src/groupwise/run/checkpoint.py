@@ -201,6 +201,12 @@ def _step_dirs(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def checkpoint_step(path: str | Path) -> int | None:
+    """The step of a checkpoint directory from its name (``step_<N>``), or None for another name."""
+    match = _STEP_DIR.match(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
 def latest_checkpoint(run_dir: RunDir | str | Path) -> Path | None:
     """The newest checkpoint whose manifest verifies, skipping (and logging) incomplete or corrupted ones."""
     for step, path in reversed(list_checkpoints(run_dir)):

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from groupwise.run.journal import append_line, read_json_lines
+from groupwise.run.journal import append_line, open_run_file, read_json_lines
 from groupwise.types import Group
 
 FATES = ("trained", "filtered", "failed", "evicted", "aborted", "discarded", "carried", "pending")
@@ -147,10 +147,9 @@ class FatesWriter:
         size = self.path.stat().st_size if self.path.exists() else 0
         if size <= offset:
             return RollbackResult(0, 0, offset - size)
-        with self.path.open("rb") as handle:
+        with os.fdopen(open_run_file(self.path, os.O_RDWR), "r+b") as handle:  # never through a link
             handle.seek(offset)
             tail = handle.read()
-        with self.path.open("r+b") as handle:
             handle.truncate(offset)
             handle.flush()
             os.fsync(handle.fileno())

@@ -5,10 +5,16 @@ reader.
 after everything already there. A process killed during a write can still leave a torn last line (no newline, not
 valid JSON); :func:`read_json_lines` skips that line with a warning. Any other unreadable line means the file is
 corrupted and raises, naming the file and the line number. No torch import: the audit uses it.
+
+Every run file is opened with :func:`open_run_file`, which never follows a symbolic link: a link planted in a run
+directory (``fates.jsonl`` pointing at a file elsewhere) is refused instead of written through, so a run writes
+only inside its directory (``groupwise train`` refuses a run directory holding a link before it starts:
+:func:`groupwise.run.rundir.linked_entries`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import warnings
@@ -34,10 +40,36 @@ def read_json_lines(path: str | Path) -> Iterator[tuple[int, str, Any]]:
         yield number, piece, value
 
 
+class LinkedRunFileError(OSError):
+    """A run file is a symbolic link: the run refuses to write through it (it could point anywhere)."""
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(errno.ELOOP, f"{path} is a symbolic link; a run writes its files only inside its run "
+                         "directory, never through a link: replace the link by a regular file, or remove it")
+        self.path = Path(path)
+
+
+def open_run_file(path: str | Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open(path, flags)`` that refuses (:class:`LinkedRunFileError`) when ``path`` is a symbolic link."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, mode)
+    except OSError as err:
+        if err.errno == errno.ELOOP and os.path.islink(path):
+            raise LinkedRunFileError(path) from err
+        raise
+
+
+def write_run_file(path: str | Path, data: bytes) -> None:
+    """Create or replace the contents of ``path`` with ``data``, never through a symbolic link."""
+    fd = open_run_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
 def append_line(path: str | Path, text: str) -> None:
     """Append ``text`` (whole, newline-terminated lines) to ``path`` in one ``os.write`` (see the module docstring)."""
     data = text.encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_run_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         written = os.write(fd, data)
         while written < len(data):  # a short write is rare (signals, full disk); finish the line

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from groupwise.run.journal import write_run_file
+
 
 def _as_list(name: str, column: object) -> list:
     """A column as a plain list: tensors via ``.tolist()``, other sequences via ``list()``."""
@@ -56,8 +58,9 @@ def write_rows_jsonl(path: str | Path, columns: Mapping[str, Sequence | torch.Te
     num_rows = next(iter(lengths.values()))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", encoding="utf-8") as f:
-        for row in range(num_rows):
-            record = {name: _json_safe(values[row]) for name, values in lists.items()}
-            f.write(json.dumps(record, allow_nan=False) + "\n")
+    lines = []
+    for row in range(num_rows):
+        record = {name: _json_safe(values[row]) for name, values in lists.items()}
+        lines.append(json.dumps(record, allow_nan=False) + "\n")
+    write_run_file(out, "".join(lines).encode("utf-8"))  # never through a symbolic link
     return num_rows

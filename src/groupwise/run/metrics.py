@@ -1,4 +1,4 @@
-"""Per-step metrics to ``metrics.jsonl`` and TensorBoard, and human-readable events to ``events.log``.
+"""Per-step metrics to ``metrics.jsonl`` and the run's trackers, and human-readable events to ``events.log``.
 
 ``metrics.jsonl`` holds one JSON object per optimizer step, ``{"step": N, <key>: <value>, ...}``, with
 strictly increasing steps (step 0 = before the first update, e.g. the initial eval). Each new line is
@@ -7,28 +7,33 @@ torn last line, which :func:`read_metrics` ignores); rewrites (same-step merge, 
 through a temporary file and ``os.replace``. Non-finite floats are written as JSON ``null`` (strict JSON
 for every reader) and noted in ``events.log``. On resume, :meth:`MetricsWriter.truncate_after` drops
 lines past the checkpoint's step, so the resumed run continues without gaps or duplicates; TensorBoard
-is told the same through ``purge_step``.
+is told the same through ``purge_step``. The trackers (TensorBoard, W&B, trackio, MLflow:
+:mod:`groupwise.run.trackers`) get each logged line's finite values at the same step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import numbers
 import os
+import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from groupwise.run.journal import append_line, read_json_lines
+from groupwise.run.journal import append_line, read_json_lines, write_run_file
 from groupwise.run.rundir import RunDir
+from groupwise.run.trackers import TensorBoardTracker, Tracker
 
 _DEFAULT_KEYS = object()
 
 
 class MetricsWriter:
-    """Writes the metrics of one run. ``tensorboard=False`` skips TensorBoard (and its ~2 s import).
+    """Writes the metrics of one run to ``metrics.jsonl`` and to ``trackers``; ``tensorboard=True`` adds a
+    TensorBoard tracker (a run's trackers come from ``logging.backends``: :func:`groupwise.run.trackers.trackers_for`).
 
     ``known_keys`` is the closed set of accepted metric keys (default: ``groupwise.run.metric_keys.METRIC_KEYS``,
     each defined in ``docs/metrics.md``); ``None`` accepts any key. Log all of a step's metrics in one
@@ -36,20 +41,21 @@ class MetricsWriter:
     """
 
     def __init__(
-        self, run_dir: RunDir | str | Path, tensorboard: bool, known_keys: Iterable[str] | None | object = _DEFAULT_KEYS
-    ):
+        self, run_dir: RunDir | str | Path, tensorboard: bool = False,
+        known_keys: Iterable[str] | None | object = _DEFAULT_KEYS, *, trackers: Sequence[Tracker] = (),
+    ):  # fmt: skip
         run_dir = RunDir.of(run_dir)
         self.metrics_path: Path = run_dir.metrics_path
         self.events_path: Path = run_dir.events_path
         self.tensorboard_dir: Path = run_dir.tensorboard_dir
-        self.tensorboard = tensorboard
+        self.trackers: list[Tracker] = list(trackers)
+        if tensorboard and not any(t.name == "tensorboard" for t in self.trackers):
+            self.trackers.insert(0, TensorBoardTracker(self.tensorboard_dir))
         if known_keys is _DEFAULT_KEYS:
             from groupwise.run.metric_keys import METRIC_KEYS
 
             known_keys = METRIC_KEYS
         self.known_keys: frozenset[str] | None = None if known_keys is None else frozenset(known_keys)  # type: ignore[arg-type]
-        self._tb_writer: Any = None
-        self._purge_step: int | None = None
         existing = read_metrics(self.metrics_path) if self.metrics_path.exists() else []
         self.last_step: int | None = existing[-1]["step"] if existing else None
         if self.metrics_path.exists():
@@ -69,7 +75,7 @@ class MetricsWriter:
             self.event("metrics.jsonl ended in a torn line (an interrupted write); the fragment was dropped")
 
     def log(self, step: int, metrics: Mapping[str, float | int]) -> None:
-        """Write ``{"step": step, **metrics}`` to metrics.jsonl and each scalar to TensorBoard.
+        """Write ``{"step": step, **metrics}`` to metrics.jsonl and each finite scalar to every tracker.
 
         A new step appends one line. Logging again for the step of the last line (an end-of-run eval, say)
         merges the new keys into that line, so the file keeps one object per step; re-logging a key with
@@ -94,11 +100,24 @@ class MetricsWriter:
         non_finite = [f"{key}={metrics[key]}" for key, value in values.items() if value is None]
         if non_finite:
             self.event(f"step {step}: non-finite metrics written as null: {', '.join(non_finite)}")
-        if self.tensorboard and values:
-            writer = self._tensorboard_writer()
-            for key in values:
-                writer.add_scalar(key, float(metrics[key]), global_step=step)
-            writer.flush()
+        scalars = {key: float(value) for key, value in values.items() if value is not None}
+        if scalars:
+            self._send(step, scalars)
+
+    def _send(self, step: int, scalars: dict[str, float]) -> None:
+        """Hand ``scalars`` to each tracker; one that fails is closed, dropped and named in events.log (the run and
+        metrics.jsonl go on)."""
+        for tracker in list(self.trackers):
+            try:
+                tracker.log(step, scalars)
+            except Exception as err:  # noqa: BLE001 — any tracker failure: the file stays the record
+                self.trackers.remove(tracker)
+                with contextlib.suppress(Exception):
+                    tracker.close()
+                message = (f"tracker {tracker.name} failed at step {step} ({type(err).__name__}: {err}); it is off for "
+                           "the rest of this run, metrics.jsonl goes on")  # fmt: skip
+                self.event(message)
+                print(f"groupwise: {message}", file=sys.stderr, flush=True)
 
     def _merge_into_last_line(self, step: int, values: dict[str, float | int | None]) -> None:
         records = read_metrics(self.metrics_path)
@@ -115,8 +134,8 @@ class MetricsWriter:
     def _rewrite(self, records: list[dict[str, Any]]) -> None:
         # Through a temporary sibling and os.replace: a crash keeps the old or the new file, never half.
         tmp = self.metrics_path.with_name(f".{self.metrics_path.name}.tmp-{os.getpid()}")
-        tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in records), encoding="utf-8")
-        os.replace(tmp, self.metrics_path)
+        write_run_file(tmp, "".join(json.dumps(r, allow_nan=False) + "\n" for r in records).encode("utf-8"))
+        os.replace(tmp, self.metrics_path)  # replaces a link itself, never writes through it
 
     def _checked_value(self, key: str, value: Any) -> float | int | None:
         if self.known_keys is not None and key not in self.known_keys:
@@ -145,33 +164,25 @@ class MetricsWriter:
     def truncate_after(self, step: int) -> int:
         """Drop metric lines with ``step`` greater than ``step`` (the resumed checkpoint's); return how many.
 
-        TensorBoard readers discard earlier sessions' events from ``step + 1`` on (``purge_step``).
+        The trackers hear it too (TensorBoard readers discard earlier sessions' events from ``step + 1`` on).
         """
         records = read_metrics(self.metrics_path) if self.metrics_path.exists() else []
         kept = [r for r in records if r["step"] <= step]
         self._rewrite(kept)
         self.last_step = kept[-1]["step"] if kept else None
-        self._purge_step = step + 1
-        if self._tb_writer is not None:
-            # The open writer cannot purge; reopen so the purge marker lands in a new event file.
-            self._tb_writer.close()
-            self._tb_writer = None
+        for tracker in self.trackers:
+            tracker.purge_after(step)
         dropped = len(records) - len(kept)
         if dropped and step >= 0:
             self.event(f"resume: dropped {dropped} metrics line(s) after step {step}")
         return dropped
 
-    def _tensorboard_writer(self) -> Any:
-        if self._tb_writer is None:
-            from torch.utils.tensorboard import SummaryWriter  # lazy: this import costs ~2 s
-
-            self._tb_writer = SummaryWriter(log_dir=str(self.tensorboard_dir), purge_step=self._purge_step)
-        return self._tb_writer
-
     def close(self) -> None:
-        if self._tb_writer is not None:
-            self._tb_writer.close()
-            self._tb_writer = None
+        for tracker in self.trackers:
+            try:
+                tracker.close()
+            except Exception as err:  # noqa: BLE001 — a tracker that cannot flush must not fail a finished run
+                self.event(f"tracker {tracker.name} failed to close ({type(err).__name__}: {err})")
 
     def __enter__(self) -> MetricsWriter:
         return self

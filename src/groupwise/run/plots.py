@@ -159,8 +159,17 @@ ZERO_VARIANCE = (Series("ds/zero_variance_fraction", "all equal"),
                  Series("ds/zero_variance_min_fraction", "all at min (none solved)"))
 
 
-def report_plots(runs: Sequence[RunData], plots_dir: Path) -> list[tuple[str, str | None]]:
-    """``(title, file name or None)`` of each report plot, written into ``plots_dir``."""
+def no_data_text(keys: Sequence[Series]) -> str:
+    """What the report says instead of a line plot none of whose ``keys`` any run logged."""
+    return f"No run logged the metrics for this plot ({', '.join(f'`{item.key}`' for item in keys)})."
+
+
+NO_WASTE_TEXT = "No run wasted a generated token (`waste/tokens` is 0 or absent at every step): nothing to draw."
+
+
+def report_plots(runs: Sequence[RunData], plots_dir: Path) -> list[tuple[str, str | None, str]]:
+    """``(title, file name or None, what to say when None)`` of each report plot, written into ``plots_dir``; a
+    plot with nothing to show is not written (and an older file of that name is removed)."""
     specs = [
         ("Reward vs step", "reward_vs_step.png", "mean reward", REWARDS, "step", True, False),
         ("Reward vs generated samples", "reward_vs_generated_samples.png", "mean reward", REWARDS, "generated",
@@ -174,16 +183,21 @@ def report_plots(runs: Sequence[RunData], plots_dir: Path) -> list[tuple[str, st
         ("Wasted share of generated tokens (cumulative)", "waste_fraction.png", "wasted ÷ generated tokens",
          WASTE_FRACTION, "step", False, False),
     ]  # fmt: skip
-    plots = [(title, line_plot(runs, plots_dir / name, title, ylabel, keys, x_of, smooth, integer_y))
-             for title, name, ylabel, keys, x_of, smooth, integer_y in specs]
-    plots.append(("Wasted generation by fate (cumulative tokens)", waste_plot(runs, plots_dir / "waste_tokens.png")))
+    plots = [(title, line_plot(runs, plots_dir / name, title, ylabel, keys, x_of, smooth, integer_y),
+              no_data_text(keys)) for title, name, ylabel, keys, x_of, smooth, integer_y in specs]
+    plots.append(("Wasted generation by fate (cumulative tokens)", waste_plot(runs, plots_dir / "waste_tokens.png"),
+                  NO_WASTE_TEXT))
     return plots
 
 
-def draw_fates(runs: Sequence[RunData]) -> Any:
-    """Cumulative groups by fate, one panel per run; a fate has the same colour in every panel."""
-    figure, axes = new_axes("Cumulative groups by fate", "step", "groups", ncols=len(runs))
-    for ax, run in zip(axes, runs, strict=True):
+def draw_fates(runs: Sequence[RunData]) -> Any | None:
+    """Cumulative groups by fate, one panel per run that logged any; a fate has the same colour in every panel.
+    None when no run logged a group count."""
+    logged = [run for run in runs if any(total(run.records, key) is not None for key in FATE_KEYS.values())]
+    if not logged:
+        return None
+    figure, axes = new_axes("Cumulative groups by fate", "step", "groups", ncols=len(logged))
+    for ax, run in zip(axes, logged, strict=True):
         ax.set_title(run.name, fontsize="medium")
         steps = [r["step"] for r in run.records]
         for index, (fate, key) in enumerate(FATE_KEYS.items()):
@@ -194,8 +208,9 @@ def draw_fates(runs: Sequence[RunData]) -> Any:
 
 
 def draw_waste(runs: Sequence[RunData]) -> Any | None:
-    """Cumulative wasted tokens per fate and in all, one panel per run (None when no run logged ``waste/*``)."""
-    logged = [run for run in runs if total(run.records, "waste/tokens") is not None]
+    """Cumulative wasted tokens per fate and in all, one panel per run that wasted any (None when no run did: a run
+    without ``waste/*`` metrics, or whose every step wasted 0 tokens, would be an empty panel)."""
+    logged = [run for run in runs if total(run.records, "waste/tokens")]
     if not logged:
         return None
     figure, axes = new_axes("Wasted generation (cumulative)", "step", "completion tokens", ncols=len(logged))
@@ -212,22 +227,30 @@ def draw_waste(runs: Sequence[RunData]) -> Any | None:
 
 
 def waste_plot(runs: Sequence[RunData], path: Path) -> str | None:
-    """Write :func:`draw_waste`'s figure to ``path``; None (and no stale file) when no run logged ``waste/*``."""
-    figure = draw_waste(runs)
-    if figure is None:
-        path.unlink(missing_ok=True)
+    """Write :func:`draw_waste`'s figure to ``path``; None (and no stale file) when no run wasted a token."""
+    return save_or_remove(draw_waste(runs), path)
+
+
+def draw_throughput(runs: Sequence[RunData]) -> Any | None:
+    """Trained groups per hour over a trailing window, one line per run; None when no run has a rate (no
+    ``ds/groups_trained`` with ``perf/step_seconds``)."""
+    rates = [(index, run, trailing_rate(run.records)) for index, run in enumerate(runs)]
+    if not any(rate for _, _, rate in rates):
         return None
-    return save(figure, path)
-
-
-def draw_throughput(runs: Sequence[RunData]) -> Any:
     figure, axes = new_axes("Throughput (trailing 10 steps)", "wall time (h, sum of step times)", "trained groups/h")
-    for index, run in enumerate(runs):
-        rate = trailing_rate(run.records)
+    for index, run, rate in rates:
         if rate:
             xs, ys = zip(*rate, strict=True)
             axes[0].plot(xs, ys, color=f"C{index % 10}", label=run.name)
     return finish(figure, axes, integer_x=False)  # hours are not whole numbers
+
+
+def save_or_remove(figure: Any | None, path: Path) -> str | None:
+    """Save ``figure`` to ``path``; with nothing to draw (None), remove a stale file there and return None."""
+    if figure is None:
+        path.unlink(missing_ok=True)
+        return None
+    return save(figure, path)
 
 
 def compare_plots(runs: Sequence[RunData], plots_dir: Path) -> list[str | None]:
@@ -238,8 +261,8 @@ def compare_plots(runs: Sequence[RunData], plots_dir: Path) -> list[str | None]:
         line_plot(runs, plots_dir / "compare_reward_vs_trained.png", "Reward (unfiltered) vs trained samples",
                   "mean reward", reward, "trained"),
     ]
-    written.append(save(draw_fates(runs), plots_dir / "compare_fates.png"))
-    written.append(save(draw_throughput(runs), plots_dir / "compare_throughput.png"))
+    written.append(save_or_remove(draw_fates(runs), plots_dir / "compare_fates.png"))
+    written.append(save_or_remove(draw_throughput(runs), plots_dir / "compare_throughput.png"))
     written.append(waste_plot(runs, plots_dir / "compare_waste_tokens.png"))
     written.append(line_plot(runs, plots_dir / "compare_waste_fraction.png",
                              "Wasted share of generated tokens (cumulative)", "wasted ÷ generated tokens",

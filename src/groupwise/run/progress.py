@@ -5,7 +5,9 @@ zero-variance group fraction, generation rounds, generation tokens/s, the latest
 most recent evaluation, ``—`` before the first), and the ETA. The bar is used only
 when ``enabled`` (config ``logging.progress``) and the console is a terminal; otherwise (CI logs, files,
 ``logging.progress: false``) a plain line is printed every ``print_every`` steps and on the last step,
-so redirected output stays readable. ``print_every=0`` silences those lines too.
+so redirected output stays readable. A slow step (``perf/step_seconds`` ≥ ``slow_step_s``) always gets its line,
+with its time, followed by ``step N/T started`` for the next one, and the first step says it started: when a step
+takes minutes, every step shows where it starts and ends. ``print_every=0`` silences those lines too.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 MISSING = "—"
+SLOW_STEP_S = 10.0
 
 
 def format_step_stats(metrics: Mapping[str, Any], accuracy: float | None = None) -> str:
@@ -61,6 +64,7 @@ class RunProgress:
         enabled: bool = True,
         run_name: str = "",
         print_every: int = 10,
+        slow_step_s: float = SLOW_STEP_S,
         accuracy: float | None = None,
         console: Console | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -75,6 +79,7 @@ class RunProgress:
         self.run_name = run_name
         self.start_step = start
         self.print_every = print_every
+        self.slow_step_s = slow_step_s
         self.accuracy = accuracy
         self.console = console if console is not None else Console()
         self.clock = clock
@@ -99,6 +104,8 @@ class RunProgress:
             self._task = self._bar.add_task(
                 self.run_name or "train", total=self.total_steps, completed=self.start_step, stats=""
             )
+        elif self.print_every and self.start_step < self.total_steps:
+            self._print(f"step {self.start_step + 1}/{self.total_steps} started")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -123,10 +130,19 @@ class RunProgress:
         if self._bar is not None:
             self._bar.update(self._task, completed=step, stats=stats)
             return
-        if self.print_every and (step % self.print_every == 0 or step >= self.total_steps):
-            prefix = f"[{self.run_name}] " if self.run_name else ""
-            line = f"{prefix}step {step}/{self.total_steps} {stats} eta {format_eta(self.eta_seconds(step))}"
-            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        if not self.print_every:
+            return
+        seconds = metrics.get("perf/step_seconds")
+        slow = seconds is not None and seconds >= self.slow_step_s
+        if slow or step % self.print_every == 0 or step >= self.total_steps:
+            took = f" in {format_eta(seconds)}" if slow else ""
+            self._print(f"step {step}/{self.total_steps}{took} {stats} eta {format_eta(self.eta_seconds(step))}")
+        if slow and step < self.total_steps:
+            self._print(f"step {step + 1}/{self.total_steps} started")
+
+    def _print(self, text: str) -> None:
+        prefix = f"[{self.run_name}] " if self.run_name else ""
+        self.console.print(prefix + text, markup=False, highlight=False, soft_wrap=True)
 
 
 def _fmt(value: Any, spec: str) -> str:

@@ -28,7 +28,7 @@ from groupwise.run.run_stats import (
     total,
     weighted_mean,
 )
-from groupwise.run.rundir import write_text_atomic
+from groupwise.run.rundir import RunDir, linked_entries, write_text_atomic
 
 __all__ = ["compare_values", "fmt", "fmt_duration", "load_run", "run_compare", "run_report"]
 
@@ -104,7 +104,7 @@ def run_report(run_dirs: Sequence[str | Path]) -> Path:
     """Write ``report.md`` and ``plots/*.png`` into the first run dir (runs overlaid); return report.md's path."""
     runs = _load_runs(run_dirs)
     first = runs[0].run_dir
-    first.plots_dir.mkdir(parents=True, exist_ok=True)
+    _plots_dir(first)
     plots = report_plots(runs, first.plots_dir)
     lines = ["# groupwise report", "", f"Runs: {', '.join(r.name for r in runs)}", "", "## Summary", ""]
     lines += ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "---|" * len(SUMMARY_COLUMNS)]
@@ -113,9 +113,9 @@ def run_report(run_dirs: Sequence[str | Path]) -> Path:
     lines += ["", "Start / final accuracy: the first and last held-out evaluation (step 0 is the policy before "
               "training); zero-variance fraction is over all generated groups; wall time is the sum of step times.",
               ""]
-    for title, filename in plots:
+    for title, filename, nothing_to_show in plots:
         if filename is None:
-            lines += [f"## {title}", "", f"No run logged the metrics for this plot ({MISSING}).", ""]
+            lines += [f"## {title}", "", nothing_to_show, ""]
         else:
             lines += [f"## {title}", "", f"![{title}](plots/{filename})", ""]
     missing_g = [r.name for r in runs if r.group_size is None]
@@ -135,9 +135,21 @@ def run_compare(run_dirs: Sequence[str | Path]) -> str:
     for label in columns[0]:
         lines.append(f"| {label} | " + " | ".join(fmt(column[label]) for column in columns) + " |")
     first = runs[0].run_dir
-    first.plots_dir.mkdir(parents=True, exist_ok=True)
-    compare_plots(runs, first.plots_dir)
+    plots = _plots_dir(first)
+    written = [name for name in compare_plots(runs, plots) if name is not None]
+    lines += ["", f"plots in {plots}/: " + (", ".join(written) if written else "none (nothing to show)")]
     return "\n".join(lines) + "\n"
+
+
+def _plots_dir(run_dir: RunDir) -> Path:
+    """``plots/`` of the run directory, made when missing; a link there (or in it) is refused, never written
+    through (a report writes only inside the run directory)."""
+    links = [run_dir.plots_dir] if run_dir.plots_dir.is_symlink() else linked_entries(run_dir.plots_dir)
+    if links:
+        raise ValueError(f"{links[0]} is a symbolic link; groupwise report writes only inside the run directory, "
+                         "never through a link: remove the link")
+    run_dir.plots_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir.plots_dir
 
 
 def _load_runs(run_dirs: Sequence[str | Path]) -> list[RunData]:

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from groupwise.config.load import read_config_file
 from groupwise.run.metrics import read_metrics
 from groupwise.run.rundir import RunDir
 
@@ -61,8 +60,8 @@ def load_run(path: str | Path) -> RunData:
             "whose training logged at least one step"
         )
     config: dict[str, Any] = {}
-    if run_dir.config_path.is_file():
-        config = yaml.safe_load(run_dir.config_path.read_text(encoding="utf-8")) or {}
+    if run_dir.config_path.is_file():  # not YAML, or not a mapping: a ConfigError naming the file (exit 2)
+        config = read_config_file(run_dir.config_path)
     sim = None
     if run_dir.sim_summary_path.is_file():
         sim = json.loads(run_dir.sim_summary_path.read_text(encoding="utf-8"))

@@ -12,20 +12,28 @@ One place names every file so the trainer, the checkpointer, the report and the 
     final/                   the trained policy in Hugging Face format
     report.md, plots/        written by ``groupwise report`` / ``groupwise compare``
     sim/summary.json         written by ``groupwise simulate``
+
+Nothing inside a run directory may be a symbolic link (:func:`linked_entries`; a start on a directory holding one
+is refused, and every run file is opened without following one): a run writes only inside its directory. The run
+directory itself, and the directories above it, may be links; they are followed.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from groupwise.config.issues import ConfigIssue
 from groupwise.config.sections import run_name_problem
+from groupwise.run.journal import write_run_file
 
 CONFIG_FILE = "config.yaml"
+_TRAIN_DATA_FILE = re.compile(r"^step_(\d+)\.jsonl$")
 
 
 class RunDirError(ValueError):
@@ -107,6 +115,14 @@ class RunDir:
     def train_data_path(self, step: int) -> Path:
         return self.train_data_dir / f"step_{_check_step(step)}.jsonl"
 
+    def train_data_files(self) -> list[tuple[int, Path]]:
+        """Every ``train_data/step_<N>.jsonl`` as ``(N, path)``, ascending by N (other names are ignored)."""
+        if not self.train_data_dir.is_dir():
+            return []
+        found = [(int(m.group(1)), path) for path in self.train_data_dir.iterdir()
+                 if (m := _TRAIN_DATA_FILE.match(path.name))]  # fmt: skip
+        return sorted(found)
+
     @property
     def fates_path(self) -> Path:
         return self.root / "fates.jsonl"
@@ -145,10 +161,21 @@ class RunDir:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary sibling, then ``os.replace`` it: readers see the old or new file, never half."""
+    """Write ``text`` to a temporary sibling, then ``os.replace`` it: readers see the old or new file, never half.
+    Neither step follows a symbolic link (a link at ``path`` is replaced, not written through)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
+    write_run_file(tmp, text.encode("utf-8"))
     os.replace(tmp, path)
+
+
+def linked_entries(root: Path) -> list[Path]:
+    """Every symbolic link inside ``root`` (files and directories, at any depth; links are not descended into).
+    ``root`` itself may be a link: it is the run directory's location, followed on purpose."""
+    found: list[Path] = []
+    for directory, dirnames, filenames in os.walk(root, followlinks=False):
+        found.extend(Path(directory) / name for name in (*dirnames, *filenames)
+                     if os.path.islink(os.path.join(directory, name)))  # fmt: skip
+    return sorted(found)
 
 
 def _fresh_timestamp_dir(output_dir: Path) -> Path:
@@ -181,6 +208,15 @@ def start_problems(output_dir: str | Path, name: str | None, resume: bool) -> li
                 "pass --resume to continue that run (from its newest complete checkpoint, or from step 0 when it has "
                 "none), choose another run.name, or delete the directory",
             )]
+        links = linked_entries(root) if root.is_dir() else []
+        if links:
+            shown = ", ".join(f"{link} -> {os.readlink(link)}" for link in links[:5])
+            more = f" (and {len(links) - 5} more)" if len(links) > 5 else ""
+            return [ConfigIssue(
+                "run.name", name, f"the run directory {str(root)!r} holds symbolic links ({shown}{more}); a run "
+                "writes, truncates and rewrites files only inside its own directory, never through a link",
+                "replace each link by the file or directory itself (cp -a --remove-destination), or remove it",
+            )]
     return location_problems(output_dir, name)
 
 
@@ -197,11 +233,26 @@ def location_problems(output_dir: str | Path, name: str | None) -> list[ConfigIs
     if not existing.is_dir():
         return [ConfigIssue("run.output_dir", str(output_dir), f"{str(existing)!r} is a file, so the run directory "
                             f"{str(root)!r} cannot be created under it", "set run.output_dir to a directory")]
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return [ConfigIssue("run.output_dir", str(output_dir), f"{str(existing)!r} is not writable, so the run "
-                            f"directory {str(root)!r} cannot be written", "set run.output_dir to a writable directory "
-                            "(or fix its permissions)")]
+    problem = _cannot_create_in(existing)
+    if problem is not None:
+        return [ConfigIssue("run.output_dir", str(output_dir), f"{str(existing)!r} is not writable ({problem}), so "
+                            f"the run directory {str(root)!r} cannot be written", "set run.output_dir to a writable "
+                            "directory (or fix its permissions)")]
     return []
+
+
+def _cannot_create_in(directory: Path) -> str | None:
+    """Why no directory can be made in ``directory``, or None. Permission bits are not enough (root passes
+    ``os.access`` on a read-only mount, and /proc or /sys take no new directories), so a directory is made there and
+    removed at once: nothing is left behind."""
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return "permission denied"
+    try:
+        probe = tempfile.mkdtemp(prefix=".groupwise-probe-", dir=directory)
+    except OSError as err:
+        return err.strerror or type(err).__name__
+    os.rmdir(probe)
+    return None
 
 
 def _check_step(step: int) -> int:

@@ -15,6 +15,7 @@ from groupwise.model.lora import lora_config
 from groupwise.run.checkpoint import latest_checkpoint
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
+from groupwise.run.trackers import config_trackers
 from groupwise.runtime.learner_ranks import LearnerRanks, RankedLearner, RankedModel
 from groupwise.trainer.builder import build_components, generator_needs_own_model
 from groupwise.trainer.preflight import Inputs, check_train_start
@@ -61,7 +62,7 @@ def build_ranked_session(
     except BaseException:
         ranks.close()
         raise
-    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
+    writer = MetricsWriter(run_dir, trackers=config_trackers(cfg, run_dir.root))
     loader = PromptLoader(
         parts.task.train_prompts(), seed=cfg.run.seed, shuffle=cfg.data.shuffle, max_epochs=cfg.run.max_epochs
     )

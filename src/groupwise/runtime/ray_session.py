@@ -28,6 +28,7 @@ from groupwise.generation.base import StreamSupport
 from groupwise.model.lora import lora_config
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
+from groupwise.run.trackers import config_trackers
 from groupwise.runtime.clients import AsyncClients
 from groupwise.runtime.ray_actors import (
     LearnerRankWorker,
@@ -184,7 +185,7 @@ def _assemble(
     resume_from: Path | None,
 ) -> RaySession:
     run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resume or resume_from is not None)
-    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
+    writer = MetricsWriter(run_dir, trackers=config_trackers(cfg, run_dir.root))
     pool.on_event = writer.event
     rollouts = RaySyncRollouts(pool, parts.rollouts)
     loader = PromptLoader(

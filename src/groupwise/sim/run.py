@@ -28,6 +28,7 @@ from groupwise.run.fates_file import LINE_FIELDS as FATE_FIELDS
 from groupwise.run.fates_file import FatesWriter
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir, write_text_atomic
+from groupwise.run.trackers import config_trackers
 from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
 from groupwise.sim.summary import summarize
 from groupwise.sim.workload import SimWorkload
@@ -134,7 +135,7 @@ def simulate(cfg: RunConfig) -> SimulationResult:
         raise ConfigError(issues)
     run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=False)
     run_dir.sim_summary_path.parent.mkdir()  # first: marks the directory as a simulation's (groupwise audit)
-    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
+    writer = MetricsWriter(run_dir, trackers=config_trackers(cfg, run_dir.root))
     last_reward: list[float | None] = [None]
 
     def on_step_end(step: int, metrics: dict[str, float], groups: list[Group]) -> None:

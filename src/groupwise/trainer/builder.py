@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,18 +13,21 @@ import torch
 
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.data.loader import PromptLoader
-from groupwise.data.registry import Task, prompt_sources
+from groupwise.data.registry import Task
 from groupwise.data.reward_timeout import with_timeout
 from groupwise.data.rewards import RewardFn
 from groupwise.generation.base import Generator, StreamSupport
 from groupwise.generation.factory import GeneratorSpec, build_generator, stream_support
+from groupwise.model.gguf_files import cache_root
 from groupwise.model.loading import Policy, eos_token_ids, load_policy, resolve_device
 from groupwise.model.lora import LoraSetupError, apply_lora, lora_config
 from groupwise.run.metrics import MetricsWriter
+from groupwise.run.phases import PhaseLog
 from groupwise.run.rundir import RunDir
+from groupwise.run.trackers import config_trackers
 from groupwise.trainer.learner import Learner, LearnerSettings
 from groupwise.trainer.precision import LearnerPrecision, learner_precision
-from groupwise.trainer.preflight import Inputs, check_inputs, check_train_start
+from groupwise.trainer.preflight import Inputs, check_inputs, check_train_start, prompt_splits
 from groupwise.trainer.prompt_checks import PromptReport, check_prompts
 from groupwise.trainer.rollout import RewardPipeline, RolloutWorker
 from groupwise.trainer.session import Session
@@ -46,21 +50,14 @@ def sampling_from_config(cfg: RunConfig) -> SamplingParams:
     )
 
 
-def load_policy_from_config(cfg: RunConfig) -> Policy:
+def load_policy_from_config(cfg: RunConfig, note: Callable[[str], None] | None = None) -> Policy:
+    """The configured policy; a GGUF model goes through the dequantised-copy cache (``model.gguf_cache``), and
+    ``note`` hears whether it was read from there or made."""
     m = cfg.model
     tiny = m.tiny.model_dump() if m.source == "tiny" else None
-    return load_policy(m.source, m.path, m.gguf_file, tiny, device=m.device, dtype=m.dtype, seed=cfg.run.seed)
-
-
-def _check_cuda_graphs_device(cfg: RunConfig) -> None:
-    """``generation.cuda_graphs: on`` with ``model.device: auto`` on a machine without CUDA: a config error, before
-    any model is loaded (with ``model.device: cpu`` the config rules already refuse it)."""
-    if cfg.generation.cuda_graphs == "on" and resolve_device(cfg.model.device).type != "cuda":
-        raise ConfigError([ConfigIssue(
-            "generation.cuda_graphs", "on",
-            f"CUDA graphs need a CUDA device; model.device '{cfg.model.device}' is cpu on this machine",
-            "run on a machine with a CUDA GPU, or set generation.cuda_graphs: auto",
-        )])  # fmt: skip
+    cache = cache_root(m.gguf_cache) if m.source == "gguf" else None
+    return load_policy(m.source, m.path, m.gguf_file, tiny, device=m.device, dtype=m.dtype, seed=cfg.run.seed,
+                       trust_remote_code=m.trust_remote_code, gguf_cache=cache, note=note)  # fmt: skip
 
 
 def precision_from_config(cfg: RunConfig) -> LearnerPrecision:
@@ -159,16 +156,16 @@ class Components:
 
 def build_components(
     cfg: RunConfig, *, separate_engine_model: bool = False, group_size: int | None = None,
-    inputs: Inputs | None = None,
+    inputs: Inputs | None = None, phases: PhaseLog | None = None,
 ) -> Components:
     """Check the inputs (unless ``inputs`` says they were), load the policy, build the engine, task, reward function
     and rollout worker, and check every prompt against the tokenizer and the model's positions.
 
     Raises :class:`ConfigError` for anything wrong with the inputs, the model included, before returning.
+    ``phases`` prints the loading lines (stderr by default).
     """
     inputs = inputs or check_inputs(cfg, training=False)
-    _check_cuda_graphs_device(cfg)
-    policy = _load_policy_reported(cfg)
+    policy = _load_policy_reported(cfg, phases or PhaseLog())
     # Sync mode alternates generation and training, so the engine can sample from the learner's own model.
     # Async mode generates while training: the engine needs its own copy, refreshed at weight sync (also LoRA and
     # CUDA mixed precision: generator_needs_own_model).
@@ -209,11 +206,13 @@ def build_components(
                       rollouts=rollouts, notes=notes)
 
 
-def _load_policy_reported(cfg: RunConfig) -> Policy:
+def _load_policy_reported(cfg: RunConfig, phases: PhaseLog) -> Policy:
     """The policy, or a :class:`ConfigError` naming the model keys when it cannot be loaded (a broken directory,
-    weights that do not match the config, a missing tokenizer): a bad model is bad input, reported like any other."""
+    weights that do not match the config, a missing tokenizer): a bad model is bad input, reported like any other.
+    Loading is a phase: a line when it starts and when it ends (:mod:`groupwise.run.phases`)."""
     try:
-        return load_policy_from_config(cfg)
+        with phases.phase(f"loading the model ({describe_model(cfg)})"):
+            return load_policy_from_config(cfg, note=phases.note)
     except Exception as exc:
         key, value = ("model.path", cfg.model.path) if cfg.model.source != "tiny" else ("model.tiny",
                                                                                          cfg.model.tiny.model_dump())
@@ -225,9 +224,17 @@ def _load_policy_reported(cfg: RunConfig) -> Policy:
         )]) from exc
 
 
+def describe_model(cfg: RunConfig) -> str:
+    """``gguf smollm2``, ``hf models/x``, ``tiny 4 layers × 128``: the model a config names, in a few words."""
+    m = cfg.model
+    if m.source == "tiny":
+        return f"tiny {m.tiny.num_layers} layers × {m.tiny.hidden_size}"
+    name = f"{m.path}/{m.gguf_file}" if m.gguf_file else str(m.path)
+    return f"{m.source} {name}"
+
+
 def _check_prompts(cfg: RunConfig, task: Task, policy: Policy, rollouts: RolloutWorker) -> PromptReport:
-    sources = prompt_sources(cfg.data)
-    splits = {"train": (sources["train"], task.train_prompts()), "eval": (sources["eval"], task.eval_prompts())}
+    splits = prompt_splits(cfg, task)
     positions = getattr(policy.model.config, "max_position_embeddings", None)
     return check_prompts(rollouts.encode, policy.tokenizer, positions, cfg.generation.max_new_tokens, splits)
 
@@ -251,7 +258,7 @@ def build_session(
     learner = build_learner(cfg, parts.policy.model)
     parts.policy.model = learner.model
     run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resume or resume_from is not None)
-    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
+    writer = MetricsWriter(run_dir, trackers=config_trackers(cfg, run_dir.root))
     loader = PromptLoader(
         parts.task.train_prompts(), seed=cfg.run.seed, shuffle=cfg.data.shuffle, max_epochs=cfg.run.max_epochs
     )

@@ -37,7 +37,7 @@ from groupwise.algo.mismatch import mismatch_stats, on_policy_tokens
 from groupwise.batch import RowBatch
 from groupwise.config.algorithm import LossSection, OptimizerSection
 from groupwise.model.completion_scorer import CompletionScorer, ScoredRows
-from groupwise.rows import pad_right
+from groupwise.rows import pad_right, span_versions
 from groupwise.trainer.finite import NonFiniteTrainingError, check_finite_step
 from groupwise.trainer.micro_batches import (
     micro_batches_by_rows,
@@ -74,10 +74,12 @@ class LearnerSettings:
 def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
     """Learning-rate factor at RL step ``step`` (0-based).
 
-    Warm-up: ``(step + 1) / warmup_steps`` for ``step < warmup_steps``. Then with ``p = (step − warmup) /
-    max(1, total − warmup)`` clamped to [0, 1]: constant ``1``; linear ``1 − (1 − m)·p``; cosine
+    Warm-up over ``w = min(warmup_steps, total_steps)`` steps (a warm-up longer than the run is clamped to it, so
+    a shortened run still reaches the peak at its last step): ``(step + 1) / w`` for ``step < w``. Then with
+    ``p = (step − w) / max(1, total − w)`` clamped to [0, 1]: constant ``1``; linear ``1 − (1 − m)·p``; cosine
     ``m + (1 − m)·(1 + cos(π p))/2``, where ``m = min_lr_ratio``.
     """
+    warmup_steps = min(warmup_steps, total_steps)
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":
@@ -271,7 +273,7 @@ class Learner:
             entropy_coef=loss_cfg.entropy_coef,
         )
         self._run_backward(loss)
-        versions = pad_right(micro.sequence("token_versions"), logprobs.shape[1], -1.0).to(device)
+        versions = span_versions(micro.sequence("version_spans"), logprobs.shape[1]).to(device)
         stats.merge(mismatch_stats(old, generation, on_policy_tokens(versions, self.version, mask)))
         step.stats.merge(stats)
         step.update.masks.append(mask)

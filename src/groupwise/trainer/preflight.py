@@ -4,7 +4,8 @@ and what ``train``, ``eval`` and ``sft`` refuse in one message (exit 2) instead 
 The schema checks what a config says; this checks what it points at:
 
 - the reward function imports and is callable, and ``reward.kwargs`` fit its signature (a misspelled key is named
-  with the closest key the function takes);
+  with the closest key the function takes); for the built-in verifiers, trial calls on the prompts' own answers find
+  kwargs the verifier rejects and answers it cannot read (:mod:`groupwise.trainer.reward_checks`);
 - a custom sampler's class imports and takes ``async.sampler.kwargs``;
 - the task builds: JSONL files exist and every bad line is listed (up to 20 per file), a generated task has
   enough distinct items; a generation round never takes more prompts than the training set holds (the same
@@ -12,11 +13,14 @@ The schema checks what a config says; this checks what it points at:
 - ``generation.backend`` can be built: a plug-in factory imports, the ``vllm`` package is installed for ``vllm``;
 - ``model.path`` is a model directory (or GGUF file) that exists, resolved against the working directory; a
   path that does not exist is an error naming the directory it was resolved against, never a Hugging Face Hub
-  download (a Hub id is accepted only when it is already in the local cache);
+  download (a Hub id is accepted only when it is already in the local cache); its ``config.json`` is a JSON object,
+  and custom code (``auto_map``) needs ``model.trust_remote_code: true``; ``model.device: cuda`` needs CUDA here
+  (:mod:`groupwise.trainer.model_folder`);
 - the run directory can be created where ``run.output_dir`` says; for ``train``, also whether it may be started
-  (``--resume``) and whether ``--resume-from`` is a complete checkpoint.
+  (``--resume``), whether ``--resume-from`` is a complete checkpoint, and whether the checkpoint it continues from
+  is within ``run.max_steps``.
 
-Imports no torch: ``config check`` stays fast.
+Imports no torch (but to ask whether ``model.device: cuda`` exists): ``config check`` stays fast.
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ from typing import Any
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.config.sections import BUNDLED_GGUF_PATH, GENERATION_BACKENDS
 from groupwise.data.jsonl_dataset import DatasetError, load_jsonl_prompts
-from groupwise.data.registry import TASKS, Task, build_task, task_config_key
+from groupwise.data.registry import TASKS, Task, build_task, prompt_sources, task_config_key
 from groupwise.data.rewards import RewardFn, RewardSpecError, check_reward_kwargs, load_reward_fn
 from groupwise.optional_packages import VLLM_INSTALL_HINT, vllm_unavailable
 from groupwise.plugins import PluginImportError, import_plugin
 from groupwise.run.rundir import location_problems, start_problems
+from groupwise.trainer.model_folder import device_issues, model_folder_issues
+from groupwise.trainer.reward_checks import reward_trial_issues
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,8 @@ def check_train_start(cfg: Any, *, resume: bool, resume_from: Path | None) -> In
     issues.extend(start_problems(cfg.run.output_dir, cfg.run.name, resume or resume_from is not None))
     if resume_from is not None:
         issues.extend(_checkpoint_issues(resume_from))
+    if not issues:
+        issues.extend(_resume_step_issues(cfg, resume, resume_from))
     if issues:
         raise ConfigError(issues)
     assert inputs is not None  # None only with an issue saying why
@@ -79,17 +87,37 @@ def partial_rollout_issues(cfg: Any) -> list[ConfigIssue]:
     )]  # fmt: skip
 
 
+def tracker_issues(cfg: Any) -> list[ConfigIssue]:
+    """Each backend of ``logging.backends`` can be imported here (checked without importing it)."""
+    from groupwise.run.trackers import INSTALL, missing_modules
+
+    issues = []
+    for backend in cfg.logging.enabled_backends():
+        missing = missing_modules(backend)
+        if missing:
+            issues.append(ConfigIssue(
+                "logging.backends", cfg.logging.backends,
+                f"the {backend} backend needs the package(s) {', '.join(missing)}, which are not installed",
+                f"{INSTALL[backend]}, or remove {backend} from logging.backends",
+            ))  # fmt: skip
+    return issues
+
+
 def input_issues(cfg: Any, *, training: bool, location: bool) -> tuple[Inputs | None, list[ConfigIssue]]:
     """``(inputs, every problem found)``; ``inputs`` is None when the task or the reward could not be built."""
     issues = model_issues(cfg.model)
+    issues.extend(device_issues(cfg))
     task, task_issues = _task(cfg)
     issues.extend(task_issues)
     if training and task is not None:
         issues.extend(prompt_count_issues(cfg, len(task.train_prompts())))
     if training:
         issues.extend(partial_rollout_issues(cfg))
+        issues.extend(tracker_issues(cfg))
     reward_fn, reward_issues = _reward(cfg, task)
     issues.extend(reward_issues)
+    if task is not None and reward_fn is not None and not reward_issues:
+        issues.extend(reward_trial_issues(cfg, reward_fn, prompt_splits(cfg, task)))
     issues.extend(_sampler_issues(cfg))
     issues.extend(_backend_issues(cfg))
     if location:
@@ -110,7 +138,7 @@ def model_issues(model: Any) -> list[ConfigIssue]:
     path = Path(model.path).expanduser()
     if path.is_dir():
         if (path / "config.json").is_file():
-            return []
+            return model_folder_issues(model, path)
         return [ConfigIssue(
             "model.path", model.path, f"{path.absolute()} has no config.json, so it is not a Hugging Face model "
             "directory", "point model.path at the directory that holds config.json, the weights and the tokenizer",
@@ -149,7 +177,7 @@ def _in_hub_cache(repo_id: str) -> bool:
 
 def _gguf_issues(model: Any) -> list[ConfigIssue]:
     if model.path == BUNDLED_GGUF_PATH:
-        from groupwise.model.loading import smollm2_gguf_path  # imports torch: a GGUF run needs it anyway
+        from groupwise.model.gguf_files import smollm2_gguf_path  # no torch: config check stays fast
 
         try:
             smollm2_gguf_path()
@@ -187,6 +215,12 @@ def _task(cfg: Any) -> tuple[Task | None, list[ConfigIssue]]:
         what = f"{type(exc).__name__}: {exc}" if plugin else str(exc)
         return None, [ConfigIssue(key, value, what, f"change the {key} settings as the message says")]
     return task, []
+
+
+def prompt_splits(cfg: Any, task: Task) -> dict[str, tuple[str, list[Any]]]:
+    """``{split: (the config key its prompts come from, prompts)}`` for the train and held-out splits."""
+    sources = prompt_sources(cfg.data)
+    return {"train": (sources["train"], task.train_prompts()), "eval": (sources["eval"], task.eval_prompts())}
 
 
 def _dataset_issues(jsonl: Any, error: DatasetError) -> list[ConfigIssue]:
@@ -294,6 +328,30 @@ def _backend_issues(cfg: Any) -> list[ConfigIssue]:
 
 
 # --- resuming ---------------------------------------------------------------------------------------------------
+
+
+def _resume_step_issues(cfg: Any, resume: bool, resume_from: Path | None) -> list[ConfigIssue]:
+    """The checkpoint a resumed run continues from must not be past ``run.max_steps``: a run goes on from its
+    checkpoint and cannot go back (it would train ``max_steps − step`` < 0 steps)."""
+    from groupwise.run.checkpoint import checkpoint_step, latest_checkpoint
+
+    if resume_from is not None:
+        path: Path | None = resume_from
+    elif resume and cfg.run.name is not None:
+        path = latest_checkpoint(Path(cfg.run.output_dir) / cfg.run.name)
+    else:
+        return []
+    step = None if path is None else checkpoint_step(path)
+    if path is None or step is None or step <= cfg.run.max_steps:
+        return []
+    return [ConfigIssue(
+        "run.max_steps", cfg.run.max_steps,
+        f"the run would continue from {path} (step {step}), past run.max_steps = {cfg.run.max_steps}: a resumed run "
+        "goes on from its checkpoint and cannot go back",
+        f"set run.max_steps to {step} or more (run.max_steps={step} only finishes the run: final evaluation and "
+        f"model), resume from an earlier checkpoint with --resume-from {path.parent}/step_<N> (N ≤ "
+        f"{cfg.run.max_steps}) if one is kept, or start a new run under another run.name",
+    )]  # fmt: skip
 
 
 def _checkpoint_issues(path: Path) -> list[ConfigIssue]:

@@ -34,9 +34,10 @@ from groupwise.run.disk_full import disk_full_error, is_disk_full
 from groupwise.run.fates_file import FatesWriter
 from groupwise.run.jsonl import write_rows_jsonl
 from groupwise.run.metrics import MetricsWriter
+from groupwise.run.phases import PhaseLog
 from groupwise.run.progress import RunProgress
 from groupwise.run.rundir import RunDir
-from groupwise.trainer.evaluation import evaluate_policy
+from groupwise.trainer.evaluation import evaluate_policy, evaluated_prompts
 from groupwise.trainer.finite import check_finite_weights
 from groupwise.trainer.parts import GroupRollouts, StepLearner, TrainedPolicy
 from groupwise.trainer.remote_policy import RemotePolicy
@@ -59,6 +60,7 @@ TRAIN_DATA_COLUMNS = (
     "advantage",
     "generation_logprobs",
     "start_version",
+    "version_spans",
 )
 
 
@@ -88,8 +90,11 @@ class Session:
     _last_eval_step: int = -1
     _last_checkpoint_step: int = -1
 
+    phases: PhaseLog = field(init=False)  # start and end lines of evaluations, to stderr and events.log
+
     def __post_init__(self) -> None:
         self.fates = FatesWriter(self.run_dir.fates_path)
+        self.phases = PhaseLog(events=self.events.event)
 
     # --- weights -------------------------------------------------------------------------------------------
     def generator_weights(self) -> Mapping[str, Any]:
@@ -131,7 +136,10 @@ class Session:
             self.save_checkpoint()
 
     def evaluate(self, step: int, log: bool = True) -> dict[str, float]:
-        result = evaluate_policy(self.engine, self.rollouts, self.task.eval_prompts(), self.cfg)
+        count = len(evaluated_prompts(self.task.eval_prompts(), self.cfg))
+        with self.phases.phase(f"evaluating {count} held-out prompts at step {step}") as phase:
+            result = evaluate_policy(self.engine, self.rollouts, self.task.eval_prompts(), self.cfg)
+            phase.outcome = ", ".join(f"{k}={v:.4f}" for k, v in result.items())
         self._last_eval_step = step
         self.latest_eval = result
         self.events.event(f"eval at step {step}: " + ", ".join(f"{k}={v:.4f}" for k, v in result.items()))
@@ -140,11 +148,14 @@ class Session:
         return result
 
     def finish(self) -> None:
-        """End of run: final evaluation, checkpoint and the Hugging Face ``final/`` directory."""
+        """End of run: final evaluation, checkpoint and the Hugging Face ``final/`` directory. The end-of-run
+        checkpoint is skipped only when the config asks for nothing on disk (``checkpoint.every: 0`` and
+        ``save_final: false``)."""
         step = self.state.step
         if self.cfg.eval.at_end and self._last_eval_step != step:
             self.last_metrics.update(self.evaluate(step, log=True))
-        if self._last_checkpoint_step != step:
+        keep = self.cfg.checkpoint.every > 0 or self.cfg.checkpoint.save_final
+        if keep and self._last_checkpoint_step != step:
             self.save_checkpoint()
         if self.cfg.checkpoint.save_final:
             check_finite_weights(self.policy.model.state_dict(), f"the final policy ({self.run_dir.final_dir})")
@@ -230,11 +241,7 @@ class Session:
         history and says so), and so are partial checkpoint directories."""
         dropped = self.events.truncate_after(-1)
         fates = self.fates.rollback(0)
-        removed = 0
-        if self.run_dir.train_data_dir.is_dir():
-            for file in self.run_dir.train_data_dir.glob("step_*.jsonl"):
-                file.unlink()
-                removed += 1
+        removed = remove_train_data_after(self.run_dir, 0)
         partial = remove_partial_checkpoints(self.run_dir.path)
         message = (
             f"resume: {self.run_dir.path} holds no complete checkpoint, so the run starts again from step 0; removed "
@@ -272,9 +279,17 @@ class Session:
         self.publish_weights()
         self.events.truncate_after(self.state.step)
         self._rollback_fates(fates_offset)
+        self._rollback_train_data(self.state.step)
         self.events.event(f"resumed from {path} at step {self.state.step}")
         return path
 
+
+    def _rollback_train_data(self, step: int) -> None:
+        """Remove ``train_data/step_<N>.jsonl`` for every N > ``step``: those steps are undone like their metrics
+        and fates (a later attempt writes them again), and ``groupwise audit`` checks the files against the fates."""
+        removed = remove_train_data_after(self.run_dir, step)
+        if removed:
+            self.events.event(f"resume: removed {removed} train_data file(s) of steps after {step}")
 
     def _rollback_fates(self, offset: int | None) -> None:
         """Cut fates.jsonl back to the checkpoint: later lines describe a timeline the resume undid."""
@@ -289,6 +304,16 @@ class Session:
                 f"resume: fates.jsonl is {result.missing_bytes} bytes shorter than at the checkpoint (lost in a "
                 "crash); `groupwise audit` will list the prompts whose fates are missing"
             )
+
+
+def remove_train_data_after(run_dir: RunDir, step: int) -> int:
+    """Delete every ``train_data/step_<N>.jsonl`` with N > ``step`` (step 0: all of them); return how many."""
+    removed = 0
+    for number, path in run_dir.train_data_files():
+        if number > step:
+            path.unlink()
+            removed += 1
+    return removed
 
 
 def prompt_texts(tokenizer: Any, prompt_ids: Sequence[Sequence[int]]) -> list[str]:

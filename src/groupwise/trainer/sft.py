@@ -21,6 +21,7 @@ from groupwise.model.loading import eos_token_ids
 from groupwise.model.logprobs import completion_logprobs
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir, start_problems
+from groupwise.run.trackers import config_trackers
 from groupwise.seeding import derive_seed
 from groupwise.trainer.builder import build_components
 from groupwise.trainer.cpu_threads import apply_cpu_threads
@@ -44,7 +45,7 @@ def run_sft(cfg: RunConfig) -> Path:
         raise ConfigError(problems)
     parts = build_components(cfg, group_size=1)
     run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=False)
-    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard)
+    writer = MetricsWriter(run_dir, trackers=config_trackers(cfg, run_dir.root))
     writer.event(apply_cpu_threads(parts.policy.model))  # the `groupwise sft` command's thread choice, as `train`'s
     policy, task, engine, rollouts = parts.policy, parts.task, parts.engine, parts.rollouts
     tokenizer, model = policy.tokenizer, policy.model
