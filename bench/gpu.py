@@ -11,6 +11,9 @@ whole run fits ``--budget`` seconds (480 = 8 minutes on one H200; what does not 
   (random weights rarely draw it, so rows run to the end). The engine: best of ``--repeats`` after a warm-up
   run that captures its graphs; HF: one run after a 4-token warm-up. Peak memory: what the call needs beyond
   the weights (the engine's static slots and graph pools included);
+- **vllm**: the vLLM backend (``generation.backend: vllm``) against the built-in engine at the generation settings
+  and shapes (interleaved, ratio = vLLM ÷ engine), its start time and one weight sync (``bench/gpu_vllm.py``);
+  one skipped row where vllm is not installed;
 - **learner**: ``Learner.train_step`` on 16 x 1,024 and 64 x 1,024 tokens (64 prompt + 960 completion): step
   time, tokens/s, peak memory (``torch.cuda.max_memory_allocated``, whole process) and model-FLOPs utilisation
   ``MFU = (6·N·tokens + 6·L·H·D·Σ T²) / step time / peak``: N the matmul parameters (the tied LM head once, no
@@ -59,13 +62,14 @@ from gpu_runs import (
     learner_rows,
     profile_rows,
 )
+from gpu_vllm import vllm_rows
 
 GENERATION_SETTINGS = "64x256,256x256,256x256/8,1024x256"
 SMOKE_GENERATION_SETTINGS = "4x8,8x8/4"
 LEARNER_SHAPES = ((16, 1024), (64, 1024))
 SMOKE_LEARNER_SHAPES = ((4, 32),)
 # Seconds per section (the total is --budget; unused time passes to the next sections).
-SHARES = {"check": 25, "generation": 170, "learner": 70, "learning": 190, "profile": 25}
+SHARES = {"check": 25, "generation": 170, "vllm": 90, "learner": 70, "learning": 190, "profile": 25}
 COLUMNS = ("section", "model", "shape", "method", "time", "rate", "peak_mib", "ratio", "note")
 
 
@@ -181,6 +185,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         elif section == "generation":
             for shape in shapes.values():
                 rows += generation_rows(shape, settings, device, args.repeats, clock.allows, args.smoke)
+        elif section == "vllm":
+            for shape in shapes.values():
+                rows += vllm_rows(shape, settings, device, args.repeats, clock.allows, args.smoke)
         elif section == "learner":
             learner_shapes = SMOKE_LEARNER_SHAPES if args.smoke else LEARNER_SHAPES
             for shape in shapes.values():

@@ -309,6 +309,7 @@ def _learner_batch(num_rows: int, prompt: int, completion: int, vocab: int):
         "prompt_ids": [ids(prompt) for _ in range(num_rows)],
         "completion_ids": [ids(completion) for _ in range(num_rows)],
         "generation_logprobs": [[-math.log(vocab)] * completion for _ in range(num_rows)],
+        "version_spans": [((0, completion),)] * num_rows,
         "advantage": torch.tensor([1.0 if i % 2 else -1.0 for i in range(num_rows)]),
     })  # fmt: skip
 

@@ -36,7 +36,7 @@ from groupwise.trainer.builder import build_learner, load_policy_from_config
 def synthetic_rows(seed: int, groups: int, size: int, prompt_len: int, completion_len: int, vocab: int) -> RowBatch:
     rng = random.Random(seed)
     cols: dict[str, list] = {k: [] for k in ("group_id", "prompt_ids", "completion_ids", "generation_logprobs",
-                                             "advantage")}
+                                             "version_spans", "advantage")}
     for group in range(groups):
         prompt = [1] + [rng.randrange(4, vocab) for _ in range(prompt_len - 1)]
         for _ in range(size):
@@ -46,6 +46,7 @@ def synthetic_rows(seed: int, groups: int, size: int, prompt_len: int, completio
             cols["prompt_ids"].append(prompt)
             cols["completion_ids"].append(completion)
             cols["generation_logprobs"].append([-3.0] * len(completion))
+            cols["version_spans"].append(((0, len(completion)),))
             cols["advantage"].append(rng.uniform(-1.0, 1.0))
     return RowBatch({**cols, "advantage": torch.tensor(cols["advantage"], dtype=torch.float32)})
 

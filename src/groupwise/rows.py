@@ -35,8 +35,8 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
     ``generation_logprobs``, ``completion_text``, ``finish_reason``, ``raw_reward`` (the verifier's, as the
     zero-variance filter saw it), ``reward`` (scaled and shaped), ``advantage`` (a float32 tensor, a separate
     column: a reward is never overwritten by its advantage), ``start_version``, ``version_spans`` (the weight
-    versions of the completion's tokens, :func:`version_spans`). Id and logprob rows are the
-    groups' own tuples (no copy; the batch is immutable).
+    versions of the completion's tokens, :func:`version_spans`; the learner finds its on-policy tokens by them).
+    Id and logprob rows are the groups' own tuples (no copy; the batch is immutable).
     """
     if len(advantages) != len(groups):
         raise ValueError(f"{len(groups)} groups but advantages for {len(advantages)}")
@@ -85,4 +85,16 @@ def pad_right(rows: Sequence[Sequence[float]], width: int, value: float = 0.0) -
     for i, row in enumerate(rows):
         if row:
             out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out
+
+
+def span_versions(rows: Sequence[Sequence[tuple[int, int]]], width: int, pad: int = -1) -> torch.Tensor:
+    """The per-token weight versions of ``rows`` of :func:`version_spans` as an ``[R, width]`` int64 tensor,
+    right-padded (and cut) at ``width`` with ``pad``."""
+    out = torch.full((len(rows), width), pad, dtype=torch.int64)
+    for i, spans in enumerate(rows):
+        start = 0
+        for version, count in spans:
+            out[i, start : min(start + count, width)] = version
+            start += count
     return out

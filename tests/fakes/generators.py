@@ -3,7 +3,8 @@ fakes.generators:toy_backend`` — the proof that a backend needs nothing but th
 
 It samples digit tokens uniformly (logprob ``-log 10`` each, recorded as a real backend records the sampled
 token's logprob), from a counter RNG seeded by (request seed, sample index), so a prompt samples the same
-completions whatever batch it lands in; it never streams.
+completions whatever batch it lands in; it never streams. `ShiftedGenerator` is the built-in engine with its
+recorded logprobs off by a known amount (the rollout–trainer mismatch tests).
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from torch import Tensor
 
-from groupwise.generation.factory import GeneratorSpec
+from groupwise.generation.factory import BACKENDS, GeneratorSpec
 from groupwise.types import Completion, GenerationRequest, SamplingParams
 
 DIGITS = "0123456789"
@@ -55,3 +57,31 @@ class ToyGenerator:
 def toy_backend(spec: GeneratorSpec) -> ToyGenerator:
     """The factory ``generation.backend: fakes.generators:toy_backend`` names."""
     return ToyGenerator(spec)
+
+
+SHIFT = 0.05
+"""What :class:`ShiftedGenerator` adds to every recorded logprob."""
+
+
+class ShiftedGenerator:
+    """The built-in engine with every recorded logprob raised by :data:`SHIFT`: a generator whose logprobs disagree
+    with the learner's by a known gap (``generation.backend: fakes.generators:shifted_backend``)."""
+
+    def __init__(self, spec: GeneratorSpec) -> None:
+        self.engine = BACKENDS["builtin"](spec)
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
+        return [[replace(c, logprobs=tuple(lp + SHIFT for lp in c.logprobs)) for c in per_request]
+                for per_request in self.engine.generate(requests, sampling)]  # fmt: skip
+
+    def load_weights(self, state: Mapping[str, Tensor], version: int) -> None:
+        self.engine.load_weights(state, version)
+
+
+def shifted_backend(spec: GeneratorSpec) -> ShiftedGenerator:
+    """The factory ``generation.backend: fakes.generators:shifted_backend`` names."""
+    return ShiftedGenerator(spec)

@@ -48,6 +48,9 @@ class LossStats:
     is_weight_max: float = 0.0
     is_oob_count: float = 0.0
     ratio_sum: float = 0.0
+    mismatch_abs_sum: float = 0.0  # rollout–trainer mismatch on on-policy tokens (groupwise.algo.mismatch)
+    mismatch_k3_sum: float = 0.0
+    mismatch_tokens: float = 0.0
 
     def merge(self, other: LossStats) -> LossStats:
         """Add ``other``'s sums into these stats (``is_weight_max`` takes the max); returns ``self``."""
@@ -65,6 +68,8 @@ class LossStats:
         ``loss/is_weight_*`` describe the raw weight ``exp(prev − gen)`` before truncation, and
         ``loss/is_oob_fraction`` the tokens whose raw weight lay outside [min, max]. ``loss/kl`` (k3 before
         kl_coef) and ``loss/entropy`` appear only when reference logprobs / entropies were given.
+        ``mismatch/*`` (:mod:`groupwise.algo.mismatch`): the on-policy share of the tokens, and, when there were
+        any, their mean absolute logprob gap and k3 KL.
         """
 
         def per_token(total: float) -> float:
@@ -87,6 +92,11 @@ class LossStats:
             metrics["loss/kl"] = self.kl_sum / self.kl_tokens
         if self.entropy_tokens:
             metrics["loss/entropy"] = self.entropy_sum / self.entropy_tokens
+        if self.num_tokens:
+            metrics["mismatch/on_policy_fraction"] = self.mismatch_tokens / self.num_tokens
+        if self.mismatch_tokens:
+            metrics["mismatch/logprob_abs_diff"] = self.mismatch_abs_sum / self.mismatch_tokens
+            metrics["mismatch/kl_k3"] = self.mismatch_k3_sum / self.mismatch_tokens
         return metrics
 
 

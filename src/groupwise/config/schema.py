@@ -9,7 +9,7 @@ import yaml
 from pydantic import ConfigDict, Field, model_validator
 
 from groupwise.algo.step_size import round_size
-from groupwise.config import async_rules, hazards, rules  # noqa: F401  (importing registers the rules)
+from groupwise.config import async_rules, backend_rules, hazards, rules  # noqa: F401  (importing registers the rules)
 from groupwise.config.algorithm import GrpoSection, LossSection, OptimizerSection
 from groupwise.config.async_schema import AsyncSection
 from groupwise.config.base import Section

@@ -103,6 +103,15 @@ class RequestStream(Protocol):
 
 
 @runtime_checkable
+class OwnsEngine(Protocol):
+    """A generator that runs an engine outside this process's Python objects (engine processes, a device's KV
+    cache, process groups): ``shutdown`` stops it, and the generator is unusable afterwards. The session that built
+    it calls it once, when the run ends (:func:`groupwise.generation.factory.shutdown_generator`)."""
+
+    def shutdown(self) -> None: ...
+
+
+@runtime_checkable
 class StreamingGenerator(Generator, Protocol):
     """A generator that can open a :class:`RequestStream` over its own weights (for the models it supports)."""
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from groupwise.generation.base import Generator, RequestStream, StreamingGenerator, StreamSupport
+from groupwise.generation.base import Generator, OwnsEngine, RequestStream, StreamingGenerator, StreamSupport
 from groupwise.plugins import PluginImportError, import_plugin
 from groupwise.types import SamplingParams
 
@@ -46,8 +46,15 @@ def _builtin(spec: GeneratorSpec) -> Generator:
     )  # fmt: skip
 
 
+def _vllm(spec: GeneratorSpec) -> Generator:
+    from groupwise.generation.vllm_factory import build_vllm_generator  # vLLM is optional: imported when chosen
+
+    return build_vllm_generator(spec)
+
+
 BACKENDS: dict[str, Callable[[GeneratorSpec], Generator]] = {
     "builtin": _builtin,
+    "vllm": _vllm,
 }
 
 
@@ -86,3 +93,10 @@ def open_stream(
     if not support.available or not isinstance(generator, StreamingGenerator):
         raise ValueError(f"this generator cannot run a request stream: {support.reason}")
     return generator.open_stream(sampling, max_rows=max_rows, partial=partial, kv=kv)
+
+
+def shutdown_generator(generator: Generator) -> None:
+    """Stop the engine ``generator`` runs outside this process's objects, if it runs one (:class:`OwnsEngine`: the
+    vLLM backend's engine and its processes); the built-in engine holds nothing to stop."""
+    if isinstance(generator, OwnsEngine):
+        generator.shutdown()

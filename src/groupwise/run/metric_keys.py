@@ -38,6 +38,10 @@ METRIC_KEYS: tuple[str, ...] = (
     "loss/is_weight_max",
     "loss/is_oob_fraction",
     "loss/ratio_mean",
+    # rollout–trainer mismatch (groupwise.algo.mismatch)
+    "mismatch/on_policy_fraction",
+    "mismatch/logprob_abs_diff",
+    "mismatch/kl_k3",
     # optimizer
     "optim/grad_norm",
     "optim/lr",

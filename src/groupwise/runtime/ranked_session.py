@@ -35,6 +35,7 @@ class RankedSession(Session):
     def close(self) -> None:
         if self.ranks is not None:
             self.ranks.close()
+        super().close()
 
 
 def build_ranked_session(

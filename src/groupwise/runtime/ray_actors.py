@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from groupwise.batch import RowBatch
+from groupwise.generation.factory import shutdown_generator
 from groupwise.model.lora import generator_state_dict, load_trained_state_dict, trained_state_dict
 from groupwise.runtime.learner_ranks import LearnerRankDied, RankCommands, build_rank_learner, free_port
 from groupwise.runtime.ray_cluster import ActorResources, ray
@@ -69,11 +70,13 @@ class GenerationWorker:
         self.engine = parts.engine
         self.rollouts = parts.rollouts
         self.stream: StreamedWorker | None = StreamedWorker(parts, cfg) if parts.streaming.available else None
+        self.stream_reason = parts.streaming.reason
         # A threaded actor without a stream (a model without the fast step) runs one engine call at a time.
         self._engine_lock = threading.Lock()
 
     def ready(self) -> dict[str, Any]:
-        return {"index": self.index, "version": self.engine.version, **_where()}
+        return {"index": self.index, "version": self.engine.version, "streaming": self.stream is not None,
+                "stream_reason": self.stream_reason, **_where()}  # fmt: skip
 
     def generate_groups(
         self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int] | None = None,
@@ -119,6 +122,10 @@ class GenerationWorker:
     def progress(self) -> dict[int, Any]:
         """What each running attempt generated so far, by group id (checkpoint data; empty without a stream)."""
         return self.stream.progress_by_group() if self.stream is not None else {}
+
+    def shutdown(self) -> None:
+        """Stop the engine's own processes (vLLM's) before the actor is killed; nothing for the built-in engine."""
+        shutdown_generator(self.engine)
 
 
 class LearnerWorker:

@@ -12,6 +12,7 @@ nothing had happened. The async client is :class:`groupwise.runtime.ray_runtime.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 # Sync mode: how many times one call may replace a lost worker before giving up.
 MAX_REPLACEMENTS_PER_CALL = 3
+SHUTDOWN_TIMEOUT_S = 30.0  # how long the workers get to stop their engines before they are killed
 
 
 class GenerationWorkerLost(InfraError):
@@ -141,6 +143,8 @@ class GenerationPool:
             slots = [*self.workers, *self._starting]
             self.workers.clear()
             self._starting.clear()
+        with contextlib.suppress(Exception):  # a worker that is dead or stuck is killed all the same
+            ray.get([slot.handle.shutdown.remote() for slot in slots], timeout=SHUTDOWN_TIMEOUT_S)
         for slot in slots:
             kill_actor(slot.handle)
 

@@ -24,6 +24,7 @@ import torch
 
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.data.loader import PromptLoader
+from groupwise.generation.base import StreamSupport
 from groupwise.model.lora import lora_config
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
@@ -129,9 +130,9 @@ def build_ray_session(
         pool = GenerationPool(cfg, startup_timeout_s)
         ready = {**learner_ready, **pool.launch(cfg.runtime.ray.num_generation_workers)}
         torch.manual_seed(cfg.run.seed)
-        driver_cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"device": "cpu"})})
-        parts = build_components(driver_cfg, inputs=inputs)
+        parts = build_components(driver_config(cfg), inputs=inputs)
         started = wait_until_started(ready, startup_timeout_s)
+        parts.streaming = worker_streaming(started)  # the workers' generators say whether they stream
         session = _assemble(cfg, cluster, pool, RayLearner(learner_handle), parts, resume, resume_from)
         session.learner_peers = learners[1:]
         session.events.event(f"learner logprobs: {started[next(iter(learner_ready))]['logprob_path']}")
@@ -143,6 +144,25 @@ def build_ray_session(
             kill_actor(handle)
         cluster.shutdown()
         raise
+
+
+def driver_config(cfg: RunConfig) -> RunConfig:
+    """The config the driver builds its own components from: the policy on its CPU (it encodes prompts and holds
+    the tokenizer; it never samples: the workers do). Under another backend than the built-in engine the driver
+    still builds the built-in one (a CPU engine nothing calls, without a stream to probe), not a second copy of
+    the workers' engine."""
+    update: dict[str, Any] = {"model": cfg.model.model_copy(update={"device": "cpu"})}
+    if cfg.generation.backend != "builtin":
+        update["generation"] = type(cfg.generation)(
+            **{**cfg.generation.model_dump(exclude={"backend", "vllm"}), "continuous_batching": False}
+        )
+    return cfg.model_copy(update=update)
+
+
+def worker_streaming(started: dict[str, Any]) -> StreamSupport:
+    """Whether the generation workers' generators run a stream (every worker builds the same one: the first says)."""
+    worker = next(info for role, info in started.items() if role.startswith("generation worker"))
+    return StreamSupport(bool(worker["streaming"]), str(worker["stream_reason"]))
 
 
 def _start_learners(cfg: RunConfig, timeout_s: float) -> tuple[list[Any], dict[str, Any]]:
@@ -179,7 +199,7 @@ def _assemble(
             lambda: learner.call("merging weights", learner.handle.generator_state.remote()), _lora_config(cfg),
         ),
         engine=RemoteEngine(pool),
-        streaming=parts.streaming,  # the driver's copy of the model: the workers build the same one
+        streaming=parts.streaming,  # what the workers' generators said
         learner=learner,
         rollouts=rollouts,
         loader=loader,

@@ -76,9 +76,16 @@ def check_async_workload(cfg: RunConfig, workload: SimWorkload) -> list[ConfigIs
 
 def check_engine_keys(cfg: RunConfig) -> list[ConfigIssue]:
     """Engine keys the simulator has no use for: its slots take a completion as soon as one frees (continuous
-    batching always), and the toy model does not charge the KV rebuild of a partial rollout (the job model does,
-    so ``async.partial_rollout_kv`` acts with ``sim.job``)."""
+    batching always), the toy model does not charge the KV rebuild of a partial rollout (the job model does, so
+    ``async.partial_rollout_kv`` acts with ``sim.job``), and its engine is a cost model whatever backend would
+    generate in training."""
     issues = []
+    if cfg.generation.backend != "builtin":
+        issues.append(ConfigIssue(
+            "generation.backend", cfg.generation.backend, "generation.backend has no effect in a simulation: the "
+            "simulated engine is a cost model (the sim section), whichever backend would generate in training",
+            "remove generation.backend (and generation.vllm) for groupwise simulate",
+        ))  # fmt: skip
     if cfg.generation.continuous_batching:
         issues.append(ConfigIssue(
             "generation.continuous_batching", True, "generation.continuous_batching has no effect in a simulation: "

@@ -33,10 +33,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from groupwise.algo.loss import LossStats, global_denominator, policy_loss
+from groupwise.algo.mismatch import mismatch_stats, on_policy_tokens
 from groupwise.batch import RowBatch
 from groupwise.config.algorithm import LossSection, OptimizerSection
 from groupwise.model.completion_scorer import CompletionScorer, ScoredRows
-from groupwise.rows import pad_right
+from groupwise.rows import pad_right, span_versions
 from groupwise.trainer.finite import NonFiniteTrainingError, check_finite_step
 from groupwise.trainer.micro_batches import (
     micro_batches_by_rows,
@@ -247,10 +248,12 @@ class Learner:
         device = logprobs.device
         if ref is None and loss_cfg.kl_coef > 0:
             ref = self._reference_logprobs(micro)
+        old = logprobs.detach() if prev is None else prev  # π_old: the step's weights, version self.version
+        generation = pad_right(micro.sequence("generation_logprobs"), logprobs.shape[1]).to(device)
         loss, stats = policy_loss(
             logprobs,
-            logprobs.detach() if prev is None else prev,
-            pad_right(micro.sequence("generation_logprobs"), logprobs.shape[1]).to(device),
+            old,
+            generation,
             micro.tensor("advantage").to(device),
             mask,
             epsilon_low=loss_cfg.epsilon_low,
@@ -270,6 +273,8 @@ class Learner:
             entropy_coef=loss_cfg.entropy_coef,
         )
         self._run_backward(loss)
+        versions = span_versions(micro.sequence("version_spans"), logprobs.shape[1]).to(device)
+        stats.merge(mismatch_stats(old, generation, on_policy_tokens(versions, self.version, mask)))
         step.stats.merge(stats)
         step.update.masks.append(mask)
         step.update.loss_sum += float(loss.detach())

@@ -10,6 +10,7 @@ The schema checks what a config says; this checks what it points at:
 - the task builds: JSONL files exist and every bad line is listed (up to 20 per file), a generated task has
   enough distinct items; a generation round never takes more prompts than the training set holds (the same
   prompt would be trained twice in one step);
+- ``generation.backend`` can be built: a plug-in factory imports, the ``vllm`` package is installed for ``vllm``;
 - ``model.path`` is a model directory (or GGUF file) that exists, resolved against the working directory; a
   path that does not exist is an error naming the directory it was resolved against, never a Hugging Face Hub
   download (a Hub id is accepted only when it is already in the local cache); its ``config.json`` is a JSON object,
@@ -33,6 +34,7 @@ from groupwise.config.sections import BUNDLED_GGUF_PATH, GENERATION_BACKENDS
 from groupwise.data.jsonl_dataset import DatasetError, load_jsonl_prompts
 from groupwise.data.registry import TASKS, Task, build_task, prompt_sources, task_config_key
 from groupwise.data.rewards import RewardFn, RewardSpecError, check_reward_kwargs, load_reward_fn
+from groupwise.optional_packages import VLLM_INSTALL_HINT, vllm_unavailable
 from groupwise.plugins import PluginImportError, import_plugin
 from groupwise.run.rundir import location_problems, start_problems
 from groupwise.trainer.model_folder import device_issues, model_folder_issues
@@ -307,8 +309,12 @@ def _sampler_issues(cfg: Any) -> list[ConfigIssue]:
 
 
 def _backend_issues(cfg: Any) -> list[ConfigIssue]:
-    """A plug-in ``generation.backend`` must import and be callable (the shipped ones are built with the model)."""
+    """A plug-in ``generation.backend`` must import and be callable; ``vllm`` needs the vllm package installed (the
+    shipped backends are built with the model)."""
     backend = cfg.generation.backend
+    if backend == "vllm":
+        missing = vllm_unavailable()
+        return [] if missing is None else [ConfigIssue("generation.backend", backend, missing, VLLM_INSTALL_HINT)]
     if backend in GENERATION_BACKENDS:
         return []
     try:

@@ -9,8 +9,8 @@ may count calls, log or pay per call), so only its signature is checked.
 - **The first training prompt**, with ``reward.kwargs`` and, when that fails, without them: failing only with
   them names ``reward.kwargs`` (``exact_numeric`` with ``partial_credit: 5.0`` raises on its first call).
 - **Every prompt** of both splits: an answer ``exact_numeric`` or ``final_number`` cannot read as a plain number
-  (a word, 100,000 digits), a countdown item without its numbers. Listed per split, up to :data:`MAX_LISTED` prompts each, naming
-  the data file's key, before anything trains.
+  (a word, 100,000 digits), a countdown item without its numbers. Listed per split, up to :data:`MAX_LISTED`
+  prompts each, naming the data file's key, before anything trains.
 
 Imports no torch.
 """
@@ -71,8 +71,8 @@ def _every_prompt_issues(cfg: Any, reward_fn: RewardFn, kwargs: Mapping[str, Any
             key, f"{len(failed)} {split} prompt(s)",
             f"reward.function {_name(cfg, reward_fn)} cannot score these prompts even with their own answer as the "
             "completion:\n" + "\n".join(listed),
-            "fix those answers (a plain number for exact_numeric, final_number and countdown), or choose a reward that reads "
-            "them (reward.function: math_verify, or your own 'module:function')",
+            "fix those answers (a plain number for exact_numeric, final_number and countdown), or choose a reward "
+            "that reads them (reward.function: math_verify, or your own 'module:function')",
         ))
     return issues
 

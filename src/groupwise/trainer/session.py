@@ -19,6 +19,7 @@ from groupwise.data.loader import PromptLoader
 from groupwise.data.registry import Task
 from groupwise.data.rewards import RewardFn
 from groupwise.generation.base import Generator, StreamSupport
+from groupwise.generation.factory import shutdown_generator
 from groupwise.model.lora import generator_state_dict, load_trained_state_dict, trained_state_dict
 from groupwise.run.checkpoint import (
     CheckpointError,
@@ -108,7 +109,9 @@ class Session:
         self.engine.load_weights(self.generator_weights(), self.learner.version)
 
     def close(self) -> None:
-        """Stop what the session started outside this process (nothing here; learner ranks, Ray actors)."""
+        """Stop what the session started outside this process: the generator's engine when it runs one (vLLM's);
+        learner ranks and Ray actors in the sessions that have them."""
+        shutdown_generator(self.engine)
 
     # --- per-step edges ------------------------------------------------------------------------------------
     def end_step(self, step: int, metrics: dict[str, float], chunks: Sequence[TrainChunk]) -> None:

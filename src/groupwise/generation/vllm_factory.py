@@ -1,0 +1,70 @@
+"""``generation.backend: vllm``: the factory function that builds the vLLM generator a run samples with.
+
+One vLLM engine per run, chosen by ``generation.continuous_batching``:
+
+* **off** — :class:`~groupwise.generation.vllm_engine.VllmGenerator` over an in-process ``vllm.LLM``: one batch
+  per call (vLLM batches a call's rows itself), weights reloaded in place after every step.
+* **on** — :class:`~groupwise.generation.vllm_stream.VllmStream` over ``AsyncLLM``, from the start: it is the
+  run's generator *and* the stream the async runtimes open on it (``open_stream`` returns the stream itself), so
+  weight loads, evaluation and rollouts share one engine (vLLM allows one in-process engine per process). Partial
+  rollouts pause it in vLLM's ``keep`` mode.
+
+The engine loads the policy the spec holds (adapters merged: the builder hands a plain model), written once as a
+Hugging Face folder that is removed as soon as the engine has read it. The sampling logprobs it records are the
+built-in engine's (tempered, unfiltered): vLLM's processed logprobs without top-k/top-p, else the full vocabulary's
+logits (:func:`~groupwise.generation.vllm_setup.logprob_source_for`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+from groupwise.generation.base import Generator
+from groupwise.generation.factory import GeneratorSpec
+from groupwise.generation.vllm_engine import VllmGenerator
+from groupwise.generation.vllm_setup import VllmSettings, logprob_source_for, write_model_folder
+from groupwise.generation.vllm_stream import VllmStream
+from groupwise.model.loading import resolve_device
+from groupwise.types import SamplingParams
+
+
+def vllm_settings(spec: GeneratorSpec, model_dir: str) -> VllmSettings:
+    """The engine settings of ``spec`` (``generation.vllm``, the model's device and dtype) for the folder
+    ``model_dir``."""
+    gen, engine = spec.generation, spec.generation.vllm
+    device = resolve_device(spec.model_section.device).type
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"model.device resolves to {device!r}; the vLLM backend runs on cpu or cuda")
+    return VllmSettings(
+        model_dir=model_dir,
+        dtype=spec.model_section.dtype,
+        device=device,
+        enforce_eager=engine.enforce_eager if engine.enforce_eager is not None else device == "cpu",
+        logprobs=logprob_source_for(gen.top_k, gen.top_p),
+        max_num_seqs=engine.max_num_seqs,
+        kv_cache_gib=engine.kv_cache_gib,
+        gpu_memory_utilization=engine.gpu_memory_utilization,
+        extra=dict(engine.engine_args),
+    )
+
+
+def stream_sampling(spec: GeneratorSpec) -> SamplingParams:
+    """The stream's default sampling: the ``generation`` section's (the runtimes pass the same to ``open_stream``)."""
+    gen = spec.generation
+    return SamplingParams(gen.max_new_tokens, gen.temperature, gen.top_p, gen.top_k, tuple(gen.stop))
+
+
+def build_vllm_generator(spec: GeneratorSpec) -> Generator:
+    """The vLLM generator of ``spec`` (module docstring); raises ``ImportError`` naming the install when vLLM is
+    missing (``config check`` and the preflight report that first, as a config error)."""
+    folder = tempfile.mkdtemp(prefix="groupwise-vllm-model-")
+    try:
+        write_model_folder(spec.model, spec.tokenizer, folder)
+        settings = vllm_settings(spec, folder)
+        weight_names = list(spec.model.state_dict())
+        if spec.generation.continuous_batching:
+            return VllmStream(settings, spec.tokenizer, spec.eos_token_ids, weight_names, stream_sampling(spec))
+        return VllmGenerator(settings, spec.tokenizer, spec.eos_token_ids, weight_names)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # the engine has read it (new weights are loaded in place)
