@@ -35,7 +35,7 @@ Determinism: a row's draws depend only on (request seed, sample index, position)
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -276,7 +276,7 @@ class Engine:
     def _as_model_mask(self, allowed: Tensor) -> Tensor:
         """A boolean mask as the model's attention takes it (sdpa: boolean; eager: additive)."""
         attention = getattr(self.model.config, "_attn_implementation", "sdpa")
-        return as_mask(allowed, torch.bool if attention == "sdpa" else self.model.dtype)
+        return as_mask(allowed, torch.bool if attention == "sdpa" else next(self.model.parameters()).dtype)
 
     def _key_mask(self, allowed: Tensor) -> Tensor:
         """A ``[B, K]`` boolean key mask as the model's decode step takes it: 4D for sdpa/eager, else 2D 0/1."""
@@ -301,16 +301,16 @@ class Engine:
         device = next(self.model.parameters()).device
         max_new = sampling.max_new_tokens
         prompt_width = max(len(row.prompt) for row in rows)
-        decoder = self._fast_decoder()
-        slotted = decoder is not None and self._slot_loop is not None
+        decoder, slot_loop = self._fast_decoder(), self._slot_loop
+        slotted = decoder is not None and slot_loop is not None
         if decoder is not None:
             decoder.prepare(capacity_for(prompt_width + max_new) if slotted else prompt_width + max_new)
         # The slot path copies the prompts' cache into its own buffers; the compacting path decodes in this one.
         prefill = self._prefill(rows, device, prompt_width if slotted else prompt_width + max_new)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
         record = ChunkRecord(len(rows), max_new, eos, self.tokenizer, sampling.stop, device)
-        if slotted:
-            self._slot_loop.decode(decoder, prefill, sampling, record)
+        if decoder is not None and slot_loop is not None:
+            slot_loop.decode(decoder, prefill, sampling, record)
         else:
             decode_compacting(decoder, prefill, sampling, record, self._forward, self._key_mask)
         return record.results()
@@ -363,7 +363,7 @@ def _check_cuda_graphs(cuda_graphs: str, fast_decode: bool, device: torch.device
 
 
 def _expand_rows(requests: Sequence[GenerationRequest]) -> list[_Row]:
-    rows = []
+    rows: list[_Row] = []
     for index, request in enumerate(requests):
         if len(request.prompt_token_ids) == 0:
             raise ValueError(f"request {index} has an empty prompt; encode at least one token (e.g. BOS)")
@@ -375,7 +375,7 @@ def _expand_rows(requests: Sequence[GenerationRequest]) -> list[_Row]:
 
 
 @contextmanager
-def _inference(model: torch.nn.Module):
+def _inference(model: torch.nn.Module) -> Iterator[None]:
     """Eval mode and no autograd for the duration, restoring the caller's train/eval flag."""
     was_training = model.training
     model.eval()

@@ -13,7 +13,7 @@ results are identical, only slower.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from torch import Tensor
 from transformers import DynamicCache
@@ -27,16 +27,16 @@ class PreallocatedLayer(DynamicLayer):
         super().__init__()
         self.capacity = capacity
         self.length = 0
-        self._key_buffer: Tensor | None = None
-        self._value_buffer: Tensor | None = None
+        self._buffers: tuple[Tensor, Tensor] | None = None  # keys, values: [rows, heads, capacity, head_dim]
 
     def update(self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
         """Write the new positions after the filled prefix and return views of everything filled so far."""
-        if self._key_buffer is None:
+        if self._buffers is None:
             rows, heads, _, head_dim = key_states.shape
-            shape = (rows, heads, self.capacity, head_dim)
-            self._key_buffer = key_states.new_empty(shape)
-            self._value_buffer = value_states.new_empty((rows, heads, self.capacity, value_states.shape[-1]))
+            self._buffers = (
+                key_states.new_empty((rows, heads, self.capacity, head_dim)),
+                value_states.new_empty((rows, heads, self.capacity, value_states.shape[-1])),
+            )
             self.device, self.dtype = key_states.device, key_states.dtype
             self.is_initialized = True
         end = self.length + key_states.shape[-2]
@@ -44,23 +44,29 @@ class PreallocatedLayer(DynamicLayer):
             raise RuntimeError(
                 f"KV cache capacity {self.capacity} exceeded (needs {end}); size it for prompt + new tokens"
             )
-        self._key_buffer[:, :, self.length : end] = key_states
-        self._value_buffer[:, :, self.length : end] = value_states
+        key_buffer, value_buffer = self._buffers
+        key_buffer[:, :, self.length : end] = key_states
+        value_buffer[:, :, self.length : end] = value_states
         self.length = end
-        self._refresh_views()
-        return self.keys, self.values
+        return self._refresh_views()
 
     def batch_select_indices(self, indices: Tensor) -> None:
         """Keep (or repeat) rows ``indices``; only the filled prefix is copied, into fresh full-capacity buffers."""
-        if self._key_buffer is None:
+        if self._buffers is None:
             return
-        self._key_buffer = _select_prefix(self._key_buffer, indices, self.length)
-        self._value_buffer = _select_prefix(self._value_buffer, indices, self.length)
+        key_buffer, value_buffer = self._buffers
+        self._buffers = (
+            _select_prefix(key_buffer, indices, self.length),
+            _select_prefix(value_buffer, indices, self.length),
+        )
         self._refresh_views()
 
-    def _refresh_views(self) -> None:
-        self.keys = self._key_buffer[:, :, : self.length]
-        self.values = self._value_buffer[:, :, : self.length]
+    def _refresh_views(self) -> tuple[Tensor, Tensor]:
+        assert self._buffers is not None
+        key_buffer, value_buffer = self._buffers
+        self.keys = key_buffer[:, :, : self.length]
+        self.values = value_buffer[:, :, : self.length]
+        return self.keys, self.values
 
 
 def _select_prefix(buffer: Tensor, indices: Tensor, length: int) -> Tensor:
@@ -71,8 +77,10 @@ def _select_prefix(buffer: Tensor, indices: Tensor, length: int) -> Tensor:
 
 def new_kv_cache(capacity: int) -> Cache:
     """An empty cache whose layers hold up to ``capacity`` positions (prompt width + new tokens)."""
+    # The hook calls what it is given with no arguments: a factory of layers works, though it is typed as a class.
+    layer_factory = cast("type[DynamicLayer]", partial(PreallocatedLayer, capacity))
     try:
-        return Cache(layer_class_to_replicate=partial(PreallocatedLayer, capacity))
+        return Cache(layer_class_to_replicate=layer_factory)
     except TypeError:  # pragma: no cover - transformers without the layer hook
         return DynamicCache()
 
@@ -80,5 +88,7 @@ def new_kv_cache(capacity: int) -> Cache:
 def select_cache_rows(cache: Cache, indices: Tensor) -> None:
     """Keep (or repeat) cache rows ``indices`` in every layer."""
     for layer in cache.layers:
+        if not isinstance(layer, DynamicLayer):
+            raise TypeError(f"cannot select rows of a {type(layer).__name__} cache layer")
         layer.batch_select_indices(indices)
 

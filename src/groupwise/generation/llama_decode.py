@@ -281,14 +281,16 @@ def unsupported_reason(model: Any) -> str | None:
     layer_types = getattr(config, "layer_types", None) or []
     if any(kind != "full_attention" for kind in layer_types):
         return f"layer types {sorted(set(layer_types))} (only full attention)"
-    if getattr(config, "hidden_act", None) != "silu":
-        return f"hidden_act={config.hidden_act!r} (only silu)"
+    hidden_act = getattr(config, "hidden_act", None)
+    if hidden_act != "silu":
+        return f"hidden_act={hidden_act!r} (only silu)"
     rope_parameters = getattr(config, "rope_parameters", None) or {}
     rope_type = rope_parameters.get("rope_type", "default")
     if rope_type not in _STATIC_ROPE_TYPES:
         return f"rope_type={rope_type!r} depends on the sequence length"
-    if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
-        return f"attention implementation {config._attn_implementation!r}"
+    attention = getattr(config, "_attn_implementation", "sdpa")
+    if attention not in ("sdpa", "eager"):
+        return f"attention implementation {attention!r}"
     return None
 
 

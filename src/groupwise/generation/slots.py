@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -31,6 +32,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from groupwise.generation.chunk import Prefill
 from groupwise.generation.sampling import keyed_uniforms, sample_with_logprobs
 from groupwise.types import SamplingParams
+
+if TYPE_CHECKING:
+    from groupwise.generation.llama_decode import DecoderWeights, LlamaDecoder
 
 # Cache capacity is rounded up to a multiple of this, so nearby prompt widths reuse the same buffers and graphs.
 CAPACITY_ROUND = 64
@@ -166,7 +170,9 @@ class DecodeSlots:
         self.tokens[:bucket] = self.next_tokens[:bucket]
         self.counters[:, :bucket] += 1
 
-    def step_for(self, decoder, weights, bucket: int, sampling: SamplingParams) -> Callable[[], None]:
+    def step_for(
+        self, decoder: LlamaDecoder, weights: DecoderWeights, bucket: int, sampling: SamplingParams
+    ) -> Callable[[], None]:
         """The decode step of slots ``[0, bucket)`` as a closure over views of the buffers and ``weights``.
 
         It feeds each slot's token, writes its K/V at its column (marking the column in the mask), draws the

@@ -11,7 +11,7 @@ captured steps (:class:`~groupwise.generation.step_graphs.StepGraphs`), in-place
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,6 +19,21 @@ from groupwise.generation.slots import DecodeSlots, capacity_for, row_bucket
 from groupwise.generation.step_graphs import StepGraphs
 from groupwise.generation.stream_rows import StreamRow
 from groupwise.types import SamplingParams
+
+if TYPE_CHECKING:
+    from groupwise.generation.llama_decode import LlamaDecoder
+
+
+def _slot_of(row: StreamRow) -> int:
+    if row.slot is None:
+        raise RuntimeError("a row without a slot was treated as decoding")
+    return row.slot
+
+
+def _occupant(row: StreamRow | None) -> StreamRow:
+    if row is None:
+        raise RuntimeError("an occupied slot lost its row")
+    return row
 
 
 class StreamSlots:
@@ -33,10 +48,15 @@ class StreamSlots:
 class SlotRows:
     """The rows of one stream in its slots (see the module docstring)."""
 
-    def __init__(self, held: StreamSlots, decoder: Any, sampling: SamplingParams) -> None:
+    def __init__(self, held: StreamSlots, decoder: LlamaDecoder, sampling: SamplingParams) -> None:
         self.held, self.decoder, self.sampling = held, decoder, sampling
         self._rows: list[StreamRow | None] = []
         self.live = 0
+
+    def _decode_slots(self) -> DecodeSlots:
+        if self.held.slots is None:
+            raise RuntimeError("the stream's slots were used before ensure_room made them")
+        return self.held.slots
 
     def live_rows(self) -> list[StreamRow]:
         return [row for row in self._rows if row is not None]
@@ -54,16 +74,16 @@ class SlotRows:
         if slots is None or slots.num_slots < needed_slots or slots.capacity < capacity:
             held.graphs.reset()
             if slots is None:
-                held.slots = DecodeSlots(
+                slots = DecodeSlots(
                     len(self.decoder.weights.layers), needed_slots, capacity, self.decoder.num_kv_heads,
                     self.decoder.head_dim, like.dtype, like.device,
                 )  # fmt: skip
             else:
-                held.slots = slots.grown(needed_slots, capacity)
-                del slots
-        if len(self._rows) < held.slots.num_slots:
-            self._rows += [None] * (held.slots.num_slots - len(self._rows))
-        self.decoder.prepare(held.slots.capacity)  # the rotary table covers every column
+                slots = slots.grown(needed_slots, capacity)
+            held.slots = slots
+        if len(self._rows) < slots.num_slots:
+            self._rows += [None] * (slots.num_slots - len(self._rows))
+        self.decoder.prepare(slots.capacity)  # the rotary table covers every column
 
     def load(self, rows: list[StreamRow], prefill: Any, prefill_rows: list[int], into_own: bool = False) -> None:
         """Put ``rows`` (rows ``prefill_rows`` of ``prefill``) into free slots, or back into their own slots
@@ -72,7 +92,7 @@ class SlotRows:
             return
         device = prefill.positions.device
         if into_own:
-            slots = [row.slot for row in rows]
+            slots = [_slot_of(row) for row in rows]
         else:
             slots = [i for i, row in enumerate(self._rows) if row is None][: len(rows)]
             self.live += len(rows)
@@ -80,13 +100,13 @@ class SlotRows:
         feed = torch.tensor([row.token_ids[-1] for row in rows], dtype=torch.long, device=device)
         sample_index = torch.tensor([len(row.token_ids) for row in rows], dtype=torch.long, device=device)
         at = torch.tensor(prefill_rows, dtype=torch.long, device=device)
-        self.held.slots.load_rows(slot_index, prefill, at, feed, sample_index)
+        self._decode_slots().load_rows(slot_index, prefill, at, feed, sample_index)
         for row, slot in zip(rows, slots, strict=True):
             row.slot, row.column = slot, prefill.width
             self._rows[slot] = row
 
     def free(self, row: StreamRow) -> None:
-        self._rows[row.slot] = None
+        self._rows[_slot_of(row)] = None
         row.slot = None
         self.live -= 1
 
@@ -109,7 +129,7 @@ class SlotRows:
         if row_bucket(len(occupied)) < bucket:  # the live rows fit a smaller bucket: move them to the front
             self._compact(occupied)
             occupied, bucket = list(range(len(occupied))), row_bucket(len(occupied))
-        s, slots = self.sampling, held.slots
+        s, slots = self.sampling, self._decode_slots()
         held.graphs.run((bucket, s.temperature, s.top_k, s.top_p),
                         partial(slots.step_for, self.decoder, self.decoder.weights, bucket, s))  # fmt: skip
         tokens = slots.next_tokens[:bucket].tolist()  # the one host sync per step
@@ -117,16 +137,17 @@ class SlotRows:
         slots.advance(bucket)
         # A free slot inside the bucket keeps stepping on stale values; its rotary position must stay in the table.
         slots.counters[0, :bucket].clamp_(max=slots.capacity - 1)
-        rows = [self._rows[i] for i in occupied]
+        rows = [_occupant(self._rows[i]) for i in occupied]
         for row in rows:
             row.column += 1
         return rows, [tokens[i] for i in occupied], [logprobs[i] for i in occupied]
 
     def _compact(self, occupied: list[int]) -> None:
-        keep = [self._rows[i] for i in occupied]
+        keep = [_occupant(self._rows[i]) for i in occupied]
         filled = max(row.column for row in keep)
-        self.held.slots.compact(torch.tensor(occupied, device=self.held.slots.device), filled)
-        self._rows = keep + [None] * (len(self._rows) - len(keep))
+        slots = self._decode_slots()
+        slots.compact(torch.tensor(occupied, device=slots.device), filled)
+        self._rows = [*keep, *([None] * (len(self._rows) - len(keep)))]
         for slot, row in enumerate(keep):
             row.slot = slot
 

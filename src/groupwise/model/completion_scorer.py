@@ -25,9 +25,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from transformers import PreTrainedModel
 
 from groupwise.generation.sampling import logprob_temperature
 from groupwise.model.chunked_logprobs import head_logprobs
+from groupwise.model.loading import pretrained
 from groupwise.model.logprobs import completion_logprobs, position_ids_from_mask
 
 # Max |chunked − forward| logit difference on the probe, relative to the logits' scale.
@@ -55,14 +57,26 @@ def unwrap_adapter(model: torch.nn.Module) -> torch.nn.Module:
     return get_base() if callable(get_base) else model
 
 
+def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear]:
+    """The decoder submodule (final hidden states) and the plain Linear LM head of a model the chunked path
+    scores; :func:`chunked_path_refusal` says why a model has none."""
+    base = pretrained(unwrap_adapter(model))
+    decoder, head = getattr(base, base.base_model_prefix, None), base.get_output_embeddings()
+    if not isinstance(decoder, torch.nn.Module) or not isinstance(head, torch.nn.Linear):
+        raise TypeError(f"{type(base).__name__} has no decoder submodule and Linear head for the chunked path")
+    return decoder, head
+
+
 def chunked_path_refusal(model: torch.nn.Module) -> str | None:
     """Why the chunked path cannot score ``model`` exactly (a known departure), or None."""
     base = unwrap_adapter(model)
-    prefix = getattr(base, "base_model_prefix", "")
+    if not isinstance(base, PreTrainedModel):
+        return f"{type(base).__name__} is not a transformers model (no decoder submodule and LM head to split)"
+    prefix = base.base_model_prefix
     decoder = getattr(base, prefix, None) if prefix else None
     if not isinstance(decoder, torch.nn.Module) or decoder is base:
         return f"{type(base).__name__} has no decoder submodule to take final hidden states from"
-    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    head = base.get_output_embeddings()
     if type(head) is not torch.nn.Linear:
         return f"the output head is a {type(head).__name__}, not a plain Linear (an adapter on the LM head?)"
     config = getattr(base, "config", None)
@@ -116,7 +130,7 @@ class CompletionScorer:
             width = max(len(p) for p in prompt_ids) + mask.shape[1]
             real = sum(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids, strict=True))
             return ScoredRows(logprobs, entropy, mask, len(prompt_ids) * width, real)
-        return self._chunked(model, prompt_ids, completion_ids, with_entropy)
+        return self._chunked(model, prompt_ids, completion_ids, with_entropy, self.chunk_tokens)
 
     def _chunked(
         self,
@@ -124,9 +138,9 @@ class CompletionScorer:
         prompt_ids: Sequence[Sequence[int]],
         completion_ids: Sequence[Sequence[int]],
         with_entropy: bool,
+        chunk_tokens: int,
     ) -> ScoredRows:
-        base = unwrap_adapter(model)
-        decoder, head = getattr(base, base.base_model_prefix), base.get_output_embeddings()
+        decoder, head = decoder_and_head(model)
         device = head.weight.device
         input_ids, attention_mask, scored, mask = right_padded_rows(prompt_ids, completion_ids, device)
         with self._autocast(model):
@@ -139,7 +153,7 @@ class CompletionScorer:
         # Position t predicts token t + 1: shift the targets left by one.
         targets = input_ids[:, 1:][scored[:, :-1]]
         logprobs, entropy = head_logprobs(
-            hidden[scored], head.weight, targets, logprob_temperature(self.temperature), self.chunk_tokens,
+            hidden[scored], head.weight, targets, logprob_temperature(self.temperature), chunk_tokens,
             bias=head.bias, compute_dtype=self.compute_dtype,
         )  # fmt: skip
         out_logprobs = logprobs.new_zeros(mask.shape).masked_scatter(mask, logprobs)
@@ -163,8 +177,7 @@ class CompletionScorer:
 
     def _probe(self, model: torch.nn.Module) -> str | None:
         """Compare ``head(decoder(x))`` with the model's own logits on a few tokens; a reason when they differ."""
-        base = unwrap_adapter(model)
-        decoder, head = getattr(base, base.base_model_prefix), base.get_output_embeddings()
+        decoder, head = decoder_and_head(model)
         ids = (torch.arange(4, device=head.weight.device) % head.weight.shape[0])[None]
         was_training = model.training
         model.eval()

@@ -21,10 +21,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+from transformers import PretrainedConfig, PreTrainedModel
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 ADAPTER_DIR = "adapter"
 _ADAPTER = "default"  # peft's name for the one adapter we add
@@ -44,8 +48,15 @@ def lora_config(rank: int, alpha: float, dropout: float, target_modules: list[st
     """The ``peft.LoraConfig`` of ``model.lora`` (no bias training, causal-LM task)."""
     from peft import LoraConfig
 
-    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules),
-                      bias="none", task_type="CAUSAL_LM")
+    # peft annotates lora_alpha as int but only computes alpha / r with it; model.lora.alpha may be fractional.
+    return LoraConfig(
+        r=rank,
+        lora_alpha=alpha,  # type: ignore[arg-type]
+        lora_dropout=dropout,
+        target_modules=list(target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def apply_lora(model: torch.nn.Module, config: Any) -> torch.nn.Module:
@@ -69,7 +80,7 @@ def apply_lora(model: torch.nn.Module, config: Any) -> torch.nn.Module:
     return adapted
 
 
-def merged_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
+def merged_state_dict(model: PeftModel) -> dict[str, Tensor]:
     """The plain model's state dict with every adapter merged: ``W + s · B A`` (float32, out of place)."""
     from peft.tuners.lora import LoraLayer
 
@@ -81,11 +92,17 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     with torch.no_grad():
         for name, module in base.named_modules():
             if isinstance(module, LoraLayer):
-                weight = module.base_layer.weight
-                a, b = module.lora_A[_ADAPTER].weight.float(), module.lora_B[_ADAPTER].weight.float()
+                weight = _linear_weight(module.base_layer)
+                a, b = _linear_weight(module.lora_A[_ADAPTER]).float(), _linear_weight(module.lora_B[_ADAPTER]).float()
                 delta = (b @ a).mul_(module.scaling[_ADAPTER])
                 state[f"{name}.weight"] = (weight.float() + delta).to(weight.dtype)
     return state
+
+
+def _linear_weight(module: torch.nn.Module) -> Tensor:
+    if not isinstance(module, torch.nn.Linear):  # apply_lora admits only plain Linear layers
+        raise LoraSetupError(f"expected a Linear layer in a LoRA module, found {type(module).__name__}")
+    return module.weight
 
 
 def generator_state_dict(model: Any) -> dict[str, Tensor]:
@@ -125,14 +142,17 @@ def load_trained_state_dict(model: Any, state: Mapping[str, Tensor]) -> None:
 def save_adapted_policy(directory: str | Path, model: Any, tokenizer: Any) -> Path:
     """``directory``: the merged model + tokenizer (plain transformers), and ``adapter/`` (peft)."""
     directory = Path(directory)
-    plain = plain_model_with(model.get_base_model().config, merged_state_dict(model), model.get_base_model())
+    base = model.get_base_model()
+    if not isinstance(base, PreTrainedModel):
+        raise TypeError(f"the adapted policy wraps a {type(base).__name__}, not a transformers model")
+    plain = plain_model_with(base.config, merged_state_dict(model), base)
     plain.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     write_adapter(directory / ADAPTER_DIR, trained_state_dict(model), model.peft_config[_ADAPTER])
     return directory
 
 
-def plain_model_with(config: Any, state: Mapping[str, Tensor], like: torch.nn.Module) -> torch.nn.Module:
+def plain_model_with(config: PretrainedConfig, state: Mapping[str, Tensor], like: PreTrainedModel) -> PreTrainedModel:
     """A plain model of ``like``'s class built on the meta device and given ``state`` (no random init)."""
     with torch.device("meta"):
         plain = type(like)(config)
