@@ -40,7 +40,7 @@ def write_config(tmp_path: Path, output_dir: Path | None = None) -> Path:
         "generation: {max_new_tokens: 4}\n"
         "logging: {tensorboard: false, progress: false}\n"
         "eval: {at_start: false, at_end: false}\n"
-        "checkpoint: {save_final: false}\n", encoding="utf-8")
+        "checkpoint: {every: 1, save_final: false}\n", encoding="utf-8")
     return config
 
 
