@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 from torch import Tensor
 
-from groupwise.generation.base import StreamSupport
+from groupwise.generation.base import RequestStream, StreamSupport
 from groupwise.generation.sampling import check_sampling_params
 from groupwise.generation.vllm_rows import (
     assemble,
@@ -172,7 +172,7 @@ class VllmStream:
 
     def open_stream(
         self, sampling: SamplingParams, *, max_rows: int | None = None, partial: str = "off", kv: str = "recompute"
-    ) -> VllmStream:
+    ) -> RequestStream:
         """This engine as the run's stream, sampling with ``sampling`` unless a request says otherwise. ``partial``:
         ``off`` drains the running rows before a weight load, ``continue`` loads at once and the rows go on with
         their KV cache (vLLM's ``keep`` pause: ``kv`` must be ``keep``). ``max_rows`` is not used: vLLM's
@@ -188,6 +188,12 @@ class VllmStream:
         check_source(self.settings.logprobs, sampling)
         self.sampling, self.partial = sampling, partial
         return self
+
+    def idle(self) -> bool:
+        """Nothing to do: no request held unanswered and no weight load pending (what the liveness watch asks:
+        an answer awaited from an idle stream will never come)."""
+        with self._lock:
+            return not self._entries and self._post_done is None
 
     def generator_for_evaluation(self) -> VllmStream:
         """Evaluation's requests join the running batch (vLLM needs no pause for them): the stream itself."""
