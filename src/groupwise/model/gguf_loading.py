@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from groupwise.model.gguf_files import SOURCE_FILE, cache_entry, source_identity
 
@@ -78,7 +78,9 @@ def _load_entry(entry: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, Any]:
     return model, AutoTokenizer.from_pretrained(entry, local_files_only=True, trust_remote_code=False)
 
 
-def _store_entry(entry: Path, model: PreTrainedModel, tokenizer: Any, identity: dict[str, object]) -> None:
+def _store_entry(
+    entry: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, identity: dict[str, object]
+) -> None:
     """Write the entry into a temporary sibling, then rename it into place: readers see all of it or nothing. When
     another process got there first, its entry (of the same file) is kept and ours is dropped."""
     entry.parent.mkdir(parents=True, exist_ok=True)
