@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from groupwise.generation.chunk import RowResult, StopWatch, completions_of
 from groupwise.types import Completion, FinishReason, GenerationRequest, RowPrefix, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 Done = Callable[[Any], None]  # called once with the request's completions, or with the exception that failed it
 
@@ -101,7 +104,9 @@ def new_request(handle: int, request: GenerationRequest, on_done: Done, max_new:
 class FinishRules:
     """EOS, stop strings and the token limit, applied on the host to rows that just drew a token."""
 
-    def __init__(self, eos_token_ids: Sequence[int], tokenizer: Any, sampling: SamplingParams) -> None:
+    def __init__(
+        self, eos_token_ids: Sequence[int], tokenizer: PreTrainedTokenizerBase, sampling: SamplingParams
+    ) -> None:
         self.eos = frozenset(eos_token_ids)
         self.max_new = sampling.max_new_tokens
         self.tokenizer = tokenizer
