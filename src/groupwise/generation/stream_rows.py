@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from groupwise.generation.chunk import RowResult, StopWatch, completions_of
 from groupwise.types import Completion, FinishReason, GenerationRequest, RowPrefix, SamplingParams
@@ -19,7 +19,8 @@ from groupwise.types import Completion, FinishReason, GenerationRequest, RowPref
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-Done = Callable[[Any], None]  # called once with the request's completions, or with the exception that failed it
+# Called once with the request's completions, or with the exception that failed it.
+Done = Callable[[list[Completion] | BaseException], None]
 
 
 @dataclass(eq=False)
