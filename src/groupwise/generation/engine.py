@@ -234,7 +234,7 @@ class Engine:
         if self._stream_slots is None:
             self._stream_slots = StreamSlots(self._stream_graphs())
         stream = GenerationStream(self, self._decoder, sampling, max_rows=self.max_batch_rows, slots=self._stream_slots)
-        results: dict[int, Any] = {}
+        results: dict[int, Any] = {}  # completions, or the error raised below
         for index, request in enumerate(requests):
             stream.submit(request, partial(results.__setitem__, index))
         with _inference(self.model):
