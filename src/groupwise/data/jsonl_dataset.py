@@ -40,7 +40,7 @@ class DatasetError(ValueError):
         self.path = path
 
 
-def _answer_text(value: Any) -> str | None:
+def _answer_text(value: object) -> str | None:
     """The answer as a string, or None when it is not a string or a finite number."""
     if isinstance(value, str):
         return value
@@ -53,7 +53,7 @@ def _answer_text(value: Any) -> str | None:
     return None
 
 
-def _messages(value: Any) -> tuple[dict[str, str], ...] | str:
+def _messages(value: object) -> tuple[dict[str, str], ...] | str:
     """The chat turns, or a description of what is wrong with them."""
     if not isinstance(value, list) or not value:
         return "'messages' must be a non-empty list of {\"role\": ..., \"content\": ...} objects"

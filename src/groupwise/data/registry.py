@@ -23,6 +23,11 @@ from groupwise.types import Prompt
 if TYPE_CHECKING:
     from groupwise.config import DataSection
 
+TaskSettings = Mapping[str, Any] | BaseModel | None
+"""A task's settings: its own mapping or config section, or the whole data section (a mapping with a ``task`` key,
+or ``cfg.data``)."""
+
+
 @runtime_checkable
 class Task(Protocol):
     """What the trainer needs from a task: two disjoint prompt splits, a default verifier, demonstrations."""
@@ -41,7 +46,7 @@ TASKS: dict[str, type[Task]] = {task.name: task for task in (AdditionTask, Count
 _TASK_MEMBERS = ("name", "default_reward", "train_prompts", "eval_prompts", "demonstration")
 
 
-def build_task(name: str, settings: Any, seed: int) -> Task:
+def build_task(name: str, settings: TaskSettings, seed: int) -> Task:
     """The task ``name`` (a built-in name or ``package.module:ClassName``) built from its settings; ``seed`` fixes
     generated items and splits.
 
@@ -87,7 +92,7 @@ def _takes_any_keyword(parameters: Mapping[str, inspect.Parameter]) -> bool:
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
-def task_settings(name: str, settings: Any) -> dict[str, Any]:
+def task_settings(name: str, settings: TaskSettings) -> dict[str, Any]:
     """The keyword arguments of task ``name`` from its own settings or from the whole data section: a built-in
     task's section ``data.<name>``, a plug-in task's ``data.kwargs``."""
     if settings is None:

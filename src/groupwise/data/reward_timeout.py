@@ -37,7 +37,7 @@ class _Call:
 
     def __init__(self) -> None:
         self.done = threading.Event()
-        self.result: Any = None
+        self.result: Any = None  # Any: what the user's reward function returned (scoring checks it is a number)
         self.error: BaseException | None = None
 
 
@@ -81,7 +81,7 @@ class TimedReward:
         self._helper: _Helper | None = None
         self._lock = threading.Lock()  # one call at a time, whichever thread scores
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # Any: passed through to and from the user's function
         with self._lock:
             if self._helper is None:
                 self._helper = _Helper(f"groupwise-reward-{self.__name__}")

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
 from groupwise.types import Completion, GenerationRequest, RowPrefix, SamplingParams
 
-StreamDone = Callable[[Any], None]
+StreamDone = Callable[[list[Completion] | BaseException], None]
 """Called once, from the serving thread, with a request's completions or with the exception that failed it."""
 
 

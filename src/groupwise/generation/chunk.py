@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from groupwise.types import Completion, FinishReason
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,8 @@ class Prefill:
     """A chunk after prefill: per-row last logits, the distinct prompts' cache and how rows map to them."""
 
     logits: Tensor  # [R, V]
-    cache: Any  # a transformers Cache: one row per distinct prompt, prompt columns filled
+    cache: Any  # Any: a transformers Cache (new_kv_cache), whose layers it types as a union without keys/values;
+    # one row per distinct prompt, prompt columns filled
     row_to_prompt: Tensor  # [R]
     padding: Tensor  # [U, W] bool: True at real (not left-pad) prompt tokens
     positions: Tensor  # [R] position id of the first generated token
@@ -49,7 +53,8 @@ class ChunkRecord:
     """
 
     def __init__(
-        self, num_rows: int, max_new: int, eos: Tensor, tokenizer: Any, stop: Sequence[str], device: torch.device
+        self, num_rows: int, max_new: int, eos: Tensor, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str],
+        device: torch.device,
     ) -> None:
         self.eos = eos
         self.tokens = torch.zeros((num_rows, max_new), dtype=torch.long, device=device)
@@ -91,7 +96,7 @@ class StopWatch:
     token spells after it: text always equals the decode of the kept tokens).
     """
 
-    def __init__(self, tokenizer: Any, stop: Sequence[str], num_rows: int) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str], num_rows: int) -> None:
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
         self.generated: list[list[int]] = [[] for _ in range(num_rows)]
@@ -114,7 +119,7 @@ class StopWatch:
 
 
 def completions_of(
-    results: Sequence[RowResult], versions: Sequence[Sequence[int]], tokenizer: Any
+    results: Sequence[RowResult], versions: Sequence[Sequence[int]], tokenizer: PreTrainedTokenizerBase
 ) -> list[Completion]:
     """Package finished rows: ``versions[i]`` holds the weight version of each token of ``results[i]``; the text
     drops a final EOS but keeps every other special token, and ``weight_version`` is the last token's version."""

@@ -10,25 +10,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+from transformers.cache_utils import Cache
 
 from groupwise.generation.chunk import ChunkRecord, Prefill
 from groupwise.generation.kv_cache import select_cache_rows
 from groupwise.generation.sampling import keyed_uniforms, sample_with_logprobs
 from groupwise.types import SamplingParams
 
+if TYPE_CHECKING:
+    from groupwise.generation.llama_decode import LlamaDecoder
+
 # Compact the batch once this fraction of its rows has finished (see _Batch).
 _COMPACT_FRACTION = 0.125
 
 # (input_ids [B, 1], key mask, position_ids [B, 1], cache) -> logits [B, V]: the model's own forward.
-Forward = Callable[[Tensor, Tensor, Tensor, Any], Tensor]
+Forward = Callable[[Tensor, Tensor, Tensor, Cache], Tensor]
 
 
 def decode_compacting(
-    decoder: Any, prefill: Prefill, sampling: SamplingParams, record: ChunkRecord, forward: Forward,
+    decoder: LlamaDecoder | None, prefill: Prefill, sampling: SamplingParams, record: ChunkRecord, forward: Forward,
     key_mask_for: Callable[[Tensor], Tensor],
 ) -> None:  # fmt: skip
     """Decode a prefilled chunk to the end; ``decoder`` is the fast step (None: ``forward``), ``key_mask_for`` turns

@@ -39,7 +39,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -62,6 +62,9 @@ from groupwise.generation.step_graphs import StepGraphs
 from groupwise.generation.stream import GenerationStream
 from groupwise.generation.stream_slots import StreamSlots
 from groupwise.types import Completion, GenerationRequest, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # Attention implementations that take a prepared 4D mask as is (flash-attention wants 2D): sdpa reads
 # a boolean mask (True = attend, 1 byte per entry), eager adds a float mask to the scores.
@@ -94,7 +97,7 @@ class Engine:
     def __init__(
         self,
         model: torch.nn.Module,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         eos_token_ids: Sequence[int],
         version: int = 0,
         max_batch_rows: int = 256,
@@ -231,7 +234,7 @@ class Engine:
         if self._stream_slots is None:
             self._stream_slots = StreamSlots(self._stream_graphs())
         stream = GenerationStream(self, self._decoder, sampling, max_rows=self.max_batch_rows, slots=self._stream_slots)
-        results: dict[int, Any] = {}
+        results: dict[int, Any] = {}  # completions, or the error raised below
         for index, request in enumerate(requests):
             stream.submit(request, partial(results.__setitem__, index))
         with _inference(self.model):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from groupwise.generation.base import Generator, OwnsEngine, RequestStream, StreamingGenerator, StreamSupport
 from groupwise.plugins import PluginImportError, import_plugin
@@ -20,6 +20,7 @@ from groupwise.types import SamplingParams
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase
 
     from groupwise.config import GenerationSection, ModelSection
 
@@ -32,7 +33,7 @@ class GeneratorSpec:
     generation: GenerationSection
     model_section: ModelSection
     model: torch.nn.Module
-    tokenizer: Any  # a Hugging Face tokenizer (its classes share no base type worth naming)
+    tokenizer: PreTrainedTokenizerBase
     eos_token_ids: Sequence[int]
 
 

@@ -29,6 +29,7 @@ class PreallocatedLayer(DynamicLayer):
         self.length = 0
         self._buffers: tuple[Tensor, Tensor] | None = None  # keys, values: [rows, heads, capacity, head_dim]
 
+    # Any: DynamicLayer.update's own extra arguments (unused here), kept so the override matches it.
     def update(self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
         """Write the new positions after the filled prefix and return views of everything filled so far."""
         if self._buffers is None:

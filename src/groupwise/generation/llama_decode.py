@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from transformers.cache_utils import Cache
 
 from groupwise.generation.masks import prefill_allowed
 from groupwise.generation.projections import ParameterProjection, Projection, new_projection, projection_kind
@@ -45,7 +46,7 @@ from groupwise.generation.projections import ParameterProjection, Projection, ne
 log = logging.getLogger(__name__)
 
 # (input_ids, mask, position_ids, cache) -> last-position logits: the engine's module path.
-ModuleForward = Callable[[Tensor, Tensor, Tensor, Any], Tensor]
+ModuleForward = Callable[[Tensor, Tensor, Tensor, Cache], Tensor]
 
 # Model classes (and their config.model_type) whose decoder layers have the Llama structure.
 _SUPPORTED_MODELS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
@@ -109,6 +110,8 @@ class LlamaDecoder:
     and bumps :attr:`generation` — the signal for anything that captured a step (a CUDA graph) to capture again.
     """
 
+    # Any (model, layer, projection): a Llama/Qwen2 module tree read by attribute; torch types every submodule
+    # attribute as Tensor | Module, so these reads would not type-check without a cast each.
     def __init__(self, model: Any, projections: str = "auto") -> None:
         config = model.config
         self.model = model
@@ -175,7 +178,7 @@ class LlamaDecoder:
 
     def step(
         self, tokens: Tensor, positions: Tensor, key_mask: Tensor, cache: Any, weights: DecoderWeights | None = None
-    ) -> Tensor:
+    ) -> Tensor:  # Any: a transformers Cache (its layers typed as a union without update) or the slots' cache
         """Logits ``[B, V]`` after feeding ``tokens [B]`` at ``positions [B]``; ``key_mask`` is ``[B, 1, 1, K]``.
 
         ``weights`` defaults to the current ones; a captured step passes the ones it was captured with.
@@ -191,7 +194,7 @@ class LlamaDecoder:
 
     def _attention(
         self, weights: _LayerWeights, cache_layer: Any, x: Tensor, cos: Tensor, sin: Tensor, key_mask: Tensor
-    ) -> Tensor:
+    ) -> Tensor:  # Any: one layer of that cache
         """``x + attention(...) Woᵀ``; q and k are rotated together (one rope for both)."""
         rows, heads, kv_heads, dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = weights.qkv(_rms_norm(x, weights.norm_in, self.eps))
@@ -209,12 +212,12 @@ class LlamaDecoder:
         return weights.down(F.silu(gate).mul_(up), residual=x)
 
 
-def _projections(layer: Any) -> tuple[Any, ...]:
+def _projections(layer: Any) -> tuple[Any, ...]:  # Any: a decoder layer and its Linear modules (see LlamaDecoder)
     attn, mlp = layer.self_attn, layer.mlp
     return (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
 
 
-def _sources(model: Any) -> list[Tensor]:
+def _sources(model: Any) -> list[Tensor]:  # Any: as in LlamaDecoder
     """Every model tensor the step reads (weights and biases of every projection, norms, embedding, head)."""
     inner = model.model
     tensors = [inner.embed_tokens.weight, inner.norm.weight, model.lm_head.weight]
@@ -225,14 +228,14 @@ def _sources(model: Any) -> list[Tensor]:
     return tensors
 
 
-def _packed_bias(projections: tuple[Any, ...]) -> Tensor | None:
+def _packed_bias(projections: tuple[Any, ...]) -> Tensor | None:  # Any: as in LlamaDecoder
     """The concatenated biases of ``projections`` (zeros for one without), or ``None`` when none has a bias."""
     if all(p.bias is None for p in projections):
         return None
     return torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.weight.shape[0]) for p in projections])
 
 
-def _packed(layer: Any) -> dict[str, tuple[Tensor, Tensor | None]]:
+def _packed(layer: Any) -> dict[str, tuple[Tensor, Tensor | None]]:  # Any: as in LlamaDecoder
     """Each projection's ``[out, in]`` weight (q|k|v and gate|up concatenated) and bias, as fresh values."""
     q, k, v, o, gate, up, down = _projections(layer)
     return {
@@ -243,7 +246,7 @@ def _packed(layer: Any) -> dict[str, tuple[Tensor, Tensor | None]]:
     }
 
 
-def _pack(layer: Any, kind: str) -> _LayerWeights:
+def _pack(layer: Any, kind: str) -> _LayerWeights:  # Any: as in LlamaDecoder
     projections = {name: new_projection(kind, weight, bias) for name, (weight, bias) in _packed(layer).items()}
     return _LayerWeights(
         norm_in=layer.input_layernorm.weight.detach(),
@@ -252,7 +255,7 @@ def _pack(layer: Any, kind: str) -> _LayerWeights:
     )
 
 
-def _repack_into(weights: _LayerWeights, layer: Any) -> None:
+def _repack_into(weights: _LayerWeights, layer: Any) -> None:  # Any: as in LlamaDecoder
     """Give the layer's current values to its projections (dense: copied into their storage, which captured graphs
     read). Norms are views of the parameters themselves, current by construction."""
     for name, (weight, bias) in _packed(layer).items():
@@ -272,7 +275,7 @@ def _rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
-def unsupported_reason(model: Any) -> str | None:
+def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why the fast path cannot take this model (``None`` when its structure is supported)."""
     config = getattr(model, "config", None)
     name = type(model).__name__
@@ -295,8 +298,8 @@ def unsupported_reason(model: Any) -> str | None:
 
 
 def fast_decoder_for(
-    model: Any, forward: ModuleForward, new_cache: Any, as_mask: Any
-) -> tuple[LlamaDecoder | None, str]:
+    model: Any, forward: ModuleForward, new_cache: Callable[[int], Cache], as_mask: Callable[[Tensor], Tensor]
+) -> tuple[LlamaDecoder | None, str]:  # Any: as in LlamaDecoder
     """The fast decoder if the model is supported and agrees with its own forward on a probe; else why not.
 
     The probe: two left-padded prompts of different lengths, prefilled through ``forward`` (the
@@ -318,8 +321,9 @@ def fast_decoder_for(
 
 @torch.inference_mode()
 def _probe_difference(
-    model: Any, decoder: LlamaDecoder, forward: ModuleForward, new_cache: Any, as_mask: Any
-) -> tuple[float, float]:
+    model: Any, decoder: LlamaDecoder, forward: ModuleForward, new_cache: Callable[[int], Cache],
+    as_mask: Callable[[Tensor], Tensor],
+) -> tuple[float, float]:  # Any: as in LlamaDecoder
     device = model.lm_head.weight.device
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.config.vocab_size, (2, 6), generator=generator).to(device)

@@ -36,9 +36,9 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -47,7 +47,12 @@ from groupwise.generation.pausing import PausingGenerator
 from groupwise.generation.sampling import check_sampling_params, keyed_uniforms, sample_with_logprobs
 from groupwise.generation.stream_rows import Done, FinishRules, StreamRequest, StreamRow, new_request
 from groupwise.generation.stream_slots import SlotRows, StreamSlots
-from groupwise.types import GenerationRequest, RowPrefix, SamplingParams
+from groupwise.types import Completion, GenerationRequest, RowPrefix, SamplingParams
+
+if TYPE_CHECKING:
+    from groupwise.generation.chunk import Prefill
+    from groupwise.generation.engine import Engine
+    from groupwise.generation.llama_decode import LlamaDecoder
 
 PARTIAL_MODES = ("off", "continue")
 KV_MODES = ("recompute", "keep")
@@ -72,12 +77,14 @@ class GenerationStream:
     """A continuous-batching decode loop over an engine (see the module docstring)."""
 
     def __init__(
-        self, engine: Any, decoder: Any, sampling: SamplingParams, *, max_rows: int, partial: str = "off",
-        kv: str = "recompute", slots: StreamSlots,
+        self, engine: Engine, decoder: LlamaDecoder | None, sampling: SamplingParams, *, max_rows: int,
+        partial: str = "off", kv: str = "recompute", slots: StreamSlots,
     ) -> None:  # fmt: skip
         check_sampling_params(sampling)
         if partial not in PARTIAL_MODES or kv not in KV_MODES:
             raise ValueError(f"partial={partial!r} must be one of {PARTIAL_MODES} and kv={kv!r} one of {KV_MODES}")
+        if decoder is None:  # Engine.stream_support says why there is no fast step
+            raise ValueError("a generation stream decodes with the fast decode step, and this engine has none")
         self.engine, self.decoder, self.sampling = engine, decoder, sampling
         self.max_rows, self.partial, self.kv = max(1, max_rows), partial, kv
         self._slots = SlotRows(slots, decoder, sampling)
@@ -335,7 +342,7 @@ class GenerationStream:
             if entry.handle not in self._cancels:  # a cancelled request's requester is gone: nobody forgets it
                 self._answered[entry.handle] = entry
         try:
-            result: Any = self._rules.completions(entry)
+            result: list[Completion] | Exception = self._rules.completions(entry)
         except Exception as error:  # noqa: BLE001 — packaging failed (the tokenizer): that request gets it
             result = error
         entry.on_done(result)
@@ -417,7 +424,7 @@ class GenerationStream:
         self._charge(batch, time.perf_counter() - start)
         self._finish(finished)
 
-    def _prefill(self, rows: list[StreamRow]) -> Any:
+    def _prefill(self, rows: list[StreamRow]) -> Prefill:
         """One forward per distinct sequence (a fresh request's samples share their prompt's)."""
         index: dict[tuple[int, ...], int] = {}
         specs = []
@@ -426,7 +433,7 @@ class GenerationStream:
             specs.append((index.setdefault(sequence, len(index)), row.sample, row.request.request.seed, sequence))
         return self.engine.prefill_rows(specs)
 
-    def _draw_first(self, batch: list[StreamRow], fresh: list[int], prefill: Any) -> list[StreamRow]:
+    def _draw_first(self, batch: list[StreamRow], fresh: list[int], prefill: Prefill) -> list[StreamRow]:
         """Token 0 of fresh rows, from their prefill logits (the same sampling functions as every step); returns
         the rows that finished with it."""
         at = torch.tensor(fresh, dtype=torch.long, device=prefill.positions.device)
@@ -462,7 +469,7 @@ class GenerationStream:
             self._slots.free(row)
         self._finish(finished)
 
-    def _finish(self, finished: Any) -> None:
+    def _finish(self, finished: Collection[StreamRow]) -> None:
         """Count finished rows against their requests; hand back every request whose rows are all done."""
         for row in finished:
             row.request.unfinished -= 1

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from groupwise.generation.chunk import RowResult, StopWatch, completions_of
 from groupwise.types import Completion, FinishReason, GenerationRequest, RowPrefix, SamplingParams
 
-Done = Callable[[Any], None]  # called once with the request's completions, or with the exception that failed it
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# Called once with the request's completions, or with the exception that failed it.
+Done = Callable[[list[Completion] | BaseException], None]
 
 
 @dataclass(eq=False)
@@ -101,7 +105,9 @@ def new_request(handle: int, request: GenerationRequest, on_done: Done, max_new:
 class FinishRules:
     """EOS, stop strings and the token limit, applied on the host to rows that just drew a token."""
 
-    def __init__(self, eos_token_ids: Sequence[int], tokenizer: Any, sampling: SamplingParams) -> None:
+    def __init__(
+        self, eos_token_ids: Sequence[int], tokenizer: PreTrainedTokenizerBase, sampling: SamplingParams
+    ) -> None:
         self.eos = frozenset(eos_token_ids)
         self.max_new = sampling.max_new_tokens
         self.tokenizer = tokenizer

@@ -11,7 +11,7 @@ captured steps (:class:`~groupwise.generation.step_graphs.StepGraphs`), in-place
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +21,7 @@ from groupwise.generation.stream_rows import StreamRow
 from groupwise.types import SamplingParams
 
 if TYPE_CHECKING:
+    from groupwise.generation.chunk import Prefill
     from groupwise.generation.llama_decode import LlamaDecoder
 
 
@@ -85,7 +86,7 @@ class SlotRows:
             self._rows += [None] * (slots.num_slots - len(self._rows))
         self.decoder.prepare(slots.capacity)  # the rotary table covers every column
 
-    def load(self, rows: list[StreamRow], prefill: Any, prefill_rows: list[int], into_own: bool = False) -> None:
+    def load(self, rows: list[StreamRow], prefill: Prefill, prefill_rows: list[int], into_own: bool = False) -> None:
         """Put ``rows`` (rows ``prefill_rows`` of ``prefill``) into free slots, or back into their own slots
         (``into_own``: their KV rebuilt); each feeds its last token next and samples token ``len(tokens)``."""
         if not rows:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -32,6 +32,9 @@ from groupwise.generation.vllm_setup import VllmSettings, engine_kwargs, import_
 from groupwise.generation.vllm_weights import check_names, reload_in_process
 from groupwise.types import Completion, GenerationRequest, SamplingParams
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 # vLLM keeps its parallel state (process groups) per process: a second in-process engine would share it, and closing
 # either tears it down under the other. One at a time (the stream's engine runs in a process of its own).
 _open_engines: list[VllmGenerator] = []
@@ -47,8 +50,8 @@ class VllmGenerator:
     """
 
     def __init__(
-        self, settings: VllmSettings, tokenizer: Any, eos_token_ids: Sequence[int], weight_names: Sequence[str],
-        version: int = 0,
+        self, settings: VllmSettings, tokenizer: PreTrainedTokenizerBase, eos_token_ids: Sequence[int],
+        weight_names: Sequence[str], version: int = 0,
     ) -> None:  # fmt: skip
         if not eos_token_ids:
             raise ValueError("eos_token_ids is empty; pass groupwise.model.eos_token_ids(tokenizer, model)")
@@ -120,7 +123,7 @@ class VllmGenerator:
         finally:
             torch.set_num_threads(threads)
 
-    def _row_output(self, output: Any, sampling: SamplingParams) -> RowOutput:
+    def _row_output(self, output: Any, sampling: SamplingParams) -> RowOutput:  # Any: a vllm.RequestOutput
         completion = output.outputs[0]
         tokens = [int(token) for token in completion.token_ids]
         logprobs = recorded_logprobs(tokens, completion.logprobs, self.settings.logprobs, sampling.temperature)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,6 +33,9 @@ from groupwise.generation.sampling import logprob_temperature
 from groupwise.generation.vllm_setup import LogprobSource
 from groupwise.seeding import derive_seed
 from groupwise.types import Completion, FinishReason, GenerationRequest, RowPrefix, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ def expand_rows(requests: Sequence[GenerationRequest], max_new_tokens: int) -> t
     return to_generate, finished
 
 
+# Any: the vllm module, its RequestOutputKind and the vllm.SamplingParams made (vllm is optional, imported lazily).
 def sampling_params_for(
     vllm: Any, row: VllmRow, sampling: SamplingParams, eos_token_ids: Sequence[int], source: LogprobSource,
     output_kind: Any = None,
@@ -126,7 +130,7 @@ def check_source(source: LogprobSource, sampling: SamplingParams) -> None:
 
 def recorded_logprobs(
     token_ids: Sequence[int], steps: Sequence[Any] | None, source: LogprobSource, temperature: float
-) -> list[float]:
+) -> list[float]:  # Any: vLLM's per-step logprob dicts
     """The recorded logprob of each sampled token from vLLM's per-step logprob dicts (token id -> ``Logprob``).
 
     ``processed``: vLLM's value, already ``log_softmax(logits / T)[token]`` (greedy: T = 1). ``full_vocab``: each
@@ -149,7 +153,8 @@ def recorded_logprobs(
 
 
 def package(
-    rows: Sequence[VllmRow], outputs: Sequence[RowOutput], eos_token_ids: Sequence[int], tokenizer: Any
+    rows: Sequence[VllmRow], outputs: Sequence[RowOutput], eos_token_ids: Sequence[int],
+    tokenizer: PreTrainedTokenizerBase,
 ) -> list[Completion]:
     """Completions of rows (prefix first, then what vLLM generated), in the built-in engine's packaging."""
     if not rows:
@@ -167,7 +172,9 @@ def package(
     return completions_of(results, versions, tokenizer)
 
 
-def package_finished(rows: Sequence[VllmRow], eos_token_ids: Sequence[int], tokenizer: Any) -> list[Completion]:
+def package_finished(
+    rows: Sequence[VllmRow], eos_token_ids: Sequence[int], tokenizer: PreTrainedTokenizerBase
+) -> list[Completion]:
     """Completions of rows whose prefix had already finished (nothing generated for them)."""
     if not rows:
         return []
@@ -191,7 +198,9 @@ def finish_reason_of(vllm_reason: str | None) -> FinishReason:
     raise RuntimeError(f"vLLM ended a row with finish reason {vllm_reason!r}; only 'stop' and 'length' complete it")
 
 
-def versions_from_spans(spans: Sequence[Any] | None, num_tokens: int, fallback: Sequence[int]) -> list[int]:
+def versions_from_spans(
+    spans: Sequence[Any] | None, num_tokens: int, fallback: Sequence[int]
+) -> list[int]:  # Any: vLLM's weight-version spans
     """Per-token weight versions from vLLM's ``CompletionOutput.weight_versions`` (spans ``[start, end)`` labelled
     with the version string this backend set); ``fallback`` (the versions stamped as the tokens arrived) when vLLM
     reported none."""

@@ -28,12 +28,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 
+from groupwise.model.loading import pretrained
 from groupwise.optional_packages import VLLM_INSTALL_HINT, vllm_unavailable
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 LogprobSource = Literal["processed", "full_vocab"]
 
@@ -97,7 +101,7 @@ def engine_kwargs(settings: VllmSettings) -> dict[str, Any]:
     return kwargs
 
 
-def import_vllm(settings: VllmSettings) -> Any:
+def import_vllm(settings: VllmSettings) -> Any:  # Any: the vllm module (vllm is optional and imported lazily)
     """Set the environment defaults (module docstring) and import vLLM; a clear error when it is missing."""
     why = vllm_unavailable()
     if why is not None:
@@ -128,11 +132,11 @@ def process_state_kept() -> Iterator[None]:
         torch.random.set_rng_state(torch_state)
 
 
-def write_model_folder(model: Any, tokenizer: Any, directory: str | Path) -> Path:
+def write_model_folder(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, directory: str | Path) -> Path:
     """Write ``model`` (a plain causal LM: merge LoRA adapters first) and ``tokenizer`` as a Hugging Face folder
     vLLM loads (``config.json``, ``generation_config.json``, safetensors weights, the tokenizer files)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
+    pretrained(model).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory

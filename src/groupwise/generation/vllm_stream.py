@@ -40,7 +40,7 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch import Tensor
 
@@ -61,6 +61,9 @@ from groupwise.generation.vllm_stream_rows import BusyClock, Done, Dropped, RowS
 from groupwise.generation.vllm_weights import DiskReload, IpcTransfer, check_names
 from groupwise.types import Completion, GenerationRequest, RowPrefix, SamplingParams
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 PARTIAL_MODES = ("off", "continue")
 _T = TypeVar("_T")
 
@@ -69,8 +72,9 @@ class VllmStream:
     """A generation stream over ``AsyncLLM`` (see the module docstring); building it starts the engine."""
 
     def __init__(
-        self, settings: VllmSettings, tokenizer: Any, eos_token_ids: Sequence[int], weight_names: Sequence[str],
-        sampling: SamplingParams, *, version: int = 0, partial: str = "off", weights_dir: str | None = None,
+        self, settings: VllmSettings, tokenizer: PreTrainedTokenizerBase, eos_token_ids: Sequence[int],
+        weight_names: Sequence[str], sampling: SamplingParams, *, version: int = 0, partial: str = "off",
+        weights_dir: str | None = None,
     ) -> None:  # fmt: skip
         check_sampling_params(sampling)
         check_source(settings.logprobs, sampling)
@@ -98,7 +102,7 @@ class VllmStream:
         self._thread = threading.Thread(target=self._loop.run_forever, name="groupwise-vllm", daemon=True)
         self._thread.start()
         try:
-            self.engine: Any = self._run(self._build())
+            self.engine: Any = self._run(self._build())  # Any: a vLLM AsyncLLM (vllm is optional and imported lazily)
         except BaseException:
             self._loop.call_soon_threadsafe(self._loop.stop)  # no thread is left behind by a failed start
             self._thread.join(10.0)
@@ -123,9 +127,9 @@ class VllmStream:
         """Every request through the stream (joining whatever runs), in request order; blocks until all are done.
         Not from the stream's own thread, and not inside :meth:`paused`."""
         done = threading.Event()
-        results: dict[int, Any] = {}
+        results: dict[int, Any] = {}  # completions, or the error raised below
 
-        def answer(index: int, outcome: Any) -> None:
+        def answer(index: int, outcome: list[Completion] | BaseException) -> None:
             results[index] = outcome
             if len(results) == len(requests):
                 done.set()
@@ -291,7 +295,7 @@ class VllmStream:
             raise RuntimeError("a blocking VllmStream call from the stream's own thread would deadlock it")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
 
-    async def _build(self) -> Any:
+    async def _build(self) -> Any:  # Any: the AsyncLLM
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -356,7 +360,7 @@ class VllmStream:
                 entry.on_dropped(entry.tokens, entry.seconds)
             return
         errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
-        result: Any = errors[0] if errors else None
+        result: list[Completion] | BaseException | None = errors[0] if errors else None
         if result is None:
             try:
                 rows = [state.row for state in entry.rows]

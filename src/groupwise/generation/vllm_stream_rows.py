@@ -12,12 +12,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from groupwise.generation.vllm_rows import RowOutput, VllmRow, finish_reason_of
-from groupwise.types import FinishReason, GenerationRequest, RowPrefix, SamplingParams
+from groupwise.types import Completion, FinishReason, GenerationRequest, RowPrefix, SamplingParams
 
-Done = Callable[[Any], None]  # called once with the request's completions, or with the exception that failed it
+if TYPE_CHECKING:
+    import asyncio
+
+# Called once with the request's completions, or with the exception that failed it.
+Done = Callable[[list[Completion] | BaseException], None]
 Dropped = Callable[[int, float], None]  # a cancelled request's cost: (tokens, seconds)
 
 
@@ -62,7 +66,7 @@ class StreamEntry:
     seconds: float = 0.0
     cancelled: bool = False
     on_dropped: Dropped | None = None
-    tasks: list[Any] = field(default_factory=list)  # the rows' asyncio tasks
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)  # the rows' asyncio tasks
 
     @property
     def tokens(self) -> int:

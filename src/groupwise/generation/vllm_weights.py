@@ -37,7 +37,7 @@ def check_names(state: Mapping[str, Tensor], expected: set[str]) -> None:
         )
 
 
-def reload_in_process(llm: Any, state: Mapping[str, Tensor]) -> None:
+def reload_in_process(llm: Any, state: Mapping[str, Tensor]) -> None:  # Any: a vllm.LLM (vllm: optional, lazy)
     """Reload ``state`` into an in-process ``vllm.LLM``'s workers."""
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(list(state.items()))})
 
@@ -67,7 +67,7 @@ class DiskReload:
         partial.replace(path)
         return str(self.directory)
 
-    async def push(self, engine: Any, state: Mapping[str, Tensor]) -> None:
+    async def push(self, engine: Any, state: Mapping[str, Tensor]) -> None:  # Any: a vLLM AsyncLLM
         """Write ``state`` and have ``engine`` (an ``AsyncLLM``) reload it."""
         folder = self.write(state)
         await engine.collective_rpc("reload_weights", kwargs={"weights_path": folder})
@@ -79,7 +79,7 @@ class _StateSource:
     def __init__(self) -> None:
         self.state: Mapping[str, Tensor] = {}
 
-    def metadata(self) -> list[Any]:
+    def metadata(self) -> list[Any]:  # Any: vLLM's ParamMeta (vllm is optional and imported lazily)
         from vllm.distributed.weight_transfer.base import ParamMeta
 
         return [ParamMeta(name, tensor.dtype, tuple(tensor.shape)) for name, tensor in self.state.items()]
@@ -91,6 +91,7 @@ class _StateSource:
 class _LoopClient:
     """vLLM's ``VLLMWeightSyncClient`` (four synchronous calls) over an ``AsyncLLM`` on another thread's loop."""
 
+    # Any: a vLLM AsyncLLM, and what its coroutines return (vllm is optional and imported lazily).
     def __init__(self, engine: Any, run: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
         self.engine, self.run = engine, run
 
@@ -102,7 +103,7 @@ class _LoopClient:
     def start_weight_update(self) -> None:
         self.run(self.engine.start_weight_update())
 
-    def update_weights(self, update_info: Any) -> None:
+    def update_weights(self, update_info: Any) -> None:  # Any: vLLM's update info, passed through
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         self.run(self.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info)))
@@ -118,6 +119,7 @@ class IpcTransfer:
     trainer-side engine drives the transfer through synchronous calls.
     """
 
+    # Any: a vLLM AsyncLLM, and what its coroutines return (vllm is optional and imported lazily).
     def __init__(self, engine: Any, run: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo

@@ -7,7 +7,7 @@ The names below are imported on first use (PEP 562), so importing a torch-free s
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from groupwise.model.encode import encode_prompt
@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'groupwise.model' has no attribute {name!r}")

@@ -55,7 +55,7 @@ class _HeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any,
+        ctx: Any,  # Any: autograd's context, which forward gives fields of its own (FunctionCtx declares none)
         hidden: Tensor,
         weight: Tensor,
         bias: Tensor | None,
@@ -86,7 +86,9 @@ class _HeadLogprobs(torch.autograd.Function):
         return logprobs, entropy
 
     @staticmethod
-    def backward(ctx: Any, grad_logprobs: Tensor | None, grad_entropy: Tensor | None) -> tuple[Tensor | None, ...]:
+    def backward(  # ctx: Any, as in forward
+        ctx: Any, grad_logprobs: Tensor | None, grad_entropy: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
         hidden, weight, bias, targets, log_normaliser, entropy = ctx.saved_tensors
         temperature, chunk_size, compute_dtype = ctx.temperature, ctx.chunk_size, ctx.compute_dtype
         acc = _accumulation_dtype(compute_dtype)

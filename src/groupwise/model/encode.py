@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from groupwise.types import Prompt
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-def encode_prompt(tokenizer: Any, prompt: Prompt, system_prompt: str | None = None) -> tuple[int, ...]:
+
+def encode_prompt(
+    tokenizer: PreTrainedTokenizerBase, prompt: Prompt, system_prompt: str | None = None
+) -> tuple[int, ...]:
     """The prompt's token ids.
 
     - ``prompt.text`` is tokenized as is, with the tokenizer's own BOS handling; a ``system_prompt``
@@ -38,6 +43,8 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, system_prompt: str | None = No
             "an instruct model whose tokenizer ships one, or give the data as plain 'prompt' strings"
         )
     rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if not isinstance(rendered, str):  # transformers' return type covers every mode; tokenize=False gives the text
+        raise TypeError(f"the tokenizer's chat template rendered a {type(rendered).__name__}, not a string")
     return _tokenize(tokenizer, rendered, add_special_tokens=False, uid=prompt.uid)
 
 
@@ -45,11 +52,11 @@ class ChatTemplateMissing(ValueError):
     """Chat-format prompts (``messages``) with a tokenizer that has no chat template."""
 
 
-def has_chat_template(tokenizer: Any) -> bool:
+def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def _tokenize(tokenizer: Any, text: str, add_special_tokens: bool, uid: str) -> tuple[int, ...]:
+def _tokenize(tokenizer: PreTrainedTokenizerBase, text: str, add_special_tokens: bool, uid: str) -> tuple[int, ...]:
     ids = tuple(int(token_id) for token_id in tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
     if not ids:
         raise ValueError(

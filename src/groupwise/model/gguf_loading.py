@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from groupwise.model.gguf_files import SOURCE_FILE, cache_entry, source_identity
 
@@ -23,7 +23,7 @@ Note = Callable[[str], None]
 OFFLINE: dict[str, Any] = {"local_files_only": True, "adapter_kwargs": {"local_files_only": True}}
 
 
-def dequantise_gguf(gguf: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, Any]:
+def dequantise_gguf(gguf: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Dequantise a GGUF checkpoint, then copy its weights into a plain model built from its config.
 
     transformers marks a GGUF-loaded model as quantized and refuses to ``save_pretrained`` it; the
@@ -45,7 +45,9 @@ def dequantise_gguf(gguf: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, An
     return plain, tokenizer
 
 
-def load_gguf(gguf: Path, dtype: torch.dtype, cache_root: Path | None, note: Note) -> tuple[PreTrainedModel, Any]:
+def load_gguf(
+    gguf: Path, dtype: torch.dtype, cache_root: Path | None, note: Note
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` of ``gguf``: from its cache entry under ``cache_root`` when there is one, else
     dequantised (and stored there when ``cache_root`` is given). ``note`` hears which of the two happened.
 
@@ -73,12 +75,14 @@ def load_gguf(gguf: Path, dtype: torch.dtype, cache_root: Path | None, note: Not
     return model, tokenizer
 
 
-def _load_entry(entry: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, Any]:
+def _load_entry(entry: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     model = AutoModelForCausalLM.from_pretrained(entry, dtype=dtype, **OFFLINE, trust_remote_code=False)
     return model, AutoTokenizer.from_pretrained(entry, local_files_only=True, trust_remote_code=False)
 
 
-def _store_entry(entry: Path, model: PreTrainedModel, tokenizer: Any, identity: dict[str, object]) -> None:
+def _store_entry(
+    entry: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, identity: dict[str, object]
+) -> None:
     """Write the entry into a temporary sibling, then rename it into place: readers see all of it or nothing. When
     another process got there first, its entry (of the same file) is kept and ours is dropped."""
     entry.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from groupwise.model.gguf_files import resolve_gguf
 from groupwise.model.gguf_loading import OFFLINE, load_gguf
@@ -31,7 +31,7 @@ class Policy:
     """A causal LM and its tokenizer, always saveable."""
 
     model: torch.nn.Module  # a transformers PreTrainedModel, or a peft model around one once LoRA adapters are on
-    tokenizer: Any  # a transformers tokenizer (fast or backend); its classes share no base type worth naming
+    tokenizer: PreTrainedTokenizerBase  # a transformers tokenizer (its fast, Python and other backends share it)
 
     def save(self, directory: str | Path) -> Path:
         """Write model + generation config + tokenizer as a Hugging Face directory (safetensors); an adapted
@@ -68,7 +68,7 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def eos_token_ids(tokenizer: Any, model: torch.nn.Module) -> tuple[int, ...]:
+def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model: torch.nn.Module) -> tuple[int, ...]:
     """The ids that end a completion: the tokenizer's EOS, then the generation config's, deduplicated."""
     candidates: list[int] = []
     if tokenizer.eos_token_id is not None:

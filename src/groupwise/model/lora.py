@@ -21,14 +21,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeGuard
 
 import torch
 from torch import Tensor
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from groupwise.model.weights import ModelWeights
 
 if TYPE_CHECKING:
-    from peft import PeftModel
+    from peft import LoraConfig, PeftConfig, PeftModel
 
 ADAPTER_DIR = "adapter"
 _ADAPTER = "default"  # peft's name for the one adapter we add
@@ -38,13 +40,13 @@ class LoraSetupError(ValueError):
     """The LoRA settings do not fit the model (no target module found, a target that is not a Linear)."""
 
 
-def is_adapted(model: Any) -> bool:
+def is_adapted(model: object) -> TypeGuard[PeftModel]:
     """Whether ``model`` is a peft model (without importing peft when nothing has)."""
     peft = sys.modules.get("peft")
     return peft is not None and isinstance(model, peft.PeftModel)
 
 
-def lora_config(rank: int, alpha: float, dropout: float, target_modules: list[str]) -> Any:
+def lora_config(rank: int, alpha: float, dropout: float, target_modules: list[str]) -> LoraConfig:
     """The ``peft.LoraConfig`` of ``model.lora`` (no bias training, causal-LM task)."""
     from peft import LoraConfig
 
@@ -59,7 +61,7 @@ def lora_config(rank: int, alpha: float, dropout: float, target_modules: list[st
     )
 
 
-def apply_lora(model: torch.nn.Module, config: Any) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, config: LoraConfig) -> torch.nn.Module:
     """Wrap ``model`` (modified in place) with fresh adapters; only they require grad afterwards."""
     from peft import get_peft_model
     from peft.tuners.lora import Linear as LoraLinear
@@ -68,7 +70,7 @@ def apply_lora(model: torch.nn.Module, config: Any) -> torch.nn.Module:
     try:
         adapted = get_peft_model(model, config)
     except ValueError as err:  # peft: "Target modules {...} not found in the base model"
-        raise LoraSetupError(f"model.lora.target_modules {sorted(config.target_modules)}: {err}") from err
+        raise LoraSetupError(f"model.lora.target_modules {sorted(config.target_modules or [])}: {err}") from err
     for name, module in adapted.get_base_model().named_modules():
         if isinstance(module, LoraLayer) and (
             type(module) is not LoraLinear or type(module.base_layer) is not torch.nn.Linear or module.fan_in_fan_out
@@ -105,41 +107,45 @@ def _linear_weight(module: torch.nn.Module) -> Tensor:
     return module.weight
 
 
-def generator_state_dict(model: Any) -> dict[str, Tensor]:
+def generator_state_dict(model: ModelWeights) -> dict[str, Tensor]:
     """What the generator's plain model loads: merged weights for an adapted policy, else the state dict."""
     return merged_state_dict(model) if is_adapted(model) else model.state_dict()
 
 
-def trained_state_dict(model: Any) -> dict[str, Tensor]:
+def trained_state_dict(model: ModelWeights) -> dict[str, Tensor]:
     """What a checkpoint stores: the adapter weights of an adapted policy (peft naming), else the state dict."""
-    if not is_adapted(model):
-        return model.state_dict()
-    from peft import get_peft_model_state_dict
+    if is_adapted(model):
+        from peft import get_peft_model_state_dict
 
-    # Embeddings are never adapted (model.lora.target_modules refuses them), so peft need not look for the base
-    # model's config.json to compare vocabularies: for a GGUF-loaded model it would ask the Hub and warn.
-    return get_peft_model_state_dict(model, save_embedding_layers=False)
+        # Embeddings are never adapted (model.lora.target_modules refuses them), so peft need not look for the base
+        # model's config.json to compare vocabularies: for a GGUF-loaded model it would ask the Hub and warn.
+        return get_peft_model_state_dict(model, save_embedding_layers=False)
+    return model.state_dict()
 
 
-def load_trained_state_dict(model: Any, state: Mapping[str, Tensor]) -> None:
+def load_trained_state_dict(model: ModelWeights, state: Mapping[str, Tensor]) -> None:
     """Inverse of :func:`trained_state_dict` (strict: every adapter weight present, nothing unknown)."""
     with torch.no_grad():
-        if not is_adapted(model):
+        if is_adapted(model):
+            _load_adapter_state(model, state)
+        else:
             model.load_state_dict(dict(state))
-            return
-        from peft import get_peft_model_state_dict, set_peft_model_state_dict
-
-        expected = set(get_peft_model_state_dict(model, save_embedding_layers=False))
-        if set(state) != expected:
-            missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
-            raise ValueError(
-                f"the checkpoint's model weights are not this run's LoRA adapter (missing {missing[:3]}, unexpected "
-                f"{extra[:3]}); resume with the model.lora settings the run was started with"
-            )
-        set_peft_model_state_dict(model, dict(state))
 
 
-def save_adapted_policy(directory: str | Path, model: Any, tokenizer: Any) -> Path:
+def _load_adapter_state(model: PeftModel, state: Mapping[str, Tensor]) -> None:
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    expected = set(get_peft_model_state_dict(model, save_embedding_layers=False))
+    if set(state) != expected:
+        missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+        raise ValueError(
+            f"the checkpoint's model weights are not this run's LoRA adapter (missing {missing[:3]}, unexpected "
+            f"{extra[:3]}); resume with the model.lora settings the run was started with"
+        )
+    set_peft_model_state_dict(model, dict(state))
+
+
+def save_adapted_policy(directory: str | Path, model: PeftModel, tokenizer: PreTrainedTokenizerBase) -> Path:
     """``directory``: the merged model + tokenizer (plain transformers), and ``adapter/`` (peft)."""
     directory = Path(directory)
     base = model.get_base_model()
@@ -162,7 +168,7 @@ def plain_model_with(config: PretrainedConfig, state: Mapping[str, Tensor], like
     return plain.eval()
 
 
-def write_adapter(directory: str | Path, adapter_state: Mapping[str, Tensor], config: Any) -> Path:
+def write_adapter(directory: str | Path, adapter_state: Mapping[str, Tensor], config: PeftConfig) -> Path:
     """Write what ``PeftModel.save_pretrained`` writes: ``adapter_config.json`` + ``adapter_model.safetensors``."""
     from peft.utils.constants import SAFETENSORS_WEIGHTS_NAME
     from safetensors.torch import save_file

@@ -79,7 +79,7 @@ def _count(n: int) -> str:
     return f"{n / 1e6:.1f}M".replace(".0M", "M") if n >= 100_000 else f"{n / 1e3:.0f}k"
 
 
-def apply_cpu_threads(model: Any) -> str:
+def apply_cpu_threads(model: Any) -> str:  # Any: a torch module; cli/commands.py passes Module | ModelWeights
     """Choose and set the intra-op threads for ``model`` (a torch module); returns the ``events.log`` line."""
     import torch
 

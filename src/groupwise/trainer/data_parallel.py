@@ -22,13 +22,15 @@ import contextlib
 import datetime
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from groupwise.model.completion_scorer import CompletionScorer, unwrap_adapter
+
+T = TypeVar("T")
 
 
 class ScoringModule(torch.nn.Module):
@@ -150,9 +152,9 @@ class DataParallel:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return int(tensor.item())
 
-    def gather(self, obj: Any) -> list[Any]:
+    def gather(self, obj: T) -> list[T]:
         """``obj`` of every rank, in rank order, on every rank."""
-        out: list[Any] = [None] * self.world_size
+        out: list[T] = [obj] * self.world_size  # placeholders: all_gather_object overwrites every slot
         dist.all_gather_object(out, obj)
         return out
 
@@ -205,7 +207,9 @@ def load_full_optimizer_state(wrapped: torch.nn.Module, optimizer: torch.optim.O
 
     names = _trained_names(wrapped)
     groups = [{**group, "params": [names[index] for index in group["params"]]} for group in state["param_groups"]]
-    by_name: Any = {"state": {names[index]: value for index, value in state["state"].items()}, "param_groups": groups}
+    by_name: dict[str, Any] = {
+        "state": {names[index]: value for index, value in state["state"].items()}, "param_groups": groups
+    }
     set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=by_name,  # the optimizer's own layout, by name
                              options=StateDictOptions(full_state_dict=True))
 

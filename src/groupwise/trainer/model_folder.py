@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from groupwise.config import ConfigIssue
+
+if TYPE_CHECKING:
+    from groupwise.config import ModelSection, RunConfig
 
 REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json")
 
 
-def model_folder_issues(model: Any, folder: Path) -> list[ConfigIssue]:
+def model_folder_issues(model: ModelSection, folder: Path) -> list[ConfigIssue]:
     """Problems of an existing model folder that holds a ``config.json``: unreadable JSON, custom code."""
     issues: list[ConfigIssue] = []
     auto_maps: dict[str, list[str]] = {}
@@ -60,7 +63,7 @@ def model_folder_issues(model: Any, folder: Path) -> list[ConfigIssue]:
     return issues
 
 
-def device_issues(cfg: Any) -> list[ConfigIssue]:
+def device_issues(cfg: RunConfig) -> list[ConfigIssue]:
     """``model.device: cuda``, or ``generation.cuda_graphs: on``, on a machine where torch sees no CUDA device."""
     wants_cuda = cfg.model.device == "cuda"
     wants_graphs = cfg.generation.cuda_graphs == "on" and cfg.model.device == "auto"

@@ -11,19 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from groupwise.batch import RowBatch
 from groupwise.data.loader import LoadedPrompt
+from groupwise.model.weights import ModelWeights
 from groupwise.types import Group, Prompt, SamplingParams
 
-
-class ModelWeights(Protocol):
-    """A model's weights as a state dict (a ``torch.nn.Module``; on Ray, the learner actor's model)."""
-
-    def state_dict(self) -> Mapping[str, Any]: ...
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> Any: ...
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class TrainedPolicy(Protocol):
@@ -33,7 +29,7 @@ class TrainedPolicy(Protocol):
     def model(self) -> ModelWeights: ...
 
     @property
-    def tokenizer(self) -> Any: ...
+    def tokenizer(self) -> PreTrainedTokenizerBase: ...
 
     def save(self, directory: str | Path) -> Path: ...
 

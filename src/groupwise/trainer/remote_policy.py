@@ -5,13 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from groupwise.model.loading import Policy
 from groupwise.model.lora import ADAPTER_DIR, write_adapter
-from groupwise.trainer.parts import ModelWeights
+from groupwise.model.weights import ModelWeights
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
@@ -20,10 +24,10 @@ class RemotePolicy:
     model state), ``generator_state`` fetches the generator's weights (adapters merged)."""
 
     model: ModelWeights
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     local: Policy  # a plain copy in this process, refreshed from the learner only to save
     generator_state: Callable[[], Mapping[str, torch.Tensor]]
-    lora: Any = None  # the peft LoraConfig when the learner trains adapters
+    lora: LoraConfig | None = None  # the peft LoraConfig when the learner trains adapters
 
     def save(self, directory: str | Path) -> Path:
         """``final/``: the merged weights in the local plain copy, plus the adapter in ``adapter/`` with LoRA."""

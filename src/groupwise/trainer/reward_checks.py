@@ -18,18 +18,21 @@ Imports no torch.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from groupwise.config import ConfigIssue
 from groupwise.data.rewards import RewardFn, countdown, exact_numeric, final_number
 from groupwise.data.scoring import RewardError, score_completions
 from groupwise.types import Completion, Prompt
 
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
+
 TRIED: tuple[RewardFn, ...] = (exact_numeric, final_number, countdown)
 MAX_LISTED = 10
 
 
-def reward_trial_issues(cfg: Any, reward_fn: RewardFn, splits: Mapping[str, tuple[str, Sequence[Prompt]]]
+def reward_trial_issues(cfg: RunConfig, reward_fn: RewardFn, splits: Mapping[str, tuple[str, Sequence[Prompt]]]
                         ) -> list[ConfigIssue]:  # fmt: skip
     """The problems trial calls find; ``splits`` is ``{split: (config key of its prompts, prompts)}``."""
     train_key, train = splits["train"]
@@ -56,7 +59,7 @@ def _trial(reward_fn: RewardFn, prompt: Prompt, kwargs: Mapping[str, Any]) -> st
     return None
 
 
-def _every_prompt_issues(cfg: Any, reward_fn: RewardFn, kwargs: Mapping[str, Any],
+def _every_prompt_issues(cfg: RunConfig, reward_fn: RewardFn, kwargs: Mapping[str, Any],
                          splits: Mapping[str, tuple[str, Sequence[Prompt]]]) -> list[ConfigIssue]:  # fmt: skip
     issues = []
     for split, (key, prompts) in splits.items():
@@ -77,7 +80,7 @@ def _every_prompt_issues(cfg: Any, reward_fn: RewardFn, kwargs: Mapping[str, Any
     return issues
 
 
-def _name(cfg: Any, reward_fn: RewardFn) -> str:
+def _name(cfg: RunConfig, reward_fn: RewardFn) -> str:
     name = getattr(reward_fn, "__name__", cfg.reward.function)
     return cfg.reward.function if cfg.reward.function == name else f"{cfg.reward.function} ({name})"
 

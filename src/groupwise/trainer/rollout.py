@@ -29,6 +29,8 @@ from groupwise.types import (
 )
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from groupwise.config import GrpoSection, OverlongSection, RewardScalingSection
 
 
@@ -63,7 +65,7 @@ class RolloutWorker:
     """Turns loaded prompts into scored :class:`~groupwise.types.Group` objects."""
 
     generator: Generator
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     reward_fn: Callable[..., float]
     sampling: SamplingParams
     group_size: int

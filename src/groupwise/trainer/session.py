@@ -44,6 +44,8 @@ from groupwise.trainer.remote_policy import RemotePolicy
 from groupwise.trainer.sync_loop import TrainerState
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from groupwise.config import RunConfig
 
 logger = logging.getLogger(__name__)
@@ -316,7 +318,7 @@ def remove_train_data_after(run_dir: RunDir, step: int) -> int:
     return removed
 
 
-def prompt_texts(tokenizer: Any, prompt_ids: Sequence[Sequence[int]]) -> list[str]:
+def prompt_texts(tokenizer: PreTrainedTokenizerBase, prompt_ids: Sequence[Sequence[int]]) -> list[str]:
     """The prompts as the model saw them: token ids decoded with special tokens kept (a chat prompt reads as its
     rendered template, generation prompt included)."""
     return tokenizer.batch_decode([list(ids) for ids in prompt_ids], skip_special_tokens=False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,10 +28,12 @@ from groupwise.trainer.cpu_threads import apply_cpu_threads
 from groupwise.trainer.evaluation import evaluate_policy
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from groupwise.config import RunConfig
 
 
-def demonstration_ids(tokenizer: Any, text: str, eos_id: int) -> list[int]:
+def demonstration_ids(tokenizer: PreTrainedTokenizerBase, text: str, eos_id: int) -> list[int]:
     """Token ids of a demonstration completion followed by EOS (no BOS: it continues the prompt)."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [eos_id]
 
