@@ -116,7 +116,7 @@ class StreamedRollouts:
         return await self._generate(prompt, group_id, attempt, start_version, ())
 
     async def resume(
-        self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int, progress: Any
+        self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int, progress: dict[str, Any]
     ) -> Group:
         """Continue a checkpointed attempt: its samples so far are fed back as prefixes, not generated again."""
         prefixes = continuation(self.worker, prompt, group_id, attempt, progress, self.on_event)
@@ -179,7 +179,7 @@ class StreamedRollouts:
         tokens, seconds = await spent
         return GenerationCost(tokens, seconds)
 
-    async def fetch_progress(self) -> dict[int, Any]:
+    async def fetch_progress(self) -> dict[int, dict[str, Any] | None]:
         """What every running attempt generated so far, by group id, as checkpoint data (None: nothing yet); read
         without yielding to the event loop, so at the same instant as a snapshot taken just before."""
         progress = self.stream.progress()
