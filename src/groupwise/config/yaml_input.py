@@ -55,7 +55,7 @@ class YamlInputError(ValueError):
         super().__init__("; ".join(f"{issue.path or '(config file)'}: {issue.rule}" for issue in issues))
 
 
-def parse_yaml(text: str, prefix: str = "") -> Any:
+def parse_yaml(text: str, prefix: str = "") -> Any:  # Any: the parsed YAML document (JSON-like)
     """``text`` parsed as YAML with :class:`ConfigYamlLoader` (safe: plain data only), within the bounds above.
 
     ``prefix`` is the dotted key the text is the value of (an override's key; ``""`` for a whole file), used in
@@ -88,7 +88,7 @@ def _check_structure(text: str, prefix: str) -> None:
     depth = 0
     total = 0
     anchored_sizes: dict[str, int] = {}
-    open_collections: list[list[Any]] = []  # [anchor, expanded size so far]
+    open_collections: list[list[Any]] = []  # Any: [anchor (str | None), expanded size so far (int)]
     for event in yaml.parse(text, Loader=ConfigYamlLoader):
         added = 0
         if isinstance(event, yaml.CollectionStartEvent):
