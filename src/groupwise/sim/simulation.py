@@ -37,7 +37,7 @@ from groupwise.sim.simulated_rollouts import SimulatedDataFailure, SimulatedInfr
 from groupwise.sim.virtual_time import SimulationTimeout, run_in_virtual_time
 from groupwise.sim.workload import LearningCurve, SimWorkload, make_sim_prompts
 from groupwise.trainer.sync_loop import SyncLoop, SyncStep, TrainerState, record_carried_at_end
-from groupwise.types import Group
+from groupwise.types import Group, Prompt
 
 if TYPE_CHECKING:
     from groupwise.config import GrpoSection
@@ -63,7 +63,7 @@ class SimParts:
     """The simulated generator and learner of one run, sharing one learning curve."""
 
     workload: SimWorkload
-    prompts: list[Any]
+    prompts: list[Prompt]
     rollouts: SimulatedRollouts | JobRollouts
     trainer: SimulatedTrainer
 
