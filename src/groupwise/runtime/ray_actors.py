@@ -30,7 +30,7 @@ from groupwise.batch import RowBatch
 from groupwise.generation.factory import shutdown_generator
 from groupwise.model.lora import generator_state_dict, load_trained_state_dict, trained_state_dict
 from groupwise.runtime.learner_ranks import LearnerRankDied, RankCommands, build_rank_learner, free_port
-from groupwise.runtime.ray_cluster import ActorResources, ray
+from groupwise.runtime.ray_cluster import ActorHandle, ActorResources, ray
 from groupwise.runtime.ray_stream import StreamedWorker
 from groupwise.trainer.builder import build_components, build_learner, load_policy_from_config
 from groupwise.types import Completion, GenerationRequest, Group, LoaderItem, SamplingParams
@@ -189,13 +189,13 @@ class LearnerRankWorker(LearnerWorker):
 
     def __init__(self, cfg: RunConfig, rank: int, world_size: int):  # not super(): join() builds the learner
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
-        self.peers: list[Any] = []  # Any: Ray actor handles of the other ranks
+        self.peers: list[ActorHandle] = []  # the other ranks
 
     def address(self) -> tuple[str, int]:
         """Where the group meets (called on rank 0): this node's address and a free port on it."""
         return ray.util.get_node_ip_address(), free_port()
 
-    def join(self, host: str, port: int, peers: Sequence[Any]) -> dict[str, Any]:  # Any: peers' actor handles
+    def join(self, host: str, port: int, peers: Sequence[ActorHandle]) -> dict[str, Any]:
         torch.manual_seed(self.cfg.run.seed)
         self.learner = build_rank_learner(self.cfg, self.rank, self.world_size, host, port, cuda_index=0,
                                           share_cpus=False)  # Ray shows each actor only its own GPU
@@ -217,6 +217,7 @@ class LearnerRankWorker(LearnerWorker):
         self._raise_lost_peer(command, refs, wait_s=None)
         return result
 
+    # Any: the peers' parts of any command (only their errors are read).
     def _raise_lost_peer(self, command: str, refs: list[ObjectRef[Any]], wait_s: float | None) -> None:
         """Wait for the peers' parts; a peer that died raises LearnerRankDied naming it."""
         for rank, ref in enumerate(refs, start=1):
@@ -257,8 +258,8 @@ class LearnerRankWorker(LearnerWorker):
         return self._everywhere("load_state_dict", state)
 
 
-# Any: cls's own arguments; returns a Ray actor handle (ray types its remote methods as Any).
-def start_actor(cls: type, resources: ActorResources, *args: Any, concurrency: int = 1) -> Any:
+# Any: cls's own arguments, passed through.
+def start_actor(cls: type, resources: ActorResources, *args: Any, concurrency: int = 1) -> ActorHandle:
     """Create ``cls(*args)`` as a Ray actor reserving ``resources``, taking ``concurrency`` calls at once (a threaded
     actor when above 1); returns its handle (it starts in the background: wait on its ``ready`` call)."""
     # No restarts by Ray: a lost generation worker is replaced by the runtime (which counts it and reloads the
@@ -272,7 +273,7 @@ def _remote_class(cls: type) -> Any:  # Any: a Ray actor class (its .options(...
     return ray.remote(max_restarts=0, max_task_retries=0)(cls)
 
 
-def kill_actor(handle: Any) -> None:  # Any: a Ray actor handle (ray types its remote methods as Any)
+def kill_actor(handle: ActorHandle) -> None:
     """Stop an actor; one that is already dead (or a cluster already gone) is fine."""
     with contextlib.suppress(Exception):
         ray.kill(handle)

@@ -26,7 +26,7 @@ from groupwise.runtime.ray_actors import (
     kill_actor,
     start_actor,
 )
-from groupwise.runtime.ray_cluster import generation_worker_resources, ray, wait_until_started
+from groupwise.runtime.ray_cluster import ActorHandle, generation_worker_resources, ray, wait_until_started
 from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import Completion, GenerationRequest, Group, LoaderItem, Prompt, SamplingParams
 
@@ -50,7 +50,7 @@ class WorkerSlot:
     """One generation worker actor, the weight version it holds, and whether a batch is running on it."""
 
     index: int
-    handle: Any  # Any: a Ray actor handle (ray types its remote methods as Any)
+    handle: ActorHandle
     version: int = 0
     busy: bool = False
     groups: int = 0  # groups in flight on it (continuous batching: several calls at once)
@@ -276,7 +276,9 @@ class RaySyncRollouts:
             )
         return [group for i in range(len(shards)) for group in results[i]]
 
-    def _collect(self, calls: list[tuple[int, WorkerSlot, Any]], results: dict[int, list[Group]]) -> None:
+    def _collect(
+        self, calls: list[tuple[int, WorkerSlot, ObjectRef[list[Group]]]], results: dict[int, list[Group]]
+    ) -> None:
         dead: list[WorkerSlot] = []
         for i, slot, ref in calls:
             try:

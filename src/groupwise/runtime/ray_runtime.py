@@ -28,7 +28,7 @@ from groupwise.batch import RowBatch
 from groupwise.chunks import TrainChunk
 from groupwise.controller.interfaces import LoaderItem
 from groupwise.runtime.ray_actors import WeightRefs
-from groupwise.runtime.ray_cluster import ray
+from groupwise.runtime.ray_cluster import ActorHandle, ray
 from groupwise.runtime.ray_errors import UnschedulableError
 from groupwise.runtime.ray_pool import GenerationPool, GenerationWorkerLost, WorkerSlot
 from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, charge_call, fail_all, settle_outcomes
@@ -56,7 +56,7 @@ def _learner_failed(what: str, err: BaseException) -> LearnerFailed:
 class RayLearner:
     """The session's ``learner``: the learner actor, called synchronously. ``version`` mirrors the actor's."""
 
-    def __init__(self, handle: Any, version: int = 0):  # Any: a Ray actor handle (ray types its remote methods as Any)
+    def __init__(self, handle: ActorHandle, version: int = 0):
         self.handle = handle
         self.version = version
 

@@ -167,8 +167,7 @@ def worker_streaming(started: dict[str, Any]) -> StreamSupport:
     return StreamSupport(bool(worker["streaming"]), str(worker["stream_reason"]))
 
 
-# Any: Ray actor handles, and the references their start-up returns.
-def _start_learners(cfg: RunConfig, timeout_s: float) -> tuple[list[Any], dict[str, Any]]:
+def _start_learners(cfg: RunConfig, timeout_s: float) -> tuple[list[ActorHandle], dict[str, Any]]:
     """The learner actor, or ``learner.num_ranks`` rank actors in one process group (rank 0 first, the one the
     driver calls); role → the reference their start-up returns."""
     ray_cfg, num_ranks = cfg.runtime.ray, cfg.learner.num_ranks

@@ -15,9 +15,9 @@ bound. Any other exception is a bug and propagates.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from groupwise.algo.accumulator import DynamicSamplingExhausted
 from groupwise.algo.waste import GenerationAccount
@@ -227,7 +227,7 @@ def _meter(parts: SimParts) -> StepMeter:
     return StepMeter(parts.rollouts, parts.trainer, asyncio.get_running_loop().time)
 
 
-def _run_bounded(run: SimRun, main: Callable[[], Any], max_virtual_seconds: float) -> None:
+def _run_bounded(run: SimRun, main: Callable[[], Awaitable[object]], max_virtual_seconds: float) -> None:
     try:
         _, run.wall_seconds = run_in_virtual_time(main, max_virtual_seconds)
     except SimulationTimeout as error:
