@@ -152,7 +152,7 @@ class LossSection(Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _truncation_follows_importance_sampling(cls, data: Any) -> Any:
+    def _truncation_follows_importance_sampling(cls, data: Any) -> Any:  # Any: pydantic's raw input
         """``importance_sampling: false`` alone turns truncation off too: there are no weights to bound."""
         if isinstance(data, dict) and data.get("importance_sampling") is False and "is_truncation" not in data:
             return {**data, "is_truncation": "none"}

@@ -139,7 +139,7 @@ DEFAULT_SAMPLER = "ready_first"
 _SAMPLER_ADAPTER: TypeAdapter[SamplerConfig] = TypeAdapter(SamplerConfig)
 
 
-def sampler_config(name: str, **knobs: Any) -> SamplerConfig:
+def sampler_config(name: str, **knobs: Any) -> SamplerConfig:  # Any: the sampler's own fields, passed through
     """The validated config of sampler ``name`` with ``knobs`` (the others keep their defaults), as
     ``async.sampler`` would load it; an unknown name or another sampler's knob raises pydantic's ValidationError."""
     return _SAMPLER_ADAPTER.validate_python({"name": name, **knobs})
@@ -216,12 +216,12 @@ class AsyncSection(Section):
 
     @field_validator("partial_rollouts", mode="before")
     @classmethod
-    def _yaml_off(cls, value: Any) -> Any:
+    def _yaml_off(cls, value: Any) -> Any:  # Any: pydantic's raw input, before validation
         return "off" if value is False else value
 
     @field_validator("sampler", mode="before")
     @classmethod
-    def _default_sampler_name(cls, sampler: Any) -> Any:
+    def _default_sampler_name(cls, sampler: Any) -> Any:  # Any: pydantic's raw input, before validation
         """Omitting ``name`` means the default sampler, so its own knobs can be set without naming it."""
         if sampler is None:
             return {"name": DEFAULT_SAMPLER}

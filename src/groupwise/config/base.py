@@ -29,7 +29,7 @@ class Section(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _null_means_defaults(cls, data: Any) -> Any:
+    def _null_means_defaults(cls, data: Any) -> Any:  # Any: pydantic's raw input, before validation
         """``grpo:`` with every child commented out reads as null in YAML; treat it as an empty section."""
         return {} if data is None else data
 

@@ -19,7 +19,7 @@ from groupwise.config.issues import ConfigIssue
 if TYPE_CHECKING:
     from groupwise.config.schema import RunConfig
 
-# ``cfg`` is a RunConfig, or during loading a namespace holding the sections that validated.
+# Any: ``cfg`` is a RunConfig, or during loading a namespace holding the sections that validated.
 RuleCheck = Callable[[Any], Iterable[ConfigIssue]]
 
 
@@ -59,7 +59,7 @@ def hazard(*needs: str) -> Callable[[RuleCheck], RuleCheck]:
     return _registrar(HAZARDS, needs)
 
 
-def run_hazards(cfg: Any) -> list[ConfigIssue]:
+def run_hazards(cfg: RunConfig) -> list[ConfigIssue]:
     """Every warning of every registered hazard check, for a config that validated."""
     return [issue for registered in HAZARDS for issue in registered.check(cfg)]
 

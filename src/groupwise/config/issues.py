@@ -17,7 +17,7 @@ class _NotSet:
         return "(not set)"
 
 
-NOT_SET: Any = _NotSet()
+NOT_SET: Any = _NotSet()  # Any: a sentinel that stands in for a value of any type
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class ConfigIssue:
     ``rule`` it breaks, and the ``fix`` a user should apply."""
 
     path: str
-    value: Any
+    value: object
     rule: str
     fix: str
 
@@ -85,7 +85,7 @@ class ConfigError(Exception):
         return self._render()
 
 
-def format_value(value: Any) -> str:
+def format_value(value: object) -> str:
     """A value as the user would write it in YAML (``null``, ``true``, ``[1, 2]``), on one line."""
     if value is NOT_SET:
         return "(not set)"

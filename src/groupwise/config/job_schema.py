@@ -170,7 +170,7 @@ class PlanSection(Section):
 
     @field_validator("partial_rollouts", mode="before")
     @classmethod
-    def _yaml_off(cls, value: Any) -> Any:
+    def _yaml_off(cls, value: Any) -> Any:  # Any: pydantic's raw input, before validation
         """YAML reads a bare ``off`` as false; here it means ``off``."""
         return ["off" if item is False else item for item in value] if isinstance(value, list) else value
 

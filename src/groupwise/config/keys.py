@@ -6,14 +6,14 @@ import difflib
 import functools
 import types
 import typing
-from typing import Any
 
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from groupwise.config.schema import RunConfig
 
 
-def model_types(annotation: Any) -> list[type[BaseModel]]:
+def model_types(annotation: object) -> list[type[BaseModel]]:
     """The pydantic models an annotation can hold: the model itself, or each model of a union / ``Annotated``."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
@@ -23,7 +23,7 @@ def model_types(annotation: Any) -> list[type[BaseModel]]:
     return []
 
 
-def field_key(name: str, field: Any) -> str:
+def field_key(name: str, field: FieldInfo) -> str:
     """The key a user writes in YAML: the alias when there is one (``async`` for ``async_``)."""
     return field.alias or name
 

@@ -127,7 +127,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[Confi
     return issues
 
 
-def _set_dotted(raw: dict[str, Any], parts: list[str], value: Any) -> ConfigIssue | None:
+def _set_dotted(raw: dict[str, Any], parts: list[str], value: object) -> ConfigIssue | None:
     node = raw
     for depth, part in enumerate(parts[:-1]):
         child = node.get(part)
@@ -171,10 +171,10 @@ def _validate_sections(raw: dict[str, Any]) -> tuple[dict[str, Any], list[Config
     return sections, issues
 
 
-_ADAPTERS: dict[str, TypeAdapter[Any]] = {}
+_ADAPTERS: dict[str, TypeAdapter[Any]] = {}  # Any: each adapter validates its own section's type
 
 
-def _section_adapter(name: str) -> TypeAdapter[Any]:
+def _section_adapter(name: str) -> TypeAdapter[Any]:  # Any: as in _ADAPTERS
     """A validator for one top-level field alone (strict, like the sections themselves)."""
     if name not in _ADAPTERS:
         annotation = RunConfig.model_fields[name].annotation

@@ -4,7 +4,6 @@ like the cross-field rules and can be reported together with them."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
@@ -58,7 +57,7 @@ def issue_from_error_details(details: ErrorDetails, prefix: str) -> ConfigIssue:
     """The issue for one pydantic error: a readable rule and a concrete fix for the common error types."""
     path, tag = format_path(prefix, details["loc"])
     kind, ctx = details["type"], details.get("ctx") or {}
-    value: Any = details.get("input", NOT_SET)
+    value: object = details.get("input", NOT_SET)
     if kind == RULE_ERROR_TYPE:
         return ConfigIssue(path, value, str(ctx["rule"]), str(ctx["fix"]))
     if kind == "extra_forbidden":
@@ -85,7 +84,7 @@ def issue_from_error_details(details: ErrorDetails, prefix: str) -> ConfigIssue:
     return ConfigIssue(path, value, f"{path}: {details['msg']}", f"see the entry for {path} in docs/configs.md")
 
 
-def _unknown_key_issue(path: str, value: Any, sampler_tag: str | None) -> ConfigIssue:
+def _unknown_key_issue(path: str, value: object, sampler_tag: str | None) -> ConfigIssue:
     """An unknown key: say which sampler owns a foreign sampler knob, else suggest the nearest valid key."""
     key = path.rpartition(".")[2]
     owners = sampler_knob_owners(key) if sampler_tag else []
@@ -99,7 +98,7 @@ def _unknown_key_issue(path: str, value: Any, sampler_tag: str | None) -> Config
     return unknown_key_issue(path, value)
 
 
-def unknown_key_issue(path: str, value: Any) -> ConfigIssue:
+def unknown_key_issue(path: str, value: object) -> ConfigIssue:
     """``unknown key``, with "did you mean `x`?" when a valid key is close, else the valid keys at that level."""
     suggestion = nearest_key(path)
     if suggestion is not None:
@@ -109,7 +108,7 @@ def unknown_key_issue(path: str, value: Any) -> ConfigIssue:
     return ConfigIssue(path, value, f"unknown key {path}", fix)
 
 
-def _number(bound: Any) -> Any:
+def _number(bound: object) -> object:
     """``0.0`` → ``0`` and ``1e+30`` → ``1e30`` for display (a float that is a whole number below a million shows
     as one, a larger or smaller one in exponent form); other bounds unchanged."""
     if not isinstance(bound, float):

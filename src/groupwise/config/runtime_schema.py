@@ -100,7 +100,7 @@ class SimSection(Section):
     """The grid ``groupwise plan`` sweeps (needs ``job``); ``null`` = the default grid."""
 
     @model_serializer(mode="wrap")
-    def _omit_unset_job(self, handler: SerializerFunctionWrapHandler) -> Any:
+    def _omit_unset_job(self, handler: SerializerFunctionWrapHandler) -> Any:  # Any: what pydantic's serializer gave
         """``job`` and ``plan`` are left out of a dump while null, so a config written before they existed
         resolves (``config show``, a run's ``config.yaml``) to the same YAML as before; it loads back equal."""
         data = handler(self)

@@ -199,7 +199,7 @@ class ModelSection(Section):
 
     @field_validator("gguf_cache", mode="before")
     @classmethod
-    def _yaml_off(cls, value: Any) -> Any:
+    def _yaml_off(cls, value: Any) -> Any:  # Any: pydantic's raw input, before validation
         return "off" if value is False else value  # YAML reads a bare off as false
 
 
@@ -419,7 +419,7 @@ class GenerationSection(Section):
 
     @field_validator("cuda_graphs", mode="before")
     @classmethod
-    def _yaml_on_off(cls, value: Any) -> Any:
+    def _yaml_on_off(cls, value: Any) -> Any:  # Any: pydantic's raw input, before validation
         return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @field_validator("stop")

@@ -18,6 +18,7 @@ Every problem found is a :class:`ConfigIssue` naming the dotted key; they come t
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -55,7 +56,7 @@ class YamlInputError(ValueError):
         super().__init__("; ".join(f"{issue.path or '(config file)'}: {issue.rule}" for issue in issues))
 
 
-def parse_yaml(text: str, prefix: str = "") -> Any:
+def parse_yaml(text: str, prefix: str = "") -> Any:  # Any: the parsed YAML document (JSON-like)
     """``text`` parsed as YAML with :class:`ConfigYamlLoader` (safe: plain data only), within the bounds above.
 
     ``prefix`` is the dotted key the text is the value of (an override's key; ``""`` for a whole file), used in
@@ -82,13 +83,21 @@ def parse_yaml(text: str, prefix: str = "") -> Any:
         loader.dispose()
 
 
+@dataclass
+class _OpenCollection:
+    """A list or mapping being read: its anchor, and how many values it holds so far with aliases expanded."""
+
+    anchor: str | None
+    size: int
+
+
 def _check_structure(text: str, prefix: str) -> None:
     """Refuse nesting deeper than :data:`MAX_YAML_DEPTH` and more than :data:`MAX_YAML_NODES` values after alias
     expansion, reading only the event stream (the parser keeps its own stack, so this never recurses)."""
     depth = 0
     total = 0
     anchored_sizes: dict[str, int] = {}
-    open_collections: list[list[Any]] = []  # [anchor, expanded size so far]
+    open_collections: list[_OpenCollection] = []
     for event in yaml.parse(text, Loader=ConfigYamlLoader):
         added = 0
         if isinstance(event, yaml.CollectionStartEvent):
@@ -99,15 +108,15 @@ def _check_structure(text: str, prefix: str) -> None:
                     f"config YAML may nest lists and mappings at most {MAX_YAML_DEPTH} levels deep",
                     "flatten the value; no setting needs deeper nesting",
                 )])
-            open_collections.append([event.anchor, 1])
+            open_collections.append(_OpenCollection(event.anchor, 1))
             added = 1
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
-            anchor, size = open_collections.pop()
-            if anchor:
-                anchored_sizes[anchor] = size
+            closed = open_collections.pop()
+            if closed.anchor:
+                anchored_sizes[closed.anchor] = closed.size
             if open_collections:
-                open_collections[-1][1] += size
+                open_collections[-1].size += closed.size
             continue
         elif isinstance(event, yaml.ScalarEvent):
             added = 1
@@ -116,7 +125,7 @@ def _check_structure(text: str, prefix: str) -> None:
         elif isinstance(event, yaml.AliasEvent) and event.anchor is not None:
             added = anchored_sizes.get(event.anchor, 1)
         if open_collections:
-            open_collections[-1][1] += added
+            open_collections[-1].size += added
         total += added
         if total > MAX_YAML_NODES:
             raise YamlInputError([ConfigIssue(

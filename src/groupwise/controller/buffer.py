@@ -332,7 +332,7 @@ class GroupBuffer:
         return {"groups": groups, "next_slot_id": self._next_id}
 
     def load_state_dict(
-        self, state: dict[str, Any], inflight: Iterable[tuple[int, int, int | None, Any]] = ()
+        self, state: dict[str, Any], inflight: Iterable[tuple[int, int, int | None, LoaderItem | None]] = ()
     ) -> list[int]:
         """Restore the saved ready groups into an empty buffer; return their slot ids.
 

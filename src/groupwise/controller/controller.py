@@ -27,7 +27,7 @@ from groupwise.controller.rollout_pump import RolloutPump
 from groupwise.controller.samplers import build_sampler, drop_accounting
 from groupwise.controller.samplers.base import checked_step
 from groupwise.controller.settings import ControllerSettings
-from groupwise.controller.snapshot import restore_snapshot, take_snapshot
+from groupwise.controller.snapshot import Decode, Encode, Progress, restore_snapshot, take_snapshot
 from groupwise.controller.spare_pool import SparePool
 from groupwise.controller.state_report import describe_state
 from groupwise.controller.step_tally import StepTallyBook
@@ -84,7 +84,7 @@ class Controller:
         return self.ctx.fates
 
     def state_dict(
-        self, encode: Callable[[Any], Any] = lambda item: item, progress: Callable[[int], Any] | None = None
+        self, encode: Encode = lambda item: item, progress: Progress | None = None
     ) -> dict[str, Any]:
         """A resumable snapshot; take it synchronously between steps (e.g. inside ``on_step_end``).
 
@@ -96,7 +96,7 @@ class Controller:
         """
         return take_snapshot(self, encode, progress)
 
-    def continued_attempts(self) -> list[Any]:
+    def continued_attempts(self) -> list[dict[str, Any]]:
         """The progress of every attempt a restore set to continue (not yet handed back to the rollout client)."""
         return [slot.progress for slot in self.rollout_pump.unsettled()[0] if slot.progress is not None]
 
@@ -121,7 +121,7 @@ class Controller:
         self.ctx.rollout_permitted.set()
         rollout_task = loop.create_task(self.rollout_pump.run(), name="groupwise-rollout-pump")
         train_task = loop.create_task(self.train_pump.run(), name="groupwise-train-pump")
-        waiting: set[asyncio.Future[Any]] = {rollout_task, train_task, self._failure}
+        waiting: set[asyncio.Future[str] | asyncio.Future[None]] = {rollout_task, train_task, self._failure}
         stopped_by: BaseException | None = None
         try:
             while train_task in waiting:
@@ -204,7 +204,7 @@ def build_controller(
     on_step_end: StepEndHook | None = None,
     on_fate: Callable[[FateRecord], None] | None = None,
     state: dict[str, Any] | None = None,
-    decode: Callable[[Any], Any] = lambda data: data,
+    decode: Decode = lambda data: data,
 ) -> Controller:
     """Check the setup and wire a :class:`Controller` (see the module docstring).
 

@@ -60,7 +60,8 @@ class SlotState:
     replacements_used: int = 0
     group_id: int | None = None  # the buffer slot of the attempt running now (None between attempts)
     start_version: int | None = None  # the generator version that attempt started under
-    progress: Any = None  # restored from a checkpoint: the rollout client's record of that attempt so far
+    # Restored from a checkpoint: the rollout client's record of that attempt so far.
+    progress: dict[str, Any] | None = None
 
 
 @dataclass

@@ -74,13 +74,13 @@ class ResumableRollouts(Protocol):
 
     resumed_tokens: int
 
-    async def fetch_progress(self) -> dict[int, Any]:
+    async def fetch_progress(self) -> dict[int, dict[str, Any] | None]:
         """What every running attempt generated so far, by group id, as plain JSON-able data (a checkpoint saves
         it). Read right after a controller snapshot: a later token boundary of the same attempts."""
         ...
 
     async def resume(
-        self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int, progress: Any
+        self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int, progress: dict[str, Any]
     ) -> Group:
         """Continue the attempt a checkpoint saved (``progress``, as :meth:`fetch_progress` gave it) instead of
         starting it again; the group is as :meth:`RolloutClient.rollout` returns it."""

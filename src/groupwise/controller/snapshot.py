@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from groupwise.controller.dispatch_slot import SlotState
 from groupwise.controller.failures import PromptAttempts
 from groupwise.controller.fate_records import FateRecord
-from groupwise.controller.interfaces import ResumableRollouts
+from groupwise.controller.interfaces import LoaderItem, ResumableRollouts
 from groupwise.controller.samplers.base import CursorSampler, StampingSampler
 from groupwise.types import group_from_dict
 
@@ -53,8 +53,9 @@ STATE_KEYS = frozenset({
 _ROLLOUT_COUNTERS = ("admitted_batches", "unused_prompts", "groups_finished")
 _TRAIN_COUNTERS = ("evicted_total", "aborted_total")
 
-Encode = Callable[[Any], Any]
-Decode = Callable[[Any], Any]
+Encode = Callable[[LoaderItem], Any]  # Any: the item as JSON-like data
+Decode = Callable[[Any], LoaderItem]  # Any: JSON-like data read from a checkpoint
+Progress = Callable[[int], dict[str, Any] | None]  # a running attempt's saved progress, by group id
 
 
 class ControllerParts(Protocol):
@@ -75,7 +76,7 @@ def dispatch_cursor(sampler: object) -> int | None:
 
 
 def take_snapshot(
-    controller: ControllerParts, encode: Encode, progress: Callable[[int], Any] | None = None
+    controller: ControllerParts, encode: Encode, progress: Progress | None = None
 ) -> dict[str, Any]:
     """A snapshot of ``controller`` (see the module docstring); ``encode`` turns a loader item into plain data,
     ``progress`` gives a running attempt's client-side progress by group id."""
@@ -105,7 +106,8 @@ def take_snapshot(
     }
 
 
-def _slot_to_dict(slot: SlotState, encode: Encode, progress: Callable[[int], Any] | None) -> dict[str, Any]:
+def _slot_to_dict(slot: SlotState, encode: Encode, progress: Progress | None) -> dict[str, Any]:
+    kept: dict[str, Any] | None
     if slot.progress is not None:  # restored to continue and not yet handed back to the client
         kept = slot.progress
     else:

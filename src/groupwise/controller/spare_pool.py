@@ -64,6 +64,7 @@ class SparePool(Generic[Item]):
         self._items.clear()
         return leftover
 
+    # Any: an item as JSON-like checkpoint data, both ways.
     def state_dict(self, encode: Callable[[Item], Any] = lambda item: item) -> dict[str, Any]:
         return {"items": [encode(item) for item in self._items]}
 

@@ -24,10 +24,12 @@ taken from the loader is lost, and nothing trained before the checkpoint is trai
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
-from groupwise.data.loader import LoadedPrompt
-from groupwise.types import Prompt
+from groupwise.data.loader import LoadedPrompt, PromptLoader
+from groupwise.run.fates_file import FatesWriter
+from groupwise.types import LoaderItem, Prompt
 
 CONTROLLER_PIECE = "controller"
 
@@ -36,9 +38,17 @@ class ResumeError(RuntimeError):
     """A checkpoint cannot be resumed the way this run is configured."""
 
 
-def encode_item(item: LoadedPrompt) -> dict[str, Any]:
+def encode_item(item: LoaderItem) -> dict[str, Any]:
     """A loader item as plain data: the prompt's uid and where the loader yielded it."""
     return {"uid": item.prompt.uid, "epoch": item.epoch, "index_in_epoch": item.index_in_epoch}
+
+
+class SnapshotSource(Protocol):
+    """What :func:`boundary_snapshot` takes of the controller (a ``groupwise.controller.Controller``)."""
+
+    def state_dict(
+        self, encode: Callable[[LoaderItem], Any], progress: Callable[[int], dict[str, Any] | None] | None
+    ) -> dict[str, Any]: ...
 
 
 class ItemDecoder:
@@ -58,7 +68,8 @@ class ItemDecoder:
 
 
 def boundary_snapshot(
-    step: int, controller: Any, loader: Any, fates: Any, progress: Callable[[int], Any] | None = None
+    step: int, controller: SnapshotSource, loader: PromptLoader, fates: FatesWriter,
+    progress: Callable[[int], dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
     """Everything of the async run a checkpoint of ``step`` needs beyond weights and optimizer.
 
@@ -84,7 +95,7 @@ def controller_state(extra: dict[str, Any] | None) -> dict[str, Any] | None:
     return (extra or {}).get(CONTROLLER_PIECE)
 
 
-def check_sync_resume(extra: dict[str, Any] | None, path: Any) -> None:
+def check_sync_resume(extra: dict[str, Any] | None, path: str | Path) -> None:
     """Refuse to resume an async checkpoint in sync mode: its buffered groups and in-flight prompts would be lost."""
     state = controller_state(extra)
     if state is None:

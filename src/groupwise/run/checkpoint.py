@@ -152,7 +152,7 @@ def _save_model(path: Path, state_dict: Mapping[str, Any]) -> None:
     _fsync_file(path)
 
 
-def _lossless_json(value: Any, what: str) -> bytes:
+def _lossless_json(value: object, what: str) -> bytes:
     """JSON bytes for ``value``, only if reading them back gives an equal value (no tuple→list, int-key→str)."""
     try:
         text = json.dumps(value, allow_nan=False, sort_keys=True)
@@ -258,7 +258,7 @@ def _load_model(path: Path) -> dict[str, Any]:
     return tensors
 
 
-def _torch_load(path: Path) -> Any:
+def _torch_load(path: Path) -> Any:  # Any: what torch.load unpickled (tensors and plain containers)
     import torch
 
     try:
@@ -303,7 +303,7 @@ def restore_rng_state(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _as_tuples(value: Any) -> Any:
+def _as_tuples(value: Any) -> Any:  # Any: a JSON-like RNG state, its lists turned back into tuples
     # random.setstate needs tuples; a state that went through JSON would hold lists.
     return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 

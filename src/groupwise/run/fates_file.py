@@ -88,6 +88,12 @@ class GroupFates(Protocol):
     def write_groups(self, groups: Iterable[Group], fate: str, step: int | None, detail: str = "") -> None: ...
 
 
+class FateLineSource(Protocol):
+    """A record that gives its fate line's fields (the async controller's ``FateRecord``)."""
+
+    def as_dict(self) -> dict[str, object]: ...
+
+
 class FatesWriter:
     """Appends fate lines to ``path`` (created on the first line)."""
 
@@ -100,7 +106,7 @@ class FatesWriter:
         append_line(self.path, fate_line_json(line))
         self.lines_written += 1
 
-    def write_controller_record(self, record: Any, mode: str = "async") -> None:
+    def write_controller_record(self, record: FateLineSource, mode: str = "async") -> None:
         """Append a :class:`groupwise.controller.fate_records.FateRecord` (the async controller's ``on_fate``)."""
         self.write({**record.as_dict(), "mode": mode})
 

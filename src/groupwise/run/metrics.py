@@ -139,7 +139,7 @@ class MetricsWriter:
         write_run_file(tmp, "".join(json.dumps(r, allow_nan=False) + "\n" for r in records).encode("utf-8"))
         os.replace(tmp, self.metrics_path)  # replaces a link itself, never writes through it
 
-    def _checked_value(self, key: str, value: Any) -> float | int | None:
+    def _checked_value(self, key: str, value: object) -> float | int | None:
         if self.known_keys is not None and key not in self.known_keys:
             raise ValueError(
                 f"unknown metric key {key!r}; every key must be listed in groupwise.run.metric_keys.METRIC_KEYS and "

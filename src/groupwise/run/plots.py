@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from groupwise.run.run_stats import (
     GROUP_COUNT_KEYS,
@@ -30,6 +30,11 @@ from groupwise.run.run_stats import (
     total,
     trailing_rate,
 )
+
+if TYPE_CHECKING:  # matplotlib is imported where a plot is drawn
+    from matplotlib.axes import Axes
+    from matplotlib.axis import Axis
+    from matplotlib.figure import Figure
 
 STYLES = ("-", "--", ":", "-.")
 RAW_ALPHA = 0.25
@@ -49,7 +54,7 @@ class Series:
     label: str
 
 
-def new_axes(title: str, xlabel: str, ylabel: str, ncols: int = 1) -> tuple[Any, Any]:
+def new_axes(title: str, xlabel: str, ylabel: str, ncols: int = 1) -> tuple[Figure, Sequence[Axes]]:
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(6.4 * ncols if ncols > 1 else 7.5, 4.8), layout="constrained")
@@ -62,13 +67,13 @@ def new_axes(title: str, xlabel: str, ylabel: str, ncols: int = 1) -> tuple[Any,
     return figure, axes
 
 
-def integer_ticks(axis: Any) -> None:
+def integer_ticks(axis: Axis) -> None:
     from matplotlib.ticker import MaxNLocator
 
     axis.set_major_locator(MaxNLocator(integer=True))
 
 
-def finish(figure: Any, axes: Any, integer_y: bool = False, integer_x: bool = True) -> Any:
+def finish(figure: Figure, axes: Sequence[Axes], integer_y: bool = False, integer_x: bool = True) -> Figure:
     """Integer x ticks (steps and samples are whole) and y ticks as asked; one legend below the axes."""
     handles, labels = [], []
     for ax in axes:
@@ -93,7 +98,7 @@ def legend_columns(labels: Sequence[str], panels: int = 1) -> int:
     return max(1, min(len(labels), widest))
 
 
-def save(figure: Any, path: Path) -> str:
+def save(figure: Figure, path: Path) -> str:
     figure.savefig(path, dpi=100)
     return path.name
 
@@ -108,7 +113,7 @@ def x_values(run: RunData, x_of: str) -> list[float] | None:
 
 
 def draw_lines(runs: Sequence[RunData], title: str, ylabel: str, keys: Sequence[Series], x_of: str = "step",
-               smooth: bool = True, integer_y: bool = False) -> Any | None:
+               smooth: bool = True, integer_y: bool = False) -> Figure | None:
     """The figure of a line plot, one line per (run, series), or None when no run logged any of ``keys``."""
     xlabel = "step" if x_of == "step" else f"cumulative {x_of} samples"
     figure, axes = new_axes(title, xlabel, ylabel)
@@ -190,7 +195,7 @@ def report_plots(runs: Sequence[RunData], plots_dir: Path) -> list[tuple[str, st
     return plots
 
 
-def draw_fates(runs: Sequence[RunData]) -> Any | None:
+def draw_fates(runs: Sequence[RunData]) -> Figure | None:
     """Cumulative groups by fate, one panel per run that logged any; a fate has the same colour in every panel.
     None when no run logged a group count."""
     logged = [run for run in runs if any(total(run.records, key) is not None for key in FATE_KEYS.values())]
@@ -207,7 +212,7 @@ def draw_fates(runs: Sequence[RunData]) -> Any | None:
     return finish(figure, axes, integer_y=True)
 
 
-def draw_waste(runs: Sequence[RunData]) -> Any | None:
+def draw_waste(runs: Sequence[RunData]) -> Figure | None:
     """Cumulative wasted tokens per fate and in all, one panel per run that wasted any (None when no run did: a run
     without ``waste/*`` metrics, or whose every step wasted 0 tokens, would be an empty panel)."""
     logged = [run for run in runs if total(run.records, "waste/tokens")]
@@ -231,7 +236,7 @@ def waste_plot(runs: Sequence[RunData], path: Path) -> str | None:
     return save_or_remove(draw_waste(runs), path)
 
 
-def draw_throughput(runs: Sequence[RunData]) -> Any | None:
+def draw_throughput(runs: Sequence[RunData]) -> Figure | None:
     """Trained groups per hour over a trailing window, one line per run; None when no run has a rate (no
     ``ds/groups_trained`` with ``perf/step_seconds``)."""
     rates = [(index, run, trailing_rate(run.records)) for index, run in enumerate(runs)]
@@ -245,7 +250,7 @@ def draw_throughput(runs: Sequence[RunData]) -> Any | None:
     return finish(figure, axes, integer_x=False)  # hours are not whole numbers
 
 
-def save_or_remove(figure: Any | None, path: Path) -> str | None:
+def save_or_remove(figure: Figure | None, path: Path) -> str | None:
     """Save ``figure`` to ``path``; with nothing to draw (None), remove a stale file there and return None."""
     if figure is None:
         path.unlink(missing_ok=True)

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+
+T = TypeVar("T")
 
 MISSING = "—"
 SLOW_STEP_S = 10.0
@@ -36,7 +38,7 @@ def format_step_stats(metrics: Mapping[str, Any], accuracy: float | None = None)
     )
 
 
-def _first_known(*values: Any) -> Any:
+def _first_known(*values: T | None) -> T | None:
     return next((v for v in values if v is not None), None)
 
 
@@ -86,7 +88,7 @@ class RunProgress:
         self.use_bar = enabled and self.console.is_terminal
         self._started_at: float | None = None
         self._bar: Progress | None = None
-        self._task: Any = None
+        self._task = TaskID(0)  # the bar's task, once there is a bar
 
     def __enter__(self) -> RunProgress:
         self._started_at = self.clock()
@@ -145,7 +147,7 @@ class RunProgress:
         self.console.print(prefix + text, markup=False, highlight=False, soft_wrap=True)
 
 
-def _fmt(value: Any, spec: str) -> str:
+def _fmt(value: object, spec: str) -> str:
     if value is None:
         return MISSING
     return format(value, spec)

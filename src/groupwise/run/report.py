@@ -70,7 +70,7 @@ def compare_values(run: RunData) -> dict[str, Any]:
     }
 
 
-def fmt(value: Any, digits: int = 3) -> str:
+def fmt(value: object, digits: int = 3) -> str:
     """Table cell: ``—`` for None, floats with ``digits`` decimals, anything else (ints, names) as is."""
     if value is None:
         return MISSING

@@ -35,10 +35,15 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 from urllib.parse import urlparse
 
 from groupwise.config.sections import TrackingBackend
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
+    from groupwise.config import RunConfig
 
 BACKENDS: tuple[str, ...] = get_args(TrackingBackend)
 # Modules each backend imports, and the extra that installs them.
@@ -112,7 +117,7 @@ class TensorBoardTracker:
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
-        self._writer: Any = None
+        self._writer: SummaryWriter | None = None
         self._purge_step: int | None = None
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
@@ -143,7 +148,7 @@ class WandbTracker:
 
     def __init__(self, run_dir: Path, run_name: str, project: str, params: Mapping[str, Any]) -> None:
         self.run_dir, self.run_name, self.project, self.params = run_dir, run_name, project, dict(params)
-        self._run: Any = None
+        self._run: Any = None  # Any: the optional package's run object (not installed by default)
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
         if self._run is None:
@@ -187,7 +192,7 @@ class TrackioTracker:
 
     def __init__(self, run_name: str, project: str, params: Mapping[str, Any]) -> None:
         self.run_name, self.project, self.params = run_name, project, dict(params)
-        self._run: Any = None
+        self._run: Any = None  # Any: the optional package's run object (not installed by default)
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
         if self._run is None:
@@ -221,7 +226,7 @@ class MlflowTracker:
 
     def __init__(self, run_dir: Path, run_name: str, project: str, params: Mapping[str, Any]) -> None:
         self.run_dir, self.run_name, self.project, self.params = run_dir, run_name, project, dict(params)
-        self._client: Any = None
+        self._client: Any = None  # Any: mlflow's MlflowClient (an optional package)
         self._run_id: str | None = None
 
     @property
@@ -267,7 +272,7 @@ class MlflowTracker:
             self._client, self._run_id = None, None
 
 
-def config_trackers(cfg: Any, run_dir: Path) -> list[Tracker]:
+def config_trackers(cfg: RunConfig, run_dir: Path) -> list[Tracker]:
     """The trackers a run config's ``logging`` section asks for (``cfg``: a ``RunConfig``)."""
     params = cfg.model_dump(mode="json", by_alias=True)
     return trackers_for(cfg.logging.enabled_backends(), run_dir, run_dir.name, cfg.logging.project, params)

@@ -23,15 +23,18 @@ import json
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from groupwise.run.metrics import read_metrics
 from groupwise.run.rundir import RunDir
 
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
+
 _SHOWN = 10
 
 
-def staleness_bound(cfg: Any) -> tuple[int | None, str]:
+def staleness_bound(cfg: RunConfig) -> tuple[int | None, str]:
     """``(bound, what sets it)``: the most versions a trained token may lag its step, or None where the schedule
     bounds no such thing (``ready_first`` selects without a bound; a custom sampler is unknown; a sync run that
     carries surplus groups may carry one several times).
@@ -97,7 +100,7 @@ class TrainDataAudit:
         return out
 
 
-def audit_train_data(run_dir: RunDir, fate_lines: Sequence[dict[str, Any]], cfg: Any) -> TrainDataAudit | None:
+def audit_train_data(run_dir: RunDir, fate_lines: Sequence[dict[str, Any]], cfg: RunConfig) -> TrainDataAudit | None:
     """Check ``run_dir``'s train_data files against ``fate_lines`` (see the module docstring); None when the run
     writes no train data (``logging.train_data: false``)."""
     if not cfg.logging.train_data:

@@ -30,11 +30,12 @@ class DaemonWorker:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        # Any: the queued jobs return different types; each job's own future is typed where it is submitted.
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:  # Any: fn's own arguments, passed through
         """Queue ``fn(*args)``; its result (or exception) arrives on the returned future."""
         future: Future[T] = Future()
         with self._lock:
@@ -44,7 +45,7 @@ class DaemonWorker:
                 self._thread.start()
         return future
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:  # Any: fn's own arguments, passed through
         """``fn(*args)`` on the worker thread, awaited from the event loop."""
         return await asyncio.wrap_future(self.submit(fn, *args))
 
@@ -68,6 +69,7 @@ class DaemonWorker:
         return True
 
 
+# Any: the jobs' different result types (see DaemonWorker._jobs).
 def _serve(jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None]) -> None:
     """A worker thread: run ``jobs`` in order until the ``None`` that :meth:`DaemonWorker.close` queues."""
     while True:

@@ -16,7 +16,7 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from groupwise.chunks import TrainChunk
 from groupwise.controller.interfaces import LoaderItem
@@ -35,6 +35,8 @@ from groupwise.types import GenerationCost, Group
 
 if TYPE_CHECKING:
     import torch
+
+T = TypeVar("T")
 
 
 class EmbeddedRollouts:
@@ -128,7 +130,7 @@ class EmbeddedTrainer:
     async def finish_step(self, step: int) -> dict[str, float]:
         return await self._call(self.learner.finish_step)
 
-    async def _call(self, method: Callable[..., Any], *args: Any) -> Any:
+    async def _call(self, method: Callable[..., T], *args: Any) -> T:  # Any: method's own arguments
         start = time.perf_counter()
         try:
             return await self._thread.run(method, *args) if self.in_thread else method(*args)

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from groupwise.types import GenerationRequest, RowPrefix, SamplingParams
+from groupwise.types import GenerationRequest, LoaderItem, RowPrefix, SamplingParams
+
+if TYPE_CHECKING:
+    from groupwise.trainer.rollout import RolloutWorker
 
 
 def encode_progress(
@@ -78,7 +81,8 @@ def prefixes_from(
 
 
 def continuation(
-    worker: Any, item: Any, group_id: int, attempt: int, data: dict[str, Any], on_event: Callable[[str], None]
+    worker: RolloutWorker, item: LoaderItem, group_id: int, attempt: int, data: dict[str, Any],
+    on_event: Callable[[str], None],
 ) -> tuple[RowPrefix | None, ...]:
     """The prefixes that continue a resumed attempt at ``item`` on ``worker`` (a ``RolloutWorker``), or ``()`` (the
     attempt starts over) with an event saying why."""
@@ -93,7 +97,7 @@ def prefix_tokens(prefixes: tuple[RowPrefix | None, ...]) -> int:
     return sum(len(prefix.token_ids) for prefix in prefixes if prefix is not None)
 
 
-def attach_progress(state: dict[str, Any], progress: dict[int, Any]) -> int:
+def attach_progress(state: dict[str, Any], progress: dict[int, dict[str, Any] | None]) -> int:
     """Fill in the progress of the running attempts of a controller snapshot ``state`` from ``progress`` (by group
     id), read after the snapshot was taken (a later token boundary of the same attempts, so still a prefix of each);
     slots that already carry progress keep it. Returns the attempts filled in."""

@@ -32,6 +32,8 @@ import socket
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -48,14 +50,14 @@ _POLL_S = 0.5  # how often a waiting driver looks at the ranks' processes
 _STOP_GRACE_S = 5.0  # seconds a stopped rank gets to exit before it is killed
 
 
-def send(conn: Any, message: Any) -> None:
+def send(conn: Connection, message: object) -> None:
     """Pickle ``message`` by value. ``Connection.send`` would use torch's reducers, which move every tensor
     into shared memory and send a handle: the driver's copy of the weights would then *be* rank 0's live
     parameters and change with every update."""
     conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def receive(conn: Any) -> Any:
+def receive(conn: Connection) -> Any:  # Any: whatever the other end pickled
     return pickle.loads(conn.recv_bytes())
 
 
@@ -83,8 +85,8 @@ class LearnerRanks:
         self.closed = False
         context = mp.get_context("spawn")
         port = free_port()
-        self._conns: list[Any] = []
-        self._procs: list[Any] = []
+        self._conns: list[Connection] = []
+        self._procs: list[BaseProcess] = []
         for rank in range(self.num_ranks):
             parent, child = context.Pipe(duplex=True)
             proc = context.Process(target=rank_main, args=(rank, self.num_ranks, port, cfg, child),
@@ -93,10 +95,10 @@ class LearnerRanks:
             child.close()
             self._conns.append(parent)
             self._procs.append(proc)
-        self.started: Any = None
+        self.started: dict[str, Any] = {}  # rank 0's ready reply, once every rank started
 
     @property
-    def processes(self) -> list[Any]:
+    def processes(self) -> list[BaseProcess]:
         return list(self._procs)
 
     def wait_started(self) -> dict[str, Any]:
@@ -104,7 +106,7 @@ class LearnerRanks:
         self.started = self._gather("starting (loading the model, joining the process group)")
         return self.started
 
-    def call(self, what: str, command: str, *args: Any) -> Any:
+    def call(self, what: str, command: str, *args: Any) -> Any:  # Any: the arguments and reply of any command
         """Run ``command(*args)`` on every rank; rank 0's result. ``what`` names it in errors."""
         if self.closed:
             raise LearnerRankDied(f"the learner ranks were stopped before {what}")
@@ -115,7 +117,7 @@ class LearnerRanks:
                 self._died(rank, what)
         return self._gather(what)
 
-    def _gather(self, what: str) -> Any:
+    def _gather(self, what: str) -> Any:  # Any: rank 0's reply to any command
         replies: dict[int, Any] = {}
         while len(replies) < self.num_ranks:
             waiting = {r: (self._conns[r], self._procs[r].sentinel) for r in range(self.num_ranks) if r not in replies}
@@ -175,7 +177,7 @@ class LearnerRanks:
 
 
 # --- the rank process -----------------------------------------------------------------------------------------
-def rank_main(rank: int, world_size: int, port: int, cfg: RunConfig, conn: Any) -> None:
+def rank_main(rank: int, world_size: int, port: int, cfg: RunConfig, conn: Connection) -> None:
     """A rank's process: build the learner in the group, then serve the driver's commands until ``close``. It ends
     with its driver, whatever it is doing then (:mod:`groupwise.runtime.parent_watch`)."""
     import torch.distributed as dist
@@ -205,7 +207,7 @@ def rank_main(rank: int, world_size: int, port: int, cfg: RunConfig, conn: Any) 
         dist.destroy_process_group()
 
 
-def _reply(conn: Any, rank: int, value: Any) -> None:
+def _reply(conn: Connection, rank: int, value: object) -> None:
     send(conn, ("ok", value if rank == 0 else None))  # rank 0's copy is the one the driver keeps
 
 
@@ -248,7 +250,7 @@ def build_rank_learner(
 class RankCommands:
     """What the driver can ask of a rank; every rank runs each one (most are collectives)."""
 
-    learner: Any
+    learner: RankLearner
 
     def train_chunk(self, rows: RowBatch) -> None:
         self.learner.train_chunk(rows)

@@ -22,7 +22,7 @@ import functools
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 
@@ -30,13 +30,18 @@ from groupwise.batch import RowBatch
 from groupwise.generation.factory import shutdown_generator
 from groupwise.model.lora import generator_state_dict, load_trained_state_dict, trained_state_dict
 from groupwise.runtime.learner_ranks import LearnerRankDied, RankCommands, build_rank_learner, free_port
-from groupwise.runtime.ray_cluster import ActorResources, ray
+from groupwise.runtime.ray_cluster import ActorHandle, ActorResources, ray
 from groupwise.runtime.ray_stream import StreamedWorker
 from groupwise.trainer.builder import build_components, build_learner, load_policy_from_config
-from groupwise.types import Completion, GenerationRequest, Group, SamplingParams
+from groupwise.types import Completion, GenerationRequest, Group, LoaderItem, SamplingParams
 
 if TYPE_CHECKING:
+    from ray import ObjectRef
+
     from groupwise.config import RunConfig
+
+# The generator's weights in the object store: one reference, in a list so Ray passes the reference as is.
+WeightRefs: TypeAlias = "list[ObjectRef[dict[str, torch.Tensor]]]"
 
 
 def _where() -> dict[str, Any]:
@@ -79,13 +84,13 @@ class GenerationWorker:
                 "stream_reason": self.stream_reason, **_where()}  # fmt: skip
 
     def generate_groups(
-        self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int] | None = None,
+        self, items: Sequence[LoaderItem], group_ids: Sequence[int], attempts: Sequence[int] | None = None,
         start_versions: Sequence[int] | None = None,
     ) -> list[Group]:  # fmt: skip
         return self.rollouts.generate_groups(items, group_ids, attempts, start_versions)
 
     def generate_group_outcomes(
-        self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int],
+        self, items: Sequence[LoaderItem], group_ids: Sequence[int], attempts: Sequence[int],
         start_versions: Sequence[int] | None = None, prefixes: Sequence[tuple] | None = None,
     ) -> list[Group | Exception]:  # fmt: skip
         """Groups, with each prompt's own reward failure in its place (the async client fails only that prompt);
@@ -119,7 +124,7 @@ class GenerationWorker:
         if self.stream is not None:
             self.stream.cancel(group_ids)
 
-    def progress(self) -> dict[int, Any]:
+    def progress(self) -> dict[int, dict[str, Any] | None]:
         """What each running attempt generated so far, by group id (checkpoint data; empty without a stream)."""
         return self.stream.progress_by_group() if self.stream is not None else {}
 
@@ -150,7 +155,7 @@ class LearnerWorker:
         metrics = self.learner.finish_step()
         return metrics, self.learner.version
 
-    def publish_weights(self) -> tuple[list[Any], int]:
+    def publish_weights(self) -> tuple[WeightRefs, int]:
         """Put the generator's weights (adapters merged) in the object store once: ``([reference], version)``."""
         return [ray.put(self.generator_state())], self.learner.version
 
@@ -184,13 +189,13 @@ class LearnerRankWorker(LearnerWorker):
 
     def __init__(self, cfg: RunConfig, rank: int, world_size: int):  # not super(): join() builds the learner
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
-        self.peers: list[Any] = []
+        self.peers: list[ActorHandle] = []  # the other ranks
 
     def address(self) -> tuple[str, int]:
         """Where the group meets (called on rank 0): this node's address and a free port on it."""
         return ray.util.get_node_ip_address(), free_port()
 
-    def join(self, host: str, port: int, peers: Sequence[Any]) -> dict[str, Any]:
+    def join(self, host: str, port: int, peers: Sequence[ActorHandle]) -> dict[str, Any]:
         torch.manual_seed(self.cfg.run.seed)
         self.learner = build_rank_learner(self.cfg, self.rank, self.world_size, host, port, cuda_index=0,
                                           share_cpus=False)  # Ray shows each actor only its own GPU
@@ -198,11 +203,11 @@ class LearnerRankWorker(LearnerWorker):
         self.peers = list(peers)
         return {"version": self.learner.version, "logprob_path": self.learner.warm_up(), **_where()}
 
-    def run(self, command: str, *args: Any) -> Any:
+    def run(self, command: str, *args: Any) -> Any:  # Any: the arguments and result of any RankCommands method
         """A peer's part of a command."""
         return getattr(self.commands, command)(*args)
 
-    def _everywhere(self, command: str, *args: Any) -> Any:
+    def _everywhere(self, command: str, *args: Any) -> Any:  # Any: as in run
         refs = [peer.run.remote(command, *args) for peer in self.peers]
         try:
             result = getattr(self.commands, command)(*args)
@@ -212,7 +217,8 @@ class LearnerRankWorker(LearnerWorker):
         self._raise_lost_peer(command, refs, wait_s=None)
         return result
 
-    def _raise_lost_peer(self, command: str, refs: list[Any], wait_s: float | None) -> None:
+    # Any: the peers' parts of any command (only their errors are read).
+    def _raise_lost_peer(self, command: str, refs: list[ObjectRef[Any]], wait_s: float | None) -> None:
         """Wait for the peers' parts; a peer that died raises LearnerRankDied naming it."""
         for rank, ref in enumerate(refs, start=1):
             try:
@@ -252,7 +258,8 @@ class LearnerRankWorker(LearnerWorker):
         return self._everywhere("load_state_dict", state)
 
 
-def start_actor(cls: type, resources: ActorResources, *args: Any, concurrency: int = 1) -> Any:
+# Any: cls's own arguments, passed through.
+def start_actor(cls: type, resources: ActorResources, *args: Any, concurrency: int = 1) -> ActorHandle:
     """Create ``cls(*args)`` as a Ray actor reserving ``resources``, taking ``concurrency`` calls at once (a threaded
     actor when above 1); returns its handle (it starts in the background: wait on its ``ready`` call)."""
     # No restarts by Ray: a lost generation worker is replaced by the runtime (which counts it and reloads the
@@ -262,11 +269,11 @@ def start_actor(cls: type, resources: ActorResources, *args: Any, concurrency: i
 
 
 @functools.cache
-def _remote_class(cls: type) -> Any:
+def _remote_class(cls: type) -> Any:  # Any: a Ray actor class (its .options(...).remote(...) gives a handle)
     return ray.remote(max_restarts=0, max_task_retries=0)(cls)
 
 
-def kill_actor(handle: Any) -> None:
+def kill_actor(handle: ActorHandle) -> None:
     """Stop an actor; one that is already dead (or a cluster already gone) is fine."""
     with contextlib.suppress(Exception):
         ray.kill(handle)

@@ -19,13 +19,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from groupwise.controller.failures import InfraError
-from groupwise.runtime.ray_actors import GenerationWorker, generation_concurrency, kill_actor, start_actor
-from groupwise.runtime.ray_cluster import generation_worker_resources, ray, wait_until_started
+from groupwise.runtime.ray_actors import (
+    GenerationWorker,
+    WeightRefs,
+    generation_concurrency,
+    kill_actor,
+    start_actor,
+)
+from groupwise.runtime.ray_cluster import ActorHandle, generation_worker_resources, ray, wait_until_started
 from groupwise.trainer.rollout import RolloutWorker
-from groupwise.types import Completion, GenerationRequest, Group, SamplingParams
+from groupwise.types import Completion, GenerationRequest, Group, LoaderItem, Prompt, SamplingParams
 
 if TYPE_CHECKING:
     import torch
+    from ray import ObjectRef
 
     from groupwise.config import RunConfig
 
@@ -43,7 +50,7 @@ class WorkerSlot:
     """One generation worker actor, the weight version it holds, and whether a batch is running on it."""
 
     index: int
-    handle: Any
+    handle: ActorHandle
     version: int = 0
     busy: bool = False
     groups: int = 0  # groups in flight on it (continuous batching: several calls at once)
@@ -57,7 +64,7 @@ class GenerationPool:
         self.startup_timeout_s = startup_timeout_s
         self.workers: list[WorkerSlot] = []
         self.restarts = 0
-        self.weights: list[Any] | None = None  # [ObjectRef] of the current weights (a list so Ray passes it as is)
+        self.weights: WeightRefs | None = None  # the current weights
         self.version = 0
         self.on_event: Callable[[str], None] = lambda message: None
         self._next_index = 0
@@ -79,12 +86,12 @@ class GenerationPool:
             index, self._next_index = self._next_index, self._next_index + 1
         return index
 
-    def _create(self, index: int) -> tuple[WorkerSlot, Any]:
+    def _create(self, index: int) -> tuple[WorkerSlot, ObjectRef[dict[str, Any]]]:
         resources = generation_worker_resources(self.cfg.runtime.ray, index)
         handle = start_actor(GenerationWorker, resources, self.cfg, index, concurrency=generation_concurrency(self.cfg))
         return WorkerSlot(index, handle), handle.ready.remote()
 
-    def create_replacement(self) -> tuple[WorkerSlot, Any]:
+    def create_replacement(self) -> tuple[WorkerSlot, ObjectRef[dict[str, Any]]]:
         """Start a new worker in the background: ``(slot, ready reference)``. It joins the pool only through
         :meth:`add_replacement`, after it has loaded the current weights; until then :meth:`shutdown` still
         stops it."""
@@ -149,13 +156,13 @@ class GenerationPool:
             kill_actor(slot.handle)
 
     # --- weights ---------------------------------------------------------------------------------------------------
-    def set_weights(self, weights: list[Any], version: int) -> None:
+    def set_weights(self, weights: WeightRefs, version: int) -> None:
         """Record the current weights (``[ObjectRef]``) and version; replacements load these."""
         if version < self.version:
             raise ValueError(f"weight version {version} is older than the pool's {self.version}; versions only grow")
         self.weights, self.version = weights, version
 
-    def publish(self, weights: list[Any], version: int) -> None:
+    def publish(self, weights: WeightRefs, version: int) -> None:
         """Blocking: every worker loads ``weights`` (one stored copy); lost workers are replaced."""
         self.set_weights(weights, version)
         loads = [(slot, slot.handle.load_weights.remote(weights[0], version)) for slot in list(self.workers)]
@@ -233,11 +240,11 @@ class RaySyncRollouts:
         self.reward_kwargs = local.reward_kwargs
         self.group_size = local.group_size
 
-    def encode(self, prompt: Any) -> tuple[int, ...]:
+    def encode(self, prompt: Prompt) -> tuple[int, ...]:
         return self.local.encode(prompt)
 
     def generate_groups(
-        self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int] | None = None,
+        self, items: Sequence[LoaderItem], group_ids: Sequence[int], attempts: Sequence[int] | None = None,
         start_versions: Sequence[int] | None = None,
     ) -> list[Group]:  # fmt: skip
         """Like :meth:`groupwise.trainer.rollout.RolloutWorker.generate_groups`, on the worker actors."""
@@ -269,7 +276,9 @@ class RaySyncRollouts:
             )
         return [group for i in range(len(shards)) for group in results[i]]
 
-    def _collect(self, calls: list[tuple[int, WorkerSlot, Any]], results: dict[int, list[Group]]) -> None:
+    def _collect(
+        self, calls: list[tuple[int, WorkerSlot, ObjectRef[list[Group]]]], results: dict[int, list[Group]]
+    ) -> None:
         dead: list[WorkerSlot] = []
         for i, slot, ref in calls:
             try:

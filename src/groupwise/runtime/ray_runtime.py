@@ -20,18 +20,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from groupwise.batch import RowBatch
 from groupwise.chunks import TrainChunk
 from groupwise.controller.interfaces import LoaderItem
-from groupwise.runtime.ray_cluster import ray
+from groupwise.runtime.ray_actors import WeightRefs
+from groupwise.runtime.ray_cluster import ActorHandle, ray
 from groupwise.runtime.ray_errors import UnschedulableError
 from groupwise.runtime.ray_pool import GenerationPool, GenerationWorkerLost, WorkerSlot
 from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, charge_call, fail_all, settle_outcomes
 from groupwise.types import GenerationCost, Group
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
+T = TypeVar("T")
+# What a generation call gave back: each group or the error that failed only it, or the error that failed the call.
+Outcomes = Sequence[Group | BaseException] | BaseException
 
 
 class LearnerFailed(RuntimeError):
@@ -48,11 +56,11 @@ def _learner_failed(what: str, err: BaseException) -> LearnerFailed:
 class RayLearner:
     """The session's ``learner``: the learner actor, called synchronously. ``version`` mirrors the actor's."""
 
-    def __init__(self, handle: Any, version: int = 0):
+    def __init__(self, handle: ActorHandle, version: int = 0):
         self.handle = handle
         self.version = version
 
-    def call(self, what: str, ref: Any) -> Any:
+    def call(self, what: str, ref: ObjectRef[T]) -> T:
         """``ray.get(ref)``, with a lost learner reported as :class:`LearnerFailed` (``what`` it was doing)."""
         try:
             return ray.get(ref)
@@ -70,7 +78,7 @@ class RayLearner:
         metrics, self.version = self.call("finishing a step", self.handle.finish_step.remote())
         return metrics
 
-    def publish_weights(self) -> tuple[list[Any], int]:
+    def publish_weights(self) -> tuple[WeightRefs, int]:
         """Put the weights in the object store (once): ``([reference], version)``."""
         return self.call("publishing weights", self.handle.publish_weights.remote())
 
@@ -111,7 +119,7 @@ class RayTrainer:
         )
         return metrics
 
-    async def _call(self, what: str, ref: Any) -> Any:
+    async def _call(self, what: str, ref: ObjectRef[T]) -> T:
         start = time.perf_counter()
         try:
             return await ref
@@ -131,7 +139,7 @@ class RayRolloutClient:
     is the mean worker's busy time); ``worker_restarts`` counts replacement workers started.
     """
 
-    def __init__(self, pool: GenerationPool, max_batch_groups: int, publish: Callable[[], tuple[list[Any], int]]):
+    def __init__(self, pool: GenerationPool, max_batch_groups: int, publish: Callable[[], tuple[WeightRefs, int]]):
         self.pool = pool
         self.max_batch_groups = max(1, max_batch_groups)
         self.publish = publish
@@ -181,7 +189,7 @@ class RayRolloutClient:
         self._queue.items = []
         self._start_replacement(None)
 
-    def _spawn(self, coroutine: Any, name: str) -> None:
+    def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(coroutine, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -210,12 +218,12 @@ class RayRolloutClient:
         self._charge(batch, outcomes, seconds)
         self.generated_tokens += settle_outcomes(batch, outcomes)
 
-    def _call(self, slot: WorkerSlot, batch: list[PendingRollout]) -> Any:
+    def _call(self, slot: WorkerSlot, batch: list[PendingRollout]) -> ObjectRef[list[Group | Exception]]:
         return slot.handle.generate_group_outcomes.remote([p.item for p in batch], [p.group_id for p in batch],
                                                           [p.attempt for p in batch],
                                                           [p.start_version for p in batch])  # fmt: skip
 
-    def _charge(self, batch: list[PendingRollout], outcomes: Any, seconds: float) -> None:
+    def _charge(self, batch: list[PendingRollout], outcomes: Outcomes, seconds: float) -> None:
         """Record what each group of a call that took ``seconds`` cost (split pro rata by tokens)."""
         charge_call(batch, outcomes, seconds)
 
@@ -246,7 +254,7 @@ class RayRolloutClient:
             self._replacing -= 1
             self._queue.wake.set()
 
-    async def _bring_up(self, slot: WorkerSlot, ready: Any) -> None:
+    async def _bring_up(self, slot: WorkerSlot, ready: ObjectRef[dict[str, Any]]) -> None:
         """Wait (cancellably) for a new worker to start, then load the newest weights into it."""
         timeout = self.pool.startup_timeout_s
         try:

@@ -54,6 +54,8 @@ from groupwise.trainer.remote_policy import RemotePolicy
 from groupwise.trainer.session import Session
 
 if TYPE_CHECKING:
+    from peft import LoraConfig
+
     from groupwise.config import RunConfig
 
 DEFAULT_STARTUP_TIMEOUT_S = 300.0
@@ -165,7 +167,7 @@ def worker_streaming(started: dict[str, Any]) -> StreamSupport:
     return StreamSupport(bool(worker["streaming"]), str(worker["stream_reason"]))
 
 
-def _start_learners(cfg: RunConfig, timeout_s: float) -> tuple[list[Any], dict[str, Any]]:
+def _start_learners(cfg: RunConfig, timeout_s: float) -> tuple[list[ActorHandle], dict[str, Any]]:
     """The learner actor, or ``learner.num_ranks`` rank actors in one process group (rank 0 first, the one the
     driver calls); role → the reference their start-up returns."""
     ray_cfg, num_ranks = cfg.runtime.ray, cfg.learner.num_ranks
@@ -222,7 +224,7 @@ def _assemble(
     return session
 
 
-def _lora_config(cfg: Any) -> Any:
+def _lora_config(cfg: RunConfig) -> LoraConfig | None:
     lora = cfg.model.lora
     return lora_config(lora.rank, lora.alpha, lora.dropout, lora.target_modules) if lora.enabled else None
 

@@ -12,15 +12,25 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from groupwise.generation.factory import open_stream
 from groupwise.runtime.inflight import encode_progress
-from groupwise.types import GenerationCost, GenerationRequest, Group, attach_cost, charge_seconds
+from groupwise.types import (
+    Completion,
+    GenerationCost,
+    GenerationRequest,
+    Group,
+    LoaderItem,
+    attach_cost,
+    charge_seconds,
+)
 
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
     from groupwise.trainer.builder import Components
+
+T = TypeVar("T")
 
 
 class GroupCancelled(RuntimeError):
@@ -28,16 +38,21 @@ class GroupCancelled(RuntimeError):
     (``groupwise.types.cost_of``) once its rows left the stream."""
 
 
-class _Answer:
-    """What the stream hands back for one request, waited for by the calling thread."""
+class _Answer(Generic[T]):
+    """What the stream hands back for one request, waited for by the calling thread (``value`` is set before
+    ``ready``)."""
+
+    value: T
 
     def __init__(self) -> None:
         self.ready = threading.Event()
-        self.value: Any = None
 
-    def __call__(self, value: Any) -> None:
+    def __call__(self, value: T) -> None:
         self.value = value
         self.ready.set()
+
+
+_Generated = _Answer[list[Completion] | BaseException]  # a request's completions, or why there are none
 
 
 class StreamedWorker:
@@ -54,10 +69,10 @@ class StreamedWorker:
         self.stream.start("groupwise-generation")
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()
-        self._running: dict[int, tuple[int, GenerationRequest, _Answer]] = {}
+        self._running: dict[int, tuple[int, GenerationRequest, _Generated]] = {}
 
     def outcomes(
-        self, items: Sequence[Any], group_ids: Sequence[int], attempts: Sequence[int],
+        self, items: Sequence[LoaderItem], group_ids: Sequence[int], attempts: Sequence[int],
         start_versions: Sequence[int], prefixes: Sequence[tuple] | None,
     ) -> list[Group | Exception]:  # fmt: skip
         """Each group, or its own reward failure; an engine failure fails the call."""
@@ -65,7 +80,7 @@ class StreamedWorker:
         waiting = []
         for item, group_id, attempt, rows in zip(items, group_ids, attempts, prefixes, strict=True):
             request = self.rollouts.request_for(item, attempt, tuple(rows))
-            answer = _Answer()
+            answer: _Generated = _Answer()
             handle = self.stream.submit(request, answer)
             with self._lock:
                 self._running[group_id] = (handle, request, answer)
@@ -104,13 +119,13 @@ class StreamedWorker:
         """Have the stream run ``load`` at a token boundary (or after a drain) and wait for it; one at a time (the
         stream holds one pending load)."""
         with self._load_lock:
-            answer = _Answer()
+            answer: _Answer[BaseException | None] = _Answer()
             self.stream.post_weights(load, answer)
             answer.ready.wait()
         if answer.value is not None:
             raise answer.value
 
-    def progress_by_group(self) -> dict[int, Any]:
+    def progress_by_group(self) -> dict[int, dict[str, Any] | None]:
         progress = self.stream.progress()
         sampling = self.rollouts.sampling
         with self._lock:
@@ -122,6 +137,6 @@ class StreamedWorker:
         }
 
 
-def _answer_cancelled(answer: _Answer, tokens: int, seconds: float) -> None:
+def _answer_cancelled(answer: _Generated, tokens: int, seconds: float) -> None:
     """A cancelled group's call gets a :class:`GroupCancelled` in its place, carrying what the group had cost."""
     answer(attach_cost(GroupCancelled("the driver cancelled this group"), GenerationCost(tokens, seconds)))

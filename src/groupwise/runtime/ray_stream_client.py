@@ -27,14 +27,20 @@ import asyncio
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from groupwise.controller.interfaces import LoaderItem
 from groupwise.runtime.inflight import continuation, prefix_tokens
+from groupwise.runtime.ray_actors import WeightRefs
 from groupwise.runtime.ray_pool import GenerationPool, WorkerSlot
-from groupwise.runtime.ray_runtime import RayRolloutClient
+from groupwise.runtime.ray_runtime import Outcomes, RayRolloutClient
 from groupwise.runtime.rollout_queue import PendingRollout, charge_reported
 from groupwise.types import Group
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
+    from groupwise.trainer.rollout import RolloutWorker
 
 # How long a checkpoint waits for the workers' progress; past it, their attempts are saved to start over.
 PROGRESS_TIMEOUT_S = 30.0
@@ -44,8 +50,8 @@ class RayStreamedRollouts(RayRolloutClient):
     """``RolloutClient`` over streamed generation workers (see the module docstring)."""
 
     def __init__(
-        self, pool: GenerationPool, groups_per_worker: int, publish: Callable[[], tuple[list[Any], int]],
-        local: Any, on_event: Callable[[str], None] = lambda message: None,
+        self, pool: GenerationPool, groups_per_worker: int, publish: Callable[[], tuple[WeightRefs, int]],
+        local: RolloutWorker, on_event: Callable[[str], None] = lambda message: None,
     ) -> None:  # fmt: skip
         super().__init__(pool, 1, publish)
         self.groups_per_worker = max(1, groups_per_worker)
@@ -55,7 +61,7 @@ class RayStreamedRollouts(RayRolloutClient):
         self._holding_since: dict[int, float] = {}  # worker index -> when it last went from no group to some
 
     async def resume(
-        self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int, progress: Any
+        self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int, progress: dict[str, Any]
     ) -> Group:
         """Continue a checkpointed attempt: its samples so far go to the worker as prefixes."""
         prefixes = continuation(self.local, prompt, group_id, attempt, progress, self.on_event)
@@ -79,13 +85,13 @@ class RayStreamedRollouts(RayRolloutClient):
         if future.cancelled():
             slot.handle.cancel_groups.remote([group_id])
 
-    def _call(self, slot: WorkerSlot, batch: list[PendingRollout]) -> Any:
+    def _call(self, slot: WorkerSlot, batch: list[PendingRollout]) -> ObjectRef[list[Group | Exception]]:
         return slot.handle.generate_group_outcomes.remote(
             [p.item for p in batch], [p.group_id for p in batch], [p.attempt for p in batch],
             [p.start_version for p in batch], [p.prefixes for p in batch],
         )  # fmt: skip
 
-    def _charge(self, batch: list[PendingRollout], outcomes: Any, seconds: float) -> None:
+    def _charge(self, batch: list[PendingRollout], outcomes: Outcomes, seconds: float) -> None:
         """A group's cost is what its worker's stream attributed to it (calls overlap: their wall time is not)."""
         charge_reported(batch, outcomes)
 
@@ -96,7 +102,7 @@ class RayStreamedRollouts(RayRolloutClient):
             since = self._holding_since.pop(slot.index, time.perf_counter() - seconds)
             self.busy_seconds += (time.perf_counter() - since) / max(1, len(self.pool.workers))
 
-    async def fetch_progress(self) -> dict[int, Any]:
+    async def fetch_progress(self) -> dict[int, dict[str, Any] | None]:
         """What every running attempt generated so far, by group id, from every worker holding groups (a worker
         that does not answer within ``PROGRESS_TIMEOUT_S``, or died, contributes nothing: its attempts start
         over on resume)."""
@@ -105,7 +111,7 @@ class RayStreamedRollouts(RayRolloutClient):
             *(asyncio.wait_for(slot.handle.progress.remote(), PROGRESS_TIMEOUT_S) for slot in slots),
             return_exceptions=True,
         )
-        progress: dict[int, Any] = {}
+        progress: dict[int, dict[str, Any] | None] = {}
         for slot, reply in zip(slots, replies, strict=True):
             if isinstance(reply, BaseException):
                 self.on_event(f"checkpoint: generation worker {slot.index} gave no progress ({reply!r}); its "

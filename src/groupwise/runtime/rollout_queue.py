@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from groupwise.algo.waste import split_call_seconds
-from groupwise.types import NO_COST, GenerationCost, Group, attach_cost, cost_of
+from groupwise.types import NO_COST, GenerationCost, Group, LoaderItem, attach_cost, cost_of
 
 
 @dataclass
 class PendingRollout:
     """One requested group: what to generate and the future its requester awaits."""
 
-    item: Any
+    item: LoaderItem
     group_id: int
     attempt: int
     start_version: int  # the generator version the controller dispatched the attempt at (the group carries it)
@@ -59,7 +59,9 @@ class RolloutQueue:
         self._serve = serve
         self._name = name
 
-    async def submit(self, item: Any, group_id: int, attempt: int, start_version: int, prefixes: tuple = ()) -> Group:
+    async def submit(
+        self, item: LoaderItem, group_id: int, attempt: int, start_version: int, prefixes: tuple = ()
+    ) -> Group:
         loop = asyncio.get_running_loop()
         if self.task is None or self.task.done():
             self.task = loop.create_task(self._serve(), name=self._name)

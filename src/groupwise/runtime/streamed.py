@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -41,6 +41,8 @@ from groupwise.types import (
     charge_seconds,
 )
 
+T = TypeVar("T")
+
 
 @dataclass
 class _Running:
@@ -48,7 +50,7 @@ class _Running:
     request: GenerationRequest
 
 
-def _settle(future: asyncio.Future, outcome: Any) -> None:
+def _settle(future: asyncio.Future[T], outcome: T | BaseException) -> None:
     if future.done():
         return
     if isinstance(outcome, BaseException):
@@ -63,7 +65,7 @@ def answer_from_thread(
     """A callback for the serving thread that settles ``future`` on ``loop`` (dropped once the loop is closed) with
     its one argument, or with the tuple of its arguments when ``unpack``."""
 
-    def answer(*outcome: Any) -> None:
+    def answer(*outcome: Any) -> None:  # Any: whatever the stream answers (the future's value or an error)
         with contextlib.suppress(RuntimeError):  # the run ended and its loop closed: nobody waits any more
             loop.call_soon_threadsafe(_settle, future, outcome if unpack else outcome[0])
 
@@ -116,7 +118,7 @@ class StreamedRollouts:
         return await self._generate(prompt, group_id, attempt, start_version, ())
 
     async def resume(
-        self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int, progress: Any
+        self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int, progress: dict[str, Any]
     ) -> Group:
         """Continue a checkpointed attempt: its samples so far are fed back as prefixes, not generated again."""
         prefixes = continuation(self.worker, prompt, group_id, attempt, progress, self.on_event)
@@ -179,7 +181,7 @@ class StreamedRollouts:
         tokens, seconds = await spent
         return GenerationCost(tokens, seconds)
 
-    async def fetch_progress(self) -> dict[int, Any]:
+    async def fetch_progress(self) -> dict[int, dict[str, Any] | None]:
         """What every running attempt generated so far, by group id, as checkpoint data (None: nothing yet); read
         without yielding to the event loop, so at the same instant as a snapshot taken just before."""
         progress = self.stream.progress()

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Collection, Coroutine, Hashable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
+
+T = TypeVar("T")
 
 # Seconds an awaited answer may stay outstanding on an idle generator before the run stops as stalled.
 IDLE_STALL_S = 10.0
@@ -121,7 +123,9 @@ async def first_to_fail(*watchers: Coroutine[Any, Any, NoReturn]) -> NoReturn:
             task.cancel()
 
 
-async def run_watched(main: Any, watchdog: Any, cancel_grace_s: float = 30.0) -> Any:
+async def run_watched(
+    main: Coroutine[Any, Any, T], watchdog: Coroutine[Any, Any, NoReturn], cancel_grace_s: float = 30.0
+) -> T:
     """Await the coroutine ``main`` while the coroutine ``watchdog`` runs; if the watchdog raises first, cancel
     ``main`` (waiting at most ``cancel_grace_s`` for its shutdown) and re-raise the watchdog's error."""
     loop = asyncio.get_running_loop()

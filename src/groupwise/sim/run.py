@@ -234,7 +234,7 @@ def format_summary(summary: dict[str, Any], one_line: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     if value is None:
         return "—"
     return f"{value:,.3f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)

@@ -15,9 +15,9 @@ bound. Any other exception is a bug and propagates.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from groupwise.algo.accumulator import DynamicSamplingExhausted
 from groupwise.algo.waste import GenerationAccount
@@ -37,7 +37,7 @@ from groupwise.sim.simulated_rollouts import SimulatedDataFailure, SimulatedInfr
 from groupwise.sim.virtual_time import SimulationTimeout, run_in_virtual_time
 from groupwise.sim.workload import LearningCurve, SimWorkload, make_sim_prompts
 from groupwise.trainer.sync_loop import SyncLoop, SyncStep, TrainerState, record_carried_at_end
-from groupwise.types import Group
+from groupwise.types import Group, Prompt
 
 if TYPE_CHECKING:
     from groupwise.config import GrpoSection
@@ -63,7 +63,7 @@ class SimParts:
     """The simulated generator and learner of one run, sharing one learning curve."""
 
     workload: SimWorkload
-    prompts: list[Any]
+    prompts: list[Prompt]
     rollouts: SimulatedRollouts | JobRollouts
     trainer: SimulatedTrainer
 
@@ -227,7 +227,7 @@ def _meter(parts: SimParts) -> StepMeter:
     return StepMeter(parts.rollouts, parts.trainer, asyncio.get_running_loop().time)
 
 
-def _run_bounded(run: SimRun, main: Callable[[], Any], max_virtual_seconds: float) -> None:
+def _run_bounded(run: SimRun, main: Callable[[], Awaitable[object]], max_virtual_seconds: float) -> None:
     try:
         _, run.wall_seconds = run_in_virtual_time(main, max_virtual_seconds)
     except SimulationTimeout as error:

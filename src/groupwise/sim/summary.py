@@ -154,7 +154,7 @@ def _sync_groups(run: SimRun) -> dict[str, int]:
     }
 
 
-def _rounded(value: Any) -> Any:
+def _rounded(value: Any) -> Any:  # Any: a JSON-like summary value, floats rounded
     if isinstance(value, float):
         return round(value, 6) if math.isfinite(value) else None
     if isinstance(value, dict):

@@ -26,9 +26,12 @@ import gc
 import selectors
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import looptime
+
+if TYPE_CHECKING:
+    from _typeshed import FileDescriptorLike
 
 T = TypeVar("T")
 
@@ -53,12 +56,13 @@ class NoIOSelector(selectors.BaseSelector):
     def __init__(self) -> None:
         self._keys: dict[int, selectors.SelectorKey] = {}
 
-    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+    # Any: the caller's data on the key, as selectors.BaseSelector declares it.
+    def register(self, fileobj: FileDescriptorLike, events: int, data: Any = None) -> selectors.SelectorKey:
         fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
         key = self._keys[fd] = selectors.SelectorKey(fileobj, fd, events, data)
         return key
 
-    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+    def unregister(self, fileobj: FileDescriptorLike) -> selectors.SelectorKey:
         return self._keys.pop(fileobj if isinstance(fileobj, int) else fileobj.fileno())
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
