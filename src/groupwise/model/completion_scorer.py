@@ -31,6 +31,7 @@ from groupwise.generation.sampling import logprob_temperature
 from groupwise.model.chunked_logprobs import head_logprobs
 from groupwise.model.loading import pretrained
 from groupwise.model.logprobs import completion_logprobs, position_ids_from_mask
+from groupwise.model.lora import is_adapted
 
 # Max |chunked − forward| logit difference on the probe, relative to the logits' scale.
 _PROBE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
@@ -53,8 +54,7 @@ class ScoredRows:
 
 def unwrap_adapter(model: torch.nn.Module) -> torch.nn.Module:
     """The causal LM inside a peft wrapper (its modules carry the adapters), or ``model`` itself."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
+    return model.get_base_model() if is_adapted(model) else model
 
 
 def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear]:
