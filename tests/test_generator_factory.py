@@ -19,7 +19,7 @@ from fakes.generators import DIGITS, ToyGenerator
 
 from groupwise.cli.run_prompts import training_uids
 from groupwise.config import ConfigError, config_from_dict
-from groupwise.config.sections import GENERATION_BACKENDS
+from groupwise.config.generation_schema import GENERATION_BACKENDS
 from groupwise.generation.factory import BACKENDS, stream_support
 from groupwise.run.audit import audit_run
 from groupwise.runtime.async_run import run_async

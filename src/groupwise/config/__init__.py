@@ -27,6 +27,7 @@ from groupwise.config.async_schema import (
     required_buffer_capacity,
     sampler_config,
 )
+from groupwise.config.generation_schema import GenerationSection
 from groupwise.config.issues import ConfigError, ConfigIssue
 from groupwise.config.learner_schema import LearnerSection
 from groupwise.config.load import config_from_dict, load_config
@@ -38,7 +39,6 @@ from groupwise.config.sections import (
     CountdownSection,
     DataSection,
     EvalSection,
-    GenerationSection,
     JsonlSection,
     LoggingSection,
     ModelSection,

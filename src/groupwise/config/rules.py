@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 from groupwise.config.algorithm import MAX_REWARD_VALUE
 from groupwise.config.checks import no_effect, rule
+from groupwise.config.generation_schema import BUILTIN_ENGINE_KEYS
 from groupwise.config.issues import ConfigIssue
 from groupwise.config.sections import (
-    BUILTIN_ENGINE_KEYS,
     BUNDLED_GGUF_PATH,
     builtin_reward_range_width,
     builtin_task_names,

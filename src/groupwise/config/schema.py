@@ -8,12 +8,17 @@ from typing import Literal
 import yaml
 from pydantic import ConfigDict, Field, model_validator
 
+# Importing the rule modules registers their rules (they are used only through the registry).
+import groupwise.config.async_rules
+import groupwise.config.backend_rules
+import groupwise.config.hazards
+import groupwise.config.rules  # noqa: F401
 from groupwise.algo.step_size import round_size
-from groupwise.config import async_rules, backend_rules, hazards, rules  # noqa: F401  (importing registers the rules)
 from groupwise.config.algorithm import GrpoSection, LossSection, OptimizerSection
 from groupwise.config.async_schema import AsyncSection
 from groupwise.config.base import Section
 from groupwise.config.checks import run_hazards, run_rules
+from groupwise.config.generation_schema import GenerationSection
 from groupwise.config.issues import ConfigError, ConfigIssue
 from groupwise.config.learner_schema import LearnerSection
 from groupwise.config.runtime_schema import RuntimeSection, SimSection
@@ -21,7 +26,6 @@ from groupwise.config.sections import (
     CheckpointSection,
     DataSection,
     EvalSection,
-    GenerationSection,
     LoggingSection,
     ModelSection,
     RewardSection,

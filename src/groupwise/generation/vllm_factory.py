@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from typing import TYPE_CHECKING
 
 from groupwise.generation.base import Generator
-from groupwise.generation.factory import GeneratorSpec
 from groupwise.generation.vllm_engine import VllmGenerator
 from groupwise.generation.vllm_setup import VllmSettings, logprob_source_for, write_model_folder
 from groupwise.generation.vllm_stream import VllmStream
 from groupwise.model.loading import resolve_device
 from groupwise.types import SamplingParams
+
+if TYPE_CHECKING:  # the factory imports this module when vllm is chosen: a type-only import keeps no cycle
+    from groupwise.generation.factory import GeneratorSpec
 
 
 def vllm_settings(spec: GeneratorSpec, model_dir: str) -> VllmSettings:

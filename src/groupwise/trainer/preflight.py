@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from groupwise.config import ConfigError, ConfigIssue
-from groupwise.config.sections import BUNDLED_GGUF_PATH, GENERATION_BACKENDS
+from groupwise.config.generation_schema import GENERATION_BACKENDS
+from groupwise.config.sections import BUNDLED_GGUF_PATH
 from groupwise.data.jsonl_dataset import DatasetError, load_jsonl_prompts
 from groupwise.data.registry import TASKS, Task, build_task, prompt_sources, task_config_key
 from groupwise.data.rewards import RewardFn, RewardSpecError, check_reward_kwargs, load_reward_fn
