@@ -210,7 +210,9 @@ def test_an_async_run_with_continuous_batching_and_partial_rollouts(tmp_path):
     assert totals["generated_tokens"] == sum(by_fate.values()) > 0
     assert totals["generated_tokens"] == totals["trained_tokens"] + totals["wasted_tokens"] + totals["pending_tokens"]
     assert totals["trained_tokens"] == by_fate["trained"] == sum(r["perf/train_tokens"] for r in records)
-    assert all(r["waste/generated_gen_seconds"] > 0 for r in records)
+    # seconds are charged wherever tokens were handed back (a step can be handed none, depending on timing)
+    assert sum(r["waste/generated_tokens"] for r in records) > 0
+    assert all((r["waste/generated_gen_seconds"] > 0) == (r["waste/generated_tokens"] > 0) for r in records)
 
 
 def test_a_cancelled_rollout_is_charged_what_the_stream_spent_on_it(tmp_path):
