@@ -7,9 +7,8 @@ Invariants pinned:
   recorded logprobs equal the learner's within 1e-4 per token on average (float32: ``mismatch/logprob_abs_diff``),
   so the importance weights are 1 to that precision;
 - a 20-step async run with continuous batching and partial rollouts (``AsyncLLM``, pause keep / reload / resume)
-  completes with the audit passing and ``waste/*``, ``mismatch/*`` written: weights were loaded mid-row (in a step
-  whose groups all started at one staleness, the tokens' mean staleness is lower: later tokens of a completion come
-  from a newer version),
+  completes with the audit passing and ``waste/*``, ``mismatch/*`` written, the tokens' mean staleness within the
+  step's maximum (whether a load lands mid-row is timing; the stream tier pins a row continued under new weights),
   and some steps trained on-policy tokens (their gap is reported; with the KV cache kept across a load it is not
   bounded by rounding);
 - on Ray (where ray is installed), a short async run with partial rollouts runs vLLM's stream inside the
@@ -89,9 +88,9 @@ def test_an_async_run_with_partial_rollouts_on_vllm(tmp_path):
                  "async.partial_rollouts=continue", "async.partial_rollout_kv=keep"]  # fmt: skip
     cfg = load_config(ROOT / "examples" / "addition_async.yaml", overrides)
     steps = _check_run(_train(cfg))
-    # a step whose groups all started at one staleness (mean = max) but whose tokens are fresher on average: some
-    # completion's later tokens were drawn after a weight load in the middle of its row
-    assert any(m["staleness/mean"] == m["staleness/max"] > m["staleness/token_mean"] for m in steps)
+    # Whether a weight load lands in the middle of some row here depends on timing (it did in most runs, not in all);
+    # test_vllm_stream.py's pause/keep/resume test pins the versions of a row continued under new weights.
+    assert all(0 <= m["staleness/token_mean"] <= m["staleness/max"] for m in steps)
     on_policy = [m for m in steps if m["mismatch/on_policy_fraction"] > 0]
     assert on_policy and all(m["mismatch/kl_k3"] >= 0.0 and m["mismatch/logprob_abs_diff"] < 1.0 for m in on_policy)
 
