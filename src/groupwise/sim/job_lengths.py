@@ -19,9 +19,8 @@ import numpy as np
 
 from groupwise.config.job_schema import JobLengthsSection
 from groupwise.seeding import derive_seed
+from groupwise.sim.variates import BLOCK, DrawBuffer
 from groupwise.sim.workload import lognormal_sigma
-
-BLOCK = 16384
 
 
 class LengthModel:
@@ -49,23 +48,11 @@ class JobVariates:
 
     def __init__(self, seed: int, block: int = BLOCK) -> None:
         self._rng = np.random.default_rng(derive_seed("sim-job-variates", seed))
-        self._block = block
-        self._normals: list[float] = []
-        self._uniforms: list[float] = []
-        self._n = self._u = 0
+        self._normals = DrawBuffer(lambda n: self._rng.standard_normal(n).tolist(), block)
+        self._uniforms = DrawBuffer(lambda n: self._rng.random(n).tolist(), block)
 
     def normals(self, count: int) -> list[float]:
-        if self._n + count > len(self._normals):
-            self._normals = self._normals[self._n :] + self._rng.standard_normal(max(self._block, count)).tolist()
-            self._n = 0
-        out = self._normals[self._n : self._n + count]
-        self._n += count
-        return out
+        return self._normals.take(count)
 
     def uniforms(self, count: int) -> list[float]:
-        if self._u + count > len(self._uniforms):
-            self._uniforms = self._uniforms[self._u :] + self._rng.random(max(self._block, count)).tolist()
-            self._u = 0
-        out = self._uniforms[self._u : self._u + count]
-        self._u += count
-        return out
+        return self._uniforms.take(count)

@@ -9,11 +9,35 @@ floats costs about 0.1 µs per number, a small part of the per-group budget of a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
 import numpy as np
 
 from groupwise.seeding import derive_seed
 
 BLOCK = 16384
+Draw = TypeVar("Draw")
+
+
+class DrawBuffer(Generic[Draw]):
+    """Draws handed out ``count`` at a time from blocks of at least ``block`` made by one call of ``draw(n)``
+    (what is left of a block comes first, so the order of the draws does not depend on the request sizes)."""
+
+    def __init__(self, draw: Callable[[int], list[Draw]], block: int) -> None:
+        if block < 1:
+            raise ValueError(f"block must be >= 1, got {block}")
+        self._draw, self._block = draw, block
+        self._values: list[Draw] = []
+        self._at = 0
+
+    def take(self, count: int) -> list[Draw]:
+        if self._at + count > len(self._values):
+            self._values = self._values[self._at :] + self._draw(max(self._block, count))
+            self._at = 0
+        out = self._values[self._at : self._at + count]
+        self._at += count
+        return out
 
 
 class VariateStream:
@@ -21,33 +45,21 @@ class VariateStream:
     one seeded generator."""
 
     def __init__(self, seed: int, length_median: float, length_sigma: float, block: int = BLOCK) -> None:
-        if block < 1:
-            raise ValueError(f"block must be >= 1, got {block}")
         if not (length_median > 0 and length_sigma >= 0):
             raise ValueError(f"need length_median > 0 and length_sigma >= 0, got {length_median}, {length_sigma}")
         self._rng = np.random.default_rng(derive_seed("sim-variates", seed))
-        self._block = block
         self._median, self._sigma = length_median, length_sigma
-        self._lengths: list[int] = []
-        self._uniforms: list[float] = []
-        self._n = self._u = 0
+        self._lengths = DrawBuffer(self._draw_lengths, block)
+        self._uniforms = DrawBuffer(lambda n: self._rng.random(n).tolist(), block)
+
+    def _draw_lengths(self, count: int) -> list[int]:
+        z = self._rng.standard_normal(count)
+        return np.maximum(1, np.rint(self._median * np.exp(self._sigma * z))).astype(np.int64).tolist()
 
     def lengths(self, count: int) -> list[int]:
         """The next ``count`` completion lengths in tokens (log-normal, at least 1)."""
-        if self._n + count > len(self._lengths):
-            z = self._rng.standard_normal(max(self._block, count))
-            fresh = np.maximum(1, np.rint(self._median * np.exp(self._sigma * z))).astype(np.int64).tolist()
-            self._lengths = self._lengths[self._n :] + fresh
-            self._n = 0
-        out = self._lengths[self._n : self._n + count]
-        self._n += count
-        return out
+        return self._lengths.take(count)
 
     def uniforms(self, count: int) -> list[float]:
         """The next ``count`` uniform draws in [0, 1)."""
-        if self._u + count > len(self._uniforms):
-            self._uniforms = self._uniforms[self._u :] + self._rng.random(max(self._block, count)).tolist()
-            self._u = 0
-        out = self._uniforms[self._u : self._u + count]
-        self._u += count
-        return out
+        return self._uniforms.take(count)
