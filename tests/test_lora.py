@@ -4,6 +4,8 @@ Invariants pinned:
 - the merged weights ``W + s·BA`` give the adapted model's logits (float rounding), and the engine — a plain
   model of its own, on its fast decode step — holds exactly the merged weights of the current version after
   every step, so it samples from the adapted policy (its recorded logprobs match the adapted model's);
+- the engine's copy shares every weight LoRA never changes (embedding, tied head, norms) with the policy instead of
+  holding a second copy of it, and has its own copy of every targeted projection;
 - in async mode the embedded runtime's weight sync also hands the engine the merged weights;
 - a checkpoint's model piece holds the adapter weights only; stop after k steps + resume gives bit-identical
   adapter weights to an uninterrupted run, and the same trained prompts;
@@ -67,6 +69,18 @@ def test_engine_samples_from_the_merged_weights_of_the_current_version(trained):
     with torch.no_grad():
         logprobs, _, mask = completion_logprobs(learner_model, [prompt], [completion.token_ids], 1.0)
     torch.testing.assert_close(logprobs[mask], torch.tensor(completion.logprobs), rtol=0, atol=1e-4)
+
+
+def test_engine_shares_the_untargeted_weights_and_copies_the_targeted_ones(trained):
+    engine_model, base = trained.engine.model, trained.learner.model.get_base_model()
+    assert engine_model.model.embed_tokens.weight is base.model.embed_tokens.weight
+    assert engine_model.lm_head.weight is engine_model.model.embed_tokens.weight  # still tied
+    assert engine_model.model.norm.weight is base.model.norm.weight
+    for engine_layer, base_layer in zip(engine_model.model.layers, base.model.layers, strict=True):
+        assert engine_layer.input_layernorm.weight is base_layer.input_layernorm.weight
+        engine_q, base_q = engine_layer.self_attn.q_proj.weight, base_layer.self_attn.q_proj.base_layer.weight
+        assert engine_q.data_ptr() != base_q.data_ptr()
+        assert not torch.equal(engine_q, base_q)  # the engine's holds the merged W + s·BA, the base W
 
 
 def test_checkpoint_holds_only_the_adapter(trained):

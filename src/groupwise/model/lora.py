@@ -82,6 +82,20 @@ def apply_lora(model: torch.nn.Module, config: LoraConfig) -> torch.nn.Module:
     return adapted
 
 
+def untargeted_parameters(model: torch.nn.Module, config: LoraConfig) -> list[torch.nn.Parameter]:
+    """The parameters of the plain ``model`` outside every module ``config`` targets (peft's own name matching):
+    LoRA never changes them — only the adapters train, and a merge rewrites only the targeted weights."""
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    targeted = {
+        id(parameter)
+        for name, module in model.named_modules()
+        if name and check_target_module_exists(config, name)
+        for parameter in module.parameters()
+    }
+    return [parameter for parameter in model.parameters() if id(parameter) not in targeted]
+
+
 def merged_state_dict(model: PeftModel) -> dict[str, Tensor]:
     """The plain model's state dict with every adapter merged: ``W + s · B A`` (float32, out of place)."""
     from peft.tuners.lora import LoraLayer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +20,7 @@ from groupwise.generation.base import Generator, StreamSupport
 from groupwise.generation.factory import GeneratorSpec, build_generator, stream_support
 from groupwise.model.gguf_files import cache_root
 from groupwise.model.loading import Policy, eos_token_ids, load_policy, pretrained, resolve_device
-from groupwise.model.lora import LoraSetupError, apply_lora, lora_config
+from groupwise.model.lora import LoraSetupError, apply_lora, lora_config, untargeted_parameters
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.phases import PhaseLog
 from groupwise.run.rundir import RunDir
@@ -124,13 +124,24 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
         hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def generator_copy(model: torch.nn.Module) -> torch.nn.Module:
+def generator_copy(model: torch.nn.Module, shared: Sequence[torch.nn.Parameter] = ()) -> torch.nn.Module:
     """The engine's own copy of the policy, in eval mode. Its parameters keep ``requires_grad`` as the policy's
     (the engine never runs a backward pass): a CPU prefill over frozen weights takes another matmul kernel, so a
-    frozen copy would sample with last-bit differences from the learner's own model and from a Ray worker's."""
-    clone = copy.deepcopy(model)
+    frozen copy would sample with last-bit differences from the learner's own model and from a Ray worker's.
+    ``shared`` parameters are not copied: the copy holds those very tensors (weights that never change)."""
+    clone = copy.deepcopy(model, memo={id(parameter): parameter for parameter in shared})
     clone.eval()
     return clone
+
+
+def weights_shared_with_engine(cfg: RunConfig, model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """What the engine's copy may share with the policy instead of copying: with LoRA (and the engine sampling in
+    the policy's own dtype), every weight outside the modules LoRA targets — the embedding, tied head and norms,
+    which neither training nor a merge ever changes (Qwen2.5-0.5B's embedding alone is 0.5 GiB in float32)."""
+    lora = cfg.model.lora
+    if not lora.enabled or precision_from_config(cfg).generator_needs_own_copy:
+        return []
+    return untargeted_parameters(model, lora_config(lora.rank, lora.alpha, lora.dropout, lora.target_modules))
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -171,7 +182,10 @@ def build_components(
     # Sync mode alternates generation and training, so the engine can sample from the learner's own model.
     # Async mode generates while training: the engine needs its own copy, refreshed at weight sync (also LoRA and
     # CUDA mixed precision: generator_needs_own_model).
-    engine_model = generator_copy(policy.model) if separate_engine_model else policy.model
+    if separate_engine_model:
+        engine_model = generator_copy(policy.model, weights_shared_with_engine(cfg, policy.model))
+    else:
+        engine_model = policy.model
     engine = build_generator(GeneratorSpec(
         cfg.generation, cfg.model, engine_model, policy.tokenizer, eos_token_ids(policy.tokenizer, policy.model)
     ))  # fmt: skip
