@@ -8,7 +8,10 @@
 Every configuration trains the same steps of synthetic rows (whole groups of random prompts and completions,
 fixed seed) on a tiny Llama sized by ``--hidden`` / ``--layers`` (default ≈ 26M parameters, so the step dominates
 the driver's overhead). "in-process" is the one-learner path of a run (no ranks); "N ranks" sends each step to N
-spawned rank processes, which split it by whole groups. The step time is the driver's wall time for
+spawned rank processes, which split it by whole groups; each rank runs on cores ÷ N threads (the run's own
+split). The one learner runs once per thread count in ``--baseline-threads`` (default: 1 and every core), and
+every speed-up is against the fastest of those: ranks must beat the best single process on the same cores,
+not a handicapped one. The step time is the driver's wall time for
 ``train_step`` (median over the measured steps). "all-reduce" is one ``torch.distributed.all_reduce`` of a
 float32 tensor the size of the trained parameters among N fresh processes of the same backend: the
 communication DDP adds per optimizer update, timed alone (median of ``--steps`` calls); under DDP it overlaps
@@ -118,6 +121,8 @@ def main() -> None:
     parser.add_argument("--micro-batch-rows", type=int, default=16)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--baseline-threads", type=int, nargs="+", default=sorted({1, os.cpu_count() or 1}),
+                        help="torch threads of the one-learner rows; speed-ups are against the fastest")
     parser.add_argument("--smoke", action="store_true", help="a tiny model and two steps: proves the script runs")
     args = parser.parse_args()
     if args.smoke:
@@ -127,11 +132,15 @@ def main() -> None:
     steps = [synthetic_rows(seed, args.groups, args.group_size, args.prompt_len, args.completion_len, vocab)
              for seed in range(args.steps + args.warmup)]
     cfg = config(args, 1)
-    torch.manual_seed(cfg.run.seed)
-    learner = build_learner(cfg, load_policy_from_config(cfg).model)
-    numel = sum(p.numel() for p in learner.model.parameters() if p.requires_grad)
-    rows = [("in-process", 1, step_seconds(learner, steps, args.warmup), None)]
-    del learner
+    rows = []
+    for threads in args.baseline_threads:
+        torch.set_num_threads(threads)
+        torch.manual_seed(cfg.run.seed)
+        learner = build_learner(cfg, load_policy_from_config(cfg).model)
+        numel = sum(p.numel() for p in learner.model.parameters() if p.requires_grad)
+        rows.append((f"in-process, {threads} thread(s)", 1, threads, step_seconds(learner, steps, args.warmup), None))
+        del learner
+    cores = os.cpu_count() or 1
     for ranks in args.ranks:
         ranks_obj = LearnerRanks(config(args, ranks))
         try:
@@ -140,17 +149,16 @@ def main() -> None:
         finally:
             ranks_obj.close()
         reduce_s = all_reduce_seconds(ranks, numel, args.steps, args.device)
-        rows.append((f"{ranks} rank(s), {args.sharding}", ranks, seconds, reduce_s))
+        rows.append((f"{ranks} rank(s), {args.sharding}", ranks, max(1, cores // ranks), seconds, reduce_s))
     tokens = sum(len(c) for c in steps[0]["completion_ids"])
     print(f"device {args.device}, {numel / 1e6:.1f}M trained parameters, {args.groups} x {args.group_size} rows, "
-          f"~{tokens} completion tokens per step, threads per process: "
-          f"{os.environ.get('OMP_NUM_THREADS', 'torch default')}")
-    print(f"{'learner':<22} {'ranks':>5} {'step s':>9} {'speed-up':>9} {'all-reduce s':>13}")
-    base = rows[0][2]
-    for name, ranks, seconds, reduce_s in rows:
+          f"~{tokens} completion tokens per step, {cores} cores; speed-up against the fastest in-process row")
+    print(f"{'learner':<26} {'ranks':>5} {'threads':>7} {'step s':>9} {'speed-up':>9} {'all-reduce s':>13}")
+    base = min(seconds for name, ranks, _, seconds, _ in rows if ranks == 1)
+    for name, ranks, threads, seconds, reduce_s in rows:
         reduce_text = f"{reduce_s:13.4f}" if reduce_s is not None else f"{'-':>13}"
-        print(f"{name:<22} {ranks:>5} {seconds:9.3f} {base / seconds:9.2f} {reduce_text}")
-
+        threads_text = f"{threads} each" if ranks > 1 else str(threads)
+        print(f"{name:<26} {ranks:>5} {threads_text:>7} {seconds:9.3f} {base / seconds:9.2f} {reduce_text}")
 
 if __name__ == "__main__":
     main()
