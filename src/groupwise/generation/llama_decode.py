@@ -124,9 +124,11 @@ class LlamaDecoder:
         self.intermediate_size = config.intermediate_size
         self.eps = config.rms_norm_eps
         self.scaling = model.model.layers[0].self_attn.scaling  # head_dim^-0.5 for Llama; read, not assumed
-        on_cpu = weight.device.type == "cpu"
-        self._attention_mask = self._attention_bias if on_cpu else _as_is
-        self._attend = matmul_attention if on_cpu else sdpa_attention
+        # Two matmuls on a CPU in float32/64; in half precision they would round the scores to 8 bits before the
+        # softmax, where the fused kernel keeps them in float32.
+        matmuls = weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.float64)
+        self._attention_mask = self._attention_bias if matmuls else _as_is
+        self._attend = matmul_attention if matmuls else sdpa_attention
         self.generation = 0
         self._weights: DecoderWeights | None = None
         self._storages: tuple[int, ...] = ()
@@ -198,9 +200,9 @@ class LlamaDecoder:
 
     def _attention_bias(self, key_mask: Tensor) -> Tensor:
         """The key mask ``[B, 1, 1, K]`` (boolean, or additive 0 / -inf) as :func:`matmul_attention`'s additive bias
-        ``[B·KV, G, K]`` (float32 at least), one copy per KV head and grouped query."""
+        ``[B·KV, G, K]`` in the weights' dtype, one copy per KV head and grouped query."""
         rows, groups = key_mask.shape[0], self.num_heads // self.num_kv_heads
-        dtype = torch.promote_types(self.model.lm_head.weight.dtype, torch.float32)
+        dtype = self.model.lm_head.weight.dtype
         if key_mask.dtype == torch.bool:
             bias = torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device).masked_fill_(~key_mask, -math.inf)
         else:
@@ -228,8 +230,8 @@ class LlamaDecoder:
 
 
 def matmul_attention(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor, scale: float) -> Tensor:
-    """``softmax(s·Q Kᵀ + bias) V`` as two batched matmuls (the scale and the mask fused into the first), the
-    softmax in float32 at least; ``query [B, KV, G, D]``, ``keys``/``values [B, KV, K, D]``, ``bias [B·KV, G, K]``
+    """``softmax(s·Q Kᵀ + bias) V`` as two batched matmuls (the scale and the mask fused into the first), for
+    float32/float64 inputs; ``query [B, KV, G, D]``, ``keys``/``values [B, KV, K, D]``, ``bias [B·KV, G, K]``
     (0 where a query may attend, -inf where not; see ``LlamaDecoder._attention_bias``).
 
     Why not ``scaled_dot_product_attention`` on a CPU: its fused kernel is built for long query blocks; with the
@@ -241,8 +243,7 @@ def matmul_attention(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor, 
     flat = rows * kv_heads
     scores = torch.baddbmm(bias, query.reshape(flat, groups, dim), keys.reshape(flat, -1, dim).transpose(1, 2),
                            alpha=scale)  # fmt: skip
-    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
-    attended = torch.bmm(weights.to(values.dtype), values.reshape(flat, -1, dim))
+    attended = torch.bmm(torch.softmax(scores, dim=-1), values.reshape(flat, -1, dim))
     return attended.view(rows, kv_heads, groups, dim)
 
 
