@@ -12,6 +12,8 @@
 - refusal: a model outside its scope (another architecture, sliding-window layers) or one whose probe
   logits disagree with its ``forward`` keeps the module path, and ``decode_path`` says why (then both engines
   run the very same module-path computation, so their logprobs agree bit for bit);
+- the CPU attention (two batched matmuls, the mask as an additive bias) equals torch's fused attention to float
+  rounding, for grouped queries, a boolean and an additive mask, and keys cut short of the cache's capacity;
 - the config key ``generation.fast_decode`` reaches the engine the builder makes (false: the module path).
 """
 
@@ -128,3 +130,22 @@ def test_the_config_key_reaches_the_built_engine(fast_decode) -> None:
     engine = build_components(cfg).engine
     engine.generate([GenerationRequest((5, 6, 7), 2, seed=0)], SamplingParams(max_new_tokens=4))
     assert engine.decode_path == (FAST if fast_decode else "transformers forward (off)")
+
+
+@pytest.mark.parametrize("additive", [False, True])
+def test_cpu_matmul_attention_equals_fused_attention(additive) -> None:
+    from groupwise.generation.llama_decode import matmul_attention
+
+    generator = torch.Generator().manual_seed(0)
+    rows, kv_heads, groups, dim, capacity, filled = 5, 2, 3, 8, 16, 11
+    query = torch.randn(rows, kv_heads, groups, dim, generator=generator)
+    cache = torch.randn(2, rows, kv_heads, capacity, dim, generator=generator)
+    keys, values = cache[0, :, :, :filled], cache[1, :, :, :filled]  # views of a larger buffer, as in the engine
+    allowed = torch.rand(rows, 1, 1, filled, generator=generator) > 0.4
+    allowed[..., -1] = True  # every row attends to at least its newest key
+    additive_mask = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
+    mask = additive_mask if additive else allowed
+    expected = torch.nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=0.3)
+    bias = additive_mask.expand(rows, kv_heads, groups, filled).reshape(rows * kv_heads, groups, filled)
+    torch.testing.assert_close(matmul_attention(query, keys, values, bias, 0.3), expected, rtol=0, atol=1e-6)
+
