@@ -45,38 +45,13 @@ from dataclasses import asdict, dataclass
 
 from groupwise.config.algorithm import OptimizerSection
 
-QWEN = dict(
-    vocab_size=151_936,
-    hidden_size=896,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    intermediate_size=4864,
-    num_hidden_layers=2,
-    tie_word_embeddings=True,
-    max_position_embeddings=4096,
-)
-SMOKE = dict(
-    vocab_size=2048,
-    hidden_size=64,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    tie_word_embeddings=True,
-    max_position_embeddings=512,
-)
-SMOLLM2 = dict(
-    vocab_size=49_152,
-    hidden_size=576,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    tie_word_embeddings=True,
-    max_position_embeddings=2048,
-    rope_theta=100_000.0,
-    rms_norm_eps=1e-5,
-)
+QWEN = dict(vocab_size=151_936, hidden_size=896, num_attention_heads=14, num_key_value_heads=2,
+            intermediate_size=4864, num_hidden_layers=2, tie_word_embeddings=True, max_position_embeddings=4096)
+SMOKE = dict(vocab_size=2048, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+             num_hidden_layers=2, tie_word_embeddings=True, max_position_embeddings=512)
+SMOLLM2 = dict(vocab_size=49_152, hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
+               intermediate_size=1536, num_hidden_layers=30, tie_word_embeddings=True, max_position_embeddings=2048,
+               rope_theta=100_000.0, rms_norm_eps=1e-5)
 SHAPES = {"qwen": QWEN, "smollm2": SMOLLM2}
 PROMPT_TOKENS = 64
 CHUNK = OptimizerSection().logprob_chunk_tokens  # the default of optimizer.logprob_chunk_tokens
@@ -92,11 +67,8 @@ class Setting:
     rows_per_micro_batch: int
 
     def __str__(self) -> str:
-        return (
-            f"{self.path} {self.rows}x{self.tokens}"
-            + (" ckpt" if self.checkpointing else "")
-            + (" lora" if self.lora else "")
-        )
+        return (f"{self.path} {self.rows}x{self.tokens}" + (" ckpt" if self.checkpointing else "")
+                + (" lora" if self.lora else ""))
 
 
 def smollm2_settings(smoke: bool) -> list[Setting]:
@@ -112,11 +84,8 @@ def settings(smoke: bool) -> list[Setting]:
     sizes = ((4, 64), (4, 32), (8, 128)) if smoke else ((4, 1024), (4, 512), (8, 2048))
     (small_rows, small_tokens), (mid_rows, mid_tokens), (large_rows, large_tokens) = sizes
     grid = [(ckpt, lora) for ckpt in (False, True) for lora in (False, True)]
-    small = [
-        Setting(path, small_rows, small_tokens, ckpt, lora, small_rows)
-        for path in ("old", "new")
-        for ckpt, lora in grid
-    ]
+    small = [Setting(path, small_rows, small_tokens, ckpt, lora, small_rows) for path in ("old", "new")
+             for ckpt, lora in grid]
     mid = [Setting(path, mid_rows, mid_tokens, False, False, mid_rows) for path in ("old", "new")]
     large = [Setting("old", large_rows, large_tokens, False, False, 4)]
     large += [Setting("new", large_rows, large_tokens, ckpt, lora, 4) for ckpt, lora in grid]
@@ -150,24 +119,18 @@ def child(setting: Setting, shape: str, smoke: bool, limit_gib: float) -> dict:
 
     start = _rss_kib()
     torch.manual_seed(0)
-    config_class, model_class = (
-        (LlamaConfig, LlamaForCausalLM) if shape == "smollm2" else (Qwen2Config, Qwen2ForCausalLM)
-    )
+    llama = shape == "smollm2"
+    config_class, model_class = (LlamaConfig, LlamaForCausalLM) if llama else (Qwen2Config, Qwen2ForCausalLM)
     config = config_class(**(SMOKE if smoke else SHAPES[shape]))
     config._attn_implementation = "sdpa"
     model = model_class(config)
     if setting.checkpointing:
         enable_gradient_checkpointing(model)
     if setting.lora:
-        model = apply_lora(
-            model,
-            lora_config(16, 32.0, 0.0, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
-        )
-    optimizer = OptimizerSection(
-        lr=1e-5,
-        micro_batch_rows=setting.rows_per_micro_batch,
-        logprob_chunk_tokens=None if setting.path == "old" else CHUNK,
-    )
+        model = apply_lora(model, lora_config(16, 32.0, 0.0, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                              "up_proj", "down_proj"]))
+    optimizer = OptimizerSection(lr=1e-5, micro_batch_rows=setting.rows_per_micro_batch,
+                                 logprob_chunk_tokens=None if setting.path == "old" else CHUNK)
     learner = Learner(model, LearnerSettings(loss=LossSection(), optimizer=optimizer, total_steps=10, temperature=1.0))
     learner.train_step(_rows(1, 8, config.vocab_size, seed=1))  # AdamW state is allocated here
     rows = _rows(setting.rows, setting.tokens, config.vocab_size, seed=2)
@@ -177,15 +140,9 @@ def child(setting: Setting, shape: str, smoke: bool, limit_gib: float) -> dict:
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)  # LoRA: every base weight
-    return {
-        "peak_gib": (peak - before) / 2**20,
-        "before_gib": before / 2**20,
-        "seconds": seconds,
-        "process_gib": (peak - start) / 2**20,
-        "frozen_adamw_gib": 8 * frozen / 2**30,
-        "loss": metrics["loss/total"],
-        "logprob_path": learner.logprob_path.split(":")[0],
-    }
+    return {"peak_gib": (peak - before) / 2**20, "before_gib": before / 2**20, "seconds": seconds,
+            "process_gib": (peak - start) / 2**20, "frozen_adamw_gib": 8 * frozen / 2**30,
+            "loss": metrics["loss/total"], "logprob_path": learner.logprob_path.split(":")[0]}
 
 
 def _rows(rows: int, tokens: int, vocab: int, seed: int):
@@ -219,11 +176,9 @@ def main() -> None:
         return
     shape = SMOKE if args.smoke else SHAPES[args.shape]
     vocab, layers = shape["vocab_size"], shape["num_hidden_layers"]
-    print(
-        f"model: {'smoke' if args.smoke else args.shape} shape, {layers} layers, V={vocab}; prompts {PROMPT_TOKENS} "
-        "tokens; peak = max RSS − RSS before the step, process = max RSS − RSS after the imports (one fresh process "
-        "per setting)\n"
-    )
+    print(f"model: {'smoke' if args.smoke else args.shape} shape, {layers} layers, V={vocab}; prompts {PROMPT_TOKENS} "
+          "tokens; peak = max RSS − RSS before the step, process = max RSS − RSS after the imports (one fresh process "
+          "per setting)\n")
     print("| setting | path | rows/micro-batch | peak (GiB) | RSS before (GiB) | process (GiB) | step (s) |")
     print("|---|---|---|---|---|---|---|")
     results: dict[str, dict] = {}
@@ -231,32 +186,19 @@ def main() -> None:
         if args.only not in str(setting):
             continue
         if setting.path == "old" and 3 * plain_logits_gib(setting, vocab) > args.limit_gib:
-            print(
-                f"| {setting} | plain | {setting.rows_per_micro_batch} | not run: ≥ 3 × "
-                f"{plain_logits_gib(setting, vocab):.1f} GiB of logits > {args.limit_gib:g} GiB | | | |"
-            )
+            print(f"| {setting} | plain | {setting.rows_per_micro_batch} | not run: ≥ 3 × "
+                  f"{plain_logits_gib(setting, vocab):.1f} GiB of logits > {args.limit_gib:g} GiB | | | |")
             continue
-        command = [
-            sys.executable,
-            __file__,
-            "--child",
-            json.dumps(asdict(setting)),
-            "--limit-gib",
-            str(args.limit_gib),
-            "--shape",
-            args.shape,
-        ] + (["--smoke"] if args.smoke else [])
+        command = [sys.executable, __file__, "--child", json.dumps(asdict(setting)), "--limit-gib",
+                   str(args.limit_gib), "--shape", args.shape] + (["--smoke"] if args.smoke else [])
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             tail = (done.stderr.strip().splitlines() or ["?"])[-1][:80]
             print(f"| {setting} | | {setting.rows_per_micro_batch} | failed: {tail} | | | |")
             continue
         result = results[str(setting)] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(
-            f"| {setting} | {result['logprob_path']} | {setting.rows_per_micro_batch} | {result['peak_gib']:.2f} "
-            f"| {result['before_gib']:.2f} | {result['process_gib']:.2f} | {result['seconds']:.1f} |",
-            flush=True,
-        )
+        print(f"| {setting} | {result['logprob_path']} | {setting.rows_per_micro_batch} | {result['peak_gib']:.2f} "
+              f"| {result['before_gib']:.2f} | {result['process_gib']:.2f} | {result['seconds']:.1f} |", flush=True)
     print_lora_savings(results)
 
 
