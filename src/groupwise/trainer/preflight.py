@@ -25,6 +25,7 @@ Imports no torch (but to ask whether ``model.device: cuda`` exists): ``config ch
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -316,8 +317,9 @@ def _sampler_issues(cfg: RunConfig) -> list[ConfigIssue]:
 
 
 def _backend_issues(cfg: RunConfig) -> list[ConfigIssue]:
-    """A plug-in ``generation.backend`` must import and be callable; ``vllm`` needs the vllm package installed (the
-    shipped backends are built with the model)."""
+    """A plug-in ``generation.backend`` must import and be callable with one argument (what the call does needs
+    the loaded model: the builder reports a factory that raises or returns no generator); ``vllm`` needs the vllm
+    package installed (the shipped backends are built with the model)."""
     backend = cfg.generation.backend
     if backend == "vllm":
         missing = vllm_unavailable()
@@ -328,10 +330,17 @@ def _backend_issues(cfg: RunConfig) -> list[ConfigIssue]:
         factory = import_plugin(backend, "generation backend")
     except PluginImportError as exc:
         return [ConfigIssue("generation.backend", backend, str(exc), "name an importable 'package.module:function'")]
-    if callable(factory):
-        return []
-    return [ConfigIssue("generation.backend", backend, f"it is a {type(factory).__name__}, not callable",
-                        "name a function that takes a GeneratorSpec and returns a Generator")]
+    fix = "name a function that takes a GeneratorSpec and returns a Generator"
+    if not callable(factory):
+        return [ConfigIssue("generation.backend", backend, f"it is a {type(factory).__name__}, not callable", fix)]
+    try:
+        inspect.signature(factory).bind(None)  # it is called with the GeneratorSpec alone
+    except TypeError as exc:
+        return [ConfigIssue("generation.backend", backend,
+                            f"the factory cannot be called with one argument, the GeneratorSpec ({exc})", fix)]
+    except ValueError:  # no signature to read (a builtin): the call after the model load will tell
+        pass
+    return []
 
 
 # --- resuming ---------------------------------------------------------------------------------------------------
