@@ -32,9 +32,13 @@ EXIT_USAGE = 2
 
 def print_config_warnings(cfg: RunConfig) -> list[str]:
     """Print the config's hazards (:mod:`groupwise.config.hazards`) to stderr; return them as one-line texts."""
+    return print_warnings(cfg.warnings())
+
+
+def print_warnings(warnings: list[ConfigIssue]) -> list[str]:
+    """Print warnings (hazards, or what the input checks found) to stderr; return them as one-line texts."""
     from groupwise.config.issues import format_warning, warning_line
 
-    warnings = cfg.warnings()
     for issue in warnings:
         print(format_warning(issue), file=sys.stderr)
     return [warning_line(issue) for issue in warnings]
@@ -67,6 +71,7 @@ def run_train(args: argparse.Namespace) -> int:
     from groupwise.trainer.preflight import check_train_start
 
     inputs = check_train_start(cfg, resume=args.resume, resume_from=args.resume_from)
+    warnings += print_warnings(inputs.warnings)
     from groupwise.cli.run_summary import run_summary_text
     from groupwise.run.async_checkpoint import ResumeError
     from groupwise.run.checkpoint import latest_checkpoint

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from groupwise.config import ConfigError, ConfigIssue
+from groupwise.config.issues import warning_line
 from groupwise.data.loader import PromptLoader
 from groupwise.data.registry import Task
 from groupwise.data.reward_timeout import with_timeout
@@ -177,6 +178,7 @@ def build_components(
     Raises :class:`ConfigError` for anything wrong with the inputs, the model included, before returning.
     ``phases`` prints the loading lines (stderr by default).
     """
+    checked_here = inputs is None  # else the caller printed what the checks warned about
     inputs = inputs or check_inputs(cfg, training=False)
     policy = _load_policy_reported(cfg, phases or PhaseLog())
     # Sync mode alternates generation and training, so the engine can sample from the learner's own model.
@@ -205,7 +207,7 @@ def build_components(
     report = _check_prompts(cfg, inputs.task, policy, rollouts)
     if report.issues:
         raise ConfigError(report.issues)
-    notes = list(report.notes)
+    notes = list(report.notes) + ([warning_line(w) for w in inputs.warnings] if checked_here else [])
     off = StreamSupport(False, "generation.continuous_batching is off")
     streaming = stream_support(engine) if cfg.generation.continuous_batching else off
     if cfg.generation.continuous_batching and not streaming.available:

@@ -26,9 +26,11 @@ Imports no torch (but to ask whether ``model.device: cuda`` exists): ``config ch
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
 
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.config.generation_schema import GENERATION_BACKENDS
@@ -41,6 +43,7 @@ from groupwise.plugins import PluginImportError, import_plugin
 from groupwise.run.rundir import location_problems, start_problems
 from groupwise.trainer.model_folder import device_issues, model_folder_issues
 from groupwise.trainer.reward_checks import reward_trial_issues
+from groupwise.trainer.split_checks import check_splits
 from groupwise.types import Prompt
 
 if TYPE_CHECKING:
@@ -49,10 +52,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Inputs:
-    """What the checks built on the way and the run reuses: the task (its prompts) and the reward function."""
+    """What the checks built on the way and the run reuses: the task (its prompts) and the reward function, and the
+    warnings to print with the config's own."""
 
     task: Task
     reward_fn: RewardFn
+    warnings: list[ConfigIssue] = field(default_factory=list)
+    """What the checks found worth saying without refusing (eval prompts that training also sees)."""
 
 
 def check_inputs(cfg: RunConfig, *, training: bool = True) -> Inputs:
@@ -115,6 +121,11 @@ def input_issues(cfg: RunConfig, *, training: bool, location: bool) -> tuple[Inp
     issues.extend(device_issues(cfg))
     task, task_issues = _task(cfg)
     issues.extend(task_issues)
+    warnings: list[ConfigIssue] = []
+    if task is not None:
+        split_issues, warnings = _split_issues(cfg, task)
+        issues.extend(split_issues)
+        task = None if split_issues else task  # its splits cannot be read: nothing else to check on them
     if training and task is not None:
         issues.extend(prompt_count_issues(cfg, len(task.train_prompts())))
     if training:
@@ -128,7 +139,7 @@ def input_issues(cfg: RunConfig, *, training: bool, location: bool) -> tuple[Inp
     issues.extend(_backend_issues(cfg))
     if location:
         issues.extend(location_problems(cfg.run.output_dir, cfg.run.name))
-    inputs = None if task is None or reward_fn is None else Inputs(task=task, reward_fn=reward_fn)
+    inputs = None if task is None or reward_fn is None else Inputs(task=task, reward_fn=reward_fn, warnings=warnings)
     return inputs, issues
 
 
@@ -222,6 +233,29 @@ def _task(cfg: RunConfig) -> tuple[Task | None, list[ConfigIssue]]:
         what = f"{type(exc).__name__}: {exc}" if plugin else str(exc)
         return None, [ConfigIssue(key, value, what, f"change the {key} settings as the message says")]
     return task, []
+
+
+def _split_issues(cfg: RunConfig, task: Task) -> tuple[list[ConfigIssue], list[ConfigIssue]]:
+    """``(issues, warnings)`` of the task's splits (:mod:`groupwise.trainer.split_checks`), named by the key the
+    prompts come from (``data.task`` for a plug-in task)."""
+    report = check_splits(task.train_prompts, task.eval_prompts)
+    train_key, eval_key = prompt_sources(cfg.data)["train"], prompt_sources(cfg.data)["eval"]
+    issues = [ConfigIssue(train_key, _setting(cfg, train_key), problem, "make train_prompts() and eval_prompts() "
+                          "return lists of groupwise.types.Prompt with unique uids (docs/datasets.md)")
+              for problem in report.problems]  # fmt: skip
+    warnings = [] if report.overlap is None else [ConfigIssue(
+        eval_key, _setting(cfg, eval_key), report.overlap,
+        "hold out prompts the training split does not hold (another eval file, or a task whose splits are disjoint)",
+    )]  # fmt: skip
+    return issues, warnings
+
+
+def _setting(cfg: RunConfig, key: str) -> object:
+    """The value of the config key ``key`` (``data.task``, ``data.jsonl.train_path``, ``data.addition``)."""
+    value: object = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value.model_dump() if isinstance(value, BaseModel) else value
 
 
 def prompt_splits(cfg: RunConfig, task: Task) -> dict[str, tuple[str, list[Prompt]]]:
