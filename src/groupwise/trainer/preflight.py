@@ -291,12 +291,13 @@ def _dataset_issues(jsonl: JsonlSection, error: DatasetError) -> list[ConfigIssu
     return issues
 
 
-def prompt_count_issues(cfg: RunConfig, num_train: int) -> list[ConfigIssue]:
+def prompt_count_issues(cfg: RunConfig, num_train: int, more: str = "use more training prompts") -> list[ConfigIssue]:
     """A generation round takes at most as many prompts as the training set holds.
 
     One round of a step takes ``ceil(P × batch_multiplier)`` prompts in sync mode (P with dynamic sampling off) and
     a step P prompts in async mode; more than the ``num_train`` prompts there are would put the same prompt twice in
-    one step (the loader starts the next epoch inside it).
+    one step (the loader starts the next epoch inside it). ``more`` says how to get more prompts (``groupwise
+    simulate``: raise ``sim.num_prompts``).
     """
     per_round = cfg.prompts_per_generation_round if cfg.mode == "sync" else cfg.grpo.num_prompts_per_step
     if per_round <= num_train:
@@ -310,7 +311,7 @@ def prompt_count_issues(cfg: RunConfig, num_train: int) -> list[ConfigIssue]:
         f"a step takes {what} but the training set holds only {num_train} prompts, so the same prompt would be "
         "trained twice in one step",
         f"lower grpo.num_prompts_per_step (and the batch multiplier) so a round takes at most {num_train} prompts, "
-        "or use more training prompts",
+        f"or {more}",
     )]
 
 
