@@ -144,6 +144,7 @@ def run_eval(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(path, args.overrides)
         weights, note = _configured_weights(cfg, path)
+    from groupwise.run.phases import PhaseLog
     from groupwise.trainer.builder import build_components
     from groupwise.trainer.cpu_threads import apply_cpu_threads
     from groupwise.trainer.evaluation import evaluate_policy, evaluated_prompts
@@ -151,7 +152,10 @@ def run_eval(args: argparse.Namespace) -> int:
     parts = build_components(cfg)
     apply_cpu_threads(parts.policy.model)
     prompts = evaluated_prompts(parts.task.eval_prompts(), cfg)
-    result = evaluate_policy(parts.engine, parts.rollouts, prompts, cfg)
+    pass_k = f" (and pass@{cfg.eval.pass_k})" if cfg.eval.pass_k > 1 else ""
+    # minutes on a busy core, silent until the table: a line when it starts and ends, so it never looks like a hang
+    with PhaseLog().phase(f"evaluating {len(prompts)} held-out prompts{pass_k}"):
+        result = evaluate_policy(parts.engine, parts.rollouts, prompts, cfg)
     if args.json:
         print(json.dumps({"weights": weights, "num_prompts": len(prompts), **result}, indent=2))
     else:
