@@ -4,7 +4,8 @@ Invariants pinned (none of them needs vLLM installed):
 - the built-in engine's keys (``generation.cuda_graphs``, ``fast_decode``) are refused under vllm, and the
   ``generation.vllm`` keys under any other backend;
 - partial rollouts under vllm need ``async.partial_rollout_kv: keep`` (vLLM keeps the running rows' KV cache across
-  a weight load, it cannot recompute it), and one learner process;
+  a weight load, it cannot recompute it), which is the default there (``recompute`` under the built-in engine;
+  an explicit ``recompute`` under vllm is refused), and one learner process;
 - ``generation.vllm.engine_args`` may not set what the backend sets itself; ``kv_cache_gib`` is refused on an
   explicit CUDA device and ``gpu_memory_utilization`` on the CPU;
 - ``groupwise simulate`` refuses ``generation.backend`` (its engine is a cost model);
@@ -48,10 +49,20 @@ def test_vllm_keys_are_refused_under_another_backend():
 
 
 def test_partial_rollouts_under_vllm_keep_the_kv_cache():
-    issues = refused(ASYNC)
+    issues = refused({**ASYNC, "async": {"partial_rollouts": "continue", "partial_rollout_kv": "recompute"}})
     assert "does not recompute" in issues["async.partial_rollout_kv"]
     cfg = config_from_dict({**ASYNC, "async": {"partial_rollouts": "continue", "partial_rollout_kv": "keep"}})
     assert cfg.async_.partial_rollout_kv == "keep"
+
+
+def test_the_kv_default_follows_the_backend():
+    vllm = config_from_dict(ASYNC)  # partial_rollout_kv left out: the value vLLM can do
+    assert vllm.async_.partial_rollout_kv == "keep"
+    assert config_from_dict(yaml.safe_load(vllm.to_yaml())) == vllm  # the resolved config loads back the same
+    builtin = config_from_dict({**ASYNC, "generation": {"continuous_batching": True}})
+    assert builtin.async_.partial_rollout_kv == "recompute"
+    off = config_from_dict({**ASYNC, "async": {"partial_rollouts": "off"}})  # no row spans a sync: nothing to keep
+    assert off.async_.partial_rollout_kv == "recompute"
 
 
 def test_vllm_trains_with_one_learner_process():
