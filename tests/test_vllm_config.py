@@ -10,10 +10,18 @@ Invariants pinned (none of them needs vLLM installed):
   explicit CUDA device and ``gpu_memory_utilization`` on the CPU;
 - ``groupwise simulate`` refuses ``generation.backend`` (its engine is a cost model);
 - where vllm is not installed, ``config check`` exits 2 with an error naming ``generation.backend`` and the
-  install (``groupwise[vllm]``, ``make test-vllm``), without a traceback.
+  install (``groupwise[vllm]``, ``make test-vllm``), without a traceback, and says that the
+  ``generation.vllm.engine_args`` names could not be checked;
+- where vllm is installed (here a fake ``vllm.engine.arg_utils`` with EngineArgs/AsyncEngineArgs dataclasses), an
+  ``engine_args`` name that is a field of neither is an error naming ``generation.vllm.engine_args.<name>`` (exit 2,
+  the closest field suggested), names of either pass, and a vLLM that fails to import makes it a warning only.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import sys
+import types
 
 import pytest
 import yaml
@@ -103,3 +111,69 @@ def test_the_simulator_says_the_backend_has_no_effect():
 
     issues = check_engine_keys(config_from_dict(BASE))
     assert [issue.path for issue in issues] == ["generation.backend"] and "cost model" in issues[0].rule
+
+
+@pytest.mark.skipif(vllm_unavailable() is None, reason="vllm is installed here: nothing is missing")
+def test_engine_args_without_vllm_are_said_to_be_unchecked(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"model": {"source": "tiny"}, "run": {"output_dir": str(tmp_path / "runs")},
+                                    "generation": {"backend": "vllm", "vllm": {"engine_args": {"no_such_arg": 1}}}}))
+    assert main(["config", "check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert ("generation.vllm.engine_args ['no_such_arg'] could not be checked against vLLM's engine arguments "
+            "without it either") in err
+
+
+@dataclasses.dataclass
+class FakeEngineArgs:
+    model: str = ""
+    enable_prefix_caching: bool = False
+    quantization: str | None = None
+
+
+@dataclasses.dataclass
+class FakeAsyncEngineArgs(FakeEngineArgs):
+    enable_log_requests: bool = False
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """An installed vLLM as far as the check can tell: its EngineArgs dataclasses, nothing else."""
+    arg_utils = types.ModuleType("vllm.engine.arg_utils")
+    arg_utils.EngineArgs = FakeEngineArgs
+    arg_utils.AsyncEngineArgs = FakeAsyncEngineArgs
+    for name, module in {"vllm": types.ModuleType("vllm"), "vllm.engine": types.ModuleType("vllm.engine"),
+                         "vllm.engine.arg_utils": arg_utils}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr("groupwise.trainer.preflight.vllm_unavailable", lambda: None)
+    return arg_utils
+
+
+def engine_args_config(tmp_path, engine_args: dict):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"model": {"source": "tiny"}, "run": {"output_dir": str(tmp_path / "runs")},
+                                    "generation": {"backend": "vllm", "vllm": {"engine_args": engine_args}}}))
+    return path
+
+
+def test_unknown_engine_args_are_refused_when_vllm_is_installed(tmp_path, capsys, fake_vllm):
+    path = engine_args_config(tmp_path, {"no_such_arg": 1, "enable_prefix_cachin": True, "quantization": "fp8"})
+    assert main(["config", "check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "generation.vllm.engine_args.no_such_arg" in err and "takes no argument 'no_such_arg'" in err
+    assert "generation.vllm.engine_args.enable_prefix_cachin" in err and "did you mean 'enable_prefix_caching'" in err
+    assert "engine_args.quantization" not in err and "Traceback" not in err
+    assert main(["train", str(path)]) == 2  # before any model loads
+    assert "loading the model" not in capsys.readouterr().err
+    known = engine_args_config(tmp_path, {"enable_prefix_caching": True, "enable_log_requests": True})
+    assert main(["config", "check", str(known)]) == 0
+
+
+def test_a_vllm_that_does_not_import_leaves_engine_args_unchecked_with_a_warning(tmp_path, capsys, monkeypatch,
+                                                                                 fake_vllm):
+    del fake_vllm.EngineArgs  # the import of EngineArgs fails, as in a broken install
+    path = engine_args_config(tmp_path, {"no_such_arg": 1})
+    assert main(["config", "check", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert "warning: generation.vllm.engine_args" in err and "could not be checked" in err
+    assert "(1 warning(s) above)" in out

@@ -10,7 +10,9 @@ The schema checks what a config says; this checks what it points at:
 - the task builds: JSONL files exist and every bad line is listed (up to 20 per file), a generated task has
   enough distinct items; a generation round never takes more prompts than the training set holds (the same
   prompt would be trained twice in one step);
-- ``generation.backend`` can be built: a plug-in factory imports, the ``vllm`` package is installed for ``vllm``;
+- ``generation.backend`` can be built: a plug-in factory imports and takes one argument, the ``vllm`` package is
+  installed for ``vllm`` and knows every name in ``generation.vllm.engine_args`` (checked only when it is set:
+  that imports vLLM);
 - ``model.path`` is a model directory (or GGUF file) that exists, resolved against the working directory; a
   path that does not exist is an error naming the directory it was resolved against, never a Hugging Face Hub
   download (a Hub id is accepted only when it is already in the local cache); its ``config.json`` is a JSON object,
@@ -20,7 +22,8 @@ The schema checks what a config says; this checks what it points at:
   (``--resume``), whether ``--resume-from`` is a complete checkpoint, and whether the checkpoint it continues from
   is within ``run.max_steps``.
 
-Imports no torch (but to ask whether ``model.device: cuda`` exists): ``config check`` stays fast.
+Imports no torch (but to ask whether ``model.device: cuda`` exists, and vLLM for its engine argument names when
+``generation.vllm.engine_args`` is set): ``config check`` stays fast.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from groupwise.run.rundir import location_problems, start_problems
 from groupwise.trainer.model_folder import device_issues, model_folder_issues
 from groupwise.trainer.reward_checks import reward_trial_issues
 from groupwise.trainer.split_checks import check_splits
+from groupwise.trainer.vllm_engine_args import engine_arg_checks, unchecked_note
 from groupwise.types import Prompt
 
 if TYPE_CHECKING:
@@ -136,7 +140,9 @@ def input_issues(cfg: RunConfig, *, training: bool, location: bool) -> tuple[Inp
     if task is not None and reward_fn is not None and not reward_issues:
         issues.extend(reward_trial_issues(cfg, reward_fn, prompt_splits(cfg, task)))
     issues.extend(_sampler_issues(cfg))
-    issues.extend(_backend_issues(cfg))
+    backend_issues, backend_warnings = _backend_checks(cfg)
+    issues.extend(backend_issues)
+    warnings.extend(backend_warnings)
     if location:
         issues.extend(location_problems(cfg.run.output_dir, cfg.run.name))
     inputs = None if task is None or reward_fn is None else Inputs(task=task, reward_fn=reward_fn, warnings=warnings)
@@ -351,14 +357,25 @@ def _sampler_issues(cfg: RunConfig) -> list[ConfigIssue]:
                         f"use only the keyword arguments {cls.__name__} takes")]
 
 
+def _backend_checks(cfg: RunConfig) -> tuple[list[ConfigIssue], list[ConfigIssue]]:
+    """``(issues, warnings)`` of ``generation.backend``: ``vllm`` needs the vllm package installed, and
+    ``generation.vllm.engine_args`` names vLLM's engine takes (:mod:`groupwise.trainer.vllm_engine_args`; without
+    vLLM the error says they could not be checked); a plug-in must import and take one argument."""
+    if cfg.generation.backend != "vllm":
+        return _backend_issues(cfg), []
+    engine_args = dict(cfg.generation.vllm.engine_args)
+    missing = vllm_unavailable()
+    if missing is not None:
+        why = missing + (unchecked_note(engine_args) if engine_args else "")
+        return [ConfigIssue("generation.backend", "vllm", why, VLLM_INSTALL_HINT)], []
+    return engine_arg_checks(engine_args)
+
+
 def _backend_issues(cfg: RunConfig) -> list[ConfigIssue]:
     """A plug-in ``generation.backend`` must import and be callable with one argument (what the call does needs
-    the loaded model: the builder reports a factory that raises or returns no generator); ``vllm`` needs the vllm
-    package installed (the shipped backends are built with the model)."""
+    the loaded model: the builder reports a factory that raises or returns no generator); the shipped backends
+    are built with the model."""
     backend = cfg.generation.backend
-    if backend == "vllm":
-        missing = vllm_unavailable()
-        return [] if missing is None else [ConfigIssue("generation.backend", backend, missing, VLLM_INSTALL_HINT)]
     if backend in GENERATION_BACKENDS:
         return []
     try:
