@@ -145,7 +145,7 @@ def fake_vllm(monkeypatch):
     for name, module in {"vllm": types.ModuleType("vllm"), "vllm.engine": types.ModuleType("vllm.engine"),
                          "vllm.engine.arg_utils": arg_utils}.items():
         monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.setattr("groupwise.trainer.preflight.vllm_unavailable", lambda: None)
+    monkeypatch.setattr("groupwise.trainer.backend_checks.vllm_unavailable", lambda: None)
     return arg_utils
 
 

@@ -28,7 +28,6 @@ Imports no torch (but to ask whether ``model.device: cuda`` exists, and vLLM for
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,18 +35,16 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from groupwise.config import ConfigError, ConfigIssue
-from groupwise.config.generation_schema import GENERATION_BACKENDS
 from groupwise.config.sections import BUNDLED_GGUF_PATH
 from groupwise.data.jsonl_dataset import DatasetError, load_jsonl_prompts
 from groupwise.data.registry import TASKS, Task, build_task, prompt_sources, task_config_key
 from groupwise.data.rewards import RewardFn, RewardSpecError, check_reward_kwargs, load_reward_fn
-from groupwise.optional_packages import VLLM_INSTALL_HINT, vllm_unavailable
-from groupwise.plugins import PluginImportError, import_plugin
+from groupwise.plugins import PluginImportError
 from groupwise.run.rundir import location_problems, start_problems
+from groupwise.trainer.backend_checks import backend_checks
 from groupwise.trainer.model_folder import device_issues, model_folder_issues
 from groupwise.trainer.reward_checks import reward_trial_issues
 from groupwise.trainer.split_checks import check_splits
-from groupwise.trainer.vllm_engine_args import engine_arg_checks, unchecked_note
 from groupwise.types import Prompt
 
 if TYPE_CHECKING:
@@ -140,7 +137,7 @@ def input_issues(cfg: RunConfig, *, training: bool, location: bool) -> tuple[Inp
     if task is not None and reward_fn is not None and not reward_issues:
         issues.extend(reward_trial_issues(cfg, reward_fn, prompt_splits(cfg, task)))
     issues.extend(_sampler_issues(cfg))
-    backend_issues, backend_warnings = _backend_checks(cfg)
+    backend_issues, backend_warnings = backend_checks(cfg)
     issues.extend(backend_issues)
     warnings.extend(backend_warnings)
     if location:
@@ -355,44 +352,6 @@ def _sampler_issues(cfg: RunConfig) -> list[ConfigIssue]:
         return []
     return [ConfigIssue("async.sampler.kwargs", dict(sampler.kwargs), problem,
                         f"use only the keyword arguments {cls.__name__} takes")]
-
-
-def _backend_checks(cfg: RunConfig) -> tuple[list[ConfigIssue], list[ConfigIssue]]:
-    """``(issues, warnings)`` of ``generation.backend``: ``vllm`` needs the vllm package installed, and
-    ``generation.vllm.engine_args`` names vLLM's engine takes (:mod:`groupwise.trainer.vllm_engine_args`; without
-    vLLM the error says they could not be checked); a plug-in must import and take one argument."""
-    if cfg.generation.backend != "vllm":
-        return _backend_issues(cfg), []
-    engine_args = dict(cfg.generation.vllm.engine_args)
-    missing = vllm_unavailable()
-    if missing is not None:
-        why = missing + (unchecked_note(engine_args) if engine_args else "")
-        return [ConfigIssue("generation.backend", "vllm", why, VLLM_INSTALL_HINT)], []
-    return engine_arg_checks(engine_args)
-
-
-def _backend_issues(cfg: RunConfig) -> list[ConfigIssue]:
-    """A plug-in ``generation.backend`` must import and be callable with one argument (what the call does needs
-    the loaded model: the builder reports a factory that raises or returns no generator); the shipped backends
-    are built with the model."""
-    backend = cfg.generation.backend
-    if backend in GENERATION_BACKENDS:
-        return []
-    try:
-        factory = import_plugin(backend, "generation backend")
-    except PluginImportError as exc:
-        return [ConfigIssue("generation.backend", backend, str(exc), "name an importable 'package.module:function'")]
-    fix = "name a function that takes a GeneratorSpec and returns a Generator"
-    if not callable(factory):
-        return [ConfigIssue("generation.backend", backend, f"it is a {type(factory).__name__}, not callable", fix)]
-    try:
-        inspect.signature(factory).bind(None)  # it is called with the GeneratorSpec alone
-    except TypeError as exc:
-        return [ConfigIssue("generation.backend", backend,
-                            f"the factory cannot be called with one argument, the GeneratorSpec ({exc})", fix)]
-    except ValueError:  # no signature to read (a builtin): the call after the model load will tell
-        pass
-    return []
 
 
 # --- resuming ---------------------------------------------------------------------------------------------------
