@@ -36,3 +36,38 @@ class RaisingTask(DoublingTask):
 class NotATask:
     def __init__(self) -> None:
         self.name = "not a task"
+
+
+class SplitsRaiseTask(DoublingTask):
+    def train_prompts(self) -> list[Prompt]:
+        raise ConnectionError("the prompt server refused the connection")
+
+
+class DictsTask(DoublingTask):
+    def train_prompts(self) -> list[Prompt]:
+        return [{"uid": p.uid, "answer": p.answer, "text": p.text} for p in super().train_prompts()]
+
+
+class GeneratorTask(DoublingTask):
+    def train_prompts(self):
+        return (p for p in super().train_prompts())
+
+
+class IntAnswerTask(DoublingTask):
+    def train_prompts(self) -> list[Prompt]:
+        return [Prompt(uid=p.uid, answer=int(p.answer), text=p.text) for p in super().train_prompts()]
+
+
+class NoTextTask(DoublingTask):
+    def eval_prompts(self) -> list[Prompt]:
+        return [Prompt(uid=p.uid, answer=p.answer) for p in super().eval_prompts()]
+
+
+class DuplicateUidTask(DoublingTask):
+    def train_prompts(self) -> list[Prompt]:
+        return [Prompt(uid="same", answer=p.answer, text=p.text) for p in super().train_prompts()]
+
+
+class EvalIsTrainTask(DoublingTask):
+    def eval_prompts(self) -> list[Prompt]:
+        return [Prompt(uid=f"eval/{p.uid}", answer=p.answer, text=p.text) for p in self.train_prompts()[:4]]

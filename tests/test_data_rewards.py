@@ -7,6 +7,9 @@ Invariants pinned:
 - final_number gives 1 only to a stopped completion whose last number equals the answer (exactly, signs
   only where no digit or letter precedes them); a cut-off reply, a reply without a number or with another
   last number gives 0; a non-numeric answer is an error naming the prompt.
+- numbers are read as written: only ASCII digits are digits (Arabic-Indic "٥٦" and full-width "５６" are no
+  number, for final_number, exact_numeric and parse_number alike); a thousands-grouped integer part ("2,056",
+  "1,000,000": groups of exactly 3 digits after each comma) is one number, any other comma separates numbers.
 - the expression parser evaluates exactly with operator precedence and parentheses, and rejects
   everything outside its grammar.
 - countdown gives 1 iff value == target and numbers ⊆ the given multiset; format_reward for a
@@ -40,6 +43,7 @@ from groupwise.data.rewards import (
     final_number,
     load_reward_fn,
     math_verify,
+    parse_number,
 )
 from groupwise.types import Completion, Prompt
 
@@ -111,6 +115,41 @@ def test_exact_numeric_rejects_wrong_and_junk(text):
 
 def test_exact_numeric_requires_a_finished_completion():
     assert exact_numeric(ADD, completion("12", finish_reason="length")) == 0.0
+
+
+OTHER_SCRIPT_DIGITS = ["٥٦", "۵۶", "５６", "5٦", "7 * 8 = ٥٦"]  # Arabic-Indic, Persian, full-width, mixed
+
+
+@pytest.mark.parametrize("text", OTHER_SCRIPT_DIGITS)
+def test_digits_of_other_scripts_are_not_numbers(text):
+    assert final_number(TIMES, completion(text)) == 0.0
+    assert exact_numeric(Prompt(uid="x", answer="56", text="7*8="), completion(text)) == 0.0
+    assert parse_number(text.split()[-1]) is None
+    with pytest.raises(ValueError, match="not a plain number"):
+        final_number(Prompt(uid="x", answer="٥٦", text="7*8="), completion("56"))
+
+
+@pytest.mark.parametrize(
+    "text, last",
+    [("the total is 2,056", "2056"), ("1,000", "1000"), ("a million is 1,000,000.", "1000000"),
+     ("-1,234.5 in all", "-1234.5"), ("pick 3,4,56", "56"), ("12345,056", "56"), ("1,0560", "560"),
+     ("1,05", "5")],
+)
+def test_a_thousands_grouped_number_is_one_number(text, last):
+    for answer in {last, "56", "0", "1"}:
+        expected = 1.0 if answer == last else 0.0
+        assert final_number(Prompt(uid="x", answer=answer, text="?"), completion(text)) == expected, answer
+
+
+def test_parse_number_and_exact_numeric_read_thousands_groups():
+    assert parse_number("1,056") == 1056 and parse_number("-2,056.25") == Fraction(-8225, 4)
+    assert parse_number("1,000,000") == 10**6
+    for not_grouped in ["1,05", "1,0000", "12,34", ",123", "1,", "1,,000", "1,000,", "1234,567"]:
+        assert parse_number(not_grouped) is None, not_grouped
+    thousand = Prompt(uid="x", answer="1000", text="?")
+    assert exact_numeric(thousand, completion("1,000")) == 1.0
+    assert exact_numeric(Prompt(uid="x", answer="1,000", text="?"), completion("1000")) == 1.0
+    assert exact_numeric(Prompt(uid="x", answer="0", text="?"), completion("1,000")) == 0.0
 
 
 def test_exact_numeric_compares_non_integral_answers_exactly():

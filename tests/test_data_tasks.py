@@ -13,7 +13,11 @@ Invariants pinned:
 - build_task builds each task from a config section and rejects unknown settings;
 - a plug-in task (``data.task: module:Class``) is built from ``data.kwargs`` with the run seed, and a config whose
   plug-in task does not import, does not take its kwargs, raises or lacks the Task members is refused before any
-  model loads, naming the key; ``data.kwargs`` with a built-in task is refused.
+  model loads, naming the key; ``data.kwargs`` with a built-in task is refused;
+- a plug-in task whose ``train_prompts()``/``eval_prompts()`` raise, return dicts, a generator, a prompt with a
+  non-string answer or with neither text nor messages, or one uid twice in a split is a config error naming
+  ``data.task`` (exit 2 at ``config check`` and ``train``, no traceback, no run directory); eval prompts that ask
+  what training prompts ask (a plug-in task's, or a JSONL eval file equal to the train file) are a warning only.
 """
 
 from __future__ import annotations
@@ -243,6 +247,15 @@ def test_a_plugin_task_is_built_from_its_kwargs_and_the_run_seed():
         ("plugin_tasks:DoublingTask", {"size": 3}, "data.kwargs", "unexpected settings ['size']"),
         ("plugin_tasks:RaisingTask", {}, "data.kwargs", "RuntimeError: the task's data server is down"),
         ("plugin_tasks:NotATask", {}, "data.kwargs", "does not satisfy the Task protocol"),
+        ("plugin_tasks:SplitsRaiseTask", {}, "data.task",
+         "train_prompts() raised ConnectionError: the prompt server refused the connection"),
+        ("plugin_tasks:DictsTask", {}, "data.task",
+         "train_prompts() returned 16 unusable item(s) of 16: item 0: a dict, not a groupwise.types.Prompt"),
+        ("plugin_tasks:GeneratorTask", {}, "data.task", "train_prompts() returned a generator; it must return a list"),
+        ("plugin_tasks:IntAnswerTask", {}, "data.task", "answer is int, not str"),
+        ("plugin_tasks:NoTextTask", {}, "data.task",
+         "eval_prompts() returned 4 unusable item(s) of 4: item 0: prompt 'doubling/"),
+        ("plugin_tasks:DuplicateUidTask", {}, "data.task", "1 uid(s) appear more than once in the train split: 'same'"),
     ],
 )
 def test_a_plugin_task_that_cannot_be_built_is_a_config_error(task, kwargs, key, words):
@@ -260,3 +273,47 @@ def test_kwargs_with_a_builtin_task_are_refused():
 
     with pytest.raises(ConfigError, match="data.kwargs"):
         plugin_config("addition", count=3)
+
+
+def test_a_plugin_task_with_unusable_splits_exits_2_at_check_and_train(tmp_path, capsys):
+    from groupwise.cli.main import main
+
+    config = tmp_path / "config.yaml"
+    config.write_text(f"model: {{source: tiny}}\ndata: {{task: 'plugin_tasks:GeneratorTask'}}\n"
+                      f"run: {{output_dir: {tmp_path / 'runs'}}}\ngrpo: {{num_prompts_per_step: 2}}\n")
+    for command in ("config", "train"):
+        args = ["config", "check", str(config)] if command == "config" else ["train", str(config)]
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert "data.task" in err and "returned a generator" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_eval_split_overlapping_training_is_a_warning_not_an_error(tmp_path, capsys):
+    from groupwise.cli.main import main
+    from groupwise.trainer.preflight import check_inputs
+
+    inputs = check_inputs(plugin_config("plugin_tasks:EvalIsTrainTask"), training=True)
+    (warning,) = inputs.warnings
+    assert warning.path == "data.task"
+    assert "4 of 4 eval prompts ask what a training prompt asks" in warning.rule
+    assert check_inputs(plugin_config("plugin_tasks:DoublingTask"), training=True).warnings == []
+    config = tmp_path / "config.yaml"
+    config.write_text(f"model: {{source: tiny}}\ndata: {{task: 'plugin_tasks:EvalIsTrainTask'}}\n"
+                      f"run: {{output_dir: {tmp_path / 'runs'}}}\ngrpo: {{num_prompts_per_step: 2}}\n")
+    assert main(["config", "check", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert "warning: data.task" in err and "(1 warning(s) above)" in out
+
+
+def test_a_jsonl_eval_file_equal_to_the_train_file_is_warned(tmp_path):
+    from groupwise.config import config_from_dict
+    from groupwise.trainer.preflight import check_inputs
+
+    path = tmp_path / "items.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(6)))
+    cfg = config_from_dict({"model": {"source": "tiny"}, "grpo": {"num_prompts_per_step": 2},
+                            "data": {"task": "jsonl", "jsonl": {"train_path": str(path), "eval_path": str(path)}}})
+    (warning,) = check_inputs(cfg, training=False).warnings
+    assert warning.path == "data.jsonl.eval_path" and warning.value == str(path)
+    assert "6 of 6 eval prompts" in warning.rule

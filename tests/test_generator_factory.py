@@ -6,8 +6,12 @@ Invariants pinned:
   weights after every step (versions 1, 2, ...), and the runs' fates pass the audit;
 - a backend that cannot stream is reported so by the one capability query (``stream_support``), and a run asking for
   continuous batching on it notes that it runs one batch per call;
-- a plug-in backend that does not import, or is not callable, is a config error naming ``generation.backend``,
-  before any model loads; the shipped backends are exactly the config's ``GENERATION_BACKENDS``.
+- a plug-in backend that does not import, is not callable, or cannot be called with the GeneratorSpec alone is a
+  config error naming ``generation.backend``, before any model loads; a factory that raises or returns something
+  else than a generator is one too (exit 2, the factory's message, no traceback), in sync and async runs, as soon
+  as the model it is built for is loaded; the shipped backends are exactly the config's ``GENERATION_BACKENDS``;
+- a backend that returns fewer completions than a request asked for fails the run with a message naming the
+  generator and the counts (not "dynamic sampling needs G >= 2").
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 from fakes.generators import DIGITS, ToyGenerator
 
+from groupwise.cli.main import main
 from groupwise.cli.run_prompts import training_uids
 from groupwise.config import ConfigError, config_from_dict
 from groupwise.config.generation_schema import GENERATION_BACKENDS
@@ -31,6 +37,10 @@ TOY = "fakes.generators:toy_backend"
 
 
 def toy_config(tmp_path, mode: str, **sections):
+    return config_from_dict(toy_dict(tmp_path, mode, **sections))
+
+
+def toy_dict(tmp_path, mode: str, **sections) -> dict:
     data = {
         "mode": mode,
         "run": {"name": f"toy-{mode}", "output_dir": str(tmp_path / "runs"), "seed": 1, "max_steps": 2},
@@ -47,7 +57,13 @@ def toy_config(tmp_path, mode: str, **sections):
                          "rollout_failure": {"on_dropped_prompt": "shrink"}}  # fmt: skip
     for key, value in sections.items():
         data[key] = {**data.get(key, {}), **value}
-    return config_from_dict(data)
+    return data
+
+
+def toy_config_file(tmp_path, mode: str, **sections):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(toy_dict(tmp_path, mode, **sections)), encoding="utf-8")
+    return path
 
 
 def trained_texts(run_dir) -> list[str]:
@@ -85,7 +101,8 @@ def test_a_backend_that_cannot_stream_says_so_and_batching_falls_back(tmp_path):
 
 @pytest.mark.parametrize(
     "backend, words",
-    [("no_such_backend_module:make", "cannot import module"), ("fakes.generators:DIGITS", "not callable")],
+    [("no_such_backend_module:make", "cannot import module"), ("fakes.generators:DIGITS", "not callable"),
+     ("fakes.generators:two_argument_backend", "cannot be called with one argument, the GeneratorSpec")],
 )
 def test_a_plugin_backend_that_cannot_be_built_is_a_config_error(tmp_path, backend, words):
     cfg = toy_config(tmp_path, "sync", generation={"backend": backend})
@@ -102,3 +119,29 @@ def test_an_unknown_backend_name_is_refused_by_the_schema(tmp_path):
 
 def test_the_shipped_backends_are_the_config_values():
     assert tuple(BACKENDS) == GENERATION_BACKENDS
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize(
+    "backend, words",
+    [("fakes.generators:raising_backend", "the factory raised RuntimeError: the sampling server at :9000 is down"),
+     ("fakes.generators:not_a_generator_backend", "returned a dict, which is not a Generator")],
+)
+def test_a_backend_factory_that_raises_or_returns_no_generator_exits_2_naming_the_key(tmp_path, capsys, mode,
+                                                                                     backend, words):
+    config = toy_config_file(tmp_path, mode, generation={"backend": backend})
+    assert main(["config", "check", str(config)]) == 0  # what the factory does needs the model: known at the call
+    capsys.readouterr()
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "generation.backend" in err and backend in err and words in err
+    assert "Traceback" not in err
+
+
+def test_a_backend_returning_fewer_completions_than_asked_is_named_with_what_it_returned(tmp_path, capsys):
+    config = toy_config_file(tmp_path, "sync", generation={"backend": "fakes.generators:short_backend"},
+                             grpo={"dynamic_sampling": {"enabled": True}})
+    assert main(["train", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert "the generator ShortToyGenerator returned 1 completion(s) for request 0, which asked for 4" in err
+    assert "G >= 2" not in err and "Traceback" not in err

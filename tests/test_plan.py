@@ -9,6 +9,9 @@ Invariants pinned:
   speed-up; the rows do not depend on ``--jobs``;
 - the CLI writes plan.md, plan.json (one entry per row) and plan.png, and a config without ``sim.job`` is refused
   with exit 2 naming the key;
+- ``sim.job.lengths.max_tokens`` below the median completion length (or the drifted final median) is refused with
+  exit 2 naming it, before anything is simulated; one below the prompt length alone is a warning (a long prompt may
+  have a short answer) that says the cap is the completion's, not the sequence's;
 - the shipped plans (examples/plan) load and have the grid their comments describe.
 """
 
@@ -95,6 +98,31 @@ def test_a_plan_needs_a_job(tmp_path, capsys):
     assert "sim.job" in capsys.readouterr().err
     with pytest.raises(ConfigError):
         plan_points(load_config(path))
+
+
+@pytest.mark.parametrize(
+    "lengths, words",
+    [({"max_tokens": 150}, "median_tokens = 200"),
+     ({"max_tokens": 300, "final_median_tokens": 400}, "final_median_tokens = 400"),
+     ({"max_tokens": 50}, "median_tokens = 200")],
+)
+def test_a_completion_cap_below_the_median_is_refused(tmp_path, capsys, lengths, words):
+    data = plan_data(tmp_path)
+    data["sim"]["job"] = {**JOB, "lengths": {**JOB["lengths"], **lengths}}
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(data))  # JSON is YAML
+    assert main(["plan", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "sim.job.lengths.max_tokens" in err and words in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_completion_cap_below_the_prompt_length_alone_is_a_warning(tmp_path):
+    data = plan_data(tmp_path)
+    data["sim"]["job"] = {**JOB, "lengths": {**JOB["lengths"], "prompt_tokens": 2000, "max_tokens": 1024}}
+    (warning,) = [w for w in config_from_dict(data).warnings() if w.path == "sim.job.lengths.max_tokens"]
+    assert "below the prompt length" in warning.rule and "caps the completion alone" in warning.rule
+    assert not [w for w in config_from_dict(plan_data(tmp_path)).warnings() if w.path.startswith("sim.")]
 
 
 @pytest.mark.parametrize("name,points", [("math_7b_32.yaml", 37), ("math_7b_128.yaml", 37), ("qwen_1p5b_8.yaml", 37)])

@@ -12,6 +12,9 @@ Invariants pinned:
 - the learning curve moves the zero-variance mix: mostly all-wrong groups early, all-right groups late;
 - a run that stops with a named error still writes its summary (outcome failed, the error named) and the CLI
   exits 1; failures injected into a sync simulation are a config error (exit 2) naming the key;
+- a simulated dataset smaller than one generation round (``sim.num_prompts`` 3 for 16 prompts per step, sync
+  and async) is refused as ``train`` refuses it (exit 2, ``grpo.num_prompts_per_step`` and ``sim.num_prompts``
+  named, no run directory); exactly one round's worth runs;
 - ``groupwise compare`` reads the simulator's idle fractions.
 """
 
@@ -169,6 +172,21 @@ def test_failures_in_a_sync_simulation_are_a_config_error(tmp_path, capsys):
     config.write_text("mode: sync\nmodel: {source: tiny}\nsim: {data_failure_rate: 0.2}\n")
     assert main(["simulate", str(config), f"run.output_dir={tmp_path}"]) == 2
     assert "sim.data_failure_rate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_dataset_smaller_than_one_step_is_refused(tmp_path, capsys, mode):
+    config = tmp_path / "small.yaml"
+    config.write_text(f"mode: {mode}\nmodel: {{source: tiny}}\nloss: {{importance_sampling: true}}\n"
+                      "grpo: {num_prompts_per_step: 16, dynamic_sampling: {enabled: false}}\n"
+                      f"run: {{name: small, output_dir: {tmp_path}, max_steps: 2}}\n"
+                      "logging: {tensorboard: false}\nsim: {num_prompts: 3}\n")
+    assert main(["simulate", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "grpo.num_prompts_per_step" in err and "the training set holds only 3 prompts" in err
+    assert "raise sim.num_prompts (now 3)" in err and "Traceback" not in err
+    assert not (tmp_path / "small").exists()
+    assert main(["simulate", str(config), "sim.num_prompts=16"]) == 0
 
 
 def test_virtual_time_bound_is_a_named_failure(tmp_path):

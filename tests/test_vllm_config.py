@@ -4,15 +4,24 @@ Invariants pinned (none of them needs vLLM installed):
 - the built-in engine's keys (``generation.cuda_graphs``, ``fast_decode``) are refused under vllm, and the
   ``generation.vllm`` keys under any other backend;
 - partial rollouts under vllm need ``async.partial_rollout_kv: keep`` (vLLM keeps the running rows' KV cache across
-  a weight load, it cannot recompute it), and one learner process;
+  a weight load, it cannot recompute it), which is the default there (``recompute`` under the built-in engine;
+  an explicit ``recompute`` under vllm is refused), and one learner process;
 - ``generation.vllm.engine_args`` may not set what the backend sets itself; ``kv_cache_gib`` is refused on an
   explicit CUDA device and ``gpu_memory_utilization`` on the CPU;
 - ``groupwise simulate`` refuses ``generation.backend`` (its engine is a cost model);
 - where vllm is not installed, ``config check`` exits 2 with an error naming ``generation.backend`` and the
-  install (``groupwise[vllm]``, ``make test-vllm``), without a traceback.
+  install (``groupwise[vllm]``, ``make test-vllm``), without a traceback, and says that the
+  ``generation.vllm.engine_args`` names could not be checked;
+- where vllm is installed (here a fake ``vllm.engine.arg_utils`` with EngineArgs/AsyncEngineArgs dataclasses), an
+  ``engine_args`` name that is a field of neither is an error naming ``generation.vllm.engine_args.<name>`` (exit 2,
+  the closest field suggested), names of either pass, and a vLLM that fails to import makes it a warning only.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import sys
+import types
 
 import pytest
 import yaml
@@ -48,10 +57,20 @@ def test_vllm_keys_are_refused_under_another_backend():
 
 
 def test_partial_rollouts_under_vllm_keep_the_kv_cache():
-    issues = refused(ASYNC)
+    issues = refused({**ASYNC, "async": {"partial_rollouts": "continue", "partial_rollout_kv": "recompute"}})
     assert "does not recompute" in issues["async.partial_rollout_kv"]
     cfg = config_from_dict({**ASYNC, "async": {"partial_rollouts": "continue", "partial_rollout_kv": "keep"}})
     assert cfg.async_.partial_rollout_kv == "keep"
+
+
+def test_the_kv_default_follows_the_backend():
+    vllm = config_from_dict(ASYNC)  # partial_rollout_kv left out: the value vLLM can do
+    assert vllm.async_.partial_rollout_kv == "keep"
+    assert config_from_dict(yaml.safe_load(vllm.to_yaml())) == vllm  # the resolved config loads back the same
+    builtin = config_from_dict({**ASYNC, "generation": {"continuous_batching": True}})
+    assert builtin.async_.partial_rollout_kv == "recompute"
+    off = config_from_dict({**ASYNC, "async": {"partial_rollouts": "off"}})  # no row spans a sync: nothing to keep
+    assert off.async_.partial_rollout_kv == "recompute"
 
 
 def test_vllm_trains_with_one_learner_process():
@@ -92,3 +111,69 @@ def test_the_simulator_says_the_backend_has_no_effect():
 
     issues = check_engine_keys(config_from_dict(BASE))
     assert [issue.path for issue in issues] == ["generation.backend"] and "cost model" in issues[0].rule
+
+
+@pytest.mark.skipif(vllm_unavailable() is None, reason="vllm is installed here: nothing is missing")
+def test_engine_args_without_vllm_are_said_to_be_unchecked(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"model": {"source": "tiny"}, "run": {"output_dir": str(tmp_path / "runs")},
+                                    "generation": {"backend": "vllm", "vllm": {"engine_args": {"no_such_arg": 1}}}}))
+    assert main(["config", "check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert ("generation.vllm.engine_args ['no_such_arg'] could not be checked against vLLM's engine arguments "
+            "without it either") in err
+
+
+@dataclasses.dataclass
+class FakeEngineArgs:
+    model: str = ""
+    enable_prefix_caching: bool = False
+    quantization: str | None = None
+
+
+@dataclasses.dataclass
+class FakeAsyncEngineArgs(FakeEngineArgs):
+    enable_log_requests: bool = False
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """An installed vLLM as far as the check can tell: its EngineArgs dataclasses, nothing else."""
+    arg_utils = types.ModuleType("vllm.engine.arg_utils")
+    arg_utils.EngineArgs = FakeEngineArgs
+    arg_utils.AsyncEngineArgs = FakeAsyncEngineArgs
+    for name, module in {"vllm": types.ModuleType("vllm"), "vllm.engine": types.ModuleType("vllm.engine"),
+                         "vllm.engine.arg_utils": arg_utils}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr("groupwise.trainer.backend_checks.vllm_unavailable", lambda: None)
+    return arg_utils
+
+
+def engine_args_config(tmp_path, engine_args: dict):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"model": {"source": "tiny"}, "run": {"output_dir": str(tmp_path / "runs")},
+                                    "generation": {"backend": "vllm", "vllm": {"engine_args": engine_args}}}))
+    return path
+
+
+def test_unknown_engine_args_are_refused_when_vllm_is_installed(tmp_path, capsys, fake_vllm):
+    path = engine_args_config(tmp_path, {"no_such_arg": 1, "enable_prefix_cachin": True, "quantization": "fp8"})
+    assert main(["config", "check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "generation.vllm.engine_args.no_such_arg" in err and "takes no argument 'no_such_arg'" in err
+    assert "generation.vllm.engine_args.enable_prefix_cachin" in err and "did you mean 'enable_prefix_caching'" in err
+    assert "engine_args.quantization" not in err and "Traceback" not in err
+    assert main(["train", str(path)]) == 2  # before any model loads
+    assert "loading the model" not in capsys.readouterr().err
+    known = engine_args_config(tmp_path, {"enable_prefix_caching": True, "enable_log_requests": True})
+    assert main(["config", "check", str(known)]) == 0
+
+
+def test_a_vllm_that_does_not_import_leaves_engine_args_unchecked_with_a_warning(tmp_path, capsys, monkeypatch,
+                                                                                 fake_vllm):
+    del fake_vllm.EngineArgs  # the import of EngineArgs fails, as in a broken install
+    path = engine_args_config(tmp_path, {"no_such_arg": 1})
+    assert main(["config", "check", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert "warning: generation.vllm.engine_args" in err and "could not be checked" in err
+    assert "(1 warning(s) above)" in out

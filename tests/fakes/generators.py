@@ -85,3 +85,29 @@ class ShiftedGenerator:
 def shifted_backend(spec: GeneratorSpec) -> ShiftedGenerator:
     """The factory ``generation.backend: fakes.generators:shifted_backend`` names."""
     return ShiftedGenerator(spec)
+
+
+def raising_backend(spec: GeneratorSpec) -> ToyGenerator:
+    """A factory that fails as a user's may (a server it needs is down)."""
+    raise RuntimeError("the sampling server at :9000 is down")
+
+
+def not_a_generator_backend(spec: GeneratorSpec) -> dict[str, int]:
+    """A factory that returns something else than a generator."""
+    return {"version": 0}
+
+
+def two_argument_backend(spec: GeneratorSpec, server: str) -> ToyGenerator:
+    """A factory that needs more than the GeneratorSpec it is called with."""
+    return ToyGenerator(spec)
+
+
+class ShortToyGenerator(ToyGenerator):
+    """A toy that returns one completion per request, whatever the request asked for."""
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
+        return [completions[:1] for completions in super().generate(requests, sampling)]
+
+
+def short_backend(spec: GeneratorSpec) -> ShortToyGenerator:
+    return ShortToyGenerator(spec)

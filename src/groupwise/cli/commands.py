@@ -32,9 +32,13 @@ EXIT_USAGE = 2
 
 def print_config_warnings(cfg: RunConfig) -> list[str]:
     """Print the config's hazards (:mod:`groupwise.config.hazards`) to stderr; return them as one-line texts."""
+    return print_warnings(cfg.warnings())
+
+
+def print_warnings(warnings: list[ConfigIssue]) -> list[str]:
+    """Print warnings (hazards, or what the input checks found) to stderr; return them as one-line texts."""
     from groupwise.config.issues import format_warning, warning_line
 
-    warnings = cfg.warnings()
     for issue in warnings:
         print(format_warning(issue), file=sys.stderr)
     return [warning_line(issue) for issue in warnings]
@@ -67,6 +71,7 @@ def run_train(args: argparse.Namespace) -> int:
     from groupwise.trainer.preflight import check_train_start
 
     inputs = check_train_start(cfg, resume=args.resume, resume_from=args.resume_from)
+    warnings += print_warnings(inputs.warnings)
     from groupwise.cli.run_summary import run_summary_text
     from groupwise.run.async_checkpoint import ResumeError
     from groupwise.run.checkpoint import latest_checkpoint
@@ -139,6 +144,7 @@ def run_eval(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(path, args.overrides)
         weights, note = _configured_weights(cfg, path)
+    from groupwise.run.phases import PhaseLog
     from groupwise.trainer.builder import build_components
     from groupwise.trainer.cpu_threads import apply_cpu_threads
     from groupwise.trainer.evaluation import evaluate_policy, evaluated_prompts
@@ -146,7 +152,10 @@ def run_eval(args: argparse.Namespace) -> int:
     parts = build_components(cfg)
     apply_cpu_threads(parts.policy.model)
     prompts = evaluated_prompts(parts.task.eval_prompts(), cfg)
-    result = evaluate_policy(parts.engine, parts.rollouts, prompts, cfg)
+    pass_k = f" (and pass@{cfg.eval.pass_k})" if cfg.eval.pass_k > 1 else ""
+    # minutes on a busy core, silent until the table: a line when it starts and ends, so it never looks like a hang
+    with PhaseLog().phase(f"evaluating {len(prompts)} held-out prompts{pass_k}"):
+        result = evaluate_policy(parts.engine, parts.rollouts, prompts, cfg)
     if args.json:
         print(json.dumps({"weights": weights, "num_prompts": len(prompts), **result}, indent=2))
     else:

@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Callable, Sequence
 
 from groupwise.abandoned import exit_process
-from groupwise.cli.commands import RUN_COMMAND_PARSERS, print_config_warnings
+from groupwise.cli.commands import RUN_COMMAND_PARSERS, print_config_warnings, print_warnings
 from groupwise.cli.plan import add_plan_parser
 from groupwise.config import ConfigError, load_config
 from groupwise.trainer.cpu_threads import prepare_openmp_environment
@@ -77,8 +77,8 @@ def run_config_check(args: argparse.Namespace) -> int:
     config = load_config(args.file, args.overrides)
     from groupwise.trainer.preflight import check_inputs  # imports the task and reward code, never torch
 
-    check_inputs(config)
-    warnings = print_config_warnings(config)
+    inputs = check_inputs(config)
+    warnings = print_config_warnings(config) + print_warnings(inputs.warnings)
     print(f"ok: {args.file}" + (f" ({len(warnings)} warning(s) above)" if warnings else ""))
     return EXIT_OK
 

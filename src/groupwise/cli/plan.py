@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from groupwise.cli.commands import print_config_warnings
 from groupwise.config import load_config
 from groupwise.config.job_schema import default_plan
 
@@ -43,6 +44,7 @@ def add_plan_parser(subparsers) -> None:  # type: ignore[no-untyped-def]
 def run_plan(args: argparse.Namespace) -> int:
     """Print the plan table and write its files; a ``ConfigError`` (every problem) propagates to ``main``."""
     cfg = load_config(args.file, args.overrides)
+    print_config_warnings(cfg)
     if args.jobs < 1:
         print(f"groupwise plan: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
         return EXIT_USAGE

@@ -211,8 +211,9 @@ class AsyncSection(Section):
     rebuilt under the new weights (one prefill of prompt + tokens so far per row), so every later token is
     sampled from the new policy exactly; ``keep`` = left as computed under the older versions (no recompute), so a
     later token's distribution, and its recorded logprob, conditions on stale keys and values: the behaviour
-    policy is a mix of versions (still the one that sampled it, so importance weights stay exact). Training only
-    (the simulator does not charge the recompute)."""
+    policy is a mix of versions (still the one that sampled it, so importance weights stay exact). The default
+    follows the backend: ``recompute`` for the built-in engine, ``keep`` under ``generation.backend: vllm`` (the one
+    value vLLM can do). Training only (the toy simulator does not charge the recompute)."""
 
     @field_validator("partial_rollouts", mode="before")
     @classmethod

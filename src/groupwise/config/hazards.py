@@ -66,3 +66,19 @@ def warmup_longer_than_the_run(cfg: RunConfig) -> Iterator[ConfigIssue]:
             "the learning rate rises to its peak at the run's last step",
             f"nothing to do for a shortened run; otherwise set optimizer.warmup_steps ≤ {steps}",
         )  # fmt: skip
+
+
+@hazard("sim")
+def completion_cap_below_the_prompt(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """sim.job.lengths.max_tokens < prompt_tokens: likely read as the sequence length, which it is not (warning)."""
+    job = cfg.sim.job
+    if job is None or job.lengths.max_tokens >= job.lengths.prompt_tokens:
+        return
+    yield ConfigIssue(
+        "sim.job.lengths.max_tokens", job.lengths.max_tokens,
+        f"the completion cap is below the prompt length (sim.job.lengths.prompt_tokens = "
+        f"{job.lengths.prompt_tokens}); max_tokens caps the completion alone (generation.max_new_tokens), not "
+        "prompt + completion",
+        "nothing to do if completions really are that short next to their prompts; if it was meant as the "
+        "sequence length, set max_tokens to that length minus prompt_tokens",
+    )  # fmt: skip

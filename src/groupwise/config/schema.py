@@ -77,10 +77,20 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> RunConfig:
+        self._backend_defaults()
         issues = run_rules(self)
         if issues:
             raise ConfigError(issues)
         return self
+
+    def _backend_defaults(self) -> None:
+        """Defaults that follow ``generation.backend``, set where the config leaves them out:
+        ``async.partial_rollout_kv`` is ``keep`` for partial rollouts under vllm, the one value vLLM can do (it
+        pauses running requests with their KV cache and cannot rebuild it under new weights)."""
+        section = self.async_
+        if (self.generation.backend == "vllm" and section.partial_rollouts == "continue"
+                and "partial_rollout_kv" not in section.model_fields_set):  # fmt: skip
+            section.partial_rollout_kv = "keep"
 
     def warnings(self) -> list[ConfigIssue]:
         """Hazards of this valid config (:mod:`groupwise.config.hazards`): print them, they do not stop a run."""

@@ -34,11 +34,15 @@ from groupwise.types import Completion, Prompt
 
 RewardFn = Callable[..., float]
 
-# A plain decimal number: optional sign, digits, optional fraction. No exponent, no "_", no "nan".
-_NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?")
+# A plain decimal number: optional sign, ASCII digits, optional fraction. No exponent, no "_", no "nan", and no
+# other script's digits ("٥٦", full-width "５６": Python's \d and int() would read them as 56). The integer part
+# may be grouped in thousands: 1 to 3 digits, then groups of exactly 3 after each comma ("2,056", "1,000,000"), a
+# group that no digit follows; any other comma separates numbers ("3,4,5" is three numbers).
+_UNSIGNED = r"(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?"
+_NUMBER = re.compile(rf"[+-]?{_UNSIGNED}")
 # The same numbers found inside text; a sign counts only right before the digits and not after a digit or a
 # letter ("8-2" is 8 and 2, "x-3" is 3), a decimal point only between digits ("6." at the end of a sentence is 6).
-_NUMBER_IN_TEXT = re.compile(r"(?<![\w.])[+-]?\d+(?:\.\d+)?|(?<=[\w.])\d+(?:\.\d+)?")
+_NUMBER_IN_TEXT = re.compile(rf"(?<![\w.])[+-]?{_UNSIGNED}|(?<=[\w.]){_UNSIGNED}")
 #: The longest text read as a number: Python converts at most 4,300 digits to an int (Fraction does), so a longer
 #: answer would fail mid-run and a longer completion would make the verifier raise instead of scoring 0.
 MAX_NUMBER_CHARS = 4000
@@ -50,18 +54,19 @@ class RewardSpecError(ValueError):
 
 
 def parse_number(text: str) -> Fraction | None:
-    """The exact value of a plain decimal number (``-12``, ``3.50``) of at most :data:`MAX_NUMBER_CHARS`
-    characters, or None for anything else."""
+    """The exact value of a plain decimal number (``-12``, ``3.50``, ``2,056`` = 2056) of at most
+    :data:`MAX_NUMBER_CHARS` characters, written in ASCII digits, or None for anything else."""
     if len(text) > MAX_NUMBER_CHARS or _NUMBER.fullmatch(text) is None:
         return None
-    return Fraction(text)
+    return Fraction(text.replace(",", ""))
 
 
 def exact_numeric(prompt: Prompt, completion: Completion, *, partial_credit: float = 0.0) -> float:
     """1.0 iff the completion stopped and ``completion.text.strip()`` is a number equal to ``prompt.answer``.
 
-    Numbers compare exactly (``Fraction``), so ``"12"`` and ``"12.0"`` are equal. Any other text
-    (a ``<pad>``, a space inside the number, a word) scores 0.
+    Numbers compare exactly (``Fraction``), so ``"12"`` and ``"12.0"`` are equal, and ``"1,000"`` is 1000
+    (:func:`parse_number`). Any other text (a ``<pad>``, a space inside the number, a word, digits of another
+    script) scores 0.
 
     ``partial_credit = p`` (0 ≤ p ≤ 1, default 0) gives a wrong but well-formed answer
     ``p × (matching characters / len(answer))`` when its text has exactly the answer's length,
@@ -75,8 +80,8 @@ def exact_numeric(prompt: Prompt, completion: Completion, *, partial_credit: flo
     if expected is None:
         raise ValueError(
             f"exact_numeric: prompt {prompt.uid} has answer {prompt.answer[:80]!r}, which is not a plain number "
-            f"(digits with an optional sign and decimal point, at most {MAX_NUMBER_CHARS} characters); "
-            "use another reward function (e.g. math_verify or a custom 'module:function')"
+            f"(ASCII digits with an optional sign, thousands commas and decimal point, at most {MAX_NUMBER_CHARS} "
+            "characters); use another reward function (e.g. math_verify or a custom 'module:function')"
         )
     text = completion.text.strip()
     got = parse_number(text)
@@ -95,16 +100,17 @@ def final_number(prompt: Prompt, completion: Completion) -> float:
     """1.0 iff the completion stopped and the last number in its text equals ``prompt.answer``.
 
     For replies that show their working before the answer ("7 * 8 = 56", "The answer is 56."): the numbers
-    are the plain decimals in the text (:func:`parse_number`), compared exactly; a sign belongs to a number
-    only where nothing but space or punctuation precedes it ("8-2" holds 8 and 2). A reply without a number,
-    one whose last number is longer than :data:`MAX_NUMBER_CHARS`, or one cut at ``max_new_tokens``, scores 0.
+    are the plain decimals in the text (:func:`parse_number`: ASCII digits, "2,056" one number), compared exactly;
+    a sign belongs to a number only where nothing but space or punctuation precedes it ("8-2" holds 8 and 2). A
+    reply without a number, one whose last number is longer than :data:`MAX_NUMBER_CHARS`, or one cut at
+    ``max_new_tokens``, scores 0.
     """
     expected = parse_number(prompt.answer.strip())
     if expected is None:
         raise ValueError(
             f"final_number: prompt {prompt.uid} has answer {prompt.answer[:80]!r}, which is not a plain number "
-            f"(digits with an optional sign and decimal point, at most {MAX_NUMBER_CHARS} characters); "
-            "use another reward function (e.g. math_verify or a custom 'module:function')"
+            f"(ASCII digits with an optional sign, thousands commas and decimal point, at most {MAX_NUMBER_CHARS} "
+            "characters); use another reward function (e.g. math_verify or a custom 'module:function')"
         )
     if completion.finish_reason != "stop":
         return 0.0

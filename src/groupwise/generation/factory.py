@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from groupwise.generation.base import Generator, OwnsEngine, RequestStream, StreamingGenerator, StreamSupport
 from groupwise.plugins import PluginImportError, import_plugin
-from groupwise.types import SamplingParams
+from groupwise.types import Completion, GenerationRequest, SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -53,6 +53,11 @@ def _vllm(spec: GeneratorSpec) -> Generator:
     return build_vllm_generator(spec)
 
 
+class BackendPluginError(ValueError):
+    """A plug-in ``generation.backend`` factory that raised, or returned something that is not a Generator; the
+    message names the backend and what happened (the trainer reports it as a config error on that key)."""
+
+
 BACKENDS: dict[str, Callable[[GeneratorSpec], Generator]] = {
     "builtin": _builtin,
     "vllm": _vllm,
@@ -61,21 +66,59 @@ BACKENDS: dict[str, Callable[[GeneratorSpec], Generator]] = {
 
 def build_generator(spec: GeneratorSpec) -> Generator:
     """The generator of ``spec.generation.backend``: a shipped one, or a plug-in factory ``package.module:function``
-    (called with ``spec``; it must return a :class:`Generator`)."""
+    (called with ``spec``; it must return a :class:`Generator`). A plug-in factory that raises, or returns anything
+    else, raises :class:`BackendPluginError` with its own message."""
     name = spec.generation.backend
     build = BACKENDS.get(name)
-    if build is None:
-        factory = import_plugin(name, "generation backend")
-        if not callable(factory):
-            raise PluginImportError(f"generation backend {name!r}: it is a {type(factory).__name__}, not callable")
-        build = cast("Callable[[GeneratorSpec], Generator]", factory)
-    generator = build(spec)
+    if build is not None:
+        return _checked(name, build(spec))
+    factory = import_plugin(name, "generation backend")
+    if not callable(factory):
+        raise PluginImportError(f"generation backend {name!r}: it is a {type(factory).__name__}, not callable")
+    try:
+        generator = factory(spec)
+    except Exception as exc:  # the user's factory: its failure is theirs to fix, reported as such
+        raise BackendPluginError(
+            f"generation backend {name!r}: the factory raised {type(exc).__name__}: {exc}"
+        ) from exc
+    return _checked(name, generator)
+
+
+def _checked(name: str, generator: object) -> Generator:
     if not isinstance(generator, Generator):
-        raise TypeError(
+        raise BackendPluginError(
             f"generation backend {name!r} returned a {type(generator).__name__}, which is not a Generator (it needs "
             "version, generate and load_weights: groupwise.generation.base.Generator)"
         )
     return generator
+
+
+class GeneratedCountError(RuntimeError):
+    """A generator that returned another number of completions than its requests asked for."""
+
+
+def checked_outputs(
+    generator: Generator, requests: Sequence[GenerationRequest], outputs: list[list[Completion]]
+) -> list[list[Completion]]:
+    """``outputs`` of ``generator.generate(requests)`` when they hold one list per request and ``num_samples``
+    completions in each, as the Generator contract says; else a :class:`GeneratedCountError` naming the generator
+    and what it returned (a short group would otherwise surface far downstream, as a group too small to train)."""
+    counts = [len(per_request) for per_request in outputs] if isinstance(outputs, list) else None
+    asked = [request.num_samples for request in requests]
+    if counts == asked:
+        return outputs
+    what = type(generator).__name__
+    if counts is None or len(counts) != len(asked):
+        got = f"a {type(outputs).__name__}" if counts is None else f"{len(counts)} list(s)"
+        raise GeneratedCountError(f"the generator {what} returned {got} for {len(asked)} request(s); it must "
+                                  "return one list of completions per request")
+    index = next(i for i, (c, a) in enumerate(zip(counts, asked, strict=True)) if c != a)
+    short = sum(c != a for c, a in zip(counts, asked, strict=True))
+    raise GeneratedCountError(
+        f"the generator {what} returned {counts[index]} completion(s) for request {index}, which asked for "
+        f"{asked[index]} ({short} of {len(asked)} request(s) got another count than asked); a generator returns "
+        "exactly num_samples completions per request"
+    )
 
 
 def stream_support(generator: Generator) -> StreamSupport:

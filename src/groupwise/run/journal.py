@@ -3,7 +3,8 @@ reader.
 
 :func:`append_line` writes each line with one ``os.write`` on an ``O_APPEND`` descriptor, so the line lands whole,
 after everything already there. A process killed during a write can still leave a torn last line (no newline, not
-valid JSON); :func:`read_json_lines` skips that line with a warning. Any other unreadable line means the file is
+valid JSON); :func:`read_json_lines` skips that line with a warning (one plain line on stderr through
+:mod:`logging`, not a Python ``UserWarning`` with its source line). Any other unreadable line means the file is
 corrupted and raises, naming the file and the line number. No torch import: the audit uses it.
 
 Every run file is opened with :func:`open_run_file`, which never follows a symbolic link: a link planted in a run
@@ -16,11 +17,15 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
+_warned_torn: set[tuple[str, str]] = set()
+"""The torn lines already reported, as ``(path, fragment)``."""
 
 
 def read_json_lines(path: str | Path) -> Iterator[tuple[int, str, Any]]:
@@ -34,7 +39,11 @@ def read_json_lines(path: str | Path) -> Iterator[tuple[int, str, Any]]:
             value = json.loads(piece)
         except json.JSONDecodeError as err:
             if number == len(pieces):  # after the last newline: a torn write
-                warnings.warn(f"{path}: ignoring torn last line {number} ({err})", stacklevel=3)
+                if (str(path), piece) in _warned_torn:  # a command reading one file twice says it once
+                    continue
+                _warned_torn.add((str(path), piece))
+                logger.warning("warning: %s: ignoring its torn last line %d (%d characters cut mid-write, e.g. by a "
+                               "killed run)", path, number, len(piece))
                 continue
             raise ValueError(f"{path} line {number} is not valid JSON ({err}); the file is corrupted") from err
         yield number, piece, value

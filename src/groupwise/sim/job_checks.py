@@ -38,7 +38,28 @@ def check_job(cfg: RunConfig) -> list[ConfigIssue]:
         for path, value in changed_fields(toy, "sim")
     ]  # fmt: skip
     issues.extend(check_cluster(job, cfg.mode))
+    issues.extend(check_lengths(job))
     return issues
+
+
+def check_lengths(job: JobSection) -> list[ConfigIssue]:
+    """``lengths.max_tokens`` at least the median completion length (``median_tokens``, and ``final_median_tokens``
+    when the median drifts): a cap below the median truncates more than half of the completions, so the simulated
+    lengths would be the cap's, not the log-normal the section describes."""
+    lengths = job.lengths
+    medians = {"sim.job.lengths.median_tokens": lengths.median_tokens,
+               "sim.job.lengths.final_median_tokens": lengths.final_median_tokens}  # fmt: skip
+    over = {key: median for key, median in medians.items() if median is not None and median > lengths.max_tokens}
+    if not over:
+        return []
+    named = " and ".join(f"{key} = {median:g}" for key, median in over.items())
+    return [ConfigIssue(
+        "sim.job.lengths.max_tokens", lengths.max_tokens,
+        f"the completion cap is below the median completion length ({named}): more than half of the completions "
+        "would be cut at the cap, so the lengths simulated would not be the ones described",
+        f"raise sim.job.lengths.max_tokens to at least {max(over.values()):g} (it caps the completion alone, not "
+        "prompt + completion), or lower the median",
+    )]  # fmt: skip
 
 
 def check_cluster(job: JobSection, mode: str) -> list[ConfigIssue]:

@@ -33,6 +33,7 @@ from groupwise.sim.job_checks import check_job
 from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
 from groupwise.sim.summary import summarize
 from groupwise.sim.workload import SimWorkload
+from groupwise.trainer.preflight import prompt_count_issues
 from groupwise.types import Group
 
 if TYPE_CHECKING:
@@ -105,6 +106,8 @@ def simulation_issues(cfg: RunConfig, workload: SimWorkload) -> list[ConfigIssue
     """Everything the simulation refuses in ``cfg``, each key once (the job checks name the toy failure keys too)."""
     issues = check_sync_workload(workload) if cfg.mode == "sync" else check_async_workload(cfg, workload)
     issues.extend(check_engine_keys(cfg))
+    # the simulated prompts feed the real loader: fewer than one round takes would put a prompt twice in a step
+    issues.extend(prompt_count_issues(cfg, workload.num_prompts, f"raise sim.num_prompts (now {workload.num_prompts})"))
     job_issues = check_job(cfg)
     named = {issue.path for issue in job_issues}
     return [issue for issue in issues if issue.path not in named] + job_issues

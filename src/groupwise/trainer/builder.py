@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from groupwise.config import ConfigError, ConfigIssue
+from groupwise.config.issues import warning_line
 from groupwise.data.loader import PromptLoader
 from groupwise.data.registry import Task
 from groupwise.data.reward_timeout import with_timeout
 from groupwise.data.rewards import RewardFn
 from groupwise.generation.base import Generator, StreamSupport
-from groupwise.generation.factory import GeneratorSpec, build_generator, stream_support
+from groupwise.generation.factory import BackendPluginError, GeneratorSpec, build_generator, stream_support
 from groupwise.model.gguf_files import cache_root
 from groupwise.model.loading import Policy, eos_token_ids, load_policy, pretrained, resolve_device
 from groupwise.model.lora import LoraSetupError, apply_lora, lora_config, untargeted_parameters
@@ -177,6 +178,7 @@ def build_components(
     Raises :class:`ConfigError` for anything wrong with the inputs, the model included, before returning.
     ``phases`` prints the loading lines (stderr by default).
     """
+    checked_here = inputs is None  # else the caller printed what the checks warned about
     inputs = inputs or check_inputs(cfg, training=False)
     policy = _load_policy_reported(cfg, phases or PhaseLog())
     # Sync mode alternates generation and training, so the engine can sample from the learner's own model.
@@ -186,7 +188,7 @@ def build_components(
         engine_model = generator_copy(policy.model, weights_shared_with_engine(cfg, policy.model))
     else:
         engine_model = policy.model
-    engine = build_generator(GeneratorSpec(
+    engine = _build_engine(GeneratorSpec(
         cfg.generation, cfg.model, engine_model, policy.tokenizer, eos_token_ids(policy.tokenizer, policy.model)
     ))  # fmt: skip
     reward_fn = with_timeout(inputs.reward_fn, cfg.reward.timeout_s)  # bounded per call when configured
@@ -205,7 +207,7 @@ def build_components(
     report = _check_prompts(cfg, inputs.task, policy, rollouts)
     if report.issues:
         raise ConfigError(report.issues)
-    notes = list(report.notes)
+    notes = list(report.notes) + ([warning_line(w) for w in inputs.warnings] if checked_here else [])
     off = StreamSupport(False, "generation.continuous_batching is off")
     streaming = stream_support(engine) if cfg.generation.continuous_batching else off
     if cfg.generation.continuous_batching and not streaming.available:
@@ -220,6 +222,19 @@ def build_components(
         logger.warning(note)
     return Components(policy=policy, engine=engine, streaming=streaming, task=inputs.task, reward_fn=reward_fn,
                       rollouts=rollouts, notes=notes)
+
+
+def _build_engine(spec: GeneratorSpec) -> Generator:
+    """The generator, or a :class:`ConfigError` naming ``generation.backend`` when a plug-in factory raised or
+    returned something else than a generator (it needs the loaded model, so this is the first moment it can be
+    known)."""
+    try:
+        return build_generator(spec)
+    except BackendPluginError as exc:
+        raise ConfigError([ConfigIssue(
+            "generation.backend", spec.generation.backend, str(exc),
+            "fix the factory so it returns a Generator for this GeneratorSpec, or set generation.backend: builtin",
+        )]) from exc
 
 
 def _load_policy_reported(cfg: RunConfig, phases: PhaseLog) -> Policy:

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from groupwise.data.scoring import score_completions
+from groupwise.generation.factory import checked_outputs
 from groupwise.seeding import derive_seed
 from groupwise.types import GenerationRequest, Prompt, SamplingParams
 
@@ -57,7 +58,7 @@ def _fraction_correct(
     for start in range(0, len(prompts), batch):
         chunk = prompts[start : start + batch]
         requests = [GenerationRequest(rollouts.encode(p), k, derive_seed("eval", cfg.run.seed, p.uid)) for p in chunk]
-        outputs = engine.generate(requests, sampling)
+        outputs = checked_outputs(engine, requests, engine.generate(requests, sampling))
         for prompt, completions in zip(chunk, outputs, strict=True):
             rewards = score_completions(rollouts.reward_fn, prompt, completions, rollouts.reward_kwargs)
             solved += any(r >= CORRECT_REWARD for r in rewards)

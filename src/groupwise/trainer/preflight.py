@@ -10,7 +10,9 @@ The schema checks what a config says; this checks what it points at:
 - the task builds: JSONL files exist and every bad line is listed (up to 20 per file), a generated task has
   enough distinct items; a generation round never takes more prompts than the training set holds (the same
   prompt would be trained twice in one step);
-- ``generation.backend`` can be built: a plug-in factory imports, the ``vllm`` package is installed for ``vllm``;
+- ``generation.backend`` can be built: a plug-in factory imports and takes one argument, the ``vllm`` package is
+  installed for ``vllm`` and knows every name in ``generation.vllm.engine_args`` (checked only when it is set:
+  that imports vLLM);
 - ``model.path`` is a model directory (or GGUF file) that exists, resolved against the working directory; a
   path that does not exist is an error naming the directory it was resolved against, never a Hugging Face Hub
   download (a Hub id is accepted only when it is already in the local cache); its ``config.json`` is a JSON object,
@@ -20,26 +22,29 @@ The schema checks what a config says; this checks what it points at:
   (``--resume``), whether ``--resume-from`` is a complete checkpoint, and whether the checkpoint it continues from
   is within ``run.max_steps``.
 
-Imports no torch (but to ask whether ``model.device: cuda`` exists): ``config check`` stays fast.
+Imports no torch (but to ask whether ``model.device: cuda`` exists, and vLLM for its engine argument names when
+``generation.vllm.engine_args`` is set): ``config check`` stays fast.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pydantic import BaseModel
+
 from groupwise.config import ConfigError, ConfigIssue
-from groupwise.config.generation_schema import GENERATION_BACKENDS
 from groupwise.config.sections import BUNDLED_GGUF_PATH
 from groupwise.data.jsonl_dataset import DatasetError, load_jsonl_prompts
 from groupwise.data.registry import TASKS, Task, build_task, prompt_sources, task_config_key
 from groupwise.data.rewards import RewardFn, RewardSpecError, check_reward_kwargs, load_reward_fn
-from groupwise.optional_packages import VLLM_INSTALL_HINT, vllm_unavailable
-from groupwise.plugins import PluginImportError, import_plugin
+from groupwise.plugins import PluginImportError
 from groupwise.run.rundir import location_problems, start_problems
+from groupwise.trainer.backend_checks import backend_checks
 from groupwise.trainer.model_folder import device_issues, model_folder_issues
 from groupwise.trainer.reward_checks import reward_trial_issues
+from groupwise.trainer.split_checks import check_splits
 from groupwise.types import Prompt
 
 if TYPE_CHECKING:
@@ -48,10 +53,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Inputs:
-    """What the checks built on the way and the run reuses: the task (its prompts) and the reward function."""
+    """What the checks built on the way and the run reuses: the task (its prompts) and the reward function, and the
+    warnings to print with the config's own."""
 
     task: Task
     reward_fn: RewardFn
+    warnings: list[ConfigIssue] = field(default_factory=list)
+    """What the checks found worth saying without refusing (eval prompts that training also sees)."""
 
 
 def check_inputs(cfg: RunConfig, *, training: bool = True) -> Inputs:
@@ -114,6 +122,11 @@ def input_issues(cfg: RunConfig, *, training: bool, location: bool) -> tuple[Inp
     issues.extend(device_issues(cfg))
     task, task_issues = _task(cfg)
     issues.extend(task_issues)
+    warnings: list[ConfigIssue] = []
+    if task is not None:
+        split_issues, warnings = _split_issues(cfg, task)
+        issues.extend(split_issues)
+        task = None if split_issues else task  # its splits cannot be read: nothing else to check on them
     if training and task is not None:
         issues.extend(prompt_count_issues(cfg, len(task.train_prompts())))
     if training:
@@ -124,10 +137,12 @@ def input_issues(cfg: RunConfig, *, training: bool, location: bool) -> tuple[Inp
     if task is not None and reward_fn is not None and not reward_issues:
         issues.extend(reward_trial_issues(cfg, reward_fn, prompt_splits(cfg, task)))
     issues.extend(_sampler_issues(cfg))
-    issues.extend(_backend_issues(cfg))
+    backend_issues, backend_warnings = backend_checks(cfg)
+    issues.extend(backend_issues)
+    warnings.extend(backend_warnings)
     if location:
         issues.extend(location_problems(cfg.run.output_dir, cfg.run.name))
-    inputs = None if task is None or reward_fn is None else Inputs(task=task, reward_fn=reward_fn)
+    inputs = None if task is None or reward_fn is None else Inputs(task=task, reward_fn=reward_fn, warnings=warnings)
     return inputs, issues
 
 
@@ -223,6 +238,29 @@ def _task(cfg: RunConfig) -> tuple[Task | None, list[ConfigIssue]]:
     return task, []
 
 
+def _split_issues(cfg: RunConfig, task: Task) -> tuple[list[ConfigIssue], list[ConfigIssue]]:
+    """``(issues, warnings)`` of the task's splits (:mod:`groupwise.trainer.split_checks`), named by the key the
+    prompts come from (``data.task`` for a plug-in task)."""
+    report = check_splits(task.train_prompts, task.eval_prompts)
+    train_key, eval_key = prompt_sources(cfg.data)["train"], prompt_sources(cfg.data)["eval"]
+    issues = [ConfigIssue(train_key, _setting(cfg, train_key), problem, "make train_prompts() and eval_prompts() "
+                          "return lists of groupwise.types.Prompt with unique uids (docs/datasets.md)")
+              for problem in report.problems]  # fmt: skip
+    warnings = [] if report.overlap is None else [ConfigIssue(
+        eval_key, _setting(cfg, eval_key), report.overlap,
+        "hold out prompts the training split does not hold (another eval file, or a task whose splits are disjoint)",
+    )]  # fmt: skip
+    return issues, warnings
+
+
+def _setting(cfg: RunConfig, key: str) -> object:
+    """The value of the config key ``key`` (``data.task``, ``data.jsonl.train_path``, ``data.addition``)."""
+    value: object = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value.model_dump() if isinstance(value, BaseModel) else value
+
+
 def prompt_splits(cfg: RunConfig, task: Task) -> dict[str, tuple[str, list[Prompt]]]:
     """``{split: (the config key its prompts come from, prompts)}`` for the train and held-out splits."""
     sources = prompt_sources(cfg.data)
@@ -256,12 +294,13 @@ def _dataset_issues(jsonl: JsonlSection, error: DatasetError) -> list[ConfigIssu
     return issues
 
 
-def prompt_count_issues(cfg: RunConfig, num_train: int) -> list[ConfigIssue]:
+def prompt_count_issues(cfg: RunConfig, num_train: int, more: str = "use more training prompts") -> list[ConfigIssue]:
     """A generation round takes at most as many prompts as the training set holds.
 
     One round of a step takes ``ceil(P × batch_multiplier)`` prompts in sync mode (P with dynamic sampling off) and
     a step P prompts in async mode; more than the ``num_train`` prompts there are would put the same prompt twice in
-    one step (the loader starts the next epoch inside it).
+    one step (the loader starts the next epoch inside it). ``more`` says how to get more prompts (``groupwise
+    simulate``: raise ``sim.num_prompts``).
     """
     per_round = cfg.prompts_per_generation_round if cfg.mode == "sync" else cfg.grpo.num_prompts_per_step
     if per_round <= num_train:
@@ -275,7 +314,7 @@ def prompt_count_issues(cfg: RunConfig, num_train: int) -> list[ConfigIssue]:
         f"a step takes {what} but the training set holds only {num_train} prompts, so the same prompt would be "
         "trained twice in one step",
         f"lower grpo.num_prompts_per_step (and the batch multiplier) so a round takes at most {num_train} prompts, "
-        "or use more training prompts",
+        f"or {more}",
     )]
 
 
@@ -313,25 +352,6 @@ def _sampler_issues(cfg: RunConfig) -> list[ConfigIssue]:
         return []
     return [ConfigIssue("async.sampler.kwargs", dict(sampler.kwargs), problem,
                         f"use only the keyword arguments {cls.__name__} takes")]
-
-
-def _backend_issues(cfg: RunConfig) -> list[ConfigIssue]:
-    """A plug-in ``generation.backend`` must import and be callable; ``vllm`` needs the vllm package installed (the
-    shipped backends are built with the model)."""
-    backend = cfg.generation.backend
-    if backend == "vllm":
-        missing = vllm_unavailable()
-        return [] if missing is None else [ConfigIssue("generation.backend", backend, missing, VLLM_INSTALL_HINT)]
-    if backend in GENERATION_BACKENDS:
-        return []
-    try:
-        factory = import_plugin(backend, "generation backend")
-    except PluginImportError as exc:
-        return [ConfigIssue("generation.backend", backend, str(exc), "name an importable 'package.module:function'")]
-    if callable(factory):
-        return []
-    return [ConfigIssue("generation.backend", backend, f"it is a {type(factory).__name__}, not callable",
-                        "name a function that takes a GeneratorSpec and returns a Generator")]
 
 
 # --- resuming ---------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from groupwise.algo.reward_shaping import overlong_penalty, scale_rewards
 from groupwise.data.scoring import RewardError, score_completions
 from groupwise.generation.base import Generator
+from groupwise.generation.factory import checked_outputs
 from groupwise.model.encode import encode_prompt
 from groupwise.seeding import request_seed
 from groupwise.types import (
@@ -127,7 +128,8 @@ class RolloutWorker:
         requests = [self.request_for(item, attempt) for item, attempt in zip(items, attempts, strict=True)]
         outputs: list[list[Completion]] = []
         for start in range(0, len(requests), self.max_groups_per_call):
-            outputs += self.generator.generate(requests[start : start + self.max_groups_per_call], self.sampling)
+            chunk = requests[start : start + self.max_groups_per_call]
+            outputs += checked_outputs(self.generator, chunk, self.generator.generate(chunk, self.sampling))
         end_version = self.generator.version
         return [
             self.score_group(item, group_id, attempt, request, completions, start_version, end_version)
