@@ -37,7 +37,7 @@ from groupwise.algo.mismatch import mismatch_stats, on_policy_tokens
 from groupwise.batch import RowBatch
 from groupwise.config.algorithm import LossSection, OptimizerSection
 from groupwise.model.completion_scorer import CompletionScorer, ScoredRows
-from groupwise.rows import pad_right, span_versions
+from groupwise.rows import pad_right, span_versions, trainable_mask
 from groupwise.trainer.finite import NonFiniteTrainingError, check_finite_step
 from groupwise.trainer.micro_batches import (
     micro_batches_by_rows,
@@ -169,7 +169,9 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             self._step = _OpenStep()
         step = self._step
-        step.train_tokens += sum(len(c) for c in rows["completion_ids"])
+        step.train_tokens += sum(len(c) for c in rows["completion_ids"]) - sum(
+            length for spans in rows["env_spans"] for _, length in spans
+        )
         if self.settings.updates_per_step == 1:
             self.model.train()
             self._train_micro_batches(self._micro_batches(rows))
@@ -246,6 +248,9 @@ class Learner:
         scored = self._score(micro)
         logprobs, mask = scored.logprobs, scored.mask
         device = logprobs.device
+        spans = micro.sequence("env_spans")
+        if any(spans):  # an episode's environment tokens: no gradient, and out of every count and statistic
+            mask = mask & trainable_mask(spans, mask.shape[1]).to(device)
         if ref is None and loss_cfg.kl_coef > 0:
             ref = self._reference_logprobs(micro)
         old = logprobs.detach() if prev is None else prev  # π_old: the step's weights, version self.version

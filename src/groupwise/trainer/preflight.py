@@ -38,6 +38,7 @@ from groupwise.data.rewards import RewardFn, RewardSpecError, check_reward_kwarg
 from groupwise.optional_packages import VLLM_INSTALL_HINT, vllm_unavailable
 from groupwise.plugins import PluginImportError, import_plugin
 from groupwise.run.rundir import location_problems, start_problems
+from groupwise.trainer.episode_checks import EnvironmentSpec, episode_environment
 from groupwise.trainer.model_folder import device_issues, model_folder_issues
 from groupwise.trainer.reward_checks import reward_trial_issues
 from groupwise.types import Prompt
@@ -52,6 +53,7 @@ class Inputs:
 
     task: Task
     reward_fn: RewardFn
+    environment: EnvironmentSpec | None = None
 
 
 def check_inputs(cfg: RunConfig, *, training: bool = True) -> Inputs:
@@ -121,13 +123,15 @@ def input_issues(cfg: RunConfig, *, training: bool, location: bool) -> tuple[Inp
         issues.extend(tracker_issues(cfg))
     reward_fn, reward_issues = _reward(cfg, task)
     issues.extend(reward_issues)
-    if task is not None and reward_fn is not None and not reward_issues:
+    environment, environment_issues = episode_environment(cfg)
+    issues.extend(environment_issues)
+    if task is not None and reward_fn is not None and not reward_issues and environment is None:
         issues.extend(reward_trial_issues(cfg, reward_fn, prompt_splits(cfg, task)))
     issues.extend(_sampler_issues(cfg))
     issues.extend(_backend_issues(cfg))
     if location:
         issues.extend(location_problems(cfg.run.output_dir, cfg.run.name))
-    inputs = None if task is None or reward_fn is None else Inputs(task=task, reward_fn=reward_fn)
+    inputs = None if task is None or reward_fn is None else Inputs(task, reward_fn, environment)
     return inputs, issues
 
 

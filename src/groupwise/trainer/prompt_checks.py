@@ -46,16 +46,18 @@ def check_prompts(
     positions: int | None,
     max_new_tokens: int,
     splits: Mapping[str, tuple[str, Sequence[Prompt]]],
+    renders_chats: bool | None = None,
 ) -> PromptReport:
     """Check every prompt of ``splits`` (``{split: (config key of its source, prompts)}``).
 
     ``encode`` is what generation uses (system prompt and chat template included); ``positions`` is the model's
-    longest sequence (``None``: unknown, not checked).
+    longest sequence (``None``: unknown, not checked); ``renders_chats`` whether chat prompts can be rendered
+    (``None``: whether the tokenizer has a chat template).
     """
     report = PromptReport()
     unk = getattr(tokenizer, "unk_token_id", None)
     special = set(getattr(tokenizer, "all_special_ids", ()) or ()) - {unk}  # an unknown character is content
-    renders_chats = has_chat_template(tokenizer)
+    renders_chats = has_chat_template(tokenizer) if renders_chats is None else renders_chats
     for split, (key, prompts) in splits.items():
         chats = [prompt.uid for prompt in prompts if prompt.messages is not None and not renders_chats]
         if chats:

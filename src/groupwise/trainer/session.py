@@ -63,6 +63,7 @@ TRAIN_DATA_COLUMNS = (
     "generation_logprobs",
     "start_version",
     "version_spans",
+    "env_spans",
 )
 
 
