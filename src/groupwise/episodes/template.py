@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 PLAIN_CHAT_TEMPLATE = (
     "{%- for m in messages -%}{{ m['role'] }}: {{ m['content'] }}"
-    "{%- if m['role'] == 'assistant' -%}{{ eos_token }}{%- endif %}\n{% endfor -%}"
+    "{%- if m['role'] == 'assistant' -%}{{ eos_token }}{%- endif -%}{{ '\\n' }}{%- endfor -%}"
     "{%- if add_generation_prompt -%}assistant: {% endif -%}"
 )
 """``episode.chat_template: plain``: ``role: content`` lines, an assistant turn ending with the EOS token. For a
