@@ -41,7 +41,7 @@ def observation_fits_the_budget(cfg: RunConfig) -> Iterator[ConfigIssue]:
         )  # fmt: skip
 
 
-@rule("episode", "mode", "async")
+@rule("episode", "mode", "async_")
 def episodes_without_partial_rollouts(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """Episodes generate turn by turn between environment steps; async.partial_rollouts: continue (weights swapped
     inside a running decode loop, resumed mid-row) does not apply to them yet."""

@@ -226,7 +226,7 @@ def one_generation_trains_nothing(cfg: RunConfig) -> Iterator[ConfigIssue]:
         )
 
 
-@rule("grpo", "reward", "data")
+@rule("grpo", "reward", "data", "episode")
 def zero_variance_tol_below_the_reward_range(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """With dynamic sampling and a built-in reward (every built-in scores in [0, 1]),
     grpo.dynamic_sampling.zero_variance_tol < 1: at 1 or more every group counts as zero-variance and is filtered."""
