@@ -266,7 +266,7 @@ def _check_prompts(
         return check_prompts(rollouts.encode, policy.tokenizer, positions, cfg.generation.max_new_tokens, splits)
     # An episode opens with the prompt as its user turn (the environment may add to it) and may run its whole budget.
     return check_prompts(episodes.renderer.prompt_opening, policy.tokenizer, positions, episodes.limits.max_tokens,
-                         splits, renders_chats=True)  # fmt: skip
+                         splits, renders_chats=True, budget_key="episode.max_tokens")  # fmt: skip
 
 
 def build_session(
