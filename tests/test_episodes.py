@@ -15,7 +15,8 @@ Invariants pinned:
   environment, the prompt and the sample, and the tokens its episodes had sampled charged to it;
 - tools: every way a tool call can go wrong is an error message the model reads, counted in ``tool_errors``;
 - an episode samples the same tokens whether its group runs alone or with others (seeds per sample and turn);
-- a group whose episodes open differently keeps the shared part as its prompt and the rest as environment tokens.
+- a group whose episodes open differently keeps the shared part as its prompt and the rest as environment tokens;
+- an episode group (trainable flags, episode records) comes back from its checkpoint form unchanged.
 """
 
 from __future__ import annotations
@@ -364,3 +365,17 @@ def test_a_group_keeps_the_shared_opening_as_its_prompt_and_the_rest_as_environm
         assert lead > 0 and tuple(opening) == group.prompt_token_ids + completion.token_ids[:lead]
         assert not any(completion.trainable[:lead]) and completion.trainable[lead:] == (True, True)
         assert completion.num_tokens == 2 and completion.episode is not None and completion.episode.turns == 1
+
+
+def test_an_episode_group_survives_a_checkpoint_round_trip():
+    from groupwise.trainer.rollout import RolloutWorker
+    from groupwise.types import group_from_dict, group_to_dict
+
+    generator = ScriptedGenerator(lambda context, seed: chars(str(seed % 7 + 1)) + [EOS])
+    worker = RolloutWorker(generator, TOKENIZER, lambda *a: 0.0, SAMPLING, group_size=2, run_seed=0,
+                           episodes=settings(max_turns=2))  # fmt: skip
+    [group] = worker.generate_group_outcomes([LoadedPrompt(game("p", 3), 0, 0)], [5])
+    restored = group_from_dict(group_to_dict(group))
+    assert restored == group
+    assert [c.trainable for c in restored.completions] == [c.trainable for c in group.completions]
+    assert any(not flag for c in restored.completions for flag in c.trainable)
