@@ -74,6 +74,14 @@ def run_episode_groups(
     return [g.episodes if g.error is None else _charged(g.error, g.episodes) for g in groups]
 
 
+def episode_opening(settings: EpisodeSettings, prompt: Prompt, sample_index: int = 0) -> tuple[int, ...]:
+    """The tokens an episode of ``prompt`` opens with (its environment's opening messages, tools offered, the
+    generation prompt): what a warm start on first turns trains from."""
+    env = settings.factory()
+    messages = checked_messages(env.reset(prompt, sample_index), "reset()")
+    return tuple(settings.renderer.opening(settings.renderer.offer_tools(messages)))
+
+
 def turn_seed(group_seed: int, sample_index: int, turn: int) -> int:
     """The seed of one episode turn's request: ``derive_seed("episode-turn", group seed, sample, turn)``."""
     return derive_seed("episode-turn", group_seed, sample_index, turn)

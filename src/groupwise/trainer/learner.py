@@ -170,7 +170,7 @@ class Learner:
             self._step = _OpenStep()
         step = self._step
         step.train_tokens += sum(len(c) for c in rows["completion_ids"]) - sum(
-            length for spans in rows["env_spans"] for _, length in spans
+            length for spans in _env_spans(rows) for _, length in spans
         )
         if self.settings.updates_per_step == 1:
             self.model.train()
@@ -248,7 +248,7 @@ class Learner:
         scored = self._score(micro)
         logprobs, mask = scored.logprobs, scored.mask
         device = logprobs.device
-        spans = micro.sequence("env_spans")
+        spans = _env_spans(micro)
         if any(spans):  # an episode's environment tokens: no gradient, and out of every count and statistic
             mask = mask & trainable_mask(spans, mask.shape[1]).to(device)
         if ref is None and loss_cfg.kl_coef > 0:
@@ -375,3 +375,8 @@ class Learner:
         prev = self._score(micro, with_entropy=False).logprobs
         ref = self._reference_logprobs(micro) if self.settings.loss.kl_coef > 0 else None
         return prev, ref
+
+
+def _env_spans(rows: RowBatch) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """The rows' ``env_spans`` (:func:`groupwise.rows.env_spans`); rows without the column have none."""
+    return rows.sequence("env_spans") if "env_spans" in rows else ()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from groupwise.algo.reward_shaping import overlong_penalty, scale_rewards
 from groupwise.data.scoring import RewardError, score_completions
-from groupwise.episodes.lockstep import EpisodeSettings, run_episode_groups
+from groupwise.episodes.lockstep import EpisodeSettings, episode_opening, run_episode_groups
 from groupwise.generation.base import Generator
 from groupwise.model.encode import encode_prompt
 from groupwise.seeding import request_seed
@@ -85,7 +85,9 @@ class RolloutWorker:
 
     def encode(self, prompt: Prompt) -> tuple[int, ...]:
         ids = self._encoded.get(prompt.uid)
-        if ids is None:
+        if ids is None and self.episodes is not None:  # what an episode's first turn continues (sample 0's)
+            ids = episode_opening(self.episodes, prompt)
+        elif ids is None:
             ids = encode_prompt(self.tokenizer, prompt, self.system_prompt)
             self._encoded[prompt.uid] = ids
         return ids
