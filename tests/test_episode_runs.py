@@ -7,6 +7,8 @@ Invariants pinned:
 - the learner trains only the model's tokens: ``perf/train_tokens`` is the sum of the rows' sampled tokens, and
   the async step's accounting balances (groups trained + dropped = P);
 - ``episode/*`` metrics describe the trained episodes (turn counts, how each ended);
+- ``groupwise audit --replay-episodes`` replays every trained episode into a fresh environment and finds a row
+  whose recorded turns do not give its answers and rewards;
 - the environment's tokens get no gradient: changing their recorded logprobs changes nothing, while training
   them as if sampled would change the gradient;
 - config mistakes about episodes are all reported at once by ``config check`` (exit 2), naming each key.
@@ -83,7 +85,7 @@ def check_rows(session, step: int) -> list[dict]:
     return rows
 
 
-def test_a_sync_run_trains_episodes_and_records_what_each_did(tmp_path):
+def test_a_sync_run_trains_episodes_and_records_what_each_did(tmp_path, capsys):
     session = build_session(episode_config(tmp_path))
     run_sync(session)
     records = [r for r in read_metrics(session.run_dir.metrics_path) if "loss/total" in r]
@@ -99,6 +101,17 @@ def test_a_sync_run_trains_episodes_and_records_what_each_did(tmp_path):
         assert math.isclose(record["episode/turns_mean"], sum(turns) / len(turns))
     evals = [r for r in read_metrics(session.run_dir.metrics_path) if "eval/accuracy" in r]
     assert [r["step"] for r in evals] == [0, 2]
+    # groupwise audit --replay-episodes: every trained episode replays into a fresh environment...
+    run_dir = str(session.run_dir.path)
+    assert main(["audit", "--replay-episodes", run_dir]) == 0
+    assert f"episodes: {2 * 2 * 4} replayed into a fresh environment, 0 mismatch(es)" in capsys.readouterr().out
+    # ...and a row that says a turn earned what it did not is found.
+    path = session.run_dir.train_data_path(1)
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    rows[0]["episode"]["step_rewards"][0] += 1.0
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["audit", "--replay-episodes", run_dir]) == 1
+    assert "step_1.jsonl:1 (prompt" in capsys.readouterr().out
 
 
 def test_an_async_run_with_dynamic_sampling_balances_every_step(tmp_path):
