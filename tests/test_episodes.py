@@ -16,7 +16,9 @@ Invariants pinned:
 - tools: every way a tool call can go wrong is an error message the model reads, counted in ``tool_errors``;
 - an episode samples the same tokens whether its group runs alone or with others (seeds per sample and turn);
 - a group whose episodes open differently keeps the shared part as its prompt and the rest as environment tokens;
-- an episode group (trainable flags, episode records) comes back from its checkpoint form unchanged.
+- an episode group (trainable flags, episode records) comes back from its checkpoint form unchanged;
+- weights loaded between turns: each sampled token keeps the version it was sampled under, and each environment
+  token the version of the turn before it.
 """
 
 from __future__ import annotations
@@ -63,14 +65,15 @@ class ScriptedGenerator:
     """A fake generator (test only): each request's reply is ``reply(context, seed)``, cut at the turn cap; every
     request is recorded with the cap it was given."""
 
-    def __init__(self, reply: Callable[[tuple[int, ...], int], list[int]]) -> None:
+    def __init__(self, reply: Callable[[tuple[int, ...], int], list[int]], new_weights_each_call: bool = False) -> None:
         self.reply = reply
         self.requests: list[tuple[GenerationRequest, int]] = []
-        self.replies: dict[int, list[list[int]]] = {}
+        self.new_weights_each_call = new_weights_each_call
+        self._version = 0
 
     @property
     def version(self) -> int:
-        return 0
+        return self._version
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
         out = []
@@ -80,7 +83,8 @@ class ScriptedGenerator:
             logprobs = tuple(-1.0 - 0.01 * i for i in range(len(ids)))
             finish = "stop" if ids and ids[-1] == EOS else "length"
             text = TOKENIZER.decode(ids, skip_special_tokens=True)
-            out.append([Completion(tuple(ids), logprobs, text, finish, 0)])
+            out.append([Completion(tuple(ids), logprobs, text, finish, self._version)])
+        self._version += int(self.new_weights_each_call)  # weights loaded between two turns (async training)
         return out
 
 
@@ -379,3 +383,17 @@ def test_an_episode_group_survives_a_checkpoint_round_trip():
     assert restored == group
     assert [c.trainable for c in restored.completions] == [c.trainable for c in group.completions]
     assert any(not flag for c in restored.completions for flag in c.trainable)
+
+
+def test_weights_loaded_between_turns_keep_each_tokens_version():
+    generator = ScriptedGenerator(lambda context, seed: chars("0") + [EOS], new_weights_each_call=True)
+    [episodes] = run(generator, settings(max_turns=3), [game("p", 5)])
+    for episode in episodes:
+        completion = episode.completion("")
+        turn, expected = -1, []
+        for index, sampled in enumerate(completion.trainable):
+            if sampled and (index == 0 or not completion.trainable[index - 1]):
+                turn += 1  # a new turn: sampled by the weights of its own engine call
+            expected.append(turn)
+        assert list(completion.token_versions) == expected
+        assert completion.weight_version == 2 and set(expected) == {0, 1, 2}
