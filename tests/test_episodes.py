@@ -13,7 +13,8 @@ Invariants pinned:
 - failures: an environment that raises, answers with something that is not a StepResult, a non-finite reward or
   messages without content, or runs past ``step_timeout_s`` fails only its own group, with an error naming the
   environment, the prompt and the sample, and the tokens its episodes had sampled charged to it;
-- tools: every way a tool call can go wrong is an error message the model reads, counted in ``tool_errors``;
+- tools: every way a tool call can go wrong is an error message the model reads, counted in ``tool_errors``; a
+  tool without type hints or ``Args:`` docs is named before any model loads;
 - an episode samples the same tokens whether its group runs alone or with others (seeds per sample and turn);
 - a group whose episodes open differently keeps the shared part as its prompt and the rest as environment tokens;
 - an episode group (trainable flags, episode records) comes back from its checkpoint form unchanged;
@@ -397,3 +398,24 @@ def test_weights_loaded_between_turns_keep_each_tokens_version():
             expected.append(turn)
         assert list(completion.token_versions) == expected
         assert completion.weight_version == 2 and set(expected) == {0, 1, 2}
+
+
+def test_a_tool_that_cannot_be_described_to_a_model_is_named():
+    from groupwise.episodes.tools import tool_problem
+
+    def untyped(a, b: int) -> int:
+        """Adds.
+
+        Args:
+            a: One.
+            b: Two.
+        """
+        return a + b
+
+    def undocumented(a: int) -> int:
+        """Adds."""
+        return a
+
+    assert tool_problem(add) is None
+    assert tool_problem(untyped) == "untyped: parameter 'a' has no type hint"
+    assert tool_problem(undocumented) == "undocumented: its docstring has no 'Args:' entry for 'a'"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,31 @@ def tool_schema(tool: Callable[..., Any]) -> dict[str, Any]:
     from transformers.utils import get_json_schema
 
     return get_json_schema(tool)
+
+
+def tool_problem(tool: Callable[..., Any]) -> str | None:
+    """Why ``tool`` cannot be offered to a model (what :func:`tool_schema` needs: a name, a type hint for every
+    parameter, a docstring with an ``Args:`` entry for each), or None. Checked without importing transformers."""
+    name = getattr(tool, "__name__", None)
+    if not callable(tool) or not isinstance(name, str):
+        return f"{tool!r} is not a named function"
+    try:
+        hints = typing.get_type_hints(tool)
+        parameters = inspect.signature(tool).parameters.values()
+    except Exception as exc:  # unresolvable annotations, builtins without a signature
+        return f"{name}: its signature cannot be read ({type(exc).__name__}: {exc})"
+    doc = inspect.getdoc(tool) or ""
+    args = doc.split("Args:", 1)[1] if "Args:" in doc else ""
+    for parameter in parameters:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            return f"{name}: *{parameter.name} cannot be described to a model; give named parameters"
+        if parameter.name not in hints:
+            return f"{name}: parameter {parameter.name!r} has no type hint"
+        if not re.search(rf"^\s*{re.escape(parameter.name)}\b.*:", args, re.M):
+            return f"{name}: its docstring has no 'Args:' entry for {parameter.name!r}"
+    if not doc.split("Args:", 1)[0].strip():
+        return f"{name}: its docstring has no description before 'Args:'"
+    return None
 
 
 def tool_instructions(tools: Sequence[Callable[..., Any]]) -> str:

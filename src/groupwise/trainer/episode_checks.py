@@ -18,6 +18,7 @@ from groupwise.episodes.environment import (
 from groupwise.episodes.episode import EpisodeLimits
 from groupwise.episodes.lockstep import EpisodeSettings
 from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE, ChatRenderer, append_only_problem
+from groupwise.episodes.tools import tool_problem
 from groupwise.model.encode import has_chat_template
 
 if TYPE_CHECKING:
@@ -56,15 +57,12 @@ def episode_environment(cfg: RunConfig) -> tuple[EnvironmentSpec | None, list[Co
         return None, [ConfigIssue(key, name, f"it made a {type(probe).__name__}, which has no reset(prompt, "
                                   "sample_index) and step(assistant_message)", fix)]  # fmt: skip
     tools = tuple(probe.tools) if isinstance(probe, OffersTools) else ()
-    from groupwise.episodes.tools import tool_schema
-
     for tool in tools:
-        try:
-            tool_schema(tool)
-        except Exception as exc:  # transformers' schema builder names the missing type hint or docstring
-            return None, [ConfigIssue(key, name, f"its tool {getattr(tool, '__name__', tool)!r} has no usable "
-                                      f"schema: {exc}", "give each tool typed parameters and a docstring with "
-                                      "an Args section")]  # fmt: skip
+        problem = tool_problem(tool)
+        if problem is not None:
+            return None, [ConfigIssue(key, name, f"one of its tools cannot be offered to a model: {problem}",
+                                      "give each tool typed parameters and a docstring with a description and an "
+                                      "Args: entry per parameter")]  # fmt: skip
     return EnvironmentSpec(name, factory, tools), []
 
 
@@ -80,9 +78,10 @@ def episode_settings(
                                        "set episode.chat_template: plain, or give a Jinja chat template")])
     try:
         renderer = ChatRenderer(tokenizer, spec.tools, template)
-        problem = append_only_problem(renderer)
-    except ValueError as exc:  # no EOS token to end a turn with
-        problem = str(exc)
+    except Exception as exc:  # no EOS token to end a turn with; a tool transformers cannot describe
+        raise ConfigError([ConfigIssue("episode.environment", spec.name, f"its episodes cannot be rendered: "
+                                       f"{type(exc).__name__}: {exc}", "see docs/environments.md, Tools")]) from exc
+    problem = append_only_problem(renderer)
     if problem is not None:
         raise ConfigError([ConfigIssue(
             key, section.chat_template, f"episodes cannot use this chat template: {problem}",
