@@ -57,7 +57,7 @@ def make_rows(seed: int, groups: int = 5, size: int = 3, first_group: int = 0) -
     """Whole groups of ragged rows with random tokens, recorded logprobs and advantages."""
     rng = random.Random(seed)
     cols: dict[str, list] = {k: [] for k in ("group_id", "prompt_ids", "completion_ids", "generation_logprobs",
-                                             "version_spans", "advantage")}
+                                             "version_spans", "env_spans", "advantage")}
     for group in range(first_group, first_group + groups):
         prompt = [1] + [rng.randrange(4, 91) for _ in range(rng.randrange(1, 8))]
         for _ in range(size):
@@ -67,6 +67,7 @@ def make_rows(seed: int, groups: int = 5, size: int = 3, first_group: int = 0) -
             cols["completion_ids"].append(completion)
             cols["generation_logprobs"].append([-rng.uniform(2.0, 6.0) for _ in completion])
             cols["version_spans"].append(((0, len(completion)),))
+            cols["env_spans"].append(())
             cols["advantage"].append(rng.uniform(-1.5, 1.5))
     return RowBatch({**cols, "advantage": torch.tensor(cols["advantage"], dtype=torch.float32)})
 

@@ -28,6 +28,29 @@ def version_spans(token_versions: Sequence[int]) -> tuple[tuple[int, int], ...]:
     return tuple(spans)
 
 
+def env_spans(trainable: Sequence[bool]) -> tuple[tuple[int, int], ...]:
+    """Where a completion's environment tokens lie, as ``((start, length), ...)`` runs of ``trainable[i]`` False
+    (``()`` for a single-turn completion, whose every token was sampled)."""
+    spans: list[tuple[int, int]] = []
+    for index, sampled in enumerate(trainable):
+        if sampled:
+            continue
+        if spans and spans[-1][0] + spans[-1][1] == index:
+            spans[-1] = (spans[-1][0], spans[-1][1] + 1)
+        else:
+            spans.append((index, 1))
+    return tuple(spans)
+
+
+def trainable_mask(rows: Sequence[Sequence[tuple[int, int]]], width: int) -> torch.Tensor:
+    """``[R, width]`` bool: False on the tokens of each row's :func:`env_spans` (cut at ``width``), True elsewhere."""
+    out = torch.ones((len(rows), width), dtype=torch.bool)
+    for i, spans in enumerate(rows):
+        for start, length in spans:
+            out[i, start : min(start + length, width)] = False
+    return out
+
+
 def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -> RowBatch:
     """One row per completion, groups in the given order, completions in sampling order.
 
@@ -35,7 +58,8 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
     ``generation_logprobs``, ``completion_text``, ``finish_reason``, ``raw_reward`` (the verifier's, as the
     zero-variance filter saw it), ``reward`` (scaled and shaped), ``advantage`` (a float32 tensor, a separate
     column: a reward is never overwritten by its advantage), ``start_version``, ``version_spans`` (the weight
-    versions of the completion's tokens, :func:`version_spans`; the learner finds its on-policy tokens by them).
+    versions of the completion's tokens, :func:`version_spans`; the learner finds its on-policy tokens by them),
+    ``env_spans`` (an episode's environment tokens, :func:`env_spans`: no gradient, not counted).
     Id and logprob rows are the groups' own tuples (no copy; the batch is immutable).
     """
     if len(advantages) != len(groups):
@@ -56,6 +80,7 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
             "advantage",
             "start_version",
             "version_spans",
+            "env_spans",
         )
     }
     for group, group_adv in zip(groups, advantages, strict=True):
@@ -75,6 +100,7 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
             cols["advantage"].append(group_adv[i])
             cols["start_version"].append(group.start_version)
             cols["version_spans"].append(version_spans(completion.token_versions or ()))
+            cols["env_spans"].append(env_spans(completion.trainable))
     batch = RowBatch({**cols, "advantage": torch.tensor(cols["advantage"], dtype=torch.float32)})
     return batch
 

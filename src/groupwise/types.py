@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
+from groupwise.episodes.record import EpisodeRecord
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -112,6 +114,10 @@ class Completion:
     finish_reason: FinishReason
     weight_version: int
     token_versions: tuple[int, ...] = ()  # () = every token of weight_version (filled in below)
+    # An episode's completion interleaves sampled tokens with the environment's (observations, template
+    # turn markers); trainable[i] says token i was sampled by the model. () = every token was (single turn).
+    trainable: tuple[bool, ...] = ()
+    episode: EpisodeRecord | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -126,10 +132,15 @@ class Completion:
                 f"Completion has {len(self.token_ids)} token ids but {len(self.token_versions)} token versions; "
                 "every token needs the weight version that produced it"
             )
+        if self.trainable and len(self.trainable) != len(self.token_ids):
+            raise ValueError(
+                f"Completion has {len(self.token_ids)} token ids but {len(self.trainable)} trainable flags"
+            )
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids)
+        """Tokens the model sampled (an episode's environment tokens are not counted)."""
+        return sum(self.trainable) if self.trainable else len(self.token_ids)
 
 
 @dataclass(frozen=True)
@@ -242,6 +253,8 @@ def group_to_dict(group: Group) -> dict[str, Any]:
                 "finish_reason": c.finish_reason,
                 "weight_version": c.weight_version,
                 **({} if _uninterrupted(c) else {"token_versions": list(c.token_versions)}),
+                **({"trainable": [int(t) for t in c.trainable]} if c.trainable else {}),
+                **({"episode": c.episode.to_dict()} if c.episode is not None else {}),
             }
             for c in group.completions
         ],
@@ -278,6 +291,8 @@ def group_from_dict(data: dict[str, Any]) -> Group:
             finish_reason=c["finish_reason"],
             weight_version=c["weight_version"],
             token_versions=tuple(c["token_versions"]) if "token_versions" in c else (),
+            trainable=tuple(bool(t) for t in c.get("trainable", ())),
+            episode=EpisodeRecord.from_dict(c["episode"]) if "episode" in c else None,
         )
         for c in data["completions"]
     ]

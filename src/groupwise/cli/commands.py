@@ -319,12 +319,15 @@ def add_audit_parser(subparsers: Subparsers) -> None:
         help="check fates.jsonl against the dataset: no prompt trained twice in an epoch, none lost without a fate",
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", type=Path)
+    parser.add_argument("--replay-episodes", action="store_true",
+                        help="also replay every trained episode into a fresh environment and check its answers and "
+                        "rewards (a run with episode.environment)")  # fmt: skip
     parser.set_defaults(handler=run_audit)
 
 
 def run_audit(args: argparse.Namespace) -> int:
     """Print the per-epoch audit; exit 1 if a prompt was trained twice in an epoch or lacks a fate."""
-    from groupwise.cli.run_prompts import training_uids
+    from groupwise.cli.run_prompts import replay_run_episodes, training_uids
     from groupwise.run.audit import audit_run
 
     try:
@@ -333,7 +336,16 @@ def run_audit(args: argparse.Namespace) -> int:
         print(f"groupwise audit: {err}", file=sys.stderr)
         return EXIT_USAGE
     print(report.format())
-    return EXIT_OK if report.ok else EXIT_RUN_FAILED
+    replayed_ok = True
+    if args.replay_episodes:
+        try:
+            replay = replay_run_episodes(args.run_dir)
+        except ValueError as err:
+            print(f"groupwise audit: {err}", file=sys.stderr)
+            return EXIT_USAGE
+        print(replay.format_lines(), end="")
+        replayed_ok = replay.ok
+    return EXIT_OK if report.ok and replayed_ok else EXIT_RUN_FAILED
 
 
 RUN_COMMAND_PARSERS = [

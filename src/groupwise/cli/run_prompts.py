@@ -9,7 +9,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from groupwise.config import RunConfig
+    from groupwise.episodes.replay import ReplayReport
 
 
 def training_uids(cfg: RunConfig, simulated: bool) -> list[str]:
@@ -22,3 +25,23 @@ def training_uids(cfg: RunConfig, simulated: bool) -> list[str]:
     from groupwise.data.registry import build_task
 
     return [prompt.uid for prompt in build_task(cfg.data.task, cfg.data, cfg.run.seed).train_prompts()]
+
+
+def replay_run_episodes(run_dir: Path) -> ReplayReport:
+    """Replay the trained episodes of the run in ``run_dir`` (``groupwise audit --replay-episodes``); ValueError
+    when the run has no ``episode.environment`` or it cannot be made."""
+    from groupwise.config import config_from_dict
+    from groupwise.config.load import read_config_file
+    from groupwise.data.registry import build_task
+    from groupwise.environments import ENVIRONMENTS
+    from groupwise.episodes.environment import environment_factory
+    from groupwise.episodes.replay import replay_train_data
+    from groupwise.run.rundir import RunDir
+
+    run = RunDir.of(run_dir)
+    cfg = config_from_dict(read_config_file(run.config_path), source=str(run.config_path))
+    if cfg.episode.environment is None:
+        raise ValueError(f"{run.path} is not a run with episode.environment: there are no episodes to replay")
+    factory = environment_factory(cfg.episode.environment, cfg.episode.kwargs, ENVIRONMENTS)
+    prompts = {p.uid: p for p in build_task(cfg.data.task, cfg.data, cfg.run.seed).train_prompts()}
+    return replay_train_data(sorted(run.path.glob("train_data/step_*.jsonl")), factory, prompts)

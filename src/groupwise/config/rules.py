@@ -226,12 +226,14 @@ def one_generation_trains_nothing(cfg: RunConfig) -> Iterator[ConfigIssue]:
         )
 
 
-@rule("grpo", "reward", "data")
+@rule("grpo", "reward", "data", "episode")
 def zero_variance_tol_below_the_reward_range(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """With dynamic sampling and a built-in reward (every built-in scores in [0, 1]),
     grpo.dynamic_sampling.zero_variance_tol < 1: at 1 or more every group counts as zero-variance and is filtered."""
     ds = cfg.grpo.dynamic_sampling
     width = builtin_reward_range_width(cfg.reward.function, cfg.data.task)
+    if cfg.episode.enabled:  # the environment scores, in a range of its own
+        return
     if ds.enabled and width is not None and ds.zero_variance_tol >= width:
         yield ConfigIssue(
             "grpo.dynamic_sampling.zero_variance_tol", ds.zero_variance_tol,

@@ -11,6 +11,7 @@ from pydantic import ConfigDict, Field, model_validator
 # Importing the rule modules registers their rules (they are used only through the registry).
 import groupwise.config.async_rules
 import groupwise.config.backend_rules
+import groupwise.config.episode_rules
 import groupwise.config.hazards
 import groupwise.config.rules  # noqa: F401
 from groupwise.algo.step_size import round_size
@@ -18,6 +19,7 @@ from groupwise.config.algorithm import GrpoSection, LossSection, OptimizerSectio
 from groupwise.config.async_schema import AsyncSection
 from groupwise.config.base import Section
 from groupwise.config.checks import run_hazards, run_rules
+from groupwise.config.episode_schema import EpisodeSection
 from groupwise.config.generation_schema import GenerationSection
 from groupwise.config.issues import ConfigError, ConfigIssue
 from groupwise.config.learner_schema import LearnerSection
@@ -50,6 +52,8 @@ class RunConfig(Section):
     """The prompts."""
     reward: RewardSection = Field(default_factory=RewardSection)
     """The reward function."""
+    episode: EpisodeSection = Field(default_factory=EpisodeSection)
+    """Multi-turn episodes with an environment (off by default: single-turn completions)."""
     generation: GenerationSection = Field(default_factory=GenerationSection)
     """Sampling of training completions."""
     grpo: GrpoSection = Field(default_factory=GrpoSection)

@@ -206,5 +206,7 @@ class JsonlTask:
         return list(self._eval)
 
     def demonstration(self, prompt: Prompt) -> str:
-        """The completion an SFT recipe trains on: the answer field."""
-        return prompt.answer
+        """The completion an SFT recipe trains on: the item's ``demonstration`` field when it has one (a string),
+        else its answer."""
+        demonstration = prompt.metadata.get("demonstration")
+        return demonstration if isinstance(demonstration, str) else prompt.answer

@@ -25,6 +25,18 @@ METRIC_KEYS: tuple[str, ...] = (
     "ds/discarded_valid_groups",
     "ds/carried_groups",
     "ds/carried_out_groups",
+    # multi-turn episodes (only with episode.environment)
+    "episode/turns_mean",
+    "episode/turns_max",
+    "episode/tool_calls_mean",
+    "episode/tool_errors",
+    "episode/truncated_observations",
+    "episode/env_seconds",
+    "episode/model_tokens_mean",
+    "episode/env_tokens_mean",
+    "episode/end_done_fraction",
+    "episode/end_max_turns_fraction",
+    "episode/end_token_budget_fraction",
     # loss
     "loss/total",
     "loss/policy",

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ray import ObjectRef
 
     from groupwise.config import RunConfig
+    from groupwise.generation.base import Generator
 
 # Sync mode: how many times one call may replace a lost worker before giving up.
 MAX_REPLACEMENTS_PER_CALL = 3
@@ -242,6 +243,11 @@ class RaySyncRollouts:
 
     def encode(self, prompt: Prompt) -> tuple[int, ...]:
         return self.local.encode(prompt)
+
+    def sample_rewards(
+        self, generator: Generator, prompts: Sequence[Prompt], sampling: SamplingParams, k: int, seeds: Sequence[int]
+    ) -> list[list[float]]:
+        return self.local.sample_rewards(generator, prompts, sampling, k, seeds)
 
     def generate_groups(
         self, items: Sequence[LoaderItem], group_ids: Sequence[int], attempts: Sequence[int] | None = None,

@@ -26,6 +26,7 @@ from groupwise.run.metrics import MetricsWriter
 from groupwise.run.phases import PhaseLog
 from groupwise.run.rundir import RunDir
 from groupwise.run.trackers import config_trackers
+from groupwise.trainer.episode_checks import episode_settings
 from groupwise.trainer.learner import Learner, LearnerSettings
 from groupwise.trainer.precision import LearnerPrecision, learner_precision
 from groupwise.trainer.preflight import Inputs, check_inputs, check_train_start, prompt_splits
@@ -192,6 +193,10 @@ def build_components(
         cfg.generation, cfg.model, engine_model, policy.tokenizer, eos_token_ids(policy.tokenizer, policy.model)
     ))  # fmt: skip
     reward_fn = with_timeout(inputs.reward_fn, cfg.reward.timeout_s)  # bounded per call when configured
+    positions = getattr(pretrained(policy.model).config, "max_position_embeddings", None)  # a config may lack it
+    episodes = None
+    if inputs.environment is not None:
+        episodes = episode_settings(cfg, inputs.environment, policy.tokenizer, positions)
     rollouts = RolloutWorker(
         generator=engine,
         tokenizer=policy.tokenizer,
@@ -203,13 +208,16 @@ def build_components(
         reward_kwargs=dict(cfg.reward.kwargs),
         system_prompt=cfg.data.system_prompt,
         max_groups_per_call=cfg.generation.micro_batch_groups,
+        episodes=episodes,
     )
-    report = _check_prompts(cfg, inputs.task, policy, rollouts)
+    report = _check_prompts(cfg, inputs.task, policy, rollouts, positions)
     if report.issues:
         raise ConfigError(report.issues)
     notes = list(report.notes) + ([warning_line(w) for w in inputs.warnings] if checked_here else [])
     off = StreamSupport(False, "generation.continuous_batching is off")
     streaming = stream_support(engine) if cfg.generation.continuous_batching else off
+    if episodes is not None and streaming.available:  # a stream row is one sampling; an episode is many
+        streaming = StreamSupport(False, "multi-turn episodes (episode.environment) run turn by turn")
     if cfg.generation.continuous_batching and not streaming.available:
         why = streaming.reason
         if cfg.mode == "async" and cfg.async_.partial_rollouts == "continue":  # it would silently do nothing
@@ -264,10 +272,16 @@ def describe_model(cfg: RunConfig) -> str:
     return f"{m.source} {name}"
 
 
-def _check_prompts(cfg: RunConfig, task: Task, policy: Policy, rollouts: RolloutWorker) -> PromptReport:
+def _check_prompts(
+    cfg: RunConfig, task: Task, policy: Policy, rollouts: RolloutWorker, positions: int | None
+) -> PromptReport:
     splits = prompt_splits(cfg, task)
-    positions = getattr(pretrained(policy.model).config, "max_position_embeddings", None)  # a config may lack it
-    return check_prompts(rollouts.encode, policy.tokenizer, positions, cfg.generation.max_new_tokens, splits)
+    episodes = rollouts.episodes
+    if episodes is None:
+        return check_prompts(rollouts.encode, policy.tokenizer, positions, cfg.generation.max_new_tokens, splits)
+    # An episode opens with the prompt as its user turn (the environment may add to it) and may run its whole budget.
+    return check_prompts(episodes.renderer.prompt_opening, policy.tokenizer, positions, episodes.limits.max_tokens,
+                         splits, renders_chats=True, budget_key="episode.max_tokens")  # fmt: skip
 
 
 def build_session(

@@ -1,6 +1,7 @@
 """Held-out evaluation: greedy accuracy and pass@k.
 
-A completion is *correct* when its raw reward is at least 1.0 (the verifiers' full-credit value). Greedy
+A completion (an episode, with ``episode.environment``) is *correct* when its raw reward is at least 1.0 (the
+verifiers' full-credit value). Greedy
 accuracy = correct greedy completions / prompts. pass@k = prompts with at least one correct completion among k
 samples at the training temperature (reported only when ``eval.pass_k > 1``).
 """
@@ -11,10 +12,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from groupwise.data.scoring import score_completions
-from groupwise.generation.factory import checked_outputs
 from groupwise.seeding import derive_seed
-from groupwise.types import GenerationRequest, Prompt, SamplingParams
+from groupwise.types import Prompt, SamplingParams
 
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
@@ -57,9 +56,7 @@ def _fraction_correct(
     solved = 0
     for start in range(0, len(prompts), batch):
         chunk = prompts[start : start + batch]
-        requests = [GenerationRequest(rollouts.encode(p), k, derive_seed("eval", cfg.run.seed, p.uid)) for p in chunk]
-        outputs = checked_outputs(engine, requests, engine.generate(requests, sampling))
-        for prompt, completions in zip(chunk, outputs, strict=True):
-            rewards = score_completions(rollouts.reward_fn, prompt, completions, rollouts.reward_kwargs)
+        seeds = [derive_seed("eval", cfg.run.seed, p.uid) for p in chunk]
+        for rewards in rollouts.sample_rewards(engine, chunk, sampling, k, seeds):
             solved += any(r >= CORRECT_REWARD for r in rewards)
     return solved / len(prompts)

@@ -37,7 +37,7 @@ from groupwise.algo.mismatch import mismatch_stats, on_policy_tokens
 from groupwise.batch import RowBatch
 from groupwise.config.algorithm import LossSection, OptimizerSection
 from groupwise.model.completion_scorer import CompletionScorer, ScoredRows
-from groupwise.rows import pad_right, span_versions
+from groupwise.rows import pad_right, span_versions, trainable_mask
 from groupwise.trainer.finite import NonFiniteTrainingError, check_finite_step
 from groupwise.trainer.micro_batches import (
     micro_batches_by_rows,
@@ -169,7 +169,9 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             self._step = _OpenStep()
         step = self._step
-        step.train_tokens += sum(len(c) for c in rows["completion_ids"])
+        step.train_tokens += sum(len(c) for c in rows["completion_ids"]) - sum(
+            length for spans in _env_spans(rows) for _, length in spans
+        )
         if self.settings.updates_per_step == 1:
             self.model.train()
             self._train_micro_batches(self._micro_batches(rows))
@@ -246,6 +248,9 @@ class Learner:
         scored = self._score(micro)
         logprobs, mask = scored.logprobs, scored.mask
         device = logprobs.device
+        spans = _env_spans(micro)
+        if any(spans):  # an episode's environment tokens: no gradient, and out of every count and statistic
+            mask = mask & trainable_mask(spans, mask.shape[1]).to(device)
         if ref is None and loss_cfg.kl_coef > 0:
             ref = self._reference_logprobs(micro)
         old = logprobs.detach() if prev is None else prev  # π_old: the step's weights, version self.version
@@ -370,3 +375,8 @@ class Learner:
         prev = self._score(micro, with_entropy=False).logprobs
         ref = self._reference_logprobs(micro) if self.settings.loss.kl_coef > 0 else None
         return prev, ref
+
+
+def _env_spans(rows: RowBatch) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """The rows' ``env_spans`` (:func:`groupwise.rows.env_spans`); rows without the column have none."""
+    return rows.sequence("env_spans") if "env_spans" in rows else ()

@@ -21,6 +21,8 @@ from groupwise.types import Group, Prompt, SamplingParams
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from groupwise.generation.base import Generator
+
 
 class TrainedPolicy(Protocol):
     """The policy being trained: its weights, its tokenizer, and ``save`` as a Hugging Face directory."""
@@ -61,6 +63,10 @@ class GroupRollouts(Protocol):
     def reward_kwargs(self) -> Mapping[str, Any]: ...
 
     def encode(self, prompt: Prompt) -> tuple[int, ...]: ...
+
+    def sample_rewards(
+        self, generator: Generator, prompts: Sequence[Prompt], sampling: SamplingParams, k: int, seeds: Sequence[int]
+    ) -> list[list[float]]: ...
 
     def generate_groups(
         self, items: Sequence[LoadedPrompt], group_ids: Sequence[int], attempts: Sequence[int] | None = None,

@@ -42,6 +42,7 @@ from groupwise.data.rewards import RewardFn, RewardSpecError, check_reward_kwarg
 from groupwise.plugins import PluginImportError
 from groupwise.run.rundir import location_problems, start_problems
 from groupwise.trainer.backend_checks import backend_checks
+from groupwise.trainer.episode_checks import EnvironmentSpec, episode_environment
 from groupwise.trainer.model_folder import device_issues, model_folder_issues
 from groupwise.trainer.reward_checks import reward_trial_issues
 from groupwise.trainer.split_checks import check_splits
@@ -60,6 +61,8 @@ class Inputs:
     reward_fn: RewardFn
     warnings: list[ConfigIssue] = field(default_factory=list)
     """What the checks found worth saying without refusing (eval prompts that training also sees)."""
+    environment: EnvironmentSpec | None = None
+    """``episode.environment`` checked (``None``: single-turn)."""
 
 
 def check_inputs(cfg: RunConfig, *, training: bool = True) -> Inputs:
@@ -134,7 +137,9 @@ def input_issues(cfg: RunConfig, *, training: bool, location: bool) -> tuple[Inp
         issues.extend(tracker_issues(cfg))
     reward_fn, reward_issues = _reward(cfg, task)
     issues.extend(reward_issues)
-    if task is not None and reward_fn is not None and not reward_issues:
+    environment, environment_issues = episode_environment(cfg)
+    issues.extend(environment_issues)
+    if task is not None and reward_fn is not None and not reward_issues and environment is None:
         issues.extend(reward_trial_issues(cfg, reward_fn, prompt_splits(cfg, task)))
     issues.extend(_sampler_issues(cfg))
     backend_issues, backend_warnings = backend_checks(cfg)
@@ -142,7 +147,7 @@ def input_issues(cfg: RunConfig, *, training: bool, location: bool) -> tuple[Inp
     warnings.extend(backend_warnings)
     if location:
         issues.extend(location_problems(cfg.run.output_dir, cfg.run.name))
-    inputs = None if task is None or reward_fn is None else Inputs(task=task, reward_fn=reward_fn, warnings=warnings)
+    inputs = None if task is None or reward_fn is None else Inputs(task, reward_fn, warnings, environment)
     return inputs, issues
 
 

@@ -46,16 +46,19 @@ def check_prompts(
     positions: int | None,
     max_new_tokens: int,
     splits: Mapping[str, tuple[str, Sequence[Prompt]]],
+    renders_chats: bool | None = None,
+    budget_key: str = "generation.max_new_tokens",
 ) -> PromptReport:
     """Check every prompt of ``splits`` (``{split: (config key of its source, prompts)}``).
 
     ``encode`` is what generation uses (system prompt and chat template included); ``positions`` is the model's
-    longest sequence (``None``: unknown, not checked).
+    longest sequence (``None``: unknown, not checked); ``renders_chats`` whether chat prompts can be rendered
+    (``None``: whether the tokenizer has a chat template); ``budget_key`` names what ``max_new_tokens`` is.
     """
     report = PromptReport()
     unk = getattr(tokenizer, "unk_token_id", None)
     special = set(getattr(tokenizer, "all_special_ids", ()) or ()) - {unk}  # an unknown character is content
-    renders_chats = has_chat_template(tokenizer)
+    renders_chats = has_chat_template(tokenizer) if renders_chats is None else renders_chats
     for split, (key, prompts) in splits.items():
         chats = [prompt.uid for prompt in prompts if prompt.messages is not None and not renders_chats]
         if chats:
@@ -89,9 +92,9 @@ def check_prompts(
         if too_long:
             report.issues.append(ConfigIssue(
                 key, f"{len(too_long)} {split} prompt(s)",
-                f"prompt tokens + generation.max_new_tokens ({max_new_tokens}) exceed the model's {positions} "
+                f"prompt tokens + {budget_key} ({max_new_tokens}) exceed the model's {positions} "
                 "positions for:\n" + _listed(too_long),
-                "shorten or drop these prompts, lower generation.max_new_tokens, or use a model with more positions",
+                f"shorten or drop these prompts, lower {budget_key}, or use a model with more positions",
             ))
         if with_unknown and unk is not None:
             report.notes.append(_unknown_note(tokenizer, unk, split, len(prompts), with_unknown))

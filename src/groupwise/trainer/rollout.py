@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from groupwise.algo.reward_shaping import overlong_penalty, scale_rewards
 from groupwise.data.scoring import RewardError, score_completions
+from groupwise.episodes.lockstep import EpisodeSettings, episode_opening, run_episode_groups
 from groupwise.generation.base import Generator
 from groupwise.generation.factory import checked_outputs
 from groupwise.model.encode import encode_prompt
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from groupwise.config import GrpoSection, OverlongSection, RewardScalingSection
+    from groupwise.episodes.episode import Episode
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,11 @@ class RewardPipeline:
 
 @dataclass
 class RolloutWorker:
-    """Turns loaded prompts into scored :class:`~groupwise.types.Group` objects."""
+    """Turns loaded prompts into scored :class:`~groupwise.types.Group` objects.
+
+    With ``episodes`` set each of a group's G completions is a multi-turn episode against the environment
+    (:mod:`groupwise.episodes`), its reward the environment's; otherwise one sampled completion scored by
+    ``reward_fn``."""
 
     generator: Generator
     tokenizer: PreTrainedTokenizerBase
@@ -75,11 +81,14 @@ class RolloutWorker:
     reward_kwargs: Mapping[str, Any] = field(default_factory=dict)
     system_prompt: str | None = None
     max_groups_per_call: int = 64
+    episodes: EpisodeSettings | None = None
     _encoded: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
 
     def encode(self, prompt: Prompt) -> tuple[int, ...]:
         ids = self._encoded.get(prompt.uid)
-        if ids is None:
+        if ids is None and self.episodes is not None:  # what an episode's first turn continues (sample 0's)
+            ids = episode_opening(self.episodes, prompt)
+        elif ids is None:
             ids = encode_prompt(self.tokenizer, prompt, self.system_prompt)
             self._encoded[prompt.uid] = ids
         return ids
@@ -125,6 +134,8 @@ class RolloutWorker:
                 f"{len(items)} prompts, {len(group_ids)} group ids, {len(attempts)} attempts and {len(starts)} "
                 "start versions"
             )
+        if self.episodes is not None:
+            return self._episode_outcomes(self.episodes, items, group_ids, attempts, starts)
         requests = [self.request_for(item, attempt) for item, attempt in zip(items, attempts, strict=True)]
         outputs: list[list[Completion]] = []
         for start in range(0, len(requests), self.max_groups_per_call):
@@ -137,6 +148,58 @@ class RolloutWorker:
                 items, group_ids, attempts, requests, outputs, starts, strict=True
             )
         ]
+
+    def sample_rewards(
+        self, generator: Generator, prompts: Sequence[Prompt], sampling: SamplingParams, k: int, seeds: Sequence[int]
+    ) -> list[list[float]]:
+        """The raw rewards of ``k`` samples per prompt from ``generator`` (evaluation): single completions scored
+        by ``reward_fn``, or whole episodes scored by their environment. A reward failure is raised."""
+        if self.episodes is not None:
+            results = run_episode_groups(generator, sampling, self.episodes, prompts, seeds, k)
+            for result in results:
+                if isinstance(result, RewardError):
+                    raise result
+            return [[sum(e.step_rewards) for e in result] for result in results if not isinstance(result, RewardError)]
+        requests = [GenerationRequest(self.encode(p), k, seed) for p, seed in zip(prompts, seeds, strict=True)]
+        outputs = checked_outputs(generator, requests, generator.generate(requests, sampling))
+        return [score_completions(self.reward_fn, prompt, completions, self.reward_kwargs)
+                for prompt, completions in zip(prompts, outputs, strict=True)]  # fmt: skip
+
+    def _episode_outcomes(
+        self, settings: EpisodeSettings, items: Sequence[LoaderItem], group_ids: Sequence[int],
+        attempts: Sequence[int], starts: Sequence[int],
+    ) -> list[Group | RewardError]:  # fmt: skip
+        """Each prompt's G episodes as its group (or the environment failure of that prompt alone)."""
+        seeds = [self.seed_for(item, attempt) for item, attempt in zip(items, attempts, strict=True)]
+        results: list[list[Episode] | RewardError] = []
+        for start in range(0, len(items), self.max_groups_per_call):
+            chunk = slice(start, start + self.max_groups_per_call)
+            prompts = [item.prompt for item in items[chunk]]
+            results += run_episode_groups(self.generator, self.sampling, settings, prompts, seeds[chunk],
+                                          self.group_size)  # fmt: skip
+        end_version = self.generator.version
+        outcomes: list[Group | RewardError] = []
+        for item, group_id, attempt, start_version, result in zip(
+            items, group_ids, attempts, starts, results, strict=True
+        ):
+            if isinstance(result, RewardError):
+                outcomes.append(result)
+                continue
+            shared = _shared_prefix([episode.prompt_ids for episode in result])
+            completions = [e.completion(self._transcript(e, len(shared)), e.prompt_ids[len(shared):]) for e in result]
+            raw = [c.episode.reward if c.episode is not None else 0.0 for c in completions]
+            outcomes.append(Group(
+                group_id=group_id, prompt=item.prompt, prompt_token_ids=shared, completions=completions,
+                raw_rewards=raw, rewards=self.rewards.apply(raw, completions), start_version=start_version,
+                end_version=end_version, epoch=item.epoch, attempt=attempt,
+            ))  # fmt: skip
+        return outcomes
+
+    def _transcript(self, episode: Episode, shared: int) -> str:
+        """The text of an episode's completion: its own opening tokens, every turn and every answer."""
+        text = self.tokenizer.decode([*episode.prompt_ids[shared:], *episode.token_ids])
+        assert isinstance(text, str), "one sequence decodes to one string"
+        return text
 
     def request_for(
         self, item: LoaderItem, attempt: int, prefixes: tuple[RowPrefix | None, ...] = ()
@@ -166,3 +229,14 @@ class RolloutWorker:
             epoch=item.epoch,
             attempt=attempt,
         )
+
+
+def _shared_prefix(openings: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    """The longest prefix every episode's opening tokens share: the group's row prompt (what differs per episode
+    goes into its completion as environment tokens)."""
+    first = openings[0]
+    length = len(first)
+    for other in openings[1:]:
+        length = next((i for i, (a, b) in enumerate(zip(first[:length], other, strict=False)) if a != b),
+                      min(length, len(other)))  # fmt: skip
+    return first[:length]

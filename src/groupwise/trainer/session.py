@@ -18,6 +18,7 @@ from groupwise.chunks import TrainChunk, step_rows
 from groupwise.data.loader import PromptLoader
 from groupwise.data.registry import Task
 from groupwise.data.rewards import RewardFn
+from groupwise.episodes.metrics import episode_metrics
 from groupwise.generation.base import Generator, StreamSupport
 from groupwise.generation.factory import shutdown_generator
 from groupwise.model.lora import generator_state_dict, load_trained_state_dict, trained_state_dict
@@ -63,6 +64,7 @@ TRAIN_DATA_COLUMNS = (
     "generation_logprobs",
     "start_version",
     "version_spans",
+    "env_spans",
 )
 
 
@@ -122,6 +124,8 @@ class Session:
         done = step + 1
         # Step N is the state after N optimizer steps (step 0 is the initial policy's evaluation).
         metrics = {**metrics, "step": done, "weight_version": self.learner.version}
+        metrics.update(episode_metrics([c.episode for chunk in chunks for g in chunk.groups for c in g.completions
+                                        if c.episode is not None]))  # fmt: skip
         every = self.cfg.eval.every
         if every and done % every == 0 and done < self.cfg.run.max_steps:
             metrics.update(self.evaluate(done, log=False))
@@ -129,6 +133,9 @@ class Session:
             rows = step_rows(chunks)
             columns = {name: rows[name] for name in TRAIN_DATA_COLUMNS}
             columns["prompt_text"] = prompt_texts(self.policy.tokenizer, rows.sequence("prompt_ids"))
+            if self.cfg.episode.enabled:  # each row's episode record: turns, rewards, what the environment said
+                columns["episode"] = [c.episode.to_dict() if c.episode else None
+                                      for chunk in chunks for g in chunk.groups for c in g.completions]  # fmt: skip
             write_rows_jsonl(self.run_dir.train_data_path(done), columns)
         self.events.log(done, metrics)
         self.events.event(step_summary(done, metrics))

@@ -73,7 +73,7 @@ def run_sft(cfg: RunConfig) -> Path:
         if step % sft.eval_every == 0 or step == sft.steps:
             engine.load_weights(model.state_dict(), step)
             metrics.update(evaluate_policy(engine, rollouts, task.eval_prompts(), cfg))
-            writer.event(f"sft step {step}: loss={float(loss):.4f} accuracy={metrics['eval/accuracy']:.3f}")
+            writer.event(f"sft step {step}: loss={float(loss.detach()):.4f} accuracy={metrics['eval/accuracy']:.3f}")
         writer.log(step, metrics)
         target = sft.stop_at_accuracy
         if target is not None and metrics.get("eval/accuracy", -1.0) >= target:

@@ -1,0 +1,45 @@
+"""``episode/*`` step metrics: what a step's trained episodes did (docs/metrics.md, "Episodes")."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from groupwise.episodes.record import EpisodeRecord
+
+EPISODE_METRIC_KEYS = (
+    "episode/turns_mean",
+    "episode/turns_max",
+    "episode/tool_calls_mean",
+    "episode/tool_errors",
+    "episode/truncated_observations",
+    "episode/env_seconds",
+    "episode/model_tokens_mean",
+    "episode/env_tokens_mean",
+    "episode/end_done_fraction",
+    "episode/end_max_turns_fraction",
+    "episode/end_token_budget_fraction",
+)
+
+
+def episode_metrics(records: Sequence[EpisodeRecord]) -> dict[str, float]:
+    """Means and totals over ``records`` (one per trained episode); ``{}`` for a single-turn step.
+
+    Means are per episode; ``tool_errors``, ``truncated_observations`` and ``env_seconds`` are the step's totals
+    (``env_seconds``: the environment calls' own durations summed, not wall time: calls run concurrently)."""
+    if not records:
+        return {}
+    n = len(records)
+    metrics = {
+        "episode/turns_mean": math.fsum(r.turns for r in records) / n,
+        "episode/turns_max": float(max(r.turns for r in records)),
+        "episode/tool_calls_mean": math.fsum(r.tool_calls for r in records) / n,
+        "episode/tool_errors": float(sum(r.tool_errors for r in records)),
+        "episode/truncated_observations": float(sum(r.truncated_observations for r in records)),
+        "episode/env_seconds": math.fsum(r.env_seconds for r in records),
+        "episode/model_tokens_mean": math.fsum(r.model_tokens for r in records) / n,
+        "episode/env_tokens_mean": math.fsum(r.env_tokens for r in records) / n,
+    }
+    for end in ("done", "max_turns", "token_budget"):
+        metrics[f"episode/end_{end}_fraction"] = sum(r.end == end for r in records) / n
+    return metrics

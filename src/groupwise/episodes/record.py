@@ -1,0 +1,47 @@
+"""What one finished episode did: turns, tool calls, how it ended and what the environment cost."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+EpisodeEnd = Literal["done", "max_turns", "token_budget"]
+"""``done``: the environment ended it; ``max_turns``: it reached ``episode.max_turns`` without that;
+``token_budget``: the next turn had no room left in ``episode.max_tokens``."""
+
+
+@dataclass(frozen=True)
+class EpisodeRecord:
+    """The summary of one episode, carried on its :class:`~groupwise.types.Completion` (and in ``train_data``).
+
+    ``assistant`` holds the text of each model turn and ``observations`` the messages the environment answered
+    each with, so an episode can be replayed into a fresh environment (``groupwise audit --replay-episodes``).
+    ``model_tokens`` were sampled and train; ``env_tokens`` (chat-template framing and observations) do not.
+    """
+
+    turns: int
+    end: EpisodeEnd
+    reward: float
+    step_rewards: tuple[float, ...]
+    tool_calls: int = 0
+    tool_errors: int = 0
+    truncated_observations: int = 0
+    env_seconds: float = 0.0
+    model_tokens: int = 0
+    env_tokens: int = 0
+    assistant: tuple[str, ...] = ()
+    observations: tuple[tuple[dict[str, str], ...], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["observations"] = [[dict(m) for m in turn] for turn in self.observations]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EpisodeRecord:
+        return cls(**{
+            **data,
+            "step_rewards": tuple(data["step_rewards"]),
+            "assistant": tuple(data.get("assistant", ())),
+            "observations": tuple(tuple(dict(m) for m in turn) for turn in data.get("observations", ())),
+        })  # fmt: skip

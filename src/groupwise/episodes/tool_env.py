@@ -1,0 +1,62 @@
+"""A ready base for environments where the model calls tools until it answers.
+
+Each model turn either calls tools (``<tool_call>{...}</tool_call>``, :mod:`groupwise.episodes.tools`): they run
+and their answers come back as ``tool`` messages; or it does not: the episode ends and :meth:`score` rates the
+final reply. A malformed call, an unknown tool, bad arguments, a tool that raises, hangs past ``tool_timeout_s``
+or answers megabytes: each is an error message the model reads, counted in ``episode/tool_errors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from groupwise.episodes.deadline import StepTimeout, call_with_deadline
+from groupwise.episodes.environment import Message, StepResult
+from groupwise.episodes.tools import ToolAnswer, ToolCall, parse_tool_calls, run_tool_call
+from groupwise.types import Prompt
+
+
+class ToolEnvironment:
+    """Subclass it: set :attr:`tools` (plain functions) and :attr:`system_prompt`, override :meth:`score`."""
+
+    system_prompt: str = ""
+    tool_timeout_s: float = 10.0
+    max_answer_chars: int = 2000
+
+    def __init__(self) -> None:
+        self.prompt: Prompt | None = None
+
+    @property
+    def tools(self) -> Sequence[Callable[..., Any]]:
+        return ()
+
+    def reset(self, prompt: Prompt, sample_index: int) -> list[Message]:
+        self.prompt = prompt
+        opening = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        if prompt.messages is not None:
+            return opening + [dict(m) for m in prompt.messages]
+        return [*opening, {"role": "user", "content": prompt.text or ""}]
+
+    def step(self, assistant_message: Message) -> StepResult:
+        calls = parse_tool_calls(assistant_message["content"])
+        if not calls:
+            assert self.prompt is not None, "reset() before step()"
+            return StepResult(reward=self.score(self.prompt, assistant_message["content"]), done=True)
+        answers = [self._answer(call) for call in calls]
+        messages = [{"role": "tool", "content": answer.text} for answer in answers]
+        errors = sum(answer.is_error for answer in answers)
+        return StepResult(messages=messages, info={"tool_calls": len(calls), "tool_errors": errors})
+
+    def score(self, prompt: Prompt, final_reply: str) -> float:
+        """The reward of the final reply (the turn without a tool call)."""
+        raise NotImplementedError
+
+    def _answer(self, call: ToolCall) -> ToolAnswer:
+        by_name = {tool.__name__: tool for tool in self.tools}
+        try:
+            return call_with_deadline(
+                lambda: run_tool_call(call, by_name, self.max_answer_chars), self.tool_timeout_s, f"tool-{call.name}"
+            )
+        except StepTimeout:
+            return ToolAnswer(f"error: {call.name} took longer than {self.tool_timeout_s:g} s and was stopped", True)

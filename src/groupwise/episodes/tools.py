@@ -1,0 +1,119 @@
+"""Tools as plain Python functions: their schema, the call format the model writes, running a call.
+
+A model calls a tool by writing ``<tool_call>{"name": "multiply", "arguments": {"a": 3, "b": 4}}</tool_call>``
+(the format Qwen- and Hermes-style chat templates train, and the one :func:`tool_instructions` describes to a
+model whose template has no ``tools`` support). Everything that can go wrong with a call — text that is not JSON,
+an unknown tool, wrong arguments, a tool that raises or answers too much — becomes a readable error string the
+model gets back as the tool's answer, never an exception of the run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+CALL_PATTERN = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model wrote: the tool's name and arguments, or ``error`` when it could not be read."""
+
+    name: str = ""
+    arguments: Mapping[str, Any] | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolAnswer:
+    """The text a tool call answered with, and whether it was an error."""
+
+    text: str
+    is_error: bool
+
+
+def tool_schema(tool: Callable[..., Any]) -> dict[str, Any]:
+    """The JSON schema transformers' chat templates take for ``tool`` (typed parameters, Google-style docstring)."""
+    from transformers.utils import get_json_schema
+
+    return get_json_schema(tool)
+
+
+def tool_problem(tool: Callable[..., Any]) -> str | None:
+    """Why ``tool`` cannot be offered to a model (what :func:`tool_schema` needs: a name, a type hint for every
+    parameter, a docstring with an ``Args:`` entry for each), or None. Checked without importing transformers."""
+    name = getattr(tool, "__name__", None)
+    if not callable(tool) or not isinstance(name, str):
+        return f"{tool!r} is not a named function"
+    try:
+        hints = typing.get_type_hints(tool)
+        parameters = inspect.signature(tool).parameters.values()
+    except Exception as exc:  # unresolvable annotations, builtins without a signature
+        return f"{name}: its signature cannot be read ({type(exc).__name__}: {exc})"
+    doc = inspect.getdoc(tool) or ""
+    args = doc.split("Args:", 1)[1] if "Args:" in doc else ""
+    for parameter in parameters:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            return f"{name}: *{parameter.name} cannot be described to a model; give named parameters"
+        if parameter.name not in hints:
+            return f"{name}: parameter {parameter.name!r} has no type hint"
+        if not re.search(rf"^\s*{re.escape(parameter.name)}\b.*:", args, re.M):
+            return f"{name}: its docstring has no 'Args:' entry for {parameter.name!r}"
+    if not doc.split("Args:", 1)[0].strip():
+        return f"{name}: its docstring has no description before 'Args:'"
+    return None
+
+
+def tool_instructions(tools: Sequence[Callable[..., Any]]) -> str:
+    """A system-prompt paragraph describing ``tools`` and the call format, for templates without ``tools``."""
+    schemas = "\n".join(json.dumps(tool_schema(t)["function"]) for t in tools)
+    return (
+        "You can call these tools:\n" + schemas + "\nTo call one, write <tool_call>{\"name\": NAME, \"arguments\": "
+        "{...}}</tool_call> and stop; its answer comes back in the next message. When you know the answer, reply "
+        "without a tool call."
+    )
+
+
+def parse_tool_calls(text: str) -> list[ToolCall]:
+    """Every ``<tool_call>…</tool_call>`` in ``text``, in order; an unreadable one is a call with ``error`` set."""
+    calls = []
+    for body in CALL_PATTERN.findall(text):
+        try:
+            data = json.loads(body)
+        except json.JSONDecodeError as exc:
+            calls.append(ToolCall(error=f"the tool call is not valid JSON ({exc.msg})"))
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            calls.append(ToolCall(error='a tool call needs {"name": ..., "arguments": {...}}'))
+            continue
+        arguments = data.get("arguments", {})
+        if not isinstance(arguments, dict):
+            calls.append(ToolCall(name=data["name"], error="the tool call's arguments must be a JSON object"))
+            continue
+        calls.append(ToolCall(name=data["name"], arguments=arguments))
+    return calls
+
+
+def run_tool_call(call: ToolCall, tools: Mapping[str, Callable[..., Any]], max_chars: int) -> ToolAnswer:
+    """Run one parsed call; its answer as text cut to ``max_chars`` (an error string for a bad call or a raise)."""
+    if call.error is not None:
+        return ToolAnswer(f"error: {call.error}", True)
+    tool = tools.get(call.name)
+    if tool is None:
+        return ToolAnswer(f"error: unknown tool {call.name!r}; the tools are {', '.join(sorted(tools))}", True)
+    arguments = dict(call.arguments or {})
+    try:
+        inspect.signature(tool).bind(**arguments)
+    except TypeError as exc:
+        return ToolAnswer(f"error: {call.name} cannot take these arguments ({exc})", True)
+    try:
+        value = tool(**arguments)
+    except Exception as exc:  # the tool's own failure is the model's to read, not the run's to die of
+        return ToolAnswer(f"error: {call.name} raised {type(exc).__name__}: {exc}", True)
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return ToolAnswer(text[:max_chars], False)

@@ -1,0 +1,94 @@
+"""The ``episode`` section checked against the machine before any model loads: the environment factory imports,
+makes an environment, and that environment has ``reset`` and ``step`` (and its tools have schemas)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from groupwise.config import ConfigError, ConfigIssue
+from groupwise.environments import ENVIRONMENTS
+from groupwise.episodes.environment import (
+    Environment,
+    EnvironmentFactory,
+    EnvironmentSpecError,
+    OffersTools,
+    environment_factory,
+)
+from groupwise.episodes.episode import EpisodeLimits
+from groupwise.episodes.lockstep import EpisodeSettings
+from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE, ChatRenderer, append_only_problem
+from groupwise.episodes.tools import tool_problem
+from groupwise.model.encode import has_chat_template
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from transformers import PreTrainedTokenizerBase
+
+    from groupwise.config import RunConfig
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """A checked ``episode.environment``: its factory and the tools its environments offer."""
+
+    name: str
+    factory: EnvironmentFactory
+    tools: Sequence[Callable[..., Any]] = ()
+
+
+def episode_environment(cfg: RunConfig) -> tuple[EnvironmentSpec | None, list[ConfigIssue]]:
+    """``(the environment spec, [])``, ``(None, [])`` for single-turn runs, or ``(None, [the issue])``."""
+    name = cfg.episode.environment
+    if name is None:
+        return None, []
+    key, fix = "episode.environment", "give an importable factory as 'package.module:ClassName' taking episode.kwargs"
+    try:
+        factory = environment_factory(name, cfg.episode.kwargs, ENVIRONMENTS)
+        probe = factory()
+    except EnvironmentSpecError as exc:
+        return None, [ConfigIssue(key, name, str(exc), fix)]
+    except Exception as exc:  # the user's constructor raised on episode.kwargs
+        return None, [ConfigIssue("episode.kwargs", cfg.episode.kwargs,
+                                  f"making an environment with these kwargs failed: {type(exc).__name__}: {exc}",
+                                  f"pass the keyword arguments {name} takes")]  # fmt: skip
+    if not isinstance(probe, Environment):
+        return None, [ConfigIssue(key, name, f"it made a {type(probe).__name__}, which has no reset(prompt, "
+                                  "sample_index) and step(assistant_message)", fix)]  # fmt: skip
+    tools = tuple(probe.tools) if isinstance(probe, OffersTools) else ()
+    for tool in tools:
+        problem = tool_problem(tool)
+        if problem is not None:
+            return None, [ConfigIssue(key, name, f"one of its tools cannot be offered to a model: {problem}",
+                                      "give each tool typed parameters and a docstring with a description and an "
+                                      "Args: entry per parameter")]  # fmt: skip
+    return EnvironmentSpec(name, factory, tools), []
+
+
+def episode_settings(
+    cfg: RunConfig, spec: EnvironmentSpec, tokenizer: PreTrainedTokenizerBase, positions: int | None
+) -> EpisodeSettings:
+    """The ``episode`` section resolved against the loaded tokenizer: :class:`ConfigError` when its chat template
+    is missing or not append-only (probed on a two-turn conversation)."""
+    section, key = cfg.episode, "episode.chat_template"
+    template = PLAIN_CHAT_TEMPLATE if section.chat_template == "plain" else section.chat_template
+    if template is None and not has_chat_template(tokenizer):
+        raise ConfigError([ConfigIssue(key, None, "the tokenizer has no chat template to render an episode's turns",
+                                       "set episode.chat_template: plain, or give a Jinja chat template")])
+    try:
+        renderer = ChatRenderer(tokenizer, spec.tools, template)
+    except Exception as exc:  # no EOS token to end a turn with; a tool transformers cannot describe
+        raise ConfigError([ConfigIssue("episode.environment", spec.name, f"its episodes cannot be rendered: "
+                                       f"{type(exc).__name__}: {exc}", "see docs/environments.md, Tools")]) from exc
+    problem = append_only_problem(renderer)
+    if problem is not None:
+        raise ConfigError([ConfigIssue(
+            key, section.chat_template, f"episodes cannot use this chat template: {problem}",
+            "use a template that renders earlier turns unchanged and ends an assistant turn with the EOS token "
+            "(episode.chat_template: plain always does)",
+        )])  # fmt: skip
+    max_new = cfg.generation.max_new_tokens
+    limits = EpisodeLimits(section.max_turns, section.token_budget(max_new), section.max_observation_tokens, max_new,
+                           positions)  # fmt: skip
+    return EpisodeSettings(spec.name, spec.factory, renderer, limits, section.step_timeout_s)

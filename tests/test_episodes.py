@@ -1,0 +1,421 @@
+"""Multi-turn episodes: the tokens that train are the tokens that were sampled, and every limit ends an episode.
+
+Invariants pinned:
+- token faithfulness: an episode's trainable tokens are exactly the ids the generator returned, turn by turn,
+  never decoded and encoded again (a turn whose text re-encodes to other ids keeps its sampled ids); each turn
+  is asked to continue exactly the prompt plus every token before it; the environment tokens between turns are
+  the chat template's rendering of the conversation (prompt + completion equals the template's own tokens);
+- a template that rewrites earlier turns is refused (by the probe, and at run start naming
+  ``episode.chat_template``), never trained on silently;
+- limits: ``max_turns`` ends an episode after that many model turns; the token budget and the model's positions
+  are never exceeded (a turn samples at most what is left); an observation past ``max_observation_tokens`` is cut
+  to fit and counted;
+- failures: an environment that raises, answers with something that is not a StepResult, a non-finite reward or
+  messages without content, or runs past ``step_timeout_s`` fails only its own group, with an error naming the
+  environment, the prompt and the sample, and the tokens its episodes had sampled charged to it;
+- tools: every way a tool call can go wrong is an error message the model reads, counted in ``tool_errors``; a
+  tool without type hints or ``Args:`` docs is named before any model loads;
+- an episode samples the same tokens whether its group runs alone or with others (seeds per sample and turn);
+- a group whose episodes open differently keeps the shared part as its prompt and the rest as environment tokens;
+- an episode group (trainable flags, episode records) comes back from its checkpoint form unchanged;
+- weights loaded between turns: each sampled token keeps the version it was sampled under, and each environment
+  token the version of the turn before it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from groupwise.config import ConfigError
+from groupwise.data.loader import LoadedPrompt
+from groupwise.environments.guess_number import GuessNumberEnvironment
+from groupwise.episodes.environment import StepResult
+from groupwise.episodes.episode import TRUNCATION_MARK, EpisodeLimits
+from groupwise.episodes.lockstep import EpisodeError, EpisodeSettings, run_episode_groups
+from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE, ChatRenderer, append_only_problem
+from groupwise.episodes.tool_env import ToolEnvironment
+from groupwise.generation import Engine
+from groupwise.model import load_policy
+from groupwise.model.tokenizer import build_char_tokenizer
+from groupwise.types import Completion, GenerationRequest, Prompt, SamplingParams, cost_of
+
+TOKENIZER = build_char_tokenizer("full")
+EOS = TOKENIZER.eos_token_id
+RENDERER = ChatRenderer(TOKENIZER, (), PLAIN_CHAT_TEMPLATE)
+SAMPLING = SamplingParams(max_new_tokens=8, temperature=1.0)
+# A template that drops the reasoning of earlier assistant turns (as some reasoning models' templates do).
+DROPS_EARLIER_REASONING = (
+    "{%- for m in messages -%}{{ m['role'] }}: "
+    "{%- if m['role'] == 'assistant' and not loop.last -%}{{ m['content'].split('</think>')[-1] }}"
+    "{%- else -%}{{ m['content'] }}{%- endif -%}"
+    "{%- if m['role'] == 'assistant' -%}{{ eos_token }}{%- endif -%}{{ '\\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}assistant: {% endif -%}"
+)
+
+
+def chars(text: str) -> list[int]:
+    """One id per character (the char tokenizer's vocabulary), whatever the text would re-encode to."""
+    return [int(i) for i in TOKENIZER.convert_tokens_to_ids(list(text))]
+
+
+class ScriptedGenerator:
+    """A fake generator (test only): each request's reply is ``reply(context, seed)``, cut at the turn cap; every
+    request is recorded with the cap it was given."""
+
+    def __init__(self, reply: Callable[[tuple[int, ...], int], list[int]], new_weights_each_call: bool = False) -> None:
+        self.reply = reply
+        self.requests: list[tuple[GenerationRequest, int]] = []
+        self.new_weights_each_call = new_weights_each_call
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
+        out = []
+        for request in requests:
+            self.requests.append((request, sampling.max_new_tokens))
+            ids = self.reply(request.prompt_token_ids, request.seed)[: sampling.max_new_tokens]
+            logprobs = tuple(-1.0 - 0.01 * i for i in range(len(ids)))
+            finish = "stop" if ids and ids[-1] == EOS else "length"
+            text = TOKENIZER.decode(ids, skip_special_tokens=True)
+            out.append([Completion(tuple(ids), logprobs, text, finish, self._version)])
+        self._version += int(self.new_weights_each_call)  # weights loaded between two turns (async training)
+        return out
+
+
+def settings(factory=GuessNumberEnvironment, timeout_s: float = 5.0, **limits) -> EpisodeSettings:
+    values = {"max_turns": 4, "max_tokens": 400, "max_observation_tokens": 64, "max_turn_tokens": 8, **limits}
+    return EpisodeSettings("test-env", factory, RENDERER, EpisodeLimits(**values), timeout_s)
+
+
+def game(uid: str, secret: int) -> Prompt:
+    return Prompt(uid=uid, answer=str(secret), messages=({"role": "user", "content": "Guess 1 to 20."},))
+
+
+def run(generator, episode_settings, prompts, group_size=2, seeds=None):
+    seeds = seeds or [100 + i for i in range(len(prompts))]
+    return run_episode_groups(generator, SAMPLING, episode_settings, prompts, seeds, group_size)
+
+
+def test_sampled_ids_are_kept_even_when_their_text_would_re_encode_otherwise():
+    # The characters "<eos>" decode to a text that encodes back to the single EOS id: re-tokenizing would train
+    # on ids the model never sampled (the BPE-merge hazard, in miniature).
+    turn = chars("<eos>7") + [EOS]
+    assert TOKENIZER(TOKENIZER.decode(turn), add_special_tokens=False)["input_ids"] != turn
+    generator = ScriptedGenerator(lambda context, seed: list(turn))
+    [episodes] = run(generator, settings(max_turns=3), [game("p", 12)])
+    for episode in episodes:
+        completion = episode.completion("")
+        sampled = [t for t, keep in zip(completion.token_ids, completion.trainable, strict=True) if keep]
+        assert sampled == turn * episode.turns
+        assert episode.turns == 3 and episode.end == "max_turns"
+    # Each turn continued exactly the prompt and every token before it.
+    for request, _ in generator.requests:
+        assert any(e.context()[: len(request.prompt_token_ids)] == request.prompt_token_ids for e in episodes)
+    contexts = sorted(len(r.prompt_token_ids) for r, _ in generator.requests)
+    assert len(contexts) == 6 and len(set(contexts)) == 3  # two episodes, three turns each
+
+
+def test_environment_tokens_are_the_templates_rendering_of_the_conversation():
+    generator = ScriptedGenerator(lambda context, seed: chars(str(seed % 9 + 1)) + [EOS])
+    [episodes] = run(generator, settings(max_turns=3), [game("p", 15)])
+    for episode in episodes:
+        assert episode.end == "max_turns"
+        last_turn = len(chars(episode.assistant[-1])) + 1
+        conversation = episode.history  # the opening, each reply and each answer, up to the last turn
+        rendered = RENDERER.ids(RENDERER.text(conversation, generation_prompt=True))
+        assert list(episode.context())[:-last_turn] == rendered
+        flags = episode.completion("").trainable
+        assert sum(flags) == sum(len(chars(text)) + 1 for text in episode.assistant)
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused():
+    assert append_only_problem(RENDERER) is None
+    problem = append_only_problem(ChatRenderer(TOKENIZER, (), DROPS_EARLIER_REASONING))
+    assert problem is not None and "not append-only" in problem
+
+
+def test_run_start_refuses_a_template_that_is_not_append_only(tmp_path):
+    from test_episode_runs import episode_config
+
+    from groupwise.trainer.builder import build_components
+
+    cfg = episode_config(tmp_path, episode={"chat_template": DROPS_EARLIER_REASONING})
+    with pytest.raises(ConfigError) as caught:
+        build_components(cfg)
+    [issue] = caught.value.errors
+    assert issue.path == "episode.chat_template" and "not append-only" in issue.rule
+
+
+def test_max_turns_ends_every_episode_after_that_many_turns():
+    generator = ScriptedGenerator(lambda context, seed: chars("0") + [EOS])  # never the secret
+    [episodes] = run(generator, settings(factory=lambda: GuessNumberEnvironment(max_guesses=10), max_turns=2),
+                     [game("p", 5)], group_size=3)  # fmt: skip
+    assert [(e.turns, e.end, len(e.step_rewards)) for e in episodes] == [(2, "max_turns", 2)] * 3
+    assert all(e.record(sum(e.step_rewards)).reward == 0.0 for e in episodes)
+
+
+@pytest.mark.parametrize("max_tokens, max_context", [(30, None), (400, 60)])
+def test_the_token_budget_and_the_positions_are_never_exceeded(max_tokens, max_context):
+    generator = ScriptedGenerator(lambda context, seed: chars("12345678"))  # always cut at the turn cap
+    limits = {"max_turns": 10, "max_tokens": max_tokens, "max_turn_tokens": 8, "max_context": max_context}
+    [episodes] = run(generator, settings(factory=lambda: GuessNumberEnvironment(max_guesses=50), **limits),
+                     [game("p", 5)])  # fmt: skip
+    for episode in episodes:
+        assert episode.end == "token_budget"
+        assert len(episode.token_ids) <= max_tokens
+        if max_context is not None:
+            assert len(episode.context()) <= max_context
+    for request, cap in generator.requests:
+        assert cap >= 1
+        if max_context is not None:
+            assert len(request.prompt_token_ids) + cap <= max_context
+
+
+class Verbose:
+    """An environment (test only) answering every turn with ``size`` characters."""
+
+    def __init__(self, size: int = 500) -> None:
+        self.size = size
+
+    def reset(self, prompt: Prompt, sample_index: int) -> list[dict[str, str]]:
+        return [{"role": "user", "content": "Talk."}]
+
+    def step(self, assistant_message: dict[str, str]) -> StepResult:
+        return StepResult(messages=[{"role": "user", "content": "x" * self.size}], reward=0.5)
+
+
+def test_an_observation_past_its_cap_is_cut_to_fit_and_counted():
+    generator = ScriptedGenerator(lambda context, seed: chars("ok") + [EOS])
+    [episodes] = run(generator, settings(factory=Verbose, max_turns=3, max_observation_tokens=40), [game("p", 1)])
+    for episode in episodes:
+        assert episode.truncated_observations == 2  # answers to turns 1 and 2; turn 3 ends the episode
+        assert [len(obs[0]["content"]) for obs in episode.observations[:2]] != [500, 500]
+        assert all(obs[0]["content"].endswith(TRUNCATION_MARK) for obs in episode.observations[:2])
+        flags = episode.completion("").trainable
+        runs, current = [], 0
+        for flag in flags:
+            if not flag:
+                current += 1
+            elif current:
+                runs.append(current)
+                current = 0
+        closing = 1  # the plain template's newline after the end of an assistant turn
+        assert runs and all(run - closing <= 40 for run in runs)
+        assert math.isclose(sum(episode.step_rewards), 1.5)
+
+
+class Failing:
+    """An environment (test only) that fails in one configured way on prompt ``bad``."""
+
+    def __init__(self, how: str) -> None:
+        self.how, self.uid = how, ""
+
+    def reset(self, prompt: Prompt, sample_index: int) -> list[dict[str, str]]:
+        self.uid = prompt.uid
+        if self.how == "reset" and prompt.uid == "bad":
+            raise RuntimeError("no such game")
+        return [{"role": "user", "content": "Go."}]
+
+    def step(self, assistant_message: dict[str, str]):
+        if self.uid != "bad":
+            return StepResult(reward=1.0, done=True)
+        answers = {
+            "raise": lambda: (_ for _ in ()).throw(RuntimeError("boom")),
+            "text": lambda: "not a result",
+            "nan": lambda: StepResult(reward=float("nan"), done=True),
+            "messages": lambda: StepResult(messages=[{"role": "user"}]),
+            "slow": lambda: time.sleep(3) or StepResult(done=True),
+        }
+        return answers[self.how]()
+
+
+@pytest.mark.parametrize("how, says", [
+    ("reset", "failed in reset() (prompt 'bad', sample 0): RuntimeError: no such game"),
+    ("raise", "failed in step() (prompt 'bad', sample 0): RuntimeError: boom"),
+    ("text", "not a StepResult"),
+    ("nan", "must be a finite number"),
+    ("messages", "each needs a str 'role' and 'content'"),
+    ("slow", "episode.step_timeout_s=0.3"),
+])  # fmt: skip
+def test_an_environment_failure_fails_only_its_own_group(how, says):
+    generator = ScriptedGenerator(lambda context, seed: chars("42") + [EOS])
+    started = time.perf_counter()
+    good, bad = run(generator, settings(factory=lambda: Failing(how), timeout_s=0.3), [game("good", 1), game("bad", 1)])
+    assert time.perf_counter() - started < 2.5  # the slow step was abandoned at its deadline
+    assert [e.record(sum(e.step_rewards)).reward for e in good] == [1.0, 1.0]
+    assert isinstance(bad, EpisodeError)
+    assert "environment 'test-env'" in str(bad) and "prompt 'bad'" in str(bad) and says in str(bad)
+    assert cost_of(bad).tokens == (0 if how == "reset" else 2 * 3)  # both episodes' sampled "42<eos>"
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first term.
+        b: The second term.
+    """
+    return a + b
+
+
+def explode(a: int) -> int:
+    """Always fails.
+
+    Args:
+        a: Anything.
+    """
+    raise ZeroDivisionError("on purpose")
+
+
+def dawdle(a: int) -> int:
+    """Takes its time.
+
+    Args:
+        a: Anything.
+    """
+    time.sleep(2)
+    return a
+
+
+class Tools(ToolEnvironment):
+    """A tool environment (test only) scoring a final reply of "5" as 1."""
+
+    tool_timeout_s = 0.2
+
+    @property
+    def tools(self):
+        return (add, explode, dawdle)
+
+    def score(self, prompt: Prompt, final_reply: str) -> float:
+        return float(final_reply.strip() == "5")
+
+
+def test_every_bad_tool_call_is_an_answer_the_model_reads_and_is_counted():
+    env = Tools()
+    env.reset(game("p", 1), 0)
+    reply = "".join([
+        '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>',
+        "<tool_call>{not json}</tool_call>",
+        '<tool_call>{"name": "subtract", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>',
+        '<tool_call>{"name": "explode", "arguments": {"a": 1}}</tool_call>',
+        '<tool_call>{"name": "dawdle", "arguments": {"a": 1}}</tool_call>',
+    ])  # fmt: skip
+    result = env.step({"role": "assistant", "content": reply})
+    answers = [m["content"] for m in result.messages]
+    assert answers[0] == "5"
+    assert answers[1].startswith("error: the tool call is not valid JSON")
+    assert answers[2].startswith("error: unknown tool 'subtract'; the tools are add, dawdle, explode")
+    assert answers[3].startswith("error: add cannot take these arguments")
+    assert answers[4] == "error: explode raised ZeroDivisionError: on purpose"
+    assert answers[5] == "error: dawdle took longer than 0.2 s and was stopped"
+    assert dict(result.info) == {"tool_calls": 6, "tool_errors": 5} and not result.done
+    final = env.step({"role": "assistant", "content": "5"})
+    assert final.done and final.reward == 1.0
+
+
+def test_tools_reach_a_template_without_tool_support_through_the_system_message():
+    renderer = ChatRenderer(TOKENIZER, (add,), PLAIN_CHAT_TEMPLATE)
+    opening = renderer.offer_tools([{"role": "user", "content": "2 + 3?"}])
+    assert opening[0]["role"] == "system" and '"name": "add"' in opening[0]["content"]
+    assert "<tool_call>" in opening[0]["content"] and opening[1] == {"role": "user", "content": "2 + 3?"}
+    with_tools = "{%- for t in tools -%}[{{ t['function']['name'] }}]{%- endfor -%}" + PLAIN_CHAT_TEMPLATE
+    native = ChatRenderer(TOKENIZER, (add,), with_tools)
+    assert native.offer_tools([{"role": "user", "content": "hi"}]) == [{"role": "user", "content": "hi"}]
+    assert native.text([{"role": "user", "content": "hi"}], generation_prompt=True).startswith("[add]user: hi")
+
+
+@pytest.fixture(scope="module")
+def engine():
+    policy = load_policy("tiny", tiny={"vocab": "full", "num_layers": 1, "hidden_size": 32, "num_heads": 2,
+                                       "intermediate_size": 64, "max_position_embeddings": 256}, seed=1, device="cpu")
+    return Engine(policy.model, policy.tokenizer, eos_token_ids=(EOS,))  # fmt: skip
+
+
+def test_an_episode_samples_the_same_tokens_alone_or_beside_other_groups(engine):
+    prompts = [game("a", 3), game("b", 17)]
+    together = run(engine, settings(max_turns=3), prompts, seeds=[7, 8])
+    alone = [run(engine, settings(max_turns=3), [p], seeds=[s])[0] for p, s in zip(prompts, [7, 8], strict=True)]
+    for both, single in zip(together, alone, strict=True):
+        assert [e.token_ids for e in both] == [e.token_ids for e in single]
+        assert [e.trainable for e in both] == [e.trainable for e in single]
+    assert together[0][0].token_ids != together[0][1].token_ids  # the samples of a group differ
+
+
+class NumberedOpening(GuessNumberEnvironment):
+    """Each sample's opening names its index (test only): the openings of a group differ after a shared part."""
+
+    def reset(self, prompt: Prompt, sample_index: int):
+        return [*super().reset(prompt, sample_index), {"role": "user", "content": f"You are player {sample_index}."}]
+
+
+def test_a_group_keeps_the_shared_opening_as_its_prompt_and_the_rest_as_environment_tokens():
+    from groupwise.trainer.rollout import RolloutWorker
+
+    generator = ScriptedGenerator(lambda context, seed: chars("9") + [EOS])
+    worker = RolloutWorker(generator, TOKENIZER, lambda *a: 0.0, SAMPLING, group_size=3, run_seed=0,
+                           episodes=settings(factory=NumberedOpening, max_turns=2))  # fmt: skip
+    [group] = worker.generate_group_outcomes([LoadedPrompt(game("p", 9), 0, 0)], [0])
+    assert group.raw_rewards == [1.5, 1.5, 1.5]  # 9 on the first guess: 1 + 0.1 × 5 guesses left
+    for index, completion in enumerate(group.completions):
+        opening = RENDERER.opening(NumberedOpening().reset(game("p", 9), index))
+        lead = len(opening) - len(group.prompt_token_ids)
+        assert lead > 0 and tuple(opening) == group.prompt_token_ids + completion.token_ids[:lead]
+        assert not any(completion.trainable[:lead]) and completion.trainable[lead:] == (True, True)
+        assert completion.num_tokens == 2 and completion.episode is not None and completion.episode.turns == 1
+
+
+def test_an_episode_group_survives_a_checkpoint_round_trip():
+    from groupwise.trainer.rollout import RolloutWorker
+    from groupwise.types import group_from_dict, group_to_dict
+
+    generator = ScriptedGenerator(lambda context, seed: chars(str(seed % 7 + 1)) + [EOS])
+    worker = RolloutWorker(generator, TOKENIZER, lambda *a: 0.0, SAMPLING, group_size=2, run_seed=0,
+                           episodes=settings(max_turns=2))  # fmt: skip
+    [group] = worker.generate_group_outcomes([LoadedPrompt(game("p", 3), 0, 0)], [5])
+    restored = group_from_dict(group_to_dict(group))
+    assert restored == group
+    assert [c.trainable for c in restored.completions] == [c.trainable for c in group.completions]
+    assert any(not flag for c in restored.completions for flag in c.trainable)
+
+
+def test_weights_loaded_between_turns_keep_each_tokens_version():
+    generator = ScriptedGenerator(lambda context, seed: chars("0") + [EOS], new_weights_each_call=True)
+    [episodes] = run(generator, settings(max_turns=3), [game("p", 5)])
+    for episode in episodes:
+        completion = episode.completion("")
+        turn, expected = -1, []
+        for index, sampled in enumerate(completion.trainable):
+            if sampled and (index == 0 or not completion.trainable[index - 1]):
+                turn += 1  # a new turn: sampled by the weights of its own engine call
+            expected.append(turn)
+        assert list(completion.token_versions) == expected
+        assert completion.weight_version == 2 and set(expected) == {0, 1, 2}
+
+
+def test_a_tool_that_cannot_be_described_to_a_model_is_named():
+    from groupwise.episodes.tools import tool_problem
+
+    def untyped(a, b: int) -> int:
+        """Adds.
+
+        Args:
+            a: One.
+            b: Two.
+        """
+        return a + b
+
+    def undocumented(a: int) -> int:
+        """Adds."""
+        return a
+
+    assert tool_problem(add) is None
+    assert tool_problem(untyped) == "untyped: parameter 'a' has no type hint"
+    assert tool_problem(undocumented) == "undocumented: its docstring has no 'Args:' entry for 'a'"
