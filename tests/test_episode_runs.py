@@ -4,6 +4,8 @@ Invariants pinned:
 - a sync run and an async run (ready_first, dynamic sampling) on the ``guess_number`` environment finish, and
   every trained row's reward is what the environment gives when its recorded turns are replayed into a fresh
   environment; each row's environment tokens are its ``env_spans`` and the model tokens its episode counted;
+- an async episode run killed in the middle of a checkpoint resumes from the previous one and ends with every
+  prompt accounted for once (audit), every row still replaying to its reward;
 - the learner trains only the model's tokens: ``perf/train_tokens`` is the sum of the rows' sampled tokens, and
   the async step's accounting balances (groups trained + dropped = P);
 - ``episode/*`` metrics describe the trained episodes (turn counts, how each ended);
@@ -134,6 +136,45 @@ def test_an_async_run_with_dynamic_sampling_balances_every_step(tmp_path):
 
 def with_column(rows: RowBatch, name: str, values: list) -> RowBatch:
     return RowBatch({**rows.columns, name: values})
+
+
+def test_an_async_episode_run_killed_mid_checkpoint_resumes_losing_and_doubling_nothing(tmp_path, monkeypatch, capsys):
+    from groupwise.cli.run_prompts import training_uids
+    from groupwise.run import checkpoint
+    from groupwise.run.audit import audit_run
+
+    def config(max_steps: int):
+        return episode_config(
+            tmp_path, "async", run={"name": "resume", "max_steps": max_steps},
+            eval={"at_start": False, "at_end": False}, checkpoint={"every": 1, "keep_last": 3, "save_final": False},
+            grpo={"dynamic_sampling": {"enabled": True}}, loss={"importance_sampling": True},
+            **{"async": {"sampler": {"name": "in_order", "max_lookahead_versions": 1}, "max_buffered_rollouts": 8,
+                         "max_inflight_prompts": 8, "partial_rollouts": "off",
+                         "rollout_failure": {"replacement_reserve_prompts": 4, "max_replacement_attempts": 16}}},
+        )  # fmt: skip
+
+    session = build_session(config(3))
+    real_write = checkpoint._write_file_synced
+
+    def die_in_step_3(path, data):  # the first piece of step 3's checkpoint lands, then the process "dies"
+        if ".tmp-step_3" in str(path) and path.name != "trainer_state.json":
+            raise RuntimeError("killed mid-checkpoint")
+        real_write(path, data)
+
+    monkeypatch.setattr(checkpoint, "_write_file_synced", die_in_step_3)
+    with pytest.raises(RuntimeError, match="killed mid-checkpoint"):
+        run_async(session)
+    monkeypatch.undo()
+    resumed = build_session(config(4), resume=True)
+    assert resumed.state.step == 2
+    run_async(resumed)
+    run_dir = session.run_dir.path
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss/total" in r] == [1, 2, 3, 4]
+    report = audit_run(run_dir, training_uids)
+    assert report.ok, report.format()
+    for step in (1, 2, 3, 4):
+        check_rows(resumed, step)
+    assert main(["audit", "--replay-episodes", str(run_dir)]) == 0, capsys.readouterr().out
 
 
 def test_environment_tokens_get_no_gradient(tmp_path):
