@@ -8,8 +8,12 @@ from pydantic import Field, field_validator
 
 from groupwise.config.base import Section, invalid
 
-#: The environments shipped with groupwise (``groupwise.environments``); ``episode.environment`` takes these names.
-BUILTIN_ENVIRONMENTS = ("calculator", "guess_number")
+#: The environments shipped with groupwise (``groupwise.environments``): the names ``episode.environment`` takes,
+#: and the factory each stands for.
+BUILTIN_ENVIRONMENTS = {
+    "calculator": "groupwise.environments.calculator:CalculatorEnvironment",
+    "guess_number": "groupwise.environments.guess_number:GuessNumberEnvironment",
+}
 
 
 class EpisodeSection(Section):

@@ -1,7 +1,6 @@
 """Environments shipped with groupwise (``episode.environment`` names them): a calculator tool for arithmetic
 and a guess-the-number game. docs/environments.md describes both and how to write another."""
 
-ENVIRONMENTS = {
-    "calculator": "groupwise.environments.calculator:CalculatorEnvironment",
-    "guess_number": "groupwise.environments.guess_number:GuessNumberEnvironment",
-}
+from groupwise.config.episode_schema import BUILTIN_ENVIRONMENTS as ENVIRONMENTS
+
+__all__ = ["ENVIRONMENTS"]

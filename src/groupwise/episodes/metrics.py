@@ -7,20 +7,6 @@ from collections.abc import Sequence
 
 from groupwise.episodes.record import EpisodeRecord
 
-EPISODE_METRIC_KEYS = (
-    "episode/turns_mean",
-    "episode/turns_max",
-    "episode/tool_calls_mean",
-    "episode/tool_errors",
-    "episode/truncated_observations",
-    "episode/env_seconds",
-    "episode/model_tokens_mean",
-    "episode/env_tokens_mean",
-    "episode/end_done_fraction",
-    "episode/end_max_turns_fraction",
-    "episode/end_token_budget_fraction",
-)
-
 
 def episode_metrics(records: Sequence[EpisodeRecord]) -> dict[str, float]:
     """Means and totals over ``records`` (one per trained episode); ``{}`` for a single-turn step.
