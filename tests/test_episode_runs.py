@@ -227,7 +227,7 @@ def test_config_check_reports_every_episode_mistake_at_once(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("episode, key, says", [
-    ({"environment": "no_such_module_xyz:Env"}, "episode.environment", "importing 'no_such_module_xyz' failed"),
+    ({"environment": "no_such_module_xyz:Env"}, "episode.environment", "cannot import module 'no_such_module_xyz'"),
     ({"environment": "guess_number", "kwargs": {"max_guesses": 0}}, "episode.kwargs", "max_guesses must be"),
     ({"max_turns": 2}, "episode.max_turns", "without episode.environment"),
     ({"environment": "guess_number", "chat_template": "role: text"}, "episode.chat_template", "a Jinja chat template"),

@@ -8,11 +8,11 @@ callable taking the ``episode.kwargs``).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from groupwise.plugins import PluginImportError, import_plugin
 from groupwise.types import Prompt
 
 Message = dict[str, str]
@@ -61,18 +61,12 @@ class EnvironmentSpecError(ValueError):
 def environment_factory(spec: str, kwargs: Mapping[str, Any], builtins: Mapping[str, str]) -> EnvironmentFactory:
     """A factory making one environment per episode from ``spec`` (a built-in name or ``module:attribute``),
     called with ``kwargs``. Raises :class:`EnvironmentSpecError` when it cannot be imported or is not callable."""
-    target = builtins.get(spec, spec)
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise EnvironmentSpecError(f"{spec!r} is neither a built-in environment ({', '.join(builtins)}) nor "
-                                "'module:Class'")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # any import-time failure of the user's module is reported, not raised
-        raise EnvironmentSpecError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
-    made = getattr(module, attr, None)
+        made = import_plugin(builtins.get(spec, spec), "episode.environment")
+    except PluginImportError as exc:
+        raise EnvironmentSpecError(f"{exc} (the built-in environments are {', '.join(builtins)})") from exc
     if not callable(made):
-        raise EnvironmentSpecError(f"{module_name!r} has no callable {attr!r}")
+        raise EnvironmentSpecError(f"{spec!r} names a {type(made).__name__}, not a class or function")
     options = dict(kwargs)
     return lambda: made(**options)
 

@@ -137,9 +137,9 @@ def input_issues(cfg: RunConfig, *, training: bool, location: bool) -> tuple[Inp
         issues.extend(tracker_issues(cfg))
     reward_fn, reward_issues = _reward(cfg, task)
     issues.extend(reward_issues)
-    environment, environment_issues = episode_environment(cfg)
+    environment, environment_issues = episode_environment(cfg)  # with one, the environment scores, not reward_fn
     issues.extend(environment_issues)
-    if task is not None and reward_fn is not None and not reward_issues and environment is None:
+    if task is not None and reward_fn is not None and not reward_issues and not cfg.episode.enabled:
         issues.extend(reward_trial_issues(cfg, reward_fn, prompt_splits(cfg, task)))
     issues.extend(_sampler_issues(cfg))
     backend_issues, backend_warnings = backend_checks(cfg)
