@@ -177,8 +177,12 @@ def test_cuda_graph_replays_equal_the_eager_slot_step(tokenizer) -> None:
     assert graphs.decode_graphs.captures >= 2 and graphs.decode_graphs.resets == 0
 
 
-def test_a_failed_capture_falls_back_to_eager_replays(tokenizer) -> None:
-    graphs = StepGraphs(use_graphs=True)  # CUDA graphs on a CPU-only torch cannot be captured
+def test_a_failed_capture_falls_back_to_eager_replays(tokenizer, monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no capture stream (refused by the test)")
+
+    monkeypatch.setattr(torch.cuda, "Stream", refuse)  # every capture fails, on a CUDA machine too
+    graphs = StepGraphs(use_graphs=True)
     calls = []
     graphs.run("key", lambda: lambda: calls.append(1))
     graphs.run("key", lambda: pytest.fail("a captured step is not built again"))
