@@ -284,6 +284,15 @@ def dawdle(a: int) -> int:
     return a
 
 
+def flood(a: int) -> str:
+    """Answers ten megabytes.
+
+    Args:
+        a: Anything.
+    """
+    return "x" * 10_000_000
+
+
 class Tools(ToolEnvironment):
     """A tool environment (test only) scoring a final reply of "5" as 1."""
 
@@ -291,7 +300,7 @@ class Tools(ToolEnvironment):
 
     @property
     def tools(self):
-        return (add, explode, dawdle)
+        return (add, explode, dawdle, flood)
 
     def score(self, prompt: Prompt, final_reply: str) -> float:
         return float(final_reply.strip() == "5")
@@ -307,16 +316,18 @@ def test_every_bad_tool_call_is_an_answer_the_model_reads_and_is_counted():
         '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>',
         '<tool_call>{"name": "explode", "arguments": {"a": 1}}</tool_call>',
         '<tool_call>{"name": "dawdle", "arguments": {"a": 1}}</tool_call>',
+        '<tool_call>{"name": "flood", "arguments": {"a": 1}}</tool_call>',
     ])  # fmt: skip
     result = env.step({"role": "assistant", "content": reply})
     answers = [m["content"] for m in result.messages]
     assert answers[0] == "5"
     assert answers[1].startswith("error: the tool call is not valid JSON")
-    assert answers[2].startswith("error: unknown tool 'subtract'; the tools are add, dawdle, explode")
+    assert answers[2].startswith("error: unknown tool 'subtract'; the tools are add, dawdle, explode, flood")
     assert answers[3].startswith("error: add cannot take these arguments")
     assert answers[4] == "error: explode raised ZeroDivisionError: on purpose"
     assert answers[5] == "error: dawdle took longer than 0.2 s and was stopped"
-    assert dict(result.info) == {"tool_calls": 6, "tool_errors": 5} and not result.done
+    assert answers[6] == "x" * env.max_answer_chars  # ten megabytes cut to what a model can read
+    assert dict(result.info) == {"tool_calls": 7, "tool_errors": 5} and not result.done
     final = env.step({"role": "assistant", "content": "5"})
     assert final.done and final.reward == 1.0
 
