@@ -12,6 +12,7 @@ from pydantic import ConfigDict, Field, model_validator
 import groupwise.config.async_rules
 import groupwise.config.backend_rules
 import groupwise.config.hazards
+import groupwise.config.loss_rules
 import groupwise.config.rules  # noqa: F401
 from groupwise.algo.step_size import round_size
 from groupwise.config.algorithm import GrpoSection, LossSection, OptimizerSection

@@ -1,0 +1,59 @@
+"""Cross-field rules of ``loss.type``: a plug-in must import and take one argument, a clip key the chosen loss does
+not read keeps its default, and ``dr_grpo`` trains on advantages not divided by the group's std.
+
+Each rule yields every violation it finds, naming the key path, the value given, the rule and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from groupwise.algo.loss_menu import BUILTIN_LOSSES, CLIP_KEYS, LossDeclaration
+from groupwise.config.checks import rule
+from groupwise.config.issues import ConfigIssue
+
+if TYPE_CHECKING:
+    from groupwise.config.schema import RunConfig
+
+
+def _declaration(loss_type: str) -> tuple[LossDeclaration | None, str | None]:
+    """(the loss's declaration, or None with why it cannot be used). A plug-in is imported here (torch too)."""
+    if loss_type in BUILTIN_LOSSES:
+        return BUILTIN_LOSSES[loss_type], None
+    from groupwise.algo.loss_registry import loss_problem, resolve_loss
+
+    problem = loss_problem(loss_type)
+    return (None, problem) if problem else (resolve_loss(loss_type).declaration, None)
+
+
+@rule("loss")
+def loss_type_reads_its_keys(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """loss.type names a built-in loss or a plug-in that imports and takes one argument (a LossInputs); the clip
+    keys (epsilon_low, epsilon_high, dual_clip_c, normalization) the loss does not read keep their defaults."""
+    loss = cfg.loss
+    declaration, problem = _declaration(loss.type)
+    if declaration is None:
+        yield ConfigIssue("loss.type", loss.type, f"the loss plug-in cannot be used: {problem}",
+                          "fix the target, or pick a built-in loss: " + ", ".join(BUILTIN_LOSSES))
+        return
+    for key in CLIP_KEYS:
+        value = getattr(loss, key)
+        if key not in declaration.reads and value != type(loss).model_fields[key].default:
+            reads = ", ".join(f"loss.{k}" for k in CLIP_KEYS if k in declaration.reads) or "none of them"
+            yield ConfigIssue(
+                f"loss.{key}", value, f"loss.{key} has no effect with loss.type '{loss.type}' (it reads {reads})",
+                f"remove loss.{key}, or pick a loss that reads it (docs/learner.md lists what each one reads)",
+            )
+
+
+@rule("loss", "grpo")
+def dr_grpo_advantages_without_std(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """loss.type dr_grpo needs grpo.normalize_advantages: false (Dr. GRPO removes the per-group std, whose
+    division weights easy and hard prompts unequally)."""
+    if cfg.loss.type == "dr_grpo" and cfg.grpo.normalize_advantages:
+        yield ConfigIssue(
+            "grpo.normalize_advantages", True,
+            "loss.type 'dr_grpo' trains on advantages r − baseline, not divided by the group's std",
+            "set grpo.normalize_advantages: false, or pick another loss.type",
+        )
