@@ -178,3 +178,10 @@ def test_dr_grpo_needs_advantages_without_std():
     issue = config_errors("loss.type=dr_grpo")["grpo.normalize_advantages"]
     assert "dr_grpo" in issue.rule and "false" in issue.fix
     assert load_config(DEFAULT_JOB, ["loss.type=dr_grpo", "grpo.normalize_advantages=false"]).loss.type == "dr_grpo"
+
+
+def test_batch_std_needs_std_normalisation_and_the_whole_step():
+    assert "grpo.advantage_std" in config_errors("grpo.advantage_std=batch", "grpo.normalize_advantages=false")
+    assert load_config(DEFAULT_JOB, ["grpo.advantage_std=batch"]).grpo.advantage_std == "batch"
+    issue = config_errors("mode=async", "grpo.advantage_std=batch")["grpo.advantage_std"]
+    assert "streamed chunks" in issue.rule

@@ -94,7 +94,11 @@ class GrpoSection(Section):
     baseline: Literal["mean", "leave_one_out"] = "mean"
     """Per-group baseline: the group ``mean``, or the mean of the other G − 1 rewards (``leave_one_out``)."""
     normalize_advantages: bool = True
-    """Divide advantages by the group's reward standard deviation."""
+    """Divide advantages by a reward standard deviation (``advantage_std`` says which); ``false`` = ``r − baseline``
+    undivided (Dr. GRPO)."""
+    advantage_std: Literal["group", "batch"] = "group"
+    """The std advantages are divided by: each ``group``'s own, or the ``batch``'s (every reward of the step, one
+    scale for all groups; sync mode only). Needs ``normalize_advantages: true``."""
     advantage_clip_low: float | None = None
     """Clamp advantages below at this value; ``null`` = no lower clamp (< ``advantage_clip_high``)."""
     advantage_clip_high: float | None = None

@@ -1,5 +1,6 @@
-"""Cross-field rules of ``loss.type``: a plug-in must import and take one argument, a clip key the chosen loss does
-not read keeps its default, and ``dr_grpo`` trains on advantages not divided by the group's std.
+"""Cross-field rules of the loss and advantage menu: a ``loss.type`` plug-in must import and take one argument, a
+clip key the chosen loss does not read keeps its default, ``dr_grpo`` trains on advantages not divided by a std,
+and a batch-level std needs the whole step at once.
 
 Each rule yields every violation it finds, naming the key path, the value given, the rule and the fix.
 """
@@ -57,3 +58,20 @@ def dr_grpo_advantages_without_std(cfg: RunConfig) -> Iterator[ConfigIssue]:
             "loss.type 'dr_grpo' trains on advantages r − baseline, not divided by the group's std",
             "set grpo.normalize_advantages: false, or pick another loss.type",
         )
+
+
+@rule("mode", "grpo")
+def batch_std_needs_the_whole_step(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """grpo.advantage_std batch needs grpo.normalize_advantages: true and mode sync (the async controller trains a
+    step in streamed chunks, so the step's batch is not known when its first chunk trains)."""
+    grpo = cfg.grpo
+    if grpo.advantage_std != "batch":
+        return
+    if not grpo.normalize_advantages:
+        yield ConfigIssue("grpo.advantage_std", "batch", "grpo.advantage_std has no effect with "
+                          "grpo.normalize_advantages false (advantages are not divided by any std)",
+                          "remove grpo.advantage_std, or set grpo.normalize_advantages: true")
+    if cfg.mode == "async":
+        yield ConfigIssue("grpo.advantage_std", "batch", "a batch-level std needs the whole step at once, and "
+                          "mode async trains a step in streamed chunks",
+                          "set grpo.advantage_std: group, or mode: sync")
