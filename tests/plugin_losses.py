@@ -33,3 +33,8 @@ def two_arguments(inputs: LossInputs, extra: int) -> LossResult:
 
 
 NOT_CALLABLE = 3
+
+
+#: Declares that it reads the reference policy (so it needs ``model.reference: initial``).
+with_reference = PolicyLoss("with_reference", reinforce, LossDeclaration("token_level", frozenset(),
+                                                                          needs_reference=True))

@@ -185,3 +185,10 @@ def test_batch_std_needs_std_normalisation_and_the_whole_step():
     assert load_config(DEFAULT_JOB, ["grpo.advantage_std=batch"]).grpo.advantage_std == "batch"
     issue = config_errors("mode=async", "grpo.advantage_std=batch")["grpo.advantage_std"]
     assert "streamed chunks" in issue.rule
+
+
+def test_a_plugin_that_declares_the_reference_needs_one_and_may_keep_it_without_kl():
+    issue = config_errors("loss.type=plugin_losses:with_reference")["model.reference"]
+    assert issue.value == "none" and "initial" in issue.fix
+    cfg = load_config(DEFAULT_JOB, ["loss.type=plugin_losses:with_reference", "model.reference=initial"])
+    assert cfg.loss.kl_coef == 0 and cfg.model.reference == "initial"

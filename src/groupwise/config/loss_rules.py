@@ -28,6 +28,23 @@ def _declaration(loss_type: str) -> tuple[LossDeclaration | None, str | None]:
     return (None, problem) if problem else (resolve_loss(loss_type).declaration, None)
 
 
+def declares_reference(loss_type: str) -> bool:
+    """Whether the loss declares that it reads the reference policy's logprobs (False for one that cannot load)."""
+    declaration, _ = _declaration(loss_type)
+    return declaration is not None and declaration.needs_reference
+
+
+@rule("loss", "model")
+def declared_reference_needs_a_reference(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """A loss.type plug-in that declares needs_reference needs model.reference: initial."""
+    if declares_reference(cfg.loss.type) and cfg.model.reference != "initial":
+        yield ConfigIssue(
+            "model.reference", cfg.model.reference,
+            f"loss.type '{cfg.loss.type}' declares that it reads the reference policy's logprobs",
+            "set model.reference: initial",
+        )
+
+
 @rule("loss")
 def loss_type_reads_its_keys(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """loss.type names a built-in loss or a plug-in that imports and takes one argument (a LossInputs); the clip

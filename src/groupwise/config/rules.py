@@ -13,6 +13,7 @@ from groupwise.config.algorithm import MAX_REWARD_VALUE
 from groupwise.config.checks import no_effect, rule
 from groupwise.config.generation_schema import BUILTIN_ENGINE_KEYS
 from groupwise.config.issues import ConfigIssue
+from groupwise.config.loss_rules import declares_reference
 from groupwise.config.sections import (
     BUNDLED_GGUF_PATH,
     builtin_reward_range_width,
@@ -141,7 +142,8 @@ def cuda_graphs_need_cuda_and_the_fast_step(cfg: RunConfig) -> Iterator[ConfigIs
 
 @rule("model", "loss")
 def kl_needs_reference(cfg: RunConfig) -> Iterator[ConfigIssue]:
-    """loss.kl_coef > 0 needs model.reference: initial, and the reference and KL clamps need kl_coef > 0."""
+    """loss.kl_coef > 0 needs model.reference: initial, and the reference (unless a plug-in loss declares that it
+    reads it) and the KL clamps need kl_coef > 0."""
     loss = cfg.loss
     if loss.kl_coef > 0 and cfg.model.reference != "initial":
         yield ConfigIssue(
@@ -149,7 +151,7 @@ def kl_needs_reference(cfg: RunConfig) -> Iterator[ConfigIssue]:
             "set model.reference: initial, or loss.kl_coef: 0",
         )
     if loss.kl_coef == 0:
-        if cfg.model.reference != "none":
+        if cfg.model.reference != "none" and not declares_reference(loss.type):
             yield ConfigIssue(
                 "model.reference", cfg.model.reference,
                 "model.reference has no effect with loss.kl_coef 0 (a frozen copy nothing reads)",

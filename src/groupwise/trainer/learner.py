@@ -308,7 +308,8 @@ class Learner:
 
     def _reference_logprobs(self, micro: RowBatch) -> torch.Tensor:
         if self.reference is None:
-            raise RuntimeError("loss.kl_coef > 0 but the learner has no reference model (model.reference)")
+            raise RuntimeError(f"loss.type {self.loss.name!r} with loss.kl_coef {self.settings.loss.kl_coef} reads the "
+                               "reference policy, but the learner has none (model.reference)")
         with torch.no_grad():
             prompts, completions = micro.sequence("prompt_ids"), micro.sequence("completion_ids")
             return self.scorer.score(self.reference, prompts, completions).logprobs
