@@ -56,7 +56,7 @@ class RunConfig(Section):
     grpo: GrpoSection = Field(default_factory=GrpoSection)
     """Groups, advantages, reward shaping, dynamic sampling."""
     loss: LossSection = Field(default_factory=LossSection)
-    """The clipped policy-gradient loss."""
+    """The policy-gradient loss: which one (``loss.type``) and its settings."""
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
     """AdamW and the learning-rate schedule."""
     learner: LearnerSection = Field(default_factory=LearnerSection)
