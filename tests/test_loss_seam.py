@@ -192,3 +192,25 @@ def test_a_plugin_that_declares_the_reference_needs_one_and_may_keep_it_without_
     assert issue.value == "none" and "initial" in issue.fix
     cfg = load_config(DEFAULT_JOB, ["loss.type=plugin_losses:with_reference", "model.reference=initial"])
     assert cfg.loss.kl_coef == 0 and cfg.model.reference == "initial"
+
+
+@pytest.mark.parametrize("loss_type", sorted(BUILTIN_LOSSES))
+def test_every_loss_gives_the_same_update_however_the_step_is_cut(tiny, loss_type):
+    """Each loss returns a sum and the learner normalises the step, so micro-batches and chunks do not matter."""
+    rows = job_rows(9, 90, groups=4, size=3)
+    loss = LossSection(type=loss_type, entropy_coef=0.01)
+    updates = []
+    for micro_rows, cuts in ((len(rows["advantage"]), [rows]),
+                             (2, [rows.select_groups([0]), rows.select_groups([1, 2, 3])])):
+        settings = LearnerSettings(loss=loss, optimizer=OptimizerSection(lr=1e-3, micro_batch_rows=micro_rows),
+                                   total_steps=5, temperature=1.0, max_completion_tokens=6)
+        learner = Learner(copy.deepcopy(tiny), settings)
+        grads: list[list[torch.Tensor]] = []
+        learner.optimizer.register_step_pre_hook(
+            lambda *_, learner=learner, grads=grads: grads.append([p.grad.clone() for p in learner.model.parameters()]))
+        for chunk in cuts:
+            learner.train_chunk(chunk)
+        learner.finish_step()
+        updates.append(grads[0])
+    for a, b in zip(*updates, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
