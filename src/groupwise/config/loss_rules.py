@@ -1,6 +1,7 @@
-"""Cross-field rules of the loss and advantage menu: a ``loss.type`` plug-in must import and take one argument, a
-clip key the chosen loss does not read keeps its default, ``dr_grpo`` trains on advantages not divided by a std,
-and a batch-level std needs the whole step at once.
+"""Cross-field rules of the loss and the advantages: a ``loss.type`` plug-in must import and take one argument, a
+clip key the chosen loss does not read keeps its default, ``dr_grpo`` trains on advantages not divided by a std, a
+batch-level std needs the whole step at once; the KL term and its reference, the importance-weight bounds, and the
+clip keys that act only with several updates per step.
 
 Each rule yields every violation it finds, naming the key path, the value given, the rule and the fix.
 """
@@ -92,3 +93,71 @@ def batch_std_needs_the_whole_step(cfg: RunConfig) -> Iterator[ConfigIssue]:
         yield ConfigIssue("grpo.advantage_std", "batch", "a batch-level std needs the whole step at once, and "
                           "mode async trains a step in streamed chunks",
                           "set grpo.advantage_std: group, or mode: sync")
+
+
+@rule("model", "loss")
+def kl_needs_reference(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """loss.kl_coef > 0 needs model.reference: initial, and the reference (unless a plug-in loss declares that it
+    reads it) and the KL clamps need kl_coef > 0."""
+    loss = cfg.loss
+    if loss.kl_coef > 0 and cfg.model.reference != "initial":
+        yield ConfigIssue(
+            "loss.kl_coef", loss.kl_coef, "a KL penalty needs a reference policy (model.reference is 'none')",
+            "set model.reference: initial, or loss.kl_coef: 0",
+        )
+    if loss.kl_coef == 0:
+        if cfg.model.reference != "none" and not declares_reference(loss.type):
+            yield ConfigIssue(
+                "model.reference", cfg.model.reference,
+                "model.reference has no effect with loss.kl_coef 0 (a frozen copy nothing reads)",
+                "set model.reference: none, or a positive loss.kl_coef",
+            )
+        for key in ("kl_input_clamp", "kl_output_clamp"):
+            value = getattr(loss, key)
+            if value != type(loss).model_fields[key].default:
+                yield ConfigIssue(f"loss.{key}", value, f"loss.{key} has no effect with loss.kl_coef 0",
+                                  f"remove loss.{key}, or set a positive loss.kl_coef")
+
+
+@rule("loss")
+def importance_sampling_bounds(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """is_ratio_min ≤ is_ratio_max; tis/icepop need importance_sampling; with no truncation the bounds keep defaults."""
+    loss = cfg.loss
+    if loss.is_truncation != "none" and not loss.importance_sampling:
+        yield ConfigIssue(
+            "loss.is_truncation", loss.is_truncation,
+            f"is_truncation '{loss.is_truncation}' bounds importance weights, which "
+            "loss.importance_sampling false turns off",
+            "set loss.is_truncation: none, or loss.importance_sampling: true",
+        )
+    if loss.is_truncation == "none":
+        for key in ("is_ratio_min", "is_ratio_max"):
+            value = getattr(loss, key)
+            if value != type(loss).model_fields[key].default:
+                yield ConfigIssue(f"loss.{key}", value, f"loss.{key} has no effect with loss.is_truncation none",
+                                  f"remove loss.{key}, or set loss.is_truncation: tis or icepop")
+    elif loss.is_ratio_min > loss.is_ratio_max:
+        yield ConfigIssue(
+            "loss.is_ratio_min", loss.is_ratio_min,
+            f"loss.is_ratio_min must be ≤ loss.is_ratio_max ({loss.is_ratio_max})",
+            "lower is_ratio_min or raise is_ratio_max",
+        )
+
+
+@rule("optimizer", "loss")
+def clip_needs_several_updates(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """With one optimizer update per RL step (mini_batches_per_step × epochs_per_step = 1) the policy ratio is
+    exactly 1, so loss.epsilon_low, epsilon_high and dual_clip_c keep their defaults."""
+    opt, loss = cfg.optimizer, cfg.loss
+    if opt.mini_batches_per_step * opt.epochs_per_step > 1:
+        return
+    for key in ("epsilon_low", "epsilon_high", "dual_clip_c"):
+        value = getattr(loss, key)
+        if value != type(loss).model_fields[key].default:
+            yield ConfigIssue(
+                f"loss.{key}", value,
+                f"loss.{key} has no effect with one optimizer update per RL step: the old policy is the current "
+                "one, so the ratio is exactly 1 and never clipped (a key with no effect is an error)",
+                f"remove loss.{key}, or take several updates per step (optimizer.mini_batches_per_step or "
+                "optimizer.epochs_per_step > 1)",
+            )
