@@ -2,8 +2,8 @@
 
 A declaration says what the learner must do for a loss, so nothing is computed for a loss that does not use it:
 what the step normaliser counts (valid tokens or completions), whether the reference policy must be scored,
-whether the per-token entropy must be computed, and which clip keys of the ``loss`` section it reads (a clip key
-a loss ignores is a config error naming it). The config layer reads these declarations; the functions that
+whether the per-token entropy must be computed, and which of the clip and normaliser keys of the ``loss`` section
+it reads (one a loss ignores is a config error naming it). The config layer reads these declarations; the functions that
 compute each loss live in :mod:`groupwise.algo.loss_registry` (they need torch).
 """
 
@@ -15,7 +15,7 @@ from typing import Literal
 Normalization = Literal["token_level", "sequence_level"]
 
 #: The ``loss`` keys only some losses read; every built-in loss reads the others (KL, entropy, importance weight).
-CLIP_KEYS = ("epsilon_low", "epsilon_high", "dual_clip_c", "normalization")
+PER_LOSS_KEYS = ("epsilon_low", "epsilon_high", "dual_clip_c", "normalization")
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class LossDeclaration:
     completions with at least one valid token); ``None`` = the ``loss.normalization`` key decides (``dapo`` only).
     ``needs_reference``: the learner scores the reference policy and hands its logprobs over (built-in losses
     need them only for the KL term, i.e. when ``loss.kl_coef > 0``). ``needs_entropy``: the learner computes the
-    per-token entropy and hands it over. ``reads``: the keys of :data:`CLIP_KEYS` the loss uses.
+    per-token entropy and hands it over. ``reads``: the keys of :data:`PER_LOSS_KEYS` the loss uses.
     """
 
     normalization: Normalization | None
@@ -53,4 +53,4 @@ BUILTIN_LOSSES: dict[str, LossDeclaration] = {
 DEFAULT_LOSS = "dapo"
 
 #: What a plug-in given as a plain function is taken to declare: a token-level sum, no reference, no entropy.
-PLAIN_FUNCTION = LossDeclaration("token_level", frozenset(CLIP_KEYS) - {"normalization"}, needs_entropy=False)
+PLAIN_FUNCTION = LossDeclaration("token_level", frozenset(PER_LOSS_KEYS) - {"normalization"}, needs_entropy=False)

@@ -126,7 +126,7 @@ class LossSection(Section):
     ``epsilon_low``), ``dr_grpo`` (token sum over a constant, needs ``grpo.normalize_advantages: false``),
     ``gspo`` / ``gspo_token`` (sequence-level ratio, clipped per completion), ``cispo`` (clipped weight as a
     detached coefficient); or ``package.module:name``, a plug-in loss (checked when the config loads). The
-    formulas and papers are in docs/learner.md; a clip key a loss does not read is an error."""
+    formulas and papers are in docs/learner.md; a clip or normaliser key a loss does not read is an error."""
 
     epsilon_low: float = Field(0.2, ge=0, lt=1)
     """Lower clip: the ratio is clipped at ``1 − epsilon_low`` (0 ≤ ε < 1: a ratio is positive). The ratio

@@ -1,7 +1,7 @@
 """Cross-field rules of the loss and the advantages: a ``loss.type`` plug-in must import and take one argument, a
-clip key the chosen loss does not read keeps its default, ``dr_grpo`` trains on advantages not divided by a std, a
-batch-level std needs the whole step at once; the KL term and its reference, the importance-weight bounds, and the
-clip keys that act only with several updates per step.
+clip or normaliser key the chosen loss does not read keeps its default, ``dr_grpo`` trains on advantages not
+divided by a std, a batch-level std needs the whole step at once; the KL term and its reference, the
+importance-weight bounds, and the clip keys that act only with several updates per step.
 
 Each rule yields every violation it finds, naming the key path, the value given, the rule and the fix.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from groupwise.algo.loss_menu import BUILTIN_LOSSES, CLIP_KEYS, LossDeclaration
+from groupwise.algo.loss_menu import BUILTIN_LOSSES, PER_LOSS_KEYS, LossDeclaration
 from groupwise.config.checks import rule
 from groupwise.config.issues import ConfigIssue
 
@@ -56,10 +56,10 @@ def loss_type_reads_its_keys(cfg: RunConfig) -> Iterator[ConfigIssue]:
         yield ConfigIssue("loss.type", loss.type, f"the loss plug-in cannot be used: {problem}",
                           "fix the target, or pick a built-in loss: " + ", ".join(BUILTIN_LOSSES))
         return
-    for key in CLIP_KEYS:
+    for key in PER_LOSS_KEYS:
         value = getattr(loss, key)
         if key not in declaration.reads and value != type(loss).model_fields[key].default:
-            reads = ", ".join(f"loss.{k}" for k in CLIP_KEYS if k in declaration.reads) or "none of them"
+            reads = ", ".join(f"loss.{k}" for k in PER_LOSS_KEYS if k in declaration.reads) or "none of them"
             yield ConfigIssue(
                 f"loss.{key}", value, f"loss.{key} has no effect with loss.type '{loss.type}' (it reads {reads})",
                 f"remove loss.{key}, or pick a loss that reads it (docs/learner.md lists what each one reads)",
