@@ -4,22 +4,29 @@ Pins: mean and leave-one-out baselines (LOO for G = 2 is the other row); A = r �
 population std of the group, skipped by EXACT equality of the rewards the baseline used (whole group for
 mean, peers for LOO), so identical groups give exactly 0 and `[0] + [0.95]*7` stays bounded for both
 baselines (never ~2000); G = 2 with LOO gives non-zero advantages; mean-baseline advantages sum to 0 and
-are bounded by sqrt(G − 1); clipping applies each optional bound.
+are bounded by sqrt(G − 1); clipping applies each optional bound. Batch-level normalisation: group baselines
+divided by ONE population std over every reward of the step (a zero-variance group stays exactly 0, an all-equal
+batch gives exactly 0), and a step's chunk uses it when ``grpo.advantage_std`` is ``batch``; without std
+normalisation the advantage is ``r − mean`` undivided.
 """
 
 import math
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from groupwise.algo.advantages import (
+    batch_normalized_advantages,
     clip_advantages,
     flat_group_advantages,
     group_advantages,
     group_baselines,
     group_std,
 )
+from groupwise.chunks import group_row_advantages
+from groupwise.config.algorithm import GrpoSection
 
 
 def test_mean_and_leave_one_out_baselines():
@@ -99,3 +106,26 @@ def test_clip_advantages_applies_each_optional_bound():
     assert clip_advantages(values) == values
     with pytest.raises(ValueError, match="low <= high"):
         clip_advantages(values, 1.0, -1.0)
+
+
+def test_batch_normalisation_divides_group_baselines_by_one_std_over_the_step():
+    groups = [[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
+    every = [r for g in groups for r in g]
+    mean = sum(every) / len(every)
+    std = math.sqrt(sum((r - mean) ** 2 for r in every) / len(every))
+    want = [[(r - sum(g) / len(g)) / (std + 1e-6) for r in g] for g in groups]
+    got = batch_normalized_advantages(groups, "mean")
+    assert got[2] == [0.0] * 4  # a zero-variance group stays exactly 0
+    for g, w in zip(got, want, strict=True):
+        assert g == pytest.approx(w, rel=1e-12)
+    assert got[0][0] != pytest.approx(group_advantages(groups[0], "mean", normalize=True)[0])
+    assert batch_normalized_advantages([[0.5, 0.5], [0.5, 0.5]], "leave_one_out") == [[0.0, 0.0], [0.0, 0.0]]
+
+
+def test_a_chunk_uses_the_advantage_estimator_the_section_names():
+    rewards = [[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.5]]
+    groups = [SimpleNamespace(rewards=r) for r in rewards]  # advantages read only a group's rewards
+    batch = group_row_advantages(groups, GrpoSection(advantage_std="batch"))
+    assert [list(a) for a in batch] == batch_normalized_advantages(rewards, "mean")
+    undivided = group_row_advantages(groups, GrpoSection(normalize_advantages=False))
+    assert [list(a) for a in undivided] == [[0.75, -0.25, -0.25, -0.25], [0.375, 0.375, -0.625, -0.125]]

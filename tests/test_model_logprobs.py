@@ -12,10 +12,14 @@
 - floats: results of different computations (batched vs alone, a float64 reference) are compared within
   1e-5; exactly only where the computation is the same (temperature 0 scores as temperature 1);
 - ``encode_prompt``: text with the tokenizer's BOS handling, messages through the chat template
-  (with generation prompt, system prompt first); a chat with a tokenizer that has no template is refused.
+  (with generation prompt, system prompt first); a chat with a tokenizer that has no template is refused;
+- the model layer sits below generation: no module of ``groupwise/model/`` imports ``groupwise.generation``.
 """
 
 from __future__ import annotations
+
+import ast
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,3 +143,14 @@ def test_encode_rejects_prompts_with_neither_or_both_fields(policy) -> None:
     both = Prompt(uid="t/3", answer="", text="x", messages=({"role": "user", "content": "x"},))
     with pytest.raises(ValueError, match="'t/3' must set exactly one"):
         encode_prompt(policy.tokenizer, both)
+
+
+def test_the_model_layer_imports_nothing_from_generation():
+    model_dir = Path(__file__).resolve().parents[1] / "src" / "groupwise" / "model"
+    found = []
+    for path in sorted(model_dir.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])  # fmt: skip
+            found += [f"{path.name}: {name}" for name in names if name.startswith("groupwise.generation")]
+    assert not found

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from groupwise.algo.advantages import clip_advantages, group_advantages
+from groupwise.algo.advantages import batch_normalized_advantages, clip_advantages, group_advantages
 from groupwise.types import Group
 
 if TYPE_CHECKING:
@@ -47,15 +47,15 @@ class TrainChunk:
 
 
 def group_row_advantages(groups: Sequence[Group], grpo: GrpoSection) -> tuple[tuple[float, ...], ...]:
-    """Per-group advantages on the (scaled, shaped) rewards with the section's baseline and normalisation, then its
-    optional clipping (``grpo.advantage_clip_low`` / ``_high``)."""
-    return tuple(
-        tuple(clip_advantages(
-            group_advantages(group.rewards, baseline=grpo.baseline, normalize=grpo.normalize_advantages),
-            grpo.advantage_clip_low, grpo.advantage_clip_high,
-        ))
-        for group in groups
-    )  # fmt: skip
+    """Advantages on the (scaled, shaped) rewards with the section's baseline and normalisation, then its optional
+    clipping (``grpo.advantage_clip_low`` / ``_high``). Per group, or with ``grpo.advantage_std: batch`` scaled by
+    the std over every group given (a sync step is one chunk, so that is the step's batch)."""
+    if grpo.normalize_advantages and grpo.advantage_std == "batch":
+        raw = batch_normalized_advantages([group.rewards for group in groups], grpo.baseline)
+    else:
+        raw = [group_advantages(group.rewards, baseline=grpo.baseline, normalize=grpo.normalize_advantages)
+               for group in groups]
+    return tuple(tuple(clip_advantages(a, grpo.advantage_clip_low, grpo.advantage_clip_high)) for a in raw)
 
 
 def step_chunk(groups: Sequence[Group], grpo: GrpoSection) -> TrainChunk:

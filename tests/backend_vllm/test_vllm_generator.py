@@ -30,8 +30,8 @@ import torch
 from vllm_tier import vllm_marks
 
 from groupwise.generation import Engine, Generator
-from groupwise.generation.sampling import logprob_temperature
 from groupwise.model import completion_logprobs
+from groupwise.model.logprobs import logprob_temperature
 from groupwise.types import GenerationRequest, RowPrefix, SamplingParams
 
 pytestmark = vllm_marks()

@@ -87,6 +87,28 @@ def flat_group_advantages(
     return [a for rewards in groups_rewards for a in group_advantages(rewards, baseline, normalize, eps)]
 
 
+def batch_normalized_advantages(
+    groups_rewards: Sequence[Sequence[float]], baseline: BaselineKind, eps: float = 1e-6
+) -> list[list[float]]:
+    """Group baselines, batch-level scale: ``A_i = (r_i − b_i) / (std(every reward of the batch) + eps)``.
+
+    The baseline is per group (as :func:`group_baselines`), the std is the population std over the rewards of
+    every group given (the step's groups), so one scale serves the whole step: a group whose rewards spread little
+    gets small advantages instead of being blown up to unit scale. All rewards of the batch equal ⇒ every ``A_i``
+    is exactly 0. "Group mean, batch std": Liu et al. 2025, "Part I: Tricks or Traps? A Deep Dive into RL for LLM
+    Reasoning", arXiv:2508.08221 (TRL's ``scale_rewards: batch``).
+    """
+    diffs = []
+    for rewards in groups_rewards:
+        baselines = group_baselines(rewards, baseline)
+        diffs.append([0.0 if _all_equal(rewards) else r - b for r, b in zip(rewards, baselines, strict=True)])
+    every = [r for rewards in groups_rewards for r in rewards]
+    if not every or _all_equal(every):
+        return [[0.0] * len(rewards) for rewards in groups_rewards]
+    scale = group_std(every) + eps
+    return [[d / scale for d in group] for group in diffs]
+
+
 def clip_advantages(values: Sequence[float], low: float | None = None, high: float | None = None) -> list[float]:
     """``min(max(A, low), high)`` per value; a bound that is None is not applied."""
     if low is not None and high is not None and low > high:

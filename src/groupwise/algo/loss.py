@@ -25,7 +25,8 @@ from typing import Literal
 
 import torch
 
-Normalization = Literal["token_level", "sequence_level"]
+from groupwise.algo.loss_menu import Normalization
+
 ISTruncation = Literal["none", "tis", "icepop"]
 
 
@@ -119,7 +120,7 @@ def global_denominator(masks: Sequence[torch.Tensor], normalization: Normalizati
     return total
 
 
-def _check_inputs(
+def check_loss_inputs(
     logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, named: dict[str, torch.Tensor | None]
 ) -> None:
     if logprobs.dim() != 2:
@@ -153,7 +154,7 @@ def _check_options(
         raise ValueError(f"need 0 <= is_ratio_min <= is_ratio_max, got {is_ratio_min}, {is_ratio_max}")
 
 
-def _importance_weights(
+def importance_weights(
     prev: torch.Tensor, gen: torch.Tensor, enabled: bool, truncation: ISTruncation, lo: float, hi: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(applied weight, raw weight, out-of-bounds flag) per token; all detached."""
@@ -171,7 +172,7 @@ def _importance_weights(
     return applied, raw, oob
 
 
-def _clipped_objective(
+def clipped_objective(
     ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float, dual_clip_c: float | None
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token ``ℓ`` and boolean masks of where each clip bound the objective."""
@@ -188,7 +189,7 @@ def _clipped_objective(
     return objective, flags
 
 
-def _k3_kl(ref: torch.Tensor, cur: torch.Tensor, input_clamp: float, output_clamp: float) -> torch.Tensor:
+def k3_kl(ref: torch.Tensor, cur: torch.Tensor, input_clamp: float, output_clamp: float) -> torch.Tensor:
     """``clamp(exp(x) − 1 − x, ±out)`` with ``x = clamp(ref − cur, ±in)``: a non-negative KL estimate."""
     x = (ref - cur).clamp(-input_clamp, input_clamp)
     return (torch.exp(x) - 1.0 - x).clamp(-output_clamp, output_clamp)
@@ -224,7 +225,7 @@ def policy_loss(
     any value, even inf: they are replaced before any arithmetic, so they reach neither value nor gradient.
     With ``importance_sampling=False`` the weight is 1 and ``is_truncation`` does not apply.
     """
-    _check_inputs(logprobs, advantages, mask, {"prev_logprobs": prev_logprobs,
+    check_loss_inputs(logprobs, advantages, mask, {"prev_logprobs": prev_logprobs,
                   "generation_logprobs": generation_logprobs, "ref_logprobs": ref_logprobs, "entropy": entropy})
     _check_options(normalization, denominator, epsilon_low, epsilon_high, dual_clip_c, is_ratio_min, is_ratio_max)
     if kl_coef != 0.0 and ref_logprobs is None:
@@ -240,13 +241,13 @@ def policy_loss(
 
     cur, prev, gen = clean(logprobs), clean(prev_logprobs).detach(), clean(generation_logprobs).detach()
     ratio = torch.exp(cur - prev)
-    objective, flags = _clipped_objective(ratio, advantages.detach()[:, None], epsilon_low, epsilon_high, dual_clip_c)
-    weight, raw_weight, oob = _importance_weights(prev, gen, importance_sampling, is_truncation, is_ratio_min,
+    objective, flags = clipped_objective(ratio, advantages.detach()[:, None], epsilon_low, epsilon_high, dual_clip_c)
+    weight, raw_weight, oob = importance_weights(prev, gen, importance_sampling, is_truncation, is_ratio_min,
                                                   is_ratio_max)
     per_token = weight * objective
     kl = None
     if ref_logprobs is not None:
-        kl = _k3_kl(clean(ref_logprobs).detach(), cur, kl_input_clamp, kl_output_clamp)
+        kl = k3_kl(clean(ref_logprobs).detach(), cur, kl_input_clamp, kl_output_clamp)
     total = per_token
     if kl is not None and kl_coef != 0.0:
         total = total + kl_coef * kl
@@ -257,11 +258,11 @@ def policy_loss(
     else:
         per_sequence = (total * mask_f).sum(dim=1) / mask_f.sum(dim=1).clamp(min=1.0)
         loss = per_sequence.sum() / denominator
-    stats = _chunk_stats(valid, per_token, ratio, flags, raw_weight, oob, kl, entropy)
+    stats = chunk_stats(valid, per_token, ratio, flags, raw_weight, oob, kl, entropy)
     return loss, stats
 
 
-def _chunk_stats(
+def chunk_stats(
     valid: torch.Tensor,
     per_token: torch.Tensor,
     ratio: torch.Tensor,

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from groupwise.algo.filter import GroupFilter
-from groupwise.config.base import Section
+from groupwise.algo.loss_menu import BUILTIN_LOSSES, DEFAULT_LOSS
+from groupwise.config.base import Section, invalid
+from groupwise.plugins import is_plugin_target
 
 AdamBeta = Annotated[float, Field(ge=0, lt=1)]
 
@@ -92,7 +94,11 @@ class GrpoSection(Section):
     baseline: Literal["mean", "leave_one_out"] = "mean"
     """Per-group baseline: the group ``mean``, or the mean of the other G − 1 rewards (``leave_one_out``)."""
     normalize_advantages: bool = True
-    """Divide advantages by the group's reward standard deviation."""
+    """Divide advantages by a reward standard deviation (``advantage_std`` says which); ``false`` = ``r − baseline``
+    undivided (Dr. GRPO)."""
+    advantage_std: Literal["group", "batch"] = "group"
+    """The std advantages are divided by: each ``group``'s own, or the ``batch``'s (every reward of the step, one
+    scale for all groups; sync mode only). Needs ``normalize_advantages: true``."""
     advantage_clip_low: float | None = None
     """Clamp advantages below at this value; ``null`` = no lower clamp (< ``advantage_clip_high``)."""
     advantage_clip_high: float | None = None
@@ -113,7 +119,14 @@ class GrpoSection(Section):
 
 
 class LossSection(Section):
-    """The clipped policy-gradient loss."""
+    """The policy-gradient loss: which one (``type``) and its settings."""
+
+    type: str = DEFAULT_LOSS
+    """The loss, by name: ``dapo`` (token-level mean, clip-higher), ``grpo`` (per-completion mean, symmetric clip at
+    ``epsilon_low``), ``dr_grpo`` (token sum over a constant, needs ``grpo.normalize_advantages: false``),
+    ``gspo`` / ``gspo_token`` (sequence-level ratio, clipped per completion), ``cispo`` (clipped weight as a
+    detached coefficient); or ``package.module:name``, a plug-in loss (checked when the config loads). The
+    formulas and papers are in docs/learner.md; a clip or normaliser key a loss does not read is an error."""
 
     epsilon_low: float = Field(0.2, ge=0, lt=1)
     """Lower clip: the ratio is clipped at ``1 − epsilon_low`` (0 ≤ ε < 1: a ratio is positive). The ratio
@@ -126,8 +139,8 @@ class LossSection(Section):
     """Dual-clip bound for negative advantages (1 < c ≤ 1e6); ``null`` = off. Acts only with several optimizer updates
     per RL step, like ``epsilon_low``."""
     normalization: Literal["token_level", "sequence_level"] = "token_level"
-    """``token_level`` = mean over every completion token of the step (DAPO); ``sequence_level`` = mean per
-    completion, then over completions."""
+    """``dapo`` only (every other loss fixes its own): ``token_level`` = mean over every completion token of the
+    step; ``sequence_level`` = mean per completion, then over completions."""
     kl_coef: float = Field(0.0, ge=0, le=MAX_COEF)
     """Weight of the k3 KL penalty to the reference policy (0 ≤ β ≤ 1e6; > 0 needs ``model.reference: initial``)."""
     kl_input_clamp: float = Field(20.0, gt=0, le=MAX_KL_INPUT_CLAMP)
@@ -149,6 +162,16 @@ class LossSection(Section):
     ``is_truncation: none``)."""
     entropy_coef: float = Field(0.0, ge=0, le=MAX_COEF)
     """Weight of the entropy bonus (0 ≤ c ≤ 1e6; a small value such as 0.01 delays entropy collapse)."""
+
+    @field_validator("type")
+    @classmethod
+    def _known_loss(cls, loss_type: str) -> str:
+        if loss_type in BUILTIN_LOSSES or is_plugin_target(loss_type):
+            return loss_type
+        raise invalid(
+            f"loss.type must be a built-in loss ({', '.join(BUILTIN_LOSSES)}) or a plug-in 'package.module:name'",
+            "pick a built-in loss, or name your loss function as package.module:name",
+        )
 
     @model_validator(mode="before")
     @classmethod

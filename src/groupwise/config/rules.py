@@ -1,4 +1,5 @@
-"""Cross-field rules of the model, data, GRPO, loss, optimizer and runtime sections (all modes).
+"""Cross-field rules of the model, data, GRPO, optimizer and runtime sections (all modes; the rules of the loss and
+the advantages are in :mod:`groupwise.config.loss_rules`).
 
 Each rule yields every violation it finds, naming the key path, the value given, the rule and the fix.
 A key that has no effect in the chosen setting is an error (invariant 10 in docs/design.md).
@@ -138,28 +139,6 @@ def cuda_graphs_need_cuda_and_the_fast_step(cfg: RunConfig) -> Iterator[ConfigIs
             "remove generation.cuda_graphs (no graphs without the fast step), or set generation.fast_decode: true",
         )
 
-
-@rule("model", "loss")
-def kl_needs_reference(cfg: RunConfig) -> Iterator[ConfigIssue]:
-    """loss.kl_coef > 0 needs model.reference: initial, and the reference and KL clamps need kl_coef > 0."""
-    loss = cfg.loss
-    if loss.kl_coef > 0 and cfg.model.reference != "initial":
-        yield ConfigIssue(
-            "loss.kl_coef", loss.kl_coef, "a KL penalty needs a reference policy (model.reference is 'none')",
-            "set model.reference: initial, or loss.kl_coef: 0",
-        )
-    if loss.kl_coef == 0:
-        if cfg.model.reference != "none":
-            yield ConfigIssue(
-                "model.reference", cfg.model.reference,
-                "model.reference has no effect with loss.kl_coef 0 (a frozen copy nothing reads)",
-                "set model.reference: none, or a positive loss.kl_coef",
-            )
-        for key in ("kl_input_clamp", "kl_output_clamp"):
-            value = getattr(loss, key)
-            if value != type(loss).model_fields[key].default:
-                yield ConfigIssue(f"loss.{key}", value, f"loss.{key} has no effect with loss.kl_coef 0",
-                                  f"remove loss.{key}, or set a positive loss.kl_coef")
 
 
 @rule("data")
@@ -340,30 +319,6 @@ def overlong_shaping_lengths(cfg: RunConfig) -> Iterator[ConfigIssue]:
         )
 
 
-@rule("loss")
-def importance_sampling_bounds(cfg: RunConfig) -> Iterator[ConfigIssue]:
-    """is_ratio_min ≤ is_ratio_max; tis/icepop need importance_sampling; with no truncation the bounds keep defaults."""
-    loss = cfg.loss
-    if loss.is_truncation != "none" and not loss.importance_sampling:
-        yield ConfigIssue(
-            "loss.is_truncation", loss.is_truncation,
-            f"is_truncation '{loss.is_truncation}' bounds importance weights, which "
-            "loss.importance_sampling false turns off",
-            "set loss.is_truncation: none, or loss.importance_sampling: true",
-        )
-    if loss.is_truncation == "none":
-        for key in ("is_ratio_min", "is_ratio_max"):
-            value = getattr(loss, key)
-            if value != type(loss).model_fields[key].default:
-                yield ConfigIssue(f"loss.{key}", value, f"loss.{key} has no effect with loss.is_truncation none",
-                                  f"remove loss.{key}, or set loss.is_truncation: tis or icepop")
-    elif loss.is_ratio_min > loss.is_ratio_max:
-        yield ConfigIssue(
-            "loss.is_ratio_min", loss.is_ratio_min,
-            f"loss.is_ratio_min must be ≤ loss.is_ratio_max ({loss.is_ratio_max})",
-            "lower is_ratio_min or raise is_ratio_max",
-        )
-
 
 @rule("optimizer")
 def weight_decay_below_one_per_update(cfg: RunConfig) -> Iterator[ConfigIssue]:
@@ -416,24 +371,6 @@ def mini_batches_of_whole_groups(cfg: RunConfig) -> Iterator[ConfigIssue]:
             f"set optimizer.mini_batches_per_step ≤ {p}, or raise grpo.num_prompts_per_step",
         )
 
-
-@rule("optimizer", "loss")
-def clip_needs_several_updates(cfg: RunConfig) -> Iterator[ConfigIssue]:
-    """With one optimizer update per RL step (mini_batches_per_step × epochs_per_step = 1) the policy ratio is
-    exactly 1, so loss.epsilon_low, epsilon_high and dual_clip_c keep their defaults."""
-    opt, loss = cfg.optimizer, cfg.loss
-    if opt.mini_batches_per_step * opt.epochs_per_step > 1:
-        return
-    for key in ("epsilon_low", "epsilon_high", "dual_clip_c"):
-        value = getattr(loss, key)
-        if value != type(loss).model_fields[key].default:
-            yield ConfigIssue(
-                f"loss.{key}", value,
-                f"loss.{key} has no effect with one optimizer update per RL step: the old policy is the current "
-                "one, so the ratio is exactly 1 and never clipped (a key with no effect is an error)",
-                f"remove loss.{key}, or take several updates per step (optimizer.mini_batches_per_step or "
-                "optimizer.epochs_per_step > 1)",
-            )
 
 
 @rule("learner")

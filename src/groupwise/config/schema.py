@@ -13,6 +13,7 @@ import groupwise.config.async_rules
 import groupwise.config.backend_rules
 import groupwise.config.episode_rules
 import groupwise.config.hazards
+import groupwise.config.loss_rules
 import groupwise.config.rules  # noqa: F401
 from groupwise.algo.step_size import round_size
 from groupwise.config.algorithm import GrpoSection, LossSection, OptimizerSection
@@ -59,7 +60,7 @@ class RunConfig(Section):
     grpo: GrpoSection = Field(default_factory=GrpoSection)
     """Groups, advantages, reward shaping, dynamic sampling."""
     loss: LossSection = Field(default_factory=LossSection)
-    """The clipped policy-gradient loss."""
+    """The policy-gradient loss: which one (``loss.type``) and its settings."""
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
     """AdamW and the learning-rate schedule."""
     learner: LearnerSection = Field(default_factory=LearnerSection)

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from groupwise.model.logprobs import logprob_temperature
 from groupwise.types import SamplingParams
 
 _TWO_64 = 1 << 64
@@ -91,13 +92,6 @@ def counter_keys(seeds: Tensor, sample_indices: Tensor) -> Tensor:
 def keyed_uniforms(keys: Tensor, positions: Tensor | int) -> Tensor:
     """``u = (splitmix64(k ^ position) >>> 11) · 2^-53``: :func:`counter_uniforms` with the key computed once."""
     return _shift_right_logical(splitmix64(keys ^ positions), 11).to(torch.float64) * (2.0**-53)
-
-
-def logprob_temperature(temperature: float) -> float:
-    """The temperature logprobs are recorded under: the sampling temperature, or 1 for greedy (temperature 0)."""
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature} must be >= 0 (0 means greedy)")
-    return temperature if temperature > 0 else 1.0
 
 
 def tempered_logprobs_of(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:

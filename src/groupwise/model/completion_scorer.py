@@ -27,10 +27,9 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from groupwise.generation.sampling import logprob_temperature
 from groupwise.model.chunked_logprobs import head_logprobs
 from groupwise.model.loading import pretrained
-from groupwise.model.logprobs import completion_logprobs, position_ids_from_mask
+from groupwise.model.logprobs import completion_logprobs, logprob_temperature, position_ids_from_mask
 from groupwise.model.lora import is_adapted
 
 # Max |chunked − forward| logit difference on the probe, relative to the logits' scale.

@@ -12,7 +12,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from groupwise.generation.sampling import logprob_temperature
+
+def logprob_temperature(temperature: float) -> float:
+    """The temperature logprobs are recorded under: the sampling temperature, or 1 for greedy (temperature 0)."""
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} must be >= 0 (0 means greedy)")
+    return temperature if temperature > 0 else 1.0
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:

@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from groupwise.algo.loss import LossStats, global_denominator, policy_loss
+from groupwise.algo.loss import LossStats, global_denominator
+from groupwise.algo.loss_registry import resolve_loss
+from groupwise.algo.loss_seam import LossInputs
 from groupwise.algo.mismatch import mismatch_stats, on_policy_tokens
 from groupwise.batch import RowBatch
 from groupwise.config.algorithm import LossSection, OptimizerSection
@@ -54,13 +56,15 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class LearnerSettings:
     """What the learner needs from the run config: the ``loss`` and ``optimizer`` sections as themselves, the run's
-    length (the LR schedule's horizon) and the sampling temperature (logprobs are taken at it). Pydantic sections
-    and scalars, so it pickles for the Ray learner actor."""
+    length (the LR schedule's horizon), the sampling temperature (logprobs are taken at it) and the longest
+    completion (``generation.max_new_tokens``: ``dr_grpo``'s constant normaliser). Pydantic sections and scalars,
+    so it pickles for the Ray learner actor."""
 
     loss: LossSection
     optimizer: OptimizerSection
     total_steps: int
     temperature: float
+    max_completion_tokens: int | None = None
 
     @property
     def updates_per_step(self) -> int:
@@ -68,7 +72,8 @@ class LearnerSettings:
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> LearnerSettings:
-        return cls(cfg.loss, cfg.optimizer, cfg.run.max_steps, cfg.generation.temperature)
+        return cls(cfg.loss, cfg.optimizer, cfg.run.max_steps, cfg.generation.temperature,
+                   cfg.generation.max_new_tokens)
 
 
 def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
@@ -133,6 +138,7 @@ class Learner:
         self.model = model
         self.reference = reference
         self.settings = settings
+        self.loss = resolve_loss(settings.loss.type)
         precision = precision or LearnerPrecision(master_dtype=next(model.parameters()).dtype)
         chunk_tokens = settings.optimizer.logprob_chunk_tokens
         self.scorer = CompletionScorer(settings.temperature, chunk_tokens, precision.compute_dtype)
@@ -244,39 +250,23 @@ class Learner:
         """Forward one micro-batch, add its loss *sum* to the gradients; ``prev`` None = the current logprobs."""
         step, loss_cfg = self._step, self.settings.loss
         assert step is not None and micro is not None, "an open step; only a data-parallel rank plans empty passes"
-        # Entropy is always computed: `loss/entropy` is the collapse alarm for small models.
-        scored = self._score(micro)
+        # Every built-in loss asks for the entropy: `loss/entropy` is the collapse alarm for small models.
+        scored = self._score(micro, with_entropy=self.loss.declaration.needs_entropy)
         logprobs, mask = scored.logprobs, scored.mask
         device = logprobs.device
         spans = _env_spans(micro)
         if any(spans):  # an episode's environment tokens: no gradient, and out of every count and statistic
             mask = mask & trainable_mask(spans, mask.shape[1]).to(device)
-        if ref is None and loss_cfg.kl_coef > 0:
+        if ref is None and self.loss.scores_reference(loss_cfg):
             ref = self._reference_logprobs(micro)
         old = logprobs.detach() if prev is None else prev  # π_old: the step's weights, version self.version
         generation = pad_right(micro.sequence("generation_logprobs"), logprobs.shape[1]).to(device)
-        loss, stats = policy_loss(
-            logprobs,
-            old,
-            generation,
-            micro.tensor("advantage").to(device),
-            mask,
-            epsilon_low=loss_cfg.epsilon_low,
-            epsilon_high=loss_cfg.epsilon_high,
-            dual_clip_c=loss_cfg.dual_clip_c,
-            normalization=loss_cfg.normalization,
-            denominator=1.0,
-            kl_coef=loss_cfg.kl_coef,
-            ref_logprobs=ref,
-            kl_input_clamp=loss_cfg.kl_input_clamp,
-            kl_output_clamp=loss_cfg.kl_output_clamp,
-            importance_sampling=loss_cfg.importance_sampling,
-            is_truncation=loss_cfg.is_truncation,
-            is_ratio_min=loss_cfg.is_ratio_min,
-            is_ratio_max=loss_cfg.is_ratio_max,
-            entropy=scored.entropy,
-            entropy_coef=loss_cfg.entropy_coef,
-        )
+        result = self.loss(LossInputs(
+            logprobs, old, generation, micro.tensor("advantage").to(device), mask, loss_cfg,
+            max_completion_tokens=self.settings.max_completion_tokens, ref_logprobs=ref,
+            entropy=scored.entropy if self.loss.declaration.needs_entropy else None,
+        ))  # fmt: skip
+        loss, stats = result.loss, result.stats
         self._run_backward(loss)
         versions = span_versions(micro.sequence("version_spans"), logprobs.shape[1]).to(device)
         stats.merge(mismatch_stats(old, generation, on_policy_tokens(versions, self.version, mask)))
@@ -311,7 +301,7 @@ class Learner:
 
     def _update_totals(self, update: _Update) -> tuple[float, float]:
         """(normaliser, loss sum) of one optimizer update; with data parallelism, over every rank."""
-        return global_denominator(update.masks, self.settings.loss.normalization), update.loss_sum
+        return global_denominator(update.masks, self.loss.normalization(self.settings.loss)), update.loss_sum
 
     def _grad_scale(self, normaliser: float) -> float:
         """What the summed gradients are multiplied by: ``1 / normaliser``."""
@@ -323,7 +313,8 @@ class Learner:
 
     def _reference_logprobs(self, micro: RowBatch) -> torch.Tensor:
         if self.reference is None:
-            raise RuntimeError("loss.kl_coef > 0 but the learner has no reference model (model.reference)")
+            raise RuntimeError(f"loss.type {self.loss.name!r} with loss.kl_coef {self.settings.loss.kl_coef} reads the "
+                               "reference policy, but the learner has none (model.reference)")
         with torch.no_grad():
             prompts, completions = micro.sequence("prompt_ids"), micro.sequence("completion_ids")
             return self.scorer.score(self.reference, prompts, completions).logprobs
@@ -373,7 +364,7 @@ class Learner:
         """π_old (and the reference's logprobs when the KL term is on) of one micro-batch, before any update."""
         assert micro is not None, "only a data-parallel rank plans empty passes"
         prev = self._score(micro, with_entropy=False).logprobs
-        ref = self._reference_logprobs(micro) if self.settings.loss.kl_coef > 0 else None
+        ref = self._reference_logprobs(micro) if self.loss.scores_reference(self.settings.loss) else None
         return prev, ref
 
 

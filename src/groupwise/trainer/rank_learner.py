@@ -125,7 +125,7 @@ class RankLearner(Learner):
         return logprobs, entropy
 
     def _update_totals(self, update: _Update) -> tuple[float, float]:
-        local = valid_count(update.masks, self.settings.loss.normalization)
+        local = valid_count(update.masks, self.loss.normalization(self.settings.loss))
         normaliser, loss_sum = self.parallel.all_sum([local, update.loss_sum])
         if normaliser <= 0:
             raise ValueError("the update has no valid tokens on any rank (every mask is zero)")

@@ -1,0 +1,78 @@
+"""The default job trained with each ``loss.type``: same seed, same steps, one table.
+
+    .venv/bin/python bench/losses.py [--steps 500] [--losses dapo,grpo,...] [KEY=VALUE ...]
+
+Each loss trains ``examples/addition.yaml`` through ``groupwise train`` in a fresh process (``dr_grpo`` with
+``grpo.normalize_advantages=false``, which it requires); the KEY=VALUE overrides apply to every run. The table
+reads each run's ``metrics.jsonl``: held-out greedy accuracy at the start and the end (the job's own evaluations),
+the wall time of the whole command, and step means of the clip and importance-weight statistics
+(``loss/clip_fraction``, ``loss/is_weight_mean``, ``loss/is_oob_fraction``) and the last ``loss/entropy``.
+With the job's one update per step every ratio is 1, so the clip never binds and the losses differ in their
+normaliser (and cispo in its gradient's form only through the ratio, which is 1): pass e.g.
+``optimizer.epochs_per_step=2`` to see the clips act. Pin it (``taskset -c 1``) when timing on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOSSES = ("dapo", "grpo", "dr_grpo", "gspo", "gspo_token", "cispo")
+NEEDS = {"dr_grpo": ["grpo.normalize_advantages=false"]}
+COLUMNS = ("loss", "acc start", "acc end", "wall s", "clip frac", "IS w mean", "IS oob frac", "entropy end")
+
+
+def train(loss: str, steps: int, overrides: list[str]) -> dict[str, float | str]:
+    """One run of the default job with ``loss.type=loss``: its table row."""
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [
+            sys.executable, "-m", "groupwise.cli", "train", "examples/addition.yaml", f"run.output_dir={tmp}",
+            f"run.name={loss}", f"run.max_steps={steps}", f"loss.type={loss}", "logging.progress=false",
+            "logging.tensorboard=false", "logging.train_data=false", "checkpoint.every=0",
+            "checkpoint.save_final=false", *NEEDS.get(loss, []), *overrides,
+        ]  # fmt: skip
+        start = time.perf_counter()
+        subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        wall = time.perf_counter() - start
+        records = [json.loads(line) for line in (Path(tmp) / loss / "metrics.jsonl").read_text().splitlines()]
+    evals = [r["eval/accuracy"] for r in records if "eval/accuracy" in r]
+    steps_seen = [r for r in records if "loss/clip_fraction" in r]
+
+    def mean(key: str) -> float:
+        values = [r[key] for r in steps_seen if key in r and not math.isnan(r[key])]
+        return sum(values) / len(values) if values else math.nan
+
+    entropy = [r["loss/entropy"] for r in steps_seen if "loss/entropy" in r]
+    return {
+        "loss": loss, "acc start": evals[0] if evals else math.nan, "acc end": evals[-1] if evals else math.nan,
+        "wall s": wall, "clip frac": mean("loss/clip_fraction"), "IS w mean": mean("loss/is_weight_mean"),
+        "IS oob frac": mean("loss/is_oob_fraction"), "entropy end": entropy[-1] if entropy else math.nan,
+    }  # fmt: skip
+
+
+def cell(value: float | str) -> str:
+    return value if isinstance(value, str) else f"{value:.4g}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=500, help="optimizer steps per run (the job's own: 500)")
+    parser.add_argument("--losses", default=",".join(LOSSES), help="comma-separated loss types")
+    parser.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. run.seed=1")
+    args = parser.parse_args()
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("|" + "---|" * len(COLUMNS))
+    for loss in args.losses.split(","):
+        row = train(loss, args.steps, args.overrides)
+        print("| " + " | ".join(cell(row[c]) for c in COLUMNS) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
