@@ -86,10 +86,11 @@ class RolloutWorker:
 
     def encode(self, prompt: Prompt) -> tuple[int, ...]:
         ids = self._encoded.get(prompt.uid)
-        if ids is None and self.episodes is not None:  # what an episode's first turn continues (sample 0's)
-            ids = episode_opening(self.episodes, prompt)
-        elif ids is None:
-            ids = encode_prompt(self.tokenizer, prompt, self.system_prompt)
+        if ids is None:
+            if self.episodes is not None:  # what an episode's first turn continues (sample 0's)
+                ids = episode_opening(self.episodes, prompt)
+            else:
+                ids = encode_prompt(self.tokenizer, prompt, self.system_prompt)
             self._encoded[prompt.uid] = ids
         return ids
 
