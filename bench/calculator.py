@@ -59,14 +59,16 @@ def main() -> None:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--sft-steps", type=int, default=60)
     parser.add_argument("--rl-steps", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary directory)")
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE overrides for the RL run")
     args = parser.parse_args()
     print("| seed | warm start acc | RL acc start → end | gain (points, best) | tool calls / episode, first → last "
           "step | minutes sft + rl | curve (step:acc) |")
     print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="groupwise-calculator-") as tmp:
+        out = args.out or Path(tmp)
         for seed in (int(s) for s in args.seeds.split(",")):
-            print(one_seed(seed, args, Path(tmp)), flush=True)
+            print(one_seed(seed, args, out), flush=True)
 
 
 if __name__ == "__main__":
