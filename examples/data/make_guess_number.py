@@ -1,8 +1,9 @@
 """Write the guess-the-number dataset for the ``guess_number`` environment: ``examples/data/guess_number/*.jsonl``.
 
 Each item is one game: the user turn says the range (1 to ``high``, ``high`` in 8..32) and the answer is the
-secret. Every (high, secret) pair is made, shuffled with ``random.Random(0)``; the first 60 are the held-out
-split, the rest the training split, so no game is in both.
+secret. Every (high, secret) pair is made, shuffled with ``random.Random(0)``; the games of the ranges 1–12, 1–20
+and 1–28 (60 games) are the held-out split, the rest the training split, so no held-out question is asked in
+training.
 
     python examples/data/make_guess_number.py     # rewrites both files (deterministic)
 """
@@ -15,13 +16,13 @@ from pathlib import Path
 
 QUESTION = "I am thinking of a number from 1 to {high}. Guess it: reply with one number."
 HIGHS = range(8, 33)
-NUM_EVAL = 60
+EVAL_HIGHS = (12, 20, 28)
 SHUFFLE_SEED = 0
 OUT_DIR = Path(__file__).resolve().parent / "guess_number"
 
 
 def games() -> list[tuple[int, int]]:
-    """Every (high, secret) pair in split order: shuffled, held-out first."""
+    """Every (high, secret) pair, shuffled."""
     items = [(high, secret) for high in HIGHS for secret in range(1, high + 1)]
     random.Random(SHUFFLE_SEED).shuffle(items)
     return items
@@ -38,7 +39,9 @@ def record(high: int, secret: int) -> dict[str, object]:
 def main() -> None:
     items = games()
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    for name, part in (("eval", items[:NUM_EVAL]), ("train", items[NUM_EVAL:])):
+    held_out = [game for game in items if game[0] in EVAL_HIGHS]
+    training = [game for game in items if game[0] not in EVAL_HIGHS]
+    for name, part in (("eval", held_out), ("train", training)):
         with open(OUT_DIR / f"{name}.jsonl", "w") as f:
             for high, secret in part:
                 f.write(json.dumps(record(high, secret)) + "\n")
