@@ -13,8 +13,6 @@ Invariants pinned:
 - failures: an environment that raises, answers with something that is not a StepResult, a non-finite reward or
   messages without content, or runs past ``step_timeout_s`` fails only its own group, with an error naming the
   environment, the prompt and the sample, and the tokens its episodes had sampled charged to it;
-- tools: every way a tool call can go wrong is an error message the model reads, counted in ``tool_errors``; a
-  tool without type hints or ``Args:`` docs is named before any model loads;
 - an episode samples the same tokens whether its group runs alone or with others (seeds per sample and turn);
 - a group whose episodes open differently keeps the shared part as its prompt and the rest as environment tokens;
 - an episode group (trainable flags, episode records) comes back from its checkpoint form unchanged;
@@ -37,7 +35,6 @@ from groupwise.episodes.environment import StepResult
 from groupwise.episodes.episode import TRUNCATION_MARK, EpisodeLimits
 from groupwise.episodes.lockstep import EpisodeError, EpisodeSettings, run_episode_groups
 from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE, ChatRenderer, append_only_problem
-from groupwise.episodes.tool_env import ToolEnvironment
 from groupwise.generation import Engine
 from groupwise.model import load_policy
 from groupwise.model.tokenizer import build_char_tokenizer
@@ -255,94 +252,6 @@ def test_an_environment_failure_fails_only_its_own_group(how, says):
     assert cost_of(bad).tokens == (0 if how == "reset" else 2 * 3)  # both episodes' sampled "42<eos>"
 
 
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first term.
-        b: The second term.
-    """
-    return a + b
-
-
-def explode(a: int) -> int:
-    """Always fails.
-
-    Args:
-        a: Anything.
-    """
-    raise ZeroDivisionError("on purpose")
-
-
-def dawdle(a: int) -> int:
-    """Takes its time.
-
-    Args:
-        a: Anything.
-    """
-    time.sleep(2)
-    return a
-
-
-def flood(a: int) -> str:
-    """Answers ten megabytes.
-
-    Args:
-        a: Anything.
-    """
-    return "x" * 10_000_000
-
-
-class Tools(ToolEnvironment):
-    """A tool environment (test only) scoring a final reply of "5" as 1."""
-
-    tool_timeout_s = 0.2
-
-    @property
-    def tools(self):
-        return (add, explode, dawdle, flood)
-
-    def score(self, prompt: Prompt, final_reply: str) -> float:
-        return float(final_reply.strip() == "5")
-
-
-def test_every_bad_tool_call_is_an_answer_the_model_reads_and_is_counted():
-    env = Tools()
-    env.reset(game("p", 1), 0)
-    reply = "".join([
-        '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>',
-        "<tool_call>{not json}</tool_call>",
-        '<tool_call>{"name": "subtract", "arguments": {}}</tool_call>',
-        '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>',
-        '<tool_call>{"name": "explode", "arguments": {"a": 1}}</tool_call>',
-        '<tool_call>{"name": "dawdle", "arguments": {"a": 1}}</tool_call>',
-        '<tool_call>{"name": "flood", "arguments": {"a": 1}}</tool_call>',
-    ])  # fmt: skip
-    result = env.step({"role": "assistant", "content": reply})
-    answers = [m["content"] for m in result.messages]
-    assert answers[0] == "5"
-    assert answers[1].startswith("error: the tool call is not valid JSON")
-    assert answers[2].startswith("error: unknown tool 'subtract'; the tools are add, dawdle, explode, flood")
-    assert answers[3].startswith("error: add cannot take these arguments")
-    assert answers[4] == "error: explode raised ZeroDivisionError: on purpose"
-    assert answers[5] == "error: dawdle took longer than 0.2 s and was stopped"
-    assert answers[6] == "x" * env.max_answer_chars  # ten megabytes cut to what a model can read
-    assert dict(result.info) == {"tool_calls": 7, "tool_errors": 5} and not result.done
-    final = env.step({"role": "assistant", "content": "5"})
-    assert final.done and final.reward == 1.0
-
-
-def test_tools_reach_a_template_without_tool_support_through_the_system_message():
-    renderer = ChatRenderer(TOKENIZER, (add,), PLAIN_CHAT_TEMPLATE)
-    opening = renderer.offer_tools([{"role": "user", "content": "2 + 3?"}])
-    assert opening[0]["role"] == "system" and '"name": "add"' in opening[0]["content"]
-    assert "<tool_call>" in opening[0]["content"] and opening[1] == {"role": "user", "content": "2 + 3?"}
-    with_tools = "{%- for t in tools -%}[{{ t['function']['name'] }}]{%- endfor -%}" + PLAIN_CHAT_TEMPLATE
-    native = ChatRenderer(TOKENIZER, (add,), with_tools)
-    assert native.offer_tools([{"role": "user", "content": "hi"}]) == [{"role": "user", "content": "hi"}]
-    assert native.text([{"role": "user", "content": "hi"}], generation_prompt=True).startswith("[add]user: hi")
-
-
 @pytest.fixture(scope="module")
 def engine():
     policy = load_policy("tiny", tiny={"vocab": "full", "num_layers": 1, "hidden_size": 32, "num_heads": 2,
@@ -409,24 +318,3 @@ def test_weights_loaded_between_turns_keep_each_tokens_version():
             expected.append(turn)
         assert list(completion.token_versions) == expected
         assert completion.weight_version == 2 and set(expected) == {0, 1, 2}
-
-
-def test_a_tool_that_cannot_be_described_to_a_model_is_named():
-    from groupwise.episodes.tools import tool_problem
-
-    def untyped(a, b: int) -> int:
-        """Adds.
-
-        Args:
-            a: One.
-            b: Two.
-        """
-        return a + b
-
-    def undocumented(a: int) -> int:
-        """Adds."""
-        return a
-
-    assert tool_problem(add) is None
-    assert tool_problem(untyped) == "untyped: parameter 'a' has no type hint"
-    assert tool_problem(undocumented) == "undocumented: its docstring has no 'Args:' entry for 'a'"
