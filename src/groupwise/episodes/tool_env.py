@@ -8,6 +8,7 @@ or answers megabytes: each is an error message the model reads, counted in ``epi
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,8 +18,9 @@ from groupwise.episodes.tools import ToolAnswer, ToolCall, parse_tool_calls, run
 from groupwise.types import Prompt
 
 
-class ToolEnvironment:
-    """Subclass it: set :attr:`tools` (plain functions) and :attr:`system_prompt`, override :meth:`score`."""
+class ToolEnvironment(ABC):
+    """Subclass it: set :attr:`tools` (plain functions) and :attr:`system_prompt`, write :meth:`score` (a subclass
+    without one cannot be made)."""
 
     system_prompt: str = ""
     tool_timeout_s: float = 10.0
@@ -48,9 +50,9 @@ class ToolEnvironment:
         errors = sum(answer.is_error for answer in answers)
         return StepResult(messages=messages, info={"tool_calls": len(calls), "tool_errors": errors})
 
+    @abstractmethod
     def score(self, prompt: Prompt, final_reply: str) -> float:
         """The reward of the final reply (the turn without a tool call)."""
-        raise NotImplementedError
 
     def _answer(self, call: ToolCall) -> ToolAnswer:
         by_name = {tool.__name__: tool for tool in self.tools}
