@@ -33,7 +33,8 @@ from groupwise.data.loader import LoadedPrompt
 from groupwise.environments.guess_number import GuessNumberEnvironment
 from groupwise.episodes.environment import StepResult
 from groupwise.episodes.episode import TRUNCATION_MARK, EpisodeLimits
-from groupwise.episodes.lockstep import EpisodeError, EpisodeSettings, run_episode_groups
+from groupwise.episodes.group import EpisodeError, EpisodeSettings
+from groupwise.episodes.lockstep import run_episode_groups
 from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE, ChatRenderer, append_only_problem
 from groupwise.generation import Engine
 from groupwise.model import load_policy

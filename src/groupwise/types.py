@@ -87,12 +87,15 @@ class GenerationRequest:
     callers derive it from (run seed, prompt uid, attempt) with :func:`groupwise.seeding.request_seed`.
     ``prefixes`` (empty, or one entry per sample: a :class:`RowPrefix` or None) continues samples that were
     already partly generated (a resumed in-flight attempt); a None entry samples that row from its start.
+    ``max_new_tokens`` lowers the sampling's token limit for this request's rows (an episode turn gets what its
+    episode has room for); None keeps the sampling's.
     """
 
     prompt_token_ids: tuple[int, ...]
     num_samples: int
     seed: int
     prefixes: tuple[RowPrefix | None, ...] = ()
+    max_new_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,11 @@ class StepTimeout(RuntimeError):
 
 
 class PendingCall(Generic[T]):
-    """``fn()`` running on its own daemon thread since construction."""
+    """``fn()`` running on its own daemon thread since construction; ``on_done()`` (optional) is called on that
+    thread once it returned, so a caller can wait without blocking a thread of its own."""
 
-    def __init__(self, fn: Callable[[], T], name: str) -> None:
+    def __init__(self, fn: Callable[[], T], name: str, on_done: Callable[[], None] | None = None) -> None:
+        self._on_done = on_done
         self._done = threading.Event()
         self._value: T | None = None
         self._error: BaseException | None = None
@@ -40,6 +42,12 @@ class PendingCall(Generic[T]):
             self._error = error
         self.seconds = time.perf_counter() - self.started
         self._done.set()
+        if self._on_done is not None:
+            self._on_done()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
 
     def result(self, timeout_s: float) -> T:
         """The call's value (or its exception) once it returns, waiting at most ``timeout_s`` from its start."""

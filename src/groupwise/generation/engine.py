@@ -51,6 +51,7 @@ from groupwise.generation.compacting import decode_compacting
 from groupwise.generation.kv_cache import new_kv_cache
 from groupwise.generation.llama_decode import LlamaDecoder, fast_decoder_for
 from groupwise.generation.masks import as_mask, prefill_allowed
+from groupwise.generation.request_limits import generate_by_limit, has_own_limits
 from groupwise.generation.sampling import (
     check_sampling_params,
     counter_keys,
@@ -217,6 +218,14 @@ class Engine:
                 return self._generate_streamed(requests, sampling)
             if any(request.prefixes for request in requests):
                 raise ValueError(f"a request continues earlier rows, which needs a generation stream: {support.reason}")
+        if has_own_limits(requests):
+            return generate_by_limit(requests, sampling, self._generate_batched)
+        return self._generate_batched(requests, sampling)
+
+    def _generate_batched(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingParams
+    ) -> list[list[Completion]]:
+        """Every request's rows in batches of at most ``max_batch_rows``, longest prompts first."""
         rows = _expand_rows(requests)
         results: list[list[Completion | None]] = [[None] * request.num_samples for request in requests]
         rows.sort(key=lambda row: len(row.prompt), reverse=True)
@@ -358,11 +367,15 @@ def _check_cuda_graphs(cuda_graphs: str, fast_decode: bool, device: torch.device
     if cuda_graphs not in CUDA_GRAPH_MODES:
         raise ValueError(f"cuda_graphs={cuda_graphs!r} must be one of {', '.join(CUDA_GRAPH_MODES)}")
     if cuda_graphs == "on" and device.type != "cuda":
-        raise ValueError(f"cuda_graphs='on' needs a model on a CUDA device, not {device}; use 'auto' (graphs when "
-                         "the model is on CUDA) or 'eager' (the same slot code without graphs)")
+        raise ValueError(
+            f"cuda_graphs='on' needs a model on a CUDA device, not {device}; use 'auto' (graphs when "
+            "the model is on CUDA) or 'eager' (the same slot code without graphs)"
+        )
     if cuda_graphs in ("on", "eager") and not fast_decode:
-        raise ValueError(f"cuda_graphs={cuda_graphs!r} runs the fast decode step, which fast_decode=False turns off; "
-                         "use cuda_graphs 'auto' or 'off' with fast_decode=False")
+        raise ValueError(
+            f"cuda_graphs={cuda_graphs!r} runs the fast decode step, which fast_decode=False turns off; "
+            "use cuda_graphs 'auto' or 'off' with fast_decode=False"
+        )
 
 
 def _expand_rows(requests: Sequence[GenerationRequest]) -> list[_Row]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from groupwise.generation.chunk import RowResult, StopWatch, completions_of
+from groupwise.generation.request_limits import request_limit
 from groupwise.types import Completion, FinishReason, GenerationRequest, RowPrefix, SamplingParams
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class StreamRequest:
     handle: int
     request: GenerationRequest
     on_done: Done
+    max_new: int  # its rows' token limit: the stream's, or the request's own lower one
     rows: list[StreamRow] = field(default_factory=list)
     unfinished: int = 0
     seconds: float = 0.0  # the stream's time attributed to its rows (each step's time split among the live rows)
@@ -82,12 +84,15 @@ def new_request(handle: int, request: GenerationRequest, on_done: Done, max_new:
     prefixes = request.prefixes or (None,) * request.num_samples
     if len(prefixes) != request.num_samples:
         raise ValueError(f"a request has {len(prefixes)} prefixes for {request.num_samples} samples")
-    entry = StreamRequest(handle, request, on_done)
+    max_new = request_limit(request, max_new)
+    entry = StreamRequest(handle, request, on_done, max_new)
     for sample, prefix in enumerate(prefixes):
         row = StreamRow(entry, sample)
         if prefix is not None:
-            row.token_ids, row.logprobs, row.versions = list(prefix.token_ids), list(prefix.logprobs), list(
-                prefix.token_versions
+            row.token_ids, row.logprobs, row.versions = (
+                list(prefix.token_ids),
+                list(prefix.logprobs),
+                list(prefix.token_versions),
             )
             row.finish = prefix.finish_reason
             if row.finish is not None and not row.token_ids:
@@ -109,7 +114,6 @@ class FinishRules:
         self, eos_token_ids: Sequence[int], tokenizer: PreTrainedTokenizerBase, sampling: SamplingParams
     ) -> None:
         self.eos = frozenset(eos_token_ids)
-        self.max_new = sampling.max_new_tokens
         self.tokenizer = tokenizer
         self._stop = StopWatch(tokenizer, sampling.stop, 0) if sampling.stop else None
 
@@ -121,7 +125,7 @@ class FinishRules:
             stopped = [a or b for a, b in zip(stopped, hits, strict=True)]
         finished = []
         for row, stop in zip(rows, stopped, strict=True):
-            if stop or len(row.token_ids) >= self.max_new:
+            if stop or len(row.token_ids) >= row.request.max_new:
                 row.finish = "stop" if stop else "length"
                 finished.append(row)
         return finished

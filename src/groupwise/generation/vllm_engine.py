@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from groupwise.generation.request_limits import generate_by_limit, has_own_limits
 from groupwise.generation.sampling import check_sampling_params
 from groupwise.generation.vllm_rows import (
     RowOutput,
@@ -82,6 +83,8 @@ class VllmGenerator:
         """``request.num_samples`` completions per request, in request order (see ``Generator``)."""
         check_sampling_params(sampling)
         check_source(self.settings.logprobs, sampling)
+        if has_own_limits(requests):
+            return generate_by_limit(requests, sampling, self.generate)
         rows, finished = expand_rows(requests, sampling.max_new_tokens)
         params = [
             sampling_params_for(self._vllm, row, sampling, self.eos_token_ids, self.settings.logprobs) for row in rows

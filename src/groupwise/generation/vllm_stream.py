@@ -40,11 +40,13 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch import Tensor
 
 from groupwise.generation.base import RequestStream, StreamSupport
+from groupwise.generation.request_limits import request_limit
 from groupwise.generation.sampling import check_sampling_params
 from groupwise.generation.vllm_rows import (
     assemble,
@@ -208,6 +210,9 @@ class VllmStream:
         """Queue ``request`` (sampled with the stream's settings unless ``sampling`` is given); ``on_done`` gets its
         completions or the error that failed it. Returns the handle for :meth:`cancel` and :meth:`progress`."""
         sampling = sampling or self.sampling
+        if request.max_new_tokens is not None:  # an episode turn: its own, lower limit
+            sampling = replace(sampling, max_new_tokens=request_limit(request, sampling.max_new_tokens))
+            request = replace(request, max_new_tokens=None)
         if sampling is not self.sampling:
             check_sampling_params(sampling)
             check_source(self.settings.logprobs, sampling)

@@ -2,7 +2,9 @@
 
 :class:`StreamedRollouts` feeds every rollout request to a :class:`~groupwise.generation.stream.GenerationStream`
 as it arrives (the stream decodes on its own daemon thread), and settles each request as soon as its own G
-completions are done; scoring runs on a worker thread of its own, so a slow verifier never stalls decoding.
+completions are done; scoring runs on a worker thread of its own, so a slow verifier never stalls decoding. With
+multi-turn episodes each turn is a request of its own and each environment step runs off the serving thread
+(:mod:`groupwise.runtime.streamed_episodes`).
 Weight syncs are posted to the stream and applied at a token boundary (``async.partial_rollouts: continue``) or
 after the running rows finish (``off``); the sync returns once the engine decodes under the new version.
 Evaluation uses the stream's own evaluation generator (``RequestStream.generator_for_evaluation``).
@@ -19,7 +21,6 @@ stream has nothing to do — answers that will never come — for the runtime's 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -27,9 +28,12 @@ from typing import Any, TypeVar
 import torch
 
 from groupwise.controller.interfaces import LoaderItem
+from groupwise.episodes.group import EpisodeSettings
 from groupwise.generation.base import RequestStream
 from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.inflight import continuation, encode_progress, prefix_tokens
+from groupwise.runtime.streamed_episodes import GroupTurns, run_streamed_group
+from groupwise.runtime.thread_answers import answer_from_thread
 from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import (
     NO_COST,
@@ -48,28 +52,6 @@ T = TypeVar("T")
 class _Running:
     handle: int
     request: GenerationRequest
-
-
-def _settle(future: asyncio.Future[T], outcome: T | BaseException) -> None:
-    if future.done():
-        return
-    if isinstance(outcome, BaseException):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)
-
-
-def answer_from_thread(
-    loop: asyncio.AbstractEventLoop, future: asyncio.Future, unpack: bool = False
-) -> Callable[..., None]:
-    """A callback for the serving thread that settles ``future`` on ``loop`` (dropped once the loop is closed) with
-    its one argument, or with the tuple of its arguments when ``unpack``."""
-
-    def answer(*outcome: Any) -> None:  # Any: whatever the stream answers (the future's value or an error)
-        with contextlib.suppress(RuntimeError):  # the run ended and its loop closed: nobody waits any more
-            loop.call_soon_threadsafe(_settle, future, outcome if unpack else outcome[0])
-
-    return answer
 
 
 async def load_weights_through(stream: RequestStream, load: Callable[[], None]) -> None:
@@ -115,6 +97,8 @@ class StreamedRollouts:
         return self.stream.steps + self.stream.weight_loads + self._returned
 
     async def rollout(self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int) -> Group:
+        if self.worker.episodes is not None:
+            return await self._run_episodes(self.worker.episodes, prompt, group_id, attempt, start_version)
         return await self._generate(prompt, group_id, attempt, start_version, ())
 
     async def resume(
@@ -153,6 +137,29 @@ class StreamedRollouts:
             self.stream.forget(handle)
         self._returned += 1
         outcome = charge_seconds(outcome, seconds)  # a reward failure keeps its completions' tokens
+        if isinstance(outcome, BaseException):
+            raise outcome
+        self.generated_tokens += outcome.num_completion_tokens
+        return outcome
+
+    async def _run_episodes(
+        self, settings: EpisodeSettings, prompt: LoaderItem, group_id: int, attempt: int, start_version: int
+    ) -> Group:
+        """The group's G episodes, each turn a request on the stream (:mod:`groupwise.runtime.streamed_episodes`)."""
+        turns = GroupTurns()
+        seed = self.worker.seed_for(prompt, attempt)
+        try:
+            result = await run_streamed_group(
+                self.stream, settings, prompt.prompt, seed, self.worker.group_size, turns
+            )  # fmt: skip
+        except asyncio.CancelledError:
+            self._spent[group_id] = asyncio.ensure_future(turns.cost())
+            raise
+        outcome = self.worker.episode_group(
+            prompt, group_id, attempt, start_version, self.worker.generator.version, result
+        )  # fmt: skip
+        self._returned += 1
+        outcome = charge_seconds(outcome, turns.seconds)  # an environment failure keeps its sampled tokens
         if isinstance(outcome, BaseException):
             raise outcome
         self.generated_tokens += outcome.num_completion_tokens

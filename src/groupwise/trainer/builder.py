@@ -216,8 +216,8 @@ def build_components(
     notes = list(report.notes) + ([warning_line(w) for w in inputs.warnings] if checked_here else [])
     off = StreamSupport(False, "generation.continuous_batching is off")
     streaming = stream_support(engine) if cfg.generation.continuous_batching else off
-    if episodes is not None and streaming.available:  # a stream row is one sampling; an episode is many
-        streaming = StreamSupport(False, "multi-turn episodes (episode.environment) run turn by turn")
+    if episodes is not None and streaming.available and not _streams_episodes(cfg):
+        streaming = StreamSupport(False, "multi-turn episodes on this backend and runtime run in rounds of turns")
     if cfg.generation.continuous_batching and not streaming.available:
         why = streaming.reason
         if cfg.mode == "async" and cfg.async_.partial_rollouts == "continue":  # it would silently do nothing
@@ -230,6 +230,12 @@ def build_components(
         logger.warning(note)
     return Components(policy=policy, engine=engine, streaming=streaming, task=inputs.task, reward_fn=reward_fn,
                       rollouts=rollouts, notes=notes)
+
+
+def _streams_episodes(cfg: RunConfig) -> bool:
+    """Whether episodes run each turn as its own request on the generation stream: the built-in engine on the
+    embedded runtime (elsewhere an episode's turns go in rounds, :mod:`groupwise.episodes.lockstep`)."""
+    return cfg.generation.backend == "builtin" and cfg.runtime.backend == "embedded"
 
 
 def _build_engine(spec: GeneratorSpec) -> Generator:

@@ -16,7 +16,7 @@ from groupwise.episodes.environment import (
     environment_factory,
 )
 from groupwise.episodes.episode import EpisodeLimits
-from groupwise.episodes.lockstep import EpisodeSettings
+from groupwise.episodes.group import EpisodeSettings
 from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE, ChatRenderer, append_only_problem
 from groupwise.episodes.tools import tool_problem
 from groupwise.model.encode import has_chat_template

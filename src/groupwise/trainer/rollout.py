@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from groupwise.algo.reward_shaping import overlong_penalty, scale_rewards
 from groupwise.data.scoring import RewardError, score_completions
-from groupwise.episodes.lockstep import EpisodeSettings, episode_opening, run_episode_groups
+from groupwise.episodes.group import EpisodeSettings, episode_opening
+from groupwise.episodes.lockstep import run_episode_groups
 from groupwise.generation.base import Generator
 from groupwise.generation.factory import checked_outputs
 from groupwise.model.encode import encode_prompt
@@ -179,22 +180,29 @@ class RolloutWorker:
             results += run_episode_groups(self.generator, self.sampling, settings, prompts, seeds[chunk],
                                           self.group_size)  # fmt: skip
         end_version = self.generator.version
-        outcomes: list[Group | RewardError] = []
-        for item, group_id, attempt, start_version, result in zip(
-            items, group_ids, attempts, starts, results, strict=True
-        ):
-            if isinstance(result, RewardError):
-                outcomes.append(result)
-                continue
-            shared = _shared_prefix([episode.prompt_ids for episode in result])
-            completions = [e.completion(self._transcript(e, len(shared)), e.prompt_ids[len(shared):]) for e in result]
-            raw = [c.episode.reward if c.episode is not None else 0.0 for c in completions]
-            outcomes.append(Group(
-                group_id=group_id, prompt=item.prompt, prompt_token_ids=shared, completions=completions,
-                raw_rewards=raw, rewards=self.rewards.apply(raw, completions), start_version=start_version,
-                end_version=end_version, epoch=item.epoch, attempt=attempt,
-            ))  # fmt: skip
-        return outcomes
+        return [
+            self.episode_group(item, group_id, attempt, start_version, end_version, result)
+            for item, group_id, attempt, start_version, result in zip(
+                items, group_ids, attempts, starts, results, strict=True
+            )
+        ]
+
+    def episode_group(
+        self, item: LoaderItem, group_id: int, attempt: int, start_version: int, end_version: int,
+        result: list[Episode] | RewardError,
+    ) -> Group | RewardError:  # fmt: skip
+        """One prompt's G finished episodes as its group (each episode one completion, its reward the
+        environment's), or the environment failure of that prompt alone."""
+        if isinstance(result, RewardError):
+            return result
+        shared = _shared_prefix([episode.prompt_ids for episode in result])
+        completions = [e.completion(self._transcript(e, len(shared)), e.prompt_ids[len(shared):]) for e in result]
+        raw = [c.episode.reward if c.episode is not None else 0.0 for c in completions]
+        return Group(
+            group_id=group_id, prompt=item.prompt, prompt_token_ids=shared, completions=completions,
+            raw_rewards=raw, rewards=self.rewards.apply(raw, completions), start_version=start_version,
+            end_version=end_version, epoch=item.epoch, attempt=attempt,
+        )  # fmt: skip
 
     def _transcript(self, episode: Episode, shared: int) -> str:
         """The text of an episode's completion: its own opening tokens, every turn and every answer."""

@@ -1,0 +1,165 @@
+"""One prompt group's G episodes while they run, whatever drives them: opening, one turn's step, failure.
+
+Both drivers use these pieces: the lockstep rounds (:mod:`groupwise.episodes.lockstep`, on any generator) and the
+streamed episodes (:mod:`groupwise.episodes.streamed`, on a generation stream). A turn's seed is derived from the
+group's request seed, the sample index and the turn, so an episode samples the same tokens whatever batch or
+driver it runs in.
+
+Failures of the environment (it raises, times out, answers with something that is not a list of messages, or a
+chat template that is not append-only) fail the episode's whole group with :class:`EpisodeError`, a reward
+failure: async mode retries the prompt and then skips it with its fate, sync mode stops naming the environment.
+Failures of a tool call are the model's to read (an error observation, :mod:`groupwise.episodes.tools`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from groupwise.data.scoring import MAX_ABS_REWARD, RewardError
+from groupwise.episodes.deadline import PendingCall
+from groupwise.episodes.environment import Environment, EnvironmentFactory, Message, StepResult, checked_messages
+from groupwise.episodes.episode import Episode, EpisodeLimits
+from groupwise.episodes.template import ChatRenderer
+from groupwise.seeding import derive_seed
+from groupwise.types import Completion, GenerationCost, GenerationRequest, Prompt, attach_cost
+
+
+class EpisodeError(RewardError):
+    """An environment failed one episode of a group (the message names the environment, the prompt and the
+    sample); the group is a reward failure of its prompt."""
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """What running episodes needs besides the generator: the ``episode`` section, resolved."""
+
+    name: str
+    factory: EnvironmentFactory
+    renderer: ChatRenderer
+    limits: EpisodeLimits
+    step_timeout_s: float
+    max_rows_per_call: int = 512
+
+
+@dataclass
+class RunningGroup:
+    """One group's episodes and environments while they run (``error`` set = the group failed)."""
+
+    prompt: Prompt
+    seed: int
+    episodes: list[Episode]
+    envs: list[Environment]
+    error: EpisodeError | None = None
+
+    def outcome(self) -> list[Episode] | EpisodeError:
+        """The G finished episodes, or the group's failure charged with the tokens its episodes sampled."""
+        if self.error is None:
+            return self.episodes
+        sampled = sum(sum(e.trainable) for e in self.episodes)
+        return attach_cost(self.error, GenerationCost(sampled))
+
+
+def turn_seed(group_seed: int, sample_index: int, turn: int) -> int:
+    """The seed of one episode turn's request: ``derive_seed("episode-turn", group seed, sample, turn)``."""
+    return derive_seed("episode-turn", group_seed, sample_index, turn)
+
+
+def turn_request(group: RunningGroup, episode: Episode) -> GenerationRequest | None:
+    """The request for ``episode``'s next turn (one sample, at most what the episode has room for); None when it
+    has no room left, which ends it (``token_budget``)."""
+    cap = episode.turn_cap()
+    if cap <= 0:
+        episode.end = "token_budget"
+        return None
+    seed = turn_seed(group.seed, episode.sample_index, episode.turns)
+    return GenerationRequest(episode.context(), 1, seed, max_new_tokens=cap)
+
+
+def open_group(settings: EpisodeSettings, prompt: Prompt, seed: int, group_size: int) -> RunningGroup:
+    """The group's G environments made and reset (each reset on its own thread, with the step deadline)."""
+    running = RunningGroup(prompt, seed, [], [])
+    try:
+        envs = [settings.factory() for _ in range(group_size)]
+    except Exception as exc:  # the user's environment constructor: a failure of this group, named
+        running.error = failure(settings, prompt, 0, "could not be created", exc)
+        return running
+    calls = [PendingCall(_reset(env, prompt, i), f"groupwise-env-reset-{i}") for i, env in enumerate(envs)]
+    for index, (env, call) in enumerate(zip(envs, calls, strict=True)):
+        try:
+            opening = settings.renderer.offer_tools(checked_messages(call.result(settings.step_timeout_s), "reset()"))
+            prompt_ids = tuple(settings.renderer.opening(opening))
+        except Exception as exc:
+            running.error = running.error or failure(settings, prompt, index, "failed in reset()", exc)
+            continue
+        running.episodes.append(Episode(index, list(opening), prompt_ids, settings.limits))
+        running.envs.append(env)
+    return running
+
+
+def episode_opening(settings: EpisodeSettings, prompt: Prompt, sample_index: int = 0) -> tuple[int, ...]:
+    """The tokens an episode of ``prompt`` opens with (its environment's opening messages, tools offered, the
+    generation prompt): what a warm start on first turns trains from."""
+    env = settings.factory()
+    messages = checked_messages(env.reset(prompt, sample_index), "reset()")
+    return tuple(settings.renderer.opening(settings.renderer.offer_tools(messages)))
+
+
+@dataclass
+class TurnStep:
+    """One sampled turn handed to its environment: the ``call`` runs ``step()`` on its own thread."""
+
+    group: RunningGroup
+    episode: Episode
+    reply: Message
+    sampled: list[int]
+    call: PendingCall[StepResult]
+
+
+def start_step(
+    group: RunningGroup, episode: Episode, completion: Completion, on_done: Callable[[], None] | None = None
+) -> TurnStep:
+    """Append the sampled turn to ``episode`` and start its environment's ``step()`` (``on_done`` is called on the
+    step's thread when it returns)."""
+    reply = episode.add_turn(completion)
+    env = group.envs[group.episodes.index(episode)]
+    name = f"groupwise-env-step-{episode.sample_index}"
+    return TurnStep(group, episode, reply, list(completion.token_ids), PendingCall(_step(env, reply), name, on_done))
+
+
+def finish_step(settings: EpisodeSettings, step: TurnStep) -> None:
+    """Apply the environment's answer (waiting for it up to the step deadline); a failure fails the group."""
+    episode, group = step.episode, step.group
+    try:
+        result = _checked_result(step.call.result(settings.step_timeout_s))
+        episode.env_seconds += step.call.seconds
+        episode.apply(result, step.reply, step.sampled, settings.renderer)
+    except Exception as exc:
+        episode.env_seconds += step.call.seconds
+        group.error = group.error or failure(settings, group.prompt, episode.sample_index, "failed in step()", exc)
+
+
+def failure(settings: EpisodeSettings, prompt: Prompt, index: int, what: str, exc: BaseException) -> EpisodeError:
+    error = EpisodeError(
+        f"environment {settings.name!r} {what} (prompt {prompt.uid!r}, sample {index}): {type(exc).__name__}: {exc}",
+        prompt.uid, index,
+    )  # fmt: skip
+    error.__cause__ = exc
+    return error
+
+
+def _reset(env: Environment, prompt: Prompt, index: int) -> Callable[[], object]:
+    return lambda: env.reset(prompt, index)
+
+
+def _step(env: Environment, reply: Message) -> Callable[[], StepResult]:
+    return lambda: env.step(dict(reply))
+
+
+def _checked_result(result: object) -> StepResult:
+    if not isinstance(result, StepResult):
+        raise TypeError(f"step() returned {type(result).__name__}, not a StepResult")
+    reward = result.reward
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not abs(reward) <= MAX_ABS_REWARD:
+        raise ValueError(f"step() returned the reward {reward!r}; it must be a finite number")
+    return replace(result, messages=checked_messages(result.messages, "step()"))

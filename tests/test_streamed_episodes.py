@@ -1,0 +1,214 @@
+"""Episodes on a generation stream: each turn is a request of its own, and a slow environment holds up nobody else.
+
+Invariants pinned:
+- a slow environment step delays only its own episode: while one episode's step sleeps, the other episodes of
+  its group take every turn they have (the lockstep driver, by contrast, makes them wait for it);
+- on the built-in engine's stream an episode samples exactly the tokens it samples on the lockstep driver (the
+  same seed per sample and turn), so either driver trains the same episodes;
+- a turn takes at most what its episode has room for: the stream ends a row at its request's own
+  ``max_new_tokens``, the batch engine splits a call by limit and answers in request order, and a limit of 0 or
+  above the sampling's is refused;
+- a group cancelled while a turn is on the stream cancels that turn there, and its cost counts the tokens of
+  its finished turns and of the cancelled one;
+- an async run with continuous batching trains episodes with the windowed sampler (dynamic sampling on) and
+  with weight_fifo: every step balances, every trained row replays to its reward, and the audit finds every
+  prompt accounted for once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from test_episode_runs import check_rows, episode_config
+from test_episodes import EOS, RENDERER, TOKENIZER, chars, game, settings
+
+from groupwise.cli.run_prompts import training_uids
+from groupwise.environments.guess_number import GuessNumberEnvironment
+from groupwise.episodes.lockstep import run_episode_groups
+from groupwise.generation import Engine
+from groupwise.generation.request_limits import generate_by_limit
+from groupwise.model import load_policy
+from groupwise.run.audit import audit_run
+from groupwise.run.metrics import read_metrics
+from groupwise.runtime.async_run import run_async
+from groupwise.runtime.streamed_episodes import GroupTurns, run_streamed_group
+from groupwise.trainer.builder import build_session
+from groupwise.types import Completion, GenerationRequest, SamplingParams
+
+SAMPLING = SamplingParams(max_new_tokens=8, temperature=1.0)
+
+
+class InstantStream:
+    """A fake request stream (test only): each request is answered on a thread of its own after ``delay_s`` with
+    ``reply`` cut to the request's limit; ``hold`` keeps requests unanswered (a turn still decoding)."""
+
+    def __init__(self, reply: list[int], delay_s: float = 0.005, hold: bool = False) -> None:
+        self.reply, self.delay_s, self.hold = reply, delay_s, hold
+        self.submitted: list[GenerationRequest] = []
+        self.cancelled: list[int] = []
+
+    def submit(self, request: GenerationRequest, on_done) -> int:
+        self.submitted.append(request)
+        handle = len(self.submitted) - 1
+        if not self.hold:
+            ids = tuple(self.reply[: request.max_new_tokens])
+            completion = Completion(ids, (-1.0,) * len(ids), TOKENIZER.decode(ids, skip_special_tokens=True), "stop", 0)
+            threading.Timer(self.delay_s, on_done, args=([completion],)).start()
+        return handle
+
+    def cancel(self, handle: int, on_dropped=None) -> None:
+        self.cancelled.append(handle)
+        if on_dropped is not None:
+            on_dropped(5, 0.25)  # five tokens of the unfinished turn, a quarter second of the stream
+
+    def cost(self, handle: int) -> tuple[int, float]:
+        return len(self.reply), 0.01
+
+    def forget(self, handle: int) -> None:
+        pass
+
+
+class SlowFirstPlayer(GuessNumberEnvironment):
+    """Sample 0's every step sleeps (test only); each step's end time is recorded per sample."""
+
+    finished: dict[int, list[float]] = {}
+
+    def reset(self, prompt, sample_index):
+        self.sample = sample_index
+        SlowFirstPlayer.finished[sample_index] = []
+        return super().reset(prompt, sample_index)
+
+    def step(self, message):
+        if self.sample == 0:
+            time.sleep(0.6)
+        result = super().step(message)
+        SlowFirstPlayer.finished[self.sample].append(time.perf_counter())
+        return result
+
+
+def test_a_slow_environment_delays_only_its_own_episode():
+    stream = InstantStream(chars("1") + [EOS])  # always guesses 1: the secret is 20, so no episode ends early
+    group_settings = settings(factory=SlowFirstPlayer, max_turns=3)
+    outcome = asyncio.run(run_streamed_group(stream, group_settings, game("p", 20), 5, 4, GroupTurns()))
+    assert not isinstance(outcome, Exception)
+    assert [e.turns for e in outcome] == [3, 3, 3, 3]
+    first_slow_step = SlowFirstPlayer.finished[0][0]
+    for sample in (1, 2, 3):  # every turn of the fast episodes ended before the slow one's first step did
+        assert len(SlowFirstPlayer.finished[sample]) == 3
+        assert SlowFirstPlayer.finished[sample][-1] < first_slow_step
+    # The lockstep driver, for contrast: a round waits for its slowest step.
+    lockstep = run_episode_groups(LockstepStream(stream), SAMPLING, group_settings, [game("p", 20)], [5], 4)
+    assert not isinstance(lockstep[0], Exception)
+    assert SlowFirstPlayer.finished[1][-1] > SlowFirstPlayer.finished[0][0]
+
+
+class LockstepStream:
+    """The fake stream's replies as a batch generator (test only)."""
+
+    version = 0
+
+    def __init__(self, stream: InstantStream) -> None:
+        self.stream = stream
+
+    def generate(self, requests, sampling):
+        ids = tuple(self.stream.reply[: sampling.max_new_tokens])
+        text = TOKENIZER.decode(ids, skip_special_tokens=True)
+        return [[Completion(ids, (-1.0,) * len(ids), text, "stop", 0)] for _ in requests]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    policy = load_policy("tiny", tiny={"vocab": "full", "num_layers": 1, "hidden_size": 32, "num_heads": 2,
+                                       "intermediate_size": 64, "max_position_embeddings": 256}, seed=1, device="cpu")
+    return Engine(policy.model, policy.tokenizer, eos_token_ids=(EOS,))  # fmt: skip
+
+
+@pytest.mark.numerics  # tokens compared exactly across batch shapes (the stream's slots vs the batch engine)
+def test_an_episode_samples_the_same_tokens_on_the_stream_as_in_lockstep(engine):
+    group_settings = settings(max_turns=3)
+    prompts, seeds = [game("a", 3), game("b", 17)], [7, 8]
+    lockstep = run_episode_groups(engine, SAMPLING, group_settings, prompts, seeds, 3)
+    stream = engine.open_stream(SAMPLING, max_rows=16)
+    stream.start("test-stream")
+
+    async def both_groups():
+        return await asyncio.gather(*(
+            run_streamed_group(stream, group_settings, prompt, seed, 3, GroupTurns())
+            for prompt, seed in zip(prompts, seeds, strict=True)
+        ))  # fmt: skip
+
+    try:
+        streamed = asyncio.run(both_groups())
+    finally:
+        stream.close(10.0)
+    for on_stream, in_rounds in zip(streamed, lockstep, strict=True):
+        assert [e.token_ids for e in on_stream] == [e.token_ids for e in in_rounds]
+        assert [e.trainable for e in on_stream] == [e.trainable for e in in_rounds]
+        assert [e.end for e in on_stream] == [e.end for e in in_rounds]
+    assert sum(e.turns for group in streamed for e in group) > 6  # some episodes took more than one turn
+
+
+def test_a_turn_takes_at_most_its_own_limit(engine):
+    prompt = tuple(RENDERER.opening([{"role": "user", "content": "Say something long."}]))
+    requests = [GenerationRequest(prompt, 2, 11, max_new_tokens=limit) for limit in (1, 3, None)]
+    never_stops = SamplingParams(max_new_tokens=6, temperature=1.0)
+    stream = engine.open_stream(never_stops, max_rows=8)
+    answers: dict[int, object] = {}
+    for index, request in enumerate(requests):
+        stream.submit(request, lambda outcome, i=index: answers.__setitem__(i, outcome))
+    stream.run_until_idle()
+    split = generate_by_limit(requests, never_stops, engine.generate)  # the batch engine: one call per limit
+    for index, limit in enumerate((1, 3, 6)):
+        on_stream = answers[index]
+        assert all(len(c.token_ids) <= limit for c in on_stream)
+        assert all(c.finish_reason == "length" for c in on_stream if len(c.token_ids) == limit)
+        assert [c.token_ids for c in split[index]] == [c.token_ids for c in on_stream]
+    for bad in (0, 7):
+        with pytest.raises(ValueError, match=f"max_new_tokens={bad}; it must be 1 to the sampling's 6"):
+            stream.submit(GenerationRequest(prompt, 1, 0, max_new_tokens=bad), lambda outcome: None)
+    stream.close(5.0)
+
+
+def test_a_cancelled_group_cancels_its_turn_on_the_stream_and_counts_what_it_spent():
+    stream = InstantStream(chars("1") + [EOS], hold=True)
+    turns = GroupTurns()
+
+    async def cancel_while_decoding():
+        task = asyncio.create_task(run_streamed_group(stream, settings(), game("p", 20), 5, 2, turns))
+        while len(stream.submitted) < 2:  # both episodes' first turns are on the stream
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await turns.cost()
+
+    tokens, seconds = asyncio.run(cancel_while_decoding())
+    assert sorted(stream.cancelled) == [0, 1]
+    assert (tokens, seconds) == (2 * 5, 2 * 0.25)
+
+
+@pytest.mark.parametrize("sampler, dynamic", [
+    ({"name": "windowed", "max_staleness_versions": 1}, True),
+    ({"name": "weight_fifo", "max_staleness_versions": 1}, False),
+])  # fmt: skip
+def test_an_async_run_streams_episodes_with_every_kind_of_sampler(tmp_path, sampler, dynamic):
+    cfg = episode_config(
+        tmp_path, "async", grpo={"dynamic_sampling": {"enabled": dynamic}}, eval={"at_start": False, "at_end": False},
+        generation={"continuous_batching": True},
+        **{"async": {"sampler": sampler, "max_buffered_rollouts": 4, "max_inflight_prompts": 4,
+                     "partial_rollouts": "off",
+                     "rollout_failure": {"replacement_reserve_prompts": 4, "max_replacement_attempts": 16}}},
+    )  # fmt: skip
+    session = build_session(cfg)
+    assert session.streaming.available, session.streaming.reason
+    run_async(session)
+    records = [r for r in read_metrics(session.run_dir.metrics_path) if "loss/total" in r]
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        assert record["ds/groups_trained"] + record["accounting/dropped_groups"] == 2
+        check_rows(session, record["step"])
+    report = audit_run(session.run_dir.path, training_uids)
+    assert report.ok, report.format()
