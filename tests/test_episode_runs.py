@@ -215,7 +215,7 @@ def test_config_check_reports_every_episode_mistake_at_once(tmp_path, capsys):
         "mode": "async", "model": {"source": "tiny"},
         "episode": {"environment": "guess_number", "max_tokens": 10, "max_observation_tokens": 20},
         "reward": {"function": "exact_match"},
-        "async": {"partial_rollouts": "continue"},
+        "async": {"partial_rollouts": "continue"}, "runtime": {"backend": "ray"},  # turns in rounds: no mid-turn
     }  # fmt: skip
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(cfg))

@@ -10,6 +10,12 @@ Invariants pinned:
   above the sampling's is refused;
 - a group cancelled while a turn is on the stream cancels that turn there, and its cost counts the tokens of
   its finished turns and of the cancelled one;
+- a checkpointed episode group is taken back at its turns (the saved tokens of a turn on the stream continue it)
+  when fresh environments given the saved turns answer as before, and each episode starts over when they do not;
+  saved with another seed, the whole group starts over, saying why;
+- an async run with partial rollouts killed in the middle of a checkpoint resumes with the episodes that were in
+  flight continued at their turns (``resume: continued``, ``rollout/resumed_tokens``), every prompt accounted for
+  once and every trained row replaying to its reward;
 - an async run with continuous batching trains episodes with the windowed sampler (dynamic sampling on) and
   with weight_fifo: every step balances, every trained row replays to its reward, and the audit finds every
   prompt accounted for once.
@@ -20,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 from test_episode_runs import check_rows, episode_config
@@ -27,16 +34,19 @@ from test_episodes import EOS, RENDERER, TOKENIZER, chars, game, settings
 
 from groupwise.cli.run_prompts import training_uids
 from groupwise.environments.guess_number import GuessNumberEnvironment
+from groupwise.episodes.group import finish_step, open_group, start_step
 from groupwise.episodes.lockstep import run_episode_groups
+from groupwise.episodes.progress import encode_group, take_back
 from groupwise.generation import Engine
 from groupwise.generation.request_limits import generate_by_limit
 from groupwise.model import load_policy
 from groupwise.run.audit import audit_run
 from groupwise.run.metrics import read_metrics
 from groupwise.runtime.async_run import run_async
+from groupwise.runtime.inflight import kept_tokens
 from groupwise.runtime.streamed_episodes import GroupTurns, run_streamed_group
 from groupwise.trainer.builder import build_session
-from groupwise.types import Completion, GenerationRequest, SamplingParams
+from groupwise.types import Completion, GenerationRequest, RowPrefix, SamplingParams
 
 SAMPLING = SamplingParams(max_new_tokens=8, temperature=1.0)
 
@@ -212,3 +222,115 @@ def test_an_async_run_streams_episodes_with_every_kind_of_sampler(tmp_path, samp
         check_rows(session, record["step"])
     report = audit_run(session.run_dir.path, training_uids)
     assert report.ok, report.format()
+
+
+def test_partial_rollouts_with_episodes_are_refused_where_turns_go_in_rounds():
+    from groupwise.config import ConfigError, config_from_dict
+
+    data = {
+        "mode": "async", "model": {"source": "tiny"}, "episode": {"environment": "guess_number"},
+        "generation": {"continuous_batching": True, "backend": "vllm"}, "async": {"partial_rollouts": "continue"},
+    }  # fmt: skip
+    with pytest.raises(ConfigError, match="continue mid-turn only on the built-in engine's generation stream"):
+        config_from_dict(data)
+    config_from_dict({**data, "generation": {"continuous_batching": True}})  # the built-in engine's stream: fine
+
+
+class SlowGuessNumber(GuessNumberEnvironment):
+    """guess_number whose steps take 50 ms (test only): episodes are mid-way when a step's checkpoint is taken."""
+
+    def step(self, message):
+        time.sleep(0.05)
+        return super().step(message)
+
+
+def test_an_async_episode_run_with_partial_rollouts_killed_mid_checkpoint_continues_episodes_at_their_turn(
+    tmp_path, monkeypatch, capsys
+):
+    from groupwise.cli.main import main
+    from groupwise.episodes.record import EpisodeRecord
+    from groupwise.run import checkpoint
+
+    def config(max_steps: int):
+        return episode_config(
+            tmp_path, "async", run={"name": "resume", "max_steps": max_steps},
+            eval={"at_start": False, "at_end": False}, checkpoint={"every": 1, "keep_last": 3, "save_final": False},
+            loss={"importance_sampling": True}, generation={"continuous_batching": True},
+            episode={"environment": "test_streamed_episodes:SlowGuessNumber"},
+            **{"async": {"sampler": {"name": "in_order", "max_lookahead_versions": 1}, "max_buffered_rollouts": 8,
+                         "max_inflight_prompts": 8, "partial_rollouts": "continue",
+                         "rollout_failure": {"replacement_reserve_prompts": 4, "max_replacement_attempts": 16}}},
+        )  # fmt: skip
+
+    session = build_session(config(3))
+    real_write = checkpoint._write_file_synced
+
+    def die_in_step_3(path, data):  # the first piece of step 3's checkpoint lands, then the process "dies"
+        if ".tmp-step_3" in str(path) and path.name != "trainer_state.json":
+            raise RuntimeError("killed mid-checkpoint")
+        real_write(path, data)
+
+    monkeypatch.setattr(checkpoint, "_write_file_synced", die_in_step_3)
+    with pytest.raises(RuntimeError, match="killed mid-checkpoint"):
+        run_async(session)
+    monkeypatch.undo()
+    resumed = build_session(config(4), resume=True)
+    assert resumed.state.step == 2
+    run_async(resumed)
+    run_dir = session.run_dir.path
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in metrics if "loss/total" in r] == [1, 2, 3, 4]
+    report = audit_run(run_dir, training_uids)
+    assert report.ok, report.format()
+    resumes = []
+    for step in (1, 2, 3, 4):
+        rows = check_rows(resumed, step)
+        resumes += [EpisodeRecord.from_dict(r["episode"]).resume for r in rows]
+    assert main(["audit", "--replay-episodes", str(run_dir)]) == 0, capsys.readouterr().out
+    assert "continued" in resumes  # episodes the checkpoint held in flight went on at their turn
+    assert sum(r.get("rollout/resumed_tokens", 0) for r in metrics) > 0
+    assert sum(r.get("episode/resumed_continued", 0) for r in metrics) == resumes.count("continued")
+
+
+class Moody(GuessNumberEnvironment):
+    """Answers each guess with a count of the environments made so far (test only): not deterministic."""
+
+    made = 0
+
+    def reset(self, prompt, sample_index):
+        Moody.made += 1
+        self.mood = Moody.made
+        return super().reset(prompt, sample_index)
+
+    def step(self, message):
+        result = super().step(message)
+        return replace(result, messages=[{"role": "user", "content": f"mood {self.mood}"}])
+
+
+@pytest.mark.parametrize("factory, expected", [(GuessNumberEnvironment, "continued"), (Moody, "restarted")])
+def test_a_saved_group_continues_where_its_environment_answers_as_before(factory, expected):
+    group_settings = settings(factory=factory, max_turns=3)
+    group = open_group(group_settings, game("p", 20), 3, 2)
+    for episode in group.episodes:  # one turn each, then a checkpoint with sample 1's second turn on the stream
+        finish_step(group_settings, start_step(group, episode, scripted_turn("4")))
+    on_stream = RowPrefix(tuple(chars("1")), (-0.5,), (0,), None)
+    data = encode_group(group, SAMPLING, {1: on_stream})
+    assert data is not None and kept_tokens(data) == 2 * 2 + 1
+    fresh = open_group(group_settings, game("p", 20), 3, 2)
+    turns, why = take_back(group_settings, fresh, data, SAMPLING)
+    assert why is None
+    assert [e.resume for e in fresh.episodes] == [expected, expected]
+    if expected == "continued":
+        assert turns == {1: on_stream}
+        for before, after in zip(group.episodes, fresh.episodes, strict=True):
+            assert (after.token_ids, after.trainable, after.turns) == (before.token_ids, before.trainable, 1)
+    else:  # the rebuilt environment answered otherwise: each episode starts over from its opening
+        assert turns == {} and all(e.token_ids == [] and e.turns == 0 for e in fresh.episodes)
+    other_seed = open_group(group_settings, game("p", 20), 4, 2)
+    assert take_back(group_settings, other_seed, data, SAMPLING) == ({}, "its seed differs (another run.seed, "
+                                                                         "prompt or attempt numbering)")
+
+
+def scripted_turn(text: str) -> Completion:
+    ids = (*chars(text), EOS)
+    return Completion(ids, (-1.0,) * len(ids), text, "stop", 0)

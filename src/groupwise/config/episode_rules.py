@@ -41,13 +41,18 @@ def observation_fits_the_budget(cfg: RunConfig) -> Iterator[ConfigIssue]:
         )  # fmt: skip
 
 
-@rule("episode", "mode", "async_")
+@rule("episode", "mode", "async_", "generation", "runtime")
 def episodes_without_partial_rollouts(cfg: RunConfig) -> Iterator[ConfigIssue]:
-    """Episodes generate turn by turn between environment steps; async.partial_rollouts: continue (weights swapped
-    inside a running decode loop, resumed mid-row) does not apply to them yet."""
-    if cfg.episode.enabled and cfg.mode == "async" and cfg.async_.partial_rollouts != "off":
+    """``async.partial_rollouts: continue`` with episodes needs each turn on the generation stream (a weight load
+    inside a turn, an episode resumed at its turn): the built-in engine on the embedded runtime; elsewhere an
+    episode's turns go in rounds, which cannot be continued mid-turn."""
+    ep, gen = cfg.episode, cfg.generation
+    if not (ep.enabled and cfg.mode == "async" and cfg.async_.partial_rollouts != "off"):
+        return
+    if gen.backend != "builtin" or cfg.runtime.backend != "embedded":
         yield ConfigIssue(
             "async.partial_rollouts", cfg.async_.partial_rollouts,
-            "multi-turn episodes (episode.environment) run turn by turn and cannot be continued mid-row yet",
-            "set async.partial_rollouts: off",
+            f"multi-turn episodes continue mid-turn only on the built-in engine's generation stream on the embedded "
+            f"runtime, not with generation.backend: {gen.backend} and runtime.backend: {cfg.runtime.backend}",
+            "set async.partial_rollouts: off, or use generation.backend: builtin with runtime.backend: embedded",
         )  # fmt: skip

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from groupwise.episodes.environment import Message, StepResult
-from groupwise.episodes.record import EpisodeEnd, EpisodeRecord
+from groupwise.episodes.record import EpisodeEnd, EpisodeRecord, EpisodeResume
 from groupwise.types import Completion, FinishReason
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ class Episode:
     tool_errors: int = 0
     truncated_observations: int = 0
     env_seconds: float = 0.0
+    resume: EpisodeResume = ""
 
     @property
     def finished(self) -> bool:
@@ -144,7 +145,7 @@ class Episode:
             tool_calls=self.tool_calls, tool_errors=self.tool_errors,
             truncated_observations=self.truncated_observations, env_seconds=self.env_seconds,
             model_tokens=sum(self.trainable), env_tokens=len(self.trainable) - sum(self.trainable),
-            assistant=tuple(self.assistant), observations=tuple(self.observations),
+            assistant=tuple(self.assistant), observations=tuple(self.observations), resume=self.resume,
         )  # fmt: skip
 
     def completion(self, text: str, lead: tuple[int, ...] = ()) -> Completion:

@@ -87,14 +87,32 @@ def open_group(settings: EpisodeSettings, prompt: Prompt, seed: int, group_size:
     calls = [PendingCall(_reset(env, prompt, i), f"groupwise-env-reset-{i}") for i, env in enumerate(envs)]
     for index, (env, call) in enumerate(zip(envs, calls, strict=True)):
         try:
-            opening = settings.renderer.offer_tools(checked_messages(call.result(settings.step_timeout_s), "reset()"))
-            prompt_ids = tuple(settings.renderer.opening(opening))
+            running.episodes.append(_opened(settings, index, call))
+            running.envs.append(env)
         except Exception as exc:
             running.error = running.error or failure(settings, prompt, index, "failed in reset()", exc)
-            continue
-        running.episodes.append(Episode(index, list(opening), prompt_ids, settings.limits))
-        running.envs.append(env)
     return running
+
+
+def reopen_episode(settings: EpisodeSettings, group: RunningGroup, position: int) -> Episode:
+    """Replace the episode at ``position`` of ``group`` by a fresh one: a new environment, reset (an episode that
+    starts over)."""
+    index = group.episodes[position].sample_index
+    try:
+        env = settings.factory()
+        episode = _opened(
+            settings, index, PendingCall(_reset(env, group.prompt, index), f"groupwise-env-reset-{index}")
+        )
+    except Exception as exc:
+        group.error = group.error or failure(settings, group.prompt, index, "failed in reset()", exc)
+        return group.episodes[position]
+    group.episodes[position], group.envs[position] = episode, env
+    return episode
+
+
+def _opened(settings: EpisodeSettings, index: int, reset: PendingCall[object]) -> Episode:
+    opening = settings.renderer.offer_tools(checked_messages(reset.result(settings.step_timeout_s), "reset()"))
+    return Episode(index, list(opening), tuple(settings.renderer.opening(opening)), settings.limits)
 
 
 def episode_opening(settings: EpisodeSettings, prompt: Prompt, sample_index: int = 0) -> tuple[int, ...]:

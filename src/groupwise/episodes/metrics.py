@@ -26,6 +26,8 @@ def episode_metrics(records: Sequence[EpisodeRecord]) -> dict[str, float]:
         "episode/model_tokens_mean": math.fsum(r.model_tokens for r in records) / n,
         "episode/env_tokens_mean": math.fsum(r.env_tokens for r in records) / n,
     }
+    for how in ("continued", "restarted"):  # episodes a resumed run took back mid-way
+        metrics[f"episode/resumed_{how}"] = float(sum(r.resume == how for r in records))
     for end in ("done", "max_turns", "token_budget"):
         metrics[f"episode/end_{end}_fraction"] = sum(r.end == end for r in records) / n
     return metrics

@@ -9,6 +9,11 @@ EpisodeEnd = Literal["done", "max_turns", "token_budget"]
 """``done``: the environment ended it; ``max_turns``: it reached ``episode.max_turns`` without that;
 ``token_budget``: the next turn had no room left in ``episode.max_tokens``."""
 
+EpisodeResume = Literal["", "continued", "restarted"]
+"""How a resumed run took the episode back: ``""`` it was never interrupted; ``continued`` at its turn and token,
+the environment rebuilt by giving it the recorded turns again; ``restarted`` from its opening, because the rebuilt
+environment answered differently."""
+
 
 @dataclass(frozen=True)
 class EpisodeRecord:
@@ -31,6 +36,7 @@ class EpisodeRecord:
     env_tokens: int = 0
     assistant: tuple[str, ...] = ()
     observations: tuple[tuple[dict[str, str], ...], ...] = ()
+    resume: EpisodeResume = ""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

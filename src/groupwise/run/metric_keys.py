@@ -34,6 +34,8 @@ METRIC_KEYS: tuple[str, ...] = (
     "episode/env_seconds",
     "episode/model_tokens_mean",
     "episode/env_tokens_mean",
+    "episode/resumed_continued",
+    "episode/resumed_restarted",
     "episode/end_done_fraction",
     "episode/end_max_turns_fraction",
     "episode/end_token_budget_fraction",

@@ -48,6 +48,8 @@ def kept_tokens(data: dict[str, Any] | None) -> int:
     """Tokens an attempt's saved progress holds (what continuing it does not generate again)."""
     if not data:
         return 0
+    if data.get("kind") == "episodes":  # an episode group: its episodes' sampled tokens and their turns on the stream
+        return sum(sum(e["trainable"]) + len((e.get("turn") or {}).get("token_ids", ())) for e in data["episodes"])
     return sum(len(row["token_ids"]) for row in data.get("rows", ()) if row)
 
 

@@ -31,8 +31,8 @@ from groupwise.controller.interfaces import LoaderItem
 from groupwise.episodes.group import EpisodeSettings
 from groupwise.generation.base import RequestStream
 from groupwise.runtime.daemon_worker import DaemonWorker
-from groupwise.runtime.inflight import continuation, encode_progress, prefix_tokens
-from groupwise.runtime.streamed_episodes import GroupTurns, run_streamed_group
+from groupwise.runtime.inflight import continuation, encode_progress, kept_tokens, prefix_tokens
+from groupwise.runtime.streamed_episodes import GroupTurns, SavedGroup, run_streamed_group
 from groupwise.runtime.thread_answers import answer_from_thread
 from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import (
@@ -81,6 +81,7 @@ class StreamedRollouts:
         self.resumed_tokens = 0  # tokens of resumed attempts that were continued, not generated again
         self._returned = 0
         self._running: dict[int, _Running] = {}
+        self._episode_groups: dict[int, GroupTurns] = {}  # running episode groups, by group id
         self._spent: dict[int, asyncio.Future] = {}  # cancelled rollouts' costs, until the controller asks
         self._awaited: dict[int, asyncio.Future] = {}  # answers awaited from the stream, by a number of their own
         self._next_wait = 0
@@ -104,7 +105,12 @@ class StreamedRollouts:
     async def resume(
         self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int, progress: dict[str, Any]
     ) -> Group:
-        """Continue a checkpointed attempt: its samples so far are fed back as prefixes, not generated again."""
+        """Continue a checkpointed attempt: its samples so far are fed back as prefixes, not generated again (an
+        episode group's episodes continue at their turns, :mod:`groupwise.episodes.progress`)."""
+        if self.worker.episodes is not None:
+            self.resumed_tokens += kept_tokens(progress)
+            saved = SavedGroup(progress, self.worker.sampling, self.on_event)
+            return await self._run_episodes(self.worker.episodes, prompt, group_id, attempt, start_version, saved)
         prefixes = continuation(self.worker, prompt, group_id, attempt, progress, self.on_event)
         self.resumed_tokens += prefix_tokens(prefixes)
         return await self._generate(prompt, group_id, attempt, start_version, prefixes)
@@ -143,18 +149,22 @@ class StreamedRollouts:
         return outcome
 
     async def _run_episodes(
-        self, settings: EpisodeSettings, prompt: LoaderItem, group_id: int, attempt: int, start_version: int
-    ) -> Group:
+        self, settings: EpisodeSettings, prompt: LoaderItem, group_id: int, attempt: int, start_version: int,
+        saved: SavedGroup | None = None,
+    ) -> Group:  # fmt: skip
         """The group's G episodes, each turn a request on the stream (:mod:`groupwise.runtime.streamed_episodes`)."""
         turns = GroupTurns()
         seed = self.worker.seed_for(prompt, attempt)
+        self._episode_groups[group_id] = turns
         try:
             result = await run_streamed_group(
-                self.stream, settings, prompt.prompt, seed, self.worker.group_size, turns
+                self.stream, settings, prompt.prompt, seed, self.worker.group_size, turns, saved
             )  # fmt: skip
         except asyncio.CancelledError:
             self._spent[group_id] = asyncio.ensure_future(turns.cost())
             raise
+        finally:
+            self._episode_groups.pop(group_id, None)
         outcome = self.worker.episode_group(
             prompt, group_id, attempt, start_version, self.worker.generator.version, result
         )  # fmt: skip
@@ -193,11 +203,14 @@ class StreamedRollouts:
         without yielding to the event loop, so at the same instant as a snapshot taken just before."""
         progress = self.stream.progress()
         sampling = self.worker.sampling
-        return {
+        saved = {
             group_id: encode_progress(running.request, sampling, progress[running.handle])
             for group_id, running in list(self._running.items())
             if running.handle in progress
         }
+        for group_id, turns in list(self._episode_groups.items()):
+            saved[group_id] = turns.progress(self.stream, sampling)
+        return saved
 
     async def sync_weights(self, version: int) -> None:
         """Copy the learner's parameters into the engine's model at a token boundary of the stream."""

@@ -8,9 +8,13 @@ enough episodes in flight, the stream never waits for a tool (``bench/episodes.p
 
 What an episode is made of (its seed per turn, its limits, what an environment failure does) is shared with the
 lockstep driver (:mod:`groupwise.episodes.group`), so an episode samples the same tokens on either driver.
-A weight load can come between two turns of an episode, never inside one: every token keeps the version that
-sampled it (``Completion.token_versions``), and the group's ``start_version`` stays the version at dispatch, the
-oldest any of its tokens can have.
+A weight load can come between two turns of an episode (and inside one with ``async.partial_rollouts: continue``):
+every token keeps the version that sampled it (``Completion.token_versions``), and the group's ``start_version``
+stays the version at dispatch, the oldest any of its tokens can have.
+
+Checkpoints (``async.partial_rollouts: continue``): :meth:`GroupTurns.progress` saves every episode so far and
+the tokens of its turn on the stream; a resumed run continues each at its turn and token where a fresh
+environment, given the saved turns again, answers as before (:mod:`groupwise.episodes.progress`).
 
 Cancelled (the controller dropped the group), every turn still on the stream is cancelled there and
 :meth:`GroupTurns.cost` gives what the group had spent: its sampled tokens and the stream's seconds.
@@ -20,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from groupwise.episodes.episode import Episode
 from groupwise.episodes.group import (
@@ -32,19 +38,32 @@ from groupwise.episodes.group import (
     start_step,
     turn_request,
 )
+from groupwise.episodes.progress import encode_group, take_back
 from groupwise.generation.base import RequestStream
 from groupwise.runtime.thread_answers import answer_from_thread, signal_from_thread
-from groupwise.types import Completion, GenerationRequest, Prompt
+from groupwise.types import Completion, GenerationRequest, Prompt, RowPrefix, SamplingParams
 
 
 @dataclass
 class GroupTurns:
-    """What a group's turns cost on the stream: the seconds of its answered turns, and the cost of each turn
-    cancelled on the stream (settled once its row left its slot)."""
+    """A running group as the client sees it: its episodes (once opened), the turn each has on the stream (its
+    handle, by sample), the seconds of its answered turns, and the cost of each turn cancelled on the stream
+    (settled once its row left its slot)."""
 
+    group: RunningGroup | None = None
+    on_stream: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
     sampled_tokens: int = 0
     dropped: list[asyncio.Future[tuple[int, float]]] = field(default_factory=list)
+
+    def progress(self, stream: RequestStream, sampling: SamplingParams) -> dict[str, Any] | None:
+        """The group's episodes and their turns on the stream as checkpoint data (None: nothing to keep). Read on
+        the event loop without yielding, so the episodes and the stream's rows are read at one token boundary."""
+        if self.group is None:
+            return None
+        rows = stream.progress()
+        turns = {sample: rows[handle][0] for sample, handle in self.on_stream.items() if rows.get(handle)}
+        return encode_group(self.group, sampling, turns)
 
     async def cost(self) -> tuple[int, float]:
         """Tokens sampled and stream seconds spent, cancelled turns included (waits for their rows to stop)."""
@@ -54,13 +73,33 @@ class GroupTurns:
         return tokens, seconds
 
 
+@dataclass(frozen=True)
+class SavedGroup:
+    """A checkpointed group to continue (:mod:`groupwise.episodes.progress`) and the sampling it must match."""
+
+    data: dict[str, Any]
+    sampling: SamplingParams
+    on_event: Callable[[str], None]
+
+
 async def run_streamed_group(
-    stream: RequestStream, settings: EpisodeSettings, prompt: Prompt, seed: int, group_size: int, turns: GroupTurns
-) -> list[Episode] | EpisodeError:
-    """The group's G finished episodes, or its failure; ``turns`` collects what its turns cost."""
+    stream: RequestStream, settings: EpisodeSettings, prompt: Prompt, seed: int, group_size: int, turns: GroupTurns,
+    saved: SavedGroup | None = None,
+) -> list[Episode] | EpisodeError:  # fmt: skip
+    """The group's G finished episodes, or its failure; ``turns`` collects what its turns cost. ``saved``: the
+    group as a checkpoint left it, whose episodes continue at their turns where their environments agree."""
     group = await asyncio.to_thread(open_group, settings, prompt, seed, group_size)
+    continued: dict[int, RowPrefix] = {}
+    if saved is not None and group.error is None:
+        continued, why = await asyncio.to_thread(take_back, settings, group, saved.data, saved.sampling)
+        if why is not None:
+            saved.on_event(f"resume: the episodes of {prompt.uid!r} start over instead of continuing: {why}")
+    turns.group = group
     if group.error is None:
-        tasks = [asyncio.create_task(_run_episode(stream, settings, group, e, turns)) for e in group.episodes]
+        tasks = [
+            asyncio.create_task(_run_episode(stream, settings, group, e, turns, continued.get(e.sample_index)))
+            for e in group.episodes
+        ]
         try:
             await _all_or_first_error(tasks)
         finally:
@@ -81,15 +120,19 @@ async def _all_or_first_error(tasks: list[asyncio.Task[None]]) -> None:
 
 
 async def _run_episode(
-    stream: RequestStream, settings: EpisodeSettings, group: RunningGroup, episode: Episode, turns: GroupTurns
-) -> None:
-    """Turn after turn until the episode ends or its group failed (another episode's environment)."""
+    stream: RequestStream, settings: EpisodeSettings, group: RunningGroup, episode: Episode, turns: GroupTurns,
+    continued: RowPrefix | None,
+) -> None:  # fmt: skip
+    """Turn after turn until the episode ends or its group failed (another episode's environment); ``continued``:
+    the saved tokens its first turn continues."""
     loop = asyncio.get_running_loop()
     while not episode.finished and group.error is None:
         request = turn_request(group, episode)
         if request is None:
             return
-        completion = await _sample_turn(stream, request, turns)
+        if continued is not None:
+            request, continued = replace(request, prefixes=(continued,)), None
+        completion = await _sample_turn(stream, request, turns, episode.sample_index)
         turns.sampled_tokens += len(completion.token_ids)
         answered: asyncio.Future[None] = loop.create_future()
         step = start_step(group, episode, completion, signal_from_thread(loop, answered))
@@ -98,11 +141,12 @@ async def _run_episode(
         finish_step(settings, step)  # answered, or past its deadline: either way it does not block
 
 
-async def _sample_turn(stream: RequestStream, request: GenerationRequest, turns: GroupTurns) -> Completion:
+async def _sample_turn(stream: RequestStream, request: GenerationRequest, turns: GroupTurns, sample: int) -> Completion:
     """One turn through the stream; a turn cancelled while on the stream is cancelled there too."""
     loop = asyncio.get_running_loop()
     answer: asyncio.Future[list[Completion]] = loop.create_future()
     handle = stream.submit(request, answer_from_thread(loop, answer))
+    turns.on_stream[sample] = handle
     try:
         completions = await answer
     except asyncio.CancelledError:
@@ -114,6 +158,8 @@ async def _sample_turn(stream: RequestStream, request: GenerationRequest, turns:
     except BaseException:
         stream.forget(handle)
         raise
+    finally:
+        turns.on_stream.pop(sample, None)
     turns.seconds += stream.cost(handle)[1]
     stream.forget(handle)
     return completions[0]
