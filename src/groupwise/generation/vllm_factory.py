@@ -21,7 +21,11 @@ import shutil
 import tempfile
 from typing import TYPE_CHECKING
 
+import torch
+from transformers import PreTrainedModel
+
 from groupwise.generation.base import Generator
+from groupwise.generation.factory import UnservedArchitecture
 from groupwise.generation.vllm_engine import VllmGenerator
 from groupwise.generation.vllm_setup import VllmSettings, logprob_source_for, write_model_folder
 from groupwise.generation.vllm_stream import VllmStream
@@ -58,9 +62,38 @@ def stream_sampling(spec: GeneratorSpec) -> SamplingParams:
     return SamplingParams(gen.max_new_tokens, gen.temperature, gen.top_p, gen.top_k, tuple(gen.stop))
 
 
+def check_served(architectures: list[str]) -> None:
+    """Raise :class:`UnservedArchitecture` unless vLLM's model registry serves one of ``architectures`` natively.
+
+    vLLM would otherwise fall back to its generic transformers backend, which fails inside vLLM (after the model
+    load, with a traceback from its internals) for models that backend cannot compile."""
+    from vllm.model_executor.models import ModelRegistry  # vLLM is imported by now (the engine is next)
+
+    served = set(ModelRegistry.get_supported_archs())
+    if not any(name in served for name in architectures):
+        raise UnservedArchitecture(
+            f"vLLM {_vllm_version()} does not serve the architecture {', '.join(architectures) or '(none)'} "
+            "natively (its model registry lists Llama, Qwen2, Mistral, Gemma and most other decoder families)"
+        )
+
+
+def _architectures(model: torch.nn.Module) -> list[str]:
+    """The architectures the model's config names (what vLLM's registry is keyed by), else its class name."""
+    named = list(model.config.architectures or []) if isinstance(model, PreTrainedModel) else []
+    return named or [type(model).__name__]
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
+
+
 def build_vllm_generator(spec: GeneratorSpec) -> Generator:
     """The vLLM generator of ``spec`` (module docstring); raises ``ImportError`` naming the install when vLLM is
-    missing (``config check`` and the preflight report that first, as a config error)."""
+    missing (``config check`` and the preflight report that first, as a config error), and
+    :class:`UnservedArchitecture` before building an engine that would fail on the model."""
+    check_served(_architectures(spec.model))
     folder = tempfile.mkdtemp(prefix="groupwise-vllm-model-")
     try:
         write_model_folder(spec.model, spec.tokenizer, folder)

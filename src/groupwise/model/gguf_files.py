@@ -90,18 +90,29 @@ def cache_root(setting: str) -> Path | None:
 
 
 def source_identity(gguf: Path, dtype: str) -> dict[str, object]:
-    """What makes a dequantised copy valid for ``gguf`` in ``dtype`` (``float32``, ``bfloat16``): the file's path,
-    size and mtime, the dtype, and the converting code."""
-    stat = gguf.stat()
+    """What makes a dequantised copy valid for ``gguf`` in ``dtype`` (``float32``, ``bfloat16``): the file's
+    content (its SHA-256, not its path: the same file installed in two environments shares one copy), the dtype,
+    the entry format and the ``gguf`` package that dequantises. The entry is an ordinary saved model folder, so
+    another transformers version reads it; the versions that wrote it are recorded beside it (``source.json``)."""
     return {
-        "path": str(gguf.resolve()),
-        "size": stat.st_size,
-        "mtime_ns": stat.st_mtime_ns,
+        "sha256": file_sha256(gguf),
         "dtype": dtype,
         "format": ENTRY_FORMAT,
-        "transformers": _version("transformers"),
         "gguf": _version("gguf"),
     }
+
+
+def recorded_identity(gguf: Path, dtype: str) -> dict[str, object]:
+    """:func:`source_identity` and what else an entry records about where it came from (not part of its key)."""
+    return {**source_identity(gguf, dtype), "path": str(gguf.resolve()), "transformers": _version("transformers")}
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def cache_entry(gguf: Path, root: Path, dtype: str = "float32") -> Path:

@@ -1,6 +1,7 @@
 """A GGUF checkpoint as a plain float model and tokenizer, dequantised once and then read from the cache.
 
-Where the cache lives and how an entry is keyed (by the file and the dtype): :mod:`groupwise.model.gguf_files`.
+Where the cache lives and how an entry is keyed (by the file's content and the dtype):
+:mod:`groupwise.model.gguf_files`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from groupwise.model.gguf_files import SOURCE_FILE, cache_entry, source_identity
+from groupwise.model.gguf_files import SOURCE_FILE, cache_entry, recorded_identity
 
 Note = Callable[[str], None]
 # transformers passes local_files_only on to everything but its adapter lookup, which needs it in adapter_kwargs
@@ -69,7 +70,7 @@ def load_gguf(
     note(f"dequantising {gguf.name} once; the float copy is cached in {entry}")
     model, tokenizer = dequantise_gguf(gguf, dtype)
     try:
-        _store_entry(entry, model, tokenizer, source_identity(gguf, str(dtype).removeprefix("torch.")))
+        _store_entry(entry, model, tokenizer, recorded_identity(gguf, str(dtype).removeprefix("torch.")))
     except OSError as err:
         note(f"could not cache the dequantised copy in {entry} ({err}); the next run dequantises again")
     return model, tokenizer

@@ -18,7 +18,13 @@ from groupwise.data.registry import Task
 from groupwise.data.reward_timeout import with_timeout
 from groupwise.data.rewards import RewardFn
 from groupwise.generation.base import Generator, StreamSupport
-from groupwise.generation.factory import BackendPluginError, GeneratorSpec, build_generator, stream_support
+from groupwise.generation.factory import (
+    BackendPluginError,
+    GeneratorSpec,
+    UnservedArchitecture,
+    build_generator,
+    stream_support,
+)
 from groupwise.model.gguf_files import cache_root
 from groupwise.model.loading import Policy, eos_token_ids, load_policy, pretrained, resolve_device
 from groupwise.model.lora import LoraSetupError, apply_lora, lora_config, untargeted_parameters
@@ -248,6 +254,11 @@ def _build_engine(spec: GeneratorSpec) -> Generator:
         raise ConfigError([ConfigIssue(
             "generation.backend", spec.generation.backend, str(exc),
             "fix the factory so it returns a Generator for this GeneratorSpec, or set generation.backend: builtin",
+        )]) from exc
+    except UnservedArchitecture as exc:
+        raise ConfigError([ConfigIssue(
+            "model.path", spec.model_section.path, f"{exc}, so generation.backend: {spec.generation.backend} "
+            "cannot run it", "set generation.backend: builtin, or choose a model of an architecture vLLM serves",
         )]) from exc
 
 
