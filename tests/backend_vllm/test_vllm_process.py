@@ -4,6 +4,8 @@ serve is refused naming ``model.path``, and multi-turn episodes run on it.
 Invariants pinned:
 - ``groupwise train`` with ``generation.backend: vllm`` ends within seconds of its last line (the interpreter's
   teardown of vLLM's threads and exit handlers is bounded by the exit grace), with exit code 0;
+- an engine argument the installed vLLM does not take is a config error at ``config check`` (exit 2, naming the
+  key, and the near miss it may mean), before any model loads;
 - a model folder of an architecture vLLM's registry does not serve natively (a small ``BioGptForCausalLM`` that
   transformers loads) is a config error naming ``model.path`` and the architecture: exit 2, no traceback, no
   engine built;
@@ -108,3 +110,13 @@ def test_the_smollm2_example_trains_on_vllm(tmp_path, capsys):
     code = main(["train", str(ROOT / "examples" / "smollm2_times_tables.yaml"), *overrides])
     assert code == 0, capsys.readouterr().err
     assert main(["audit", str(tmp_path / "smollm2")]) == 0
+
+
+def test_an_unknown_engine_argument_is_a_config_error_before_any_model_loads(tmp_path, capsys):
+    code = main(["config", "check", str(ROOT / "examples" / "addition.yaml"), "generation.backend=vllm",
+                 f"model.path={TINY_MODEL}", "generation.vllm.engine_args.no_such_arg=1",
+                 "generation.vllm.engine_args.max_model_lenn=64"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "generation.vllm.engine_args.no_such_arg" in err and "Traceback" not in err
+    assert "max_model_len" in err  # the near miss is named: did you mean
