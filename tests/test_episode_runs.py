@@ -8,7 +8,8 @@ Invariants pinned:
   prompt accounted for once (audit), every row still replaying to its reward;
 - the learner trains only the model's tokens: ``perf/train_tokens`` is the sum of the rows' sampled tokens, and
   the async step's accounting balances (groups trained + dropped = P);
-- ``episode/*`` metrics describe the trained episodes (turn counts, how each ended);
+- ``episode/*`` metrics describe the trained episodes (turn counts, how each ended, the share solved and the turns
+  the solved ones took);
 - ``groupwise audit --replay-episodes`` replays every trained episode into a fresh environment and finds a row
   whose recorded turns do not give its answers and rewards;
 - the environment's tokens get no gradient: changing their recorded logprobs changes nothing, while training
@@ -101,6 +102,9 @@ def test_a_sync_run_trains_episodes_and_records_what_each_did(tmp_path, capsys):
         turns = [EpisodeRecord.from_dict(r["episode"]).turns for r in rows]
         assert record["episode/turns_max"] == max(turns)
         assert math.isclose(record["episode/turns_mean"], sum(turns) / len(turns))
+        solved = [t for t, r in zip(turns, rows, strict=True) if r["raw_reward"] >= 1.0]
+        assert math.isclose(record["episode/solved_fraction"], len(solved) / len(rows))
+        assert record.get("episode/solved_turns_mean") == (sum(solved) / len(solved) if solved else None)
     evals = [r for r in read_metrics(session.run_dir.metrics_path) if "eval/accuracy" in r]
     assert [r["step"] for r in evals] == [0, 2]
     # groupwise audit --replay-episodes: every trained episode replays into a fresh environment...

@@ -22,6 +22,9 @@ from groupwise.types import Completion, Prompt
 #: many groups, and advantages train in float32 (at most 3.4e38): beyond this they overflow (``math.fsum`` raises
 #: ``OverflowError``, a float32 column holds inf) far from the reward that caused it.
 MAX_ABS_REWARD = 1e30
+#: A completion (or an episode) is *correct*, *solved*, when its raw reward is at least this: the verifiers'
+#: full-credit value. Held-out accuracy and ``episode/solved_*`` count by it.
+CORRECT_REWARD = 1.0
 
 
 class RewardError(RuntimeError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from groupwise.data.scoring import CORRECT_REWARD
 from groupwise.episodes.record import EpisodeRecord
 
 
@@ -26,6 +27,10 @@ def episode_metrics(records: Sequence[EpisodeRecord]) -> dict[str, float]:
         "episode/model_tokens_mean": math.fsum(r.model_tokens for r in records) / n,
         "episode/env_tokens_mean": math.fsum(r.env_tokens for r in records) / n,
     }
+    solved = [r for r in records if r.reward >= CORRECT_REWARD]
+    metrics["episode/solved_fraction"] = len(solved) / n
+    if solved:  # how quickly the solved ones got there: falls as a policy learns to use the feedback
+        metrics["episode/solved_turns_mean"] = math.fsum(r.turns for r in solved) / len(solved)
     for how in ("continued", "restarted"):  # episodes a resumed run took back mid-way
         metrics[f"episode/resumed_{how}"] = float(sum(r.resume == how for r in records))
     for end in ("done", "max_turns", "token_budget"):

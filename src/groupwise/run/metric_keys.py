@@ -34,6 +34,8 @@ METRIC_KEYS: tuple[str, ...] = (
     "episode/env_seconds",
     "episode/model_tokens_mean",
     "episode/env_tokens_mean",
+    "episode/solved_fraction",
+    "episode/solved_turns_mean",
     "episode/resumed_continued",
     "episode/resumed_restarted",
     "episode/end_done_fraction",

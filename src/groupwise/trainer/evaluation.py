@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from groupwise.data.scoring import CORRECT_REWARD
 from groupwise.seeding import derive_seed
 from groupwise.types import Prompt, SamplingParams
 
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
     from groupwise.generation.base import Generator
     from groupwise.trainer.parts import GroupRollouts
 
-CORRECT_REWARD = 1.0
 
 
 def evaluated_prompts(prompts: Sequence[Prompt], cfg: RunConfig) -> list[Prompt]:
