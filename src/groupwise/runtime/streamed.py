@@ -31,7 +31,7 @@ from groupwise.controller.interfaces import LoaderItem
 from groupwise.episodes.group import EpisodeSettings
 from groupwise.generation.base import RequestStream
 from groupwise.runtime.daemon_worker import DaemonWorker
-from groupwise.runtime.inflight import continuation, encode_progress, kept_tokens, prefix_tokens
+from groupwise.runtime.inflight import continuation, encode_progress, prefix_tokens
 from groupwise.runtime.streamed_episodes import GroupTurns, SavedGroup, run_streamed_group
 from groupwise.runtime.thread_answers import answer_from_thread
 from groupwise.trainer.rollout import RolloutWorker
@@ -108,7 +108,6 @@ class StreamedRollouts:
         """Continue a checkpointed attempt: its samples so far are fed back as prefixes, not generated again (an
         episode group's episodes continue at their turns, :mod:`groupwise.episodes.progress`)."""
         if self.worker.episodes is not None:
-            self.resumed_tokens += kept_tokens(progress)
             saved = SavedGroup(progress, self.worker.sampling, self.on_event)
             return await self._run_episodes(self.worker.episodes, prompt, group_id, attempt, start_version, saved)
         prefixes = continuation(self.worker, prompt, group_id, attempt, progress, self.on_event)
@@ -165,6 +164,7 @@ class StreamedRollouts:
             raise
         finally:
             self._episode_groups.pop(group_id, None)
+            self.resumed_tokens += turns.kept_tokens
         outcome = self.worker.episode_group(
             prompt, group_id, attempt, start_version, self.worker.generator.version, result
         )  # fmt: skip

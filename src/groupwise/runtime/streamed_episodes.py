@@ -54,6 +54,7 @@ class GroupTurns:
     on_stream: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
     sampled_tokens: int = 0
+    kept_tokens: int = 0  # sampled tokens a resumed group's episodes continued with, not sampled again
     dropped: list[asyncio.Future[tuple[int, float]]] = field(default_factory=list)
 
     def progress(self, stream: RequestStream, sampling: SamplingParams) -> dict[str, Any] | None:
@@ -94,6 +95,8 @@ async def run_streamed_group(
         continued, why = await asyncio.to_thread(take_back, settings, group, saved.data, saved.sampling)
         if why is not None:
             saved.on_event(f"resume: the episodes of {prompt.uid!r} start over instead of continuing: {why}")
+        turns.kept_tokens = sum(sum(e.trainable) for e in group.episodes if e.resume == "continued")
+        turns.kept_tokens += sum(len(turn.token_ids) for turn in continued.values())
     turns.group = group
     if group.error is None:
         tasks = [
