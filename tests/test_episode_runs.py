@@ -14,6 +14,8 @@ Invariants pinned:
   whose recorded turns do not give its answers and rewards;
 - the environment's tokens get no gradient: changing their recorded logprobs changes nothing, while training
   them as if sampled would change the gradient;
+- episodes train with LoRA adapters and on two data-parallel learner ranks: both runs finish, every row
+  replays to its reward, the trained tokens are the model's, and the audit passes;
 - config mistakes about episodes are all reported at once by ``config check`` (exit 2), naming each key.
 """
 
@@ -136,6 +138,29 @@ def test_an_async_run_with_dynamic_sampling_balances_every_step(tmp_path):
         rows = check_rows(session, record["step"])
         for group in {r["group_id"] for r in rows}:  # dynamic sampling kept only groups with signal
             assert len({r["raw_reward"] for r in rows if r["group_id"] == group}) > 1
+
+
+@pytest.mark.parametrize("sections", [
+    {"model": {"lora": {"enabled": True, "rank": 4}}},
+    {"learner": {"num_ranks": 2, "sharding": "ddp"}},
+], ids=["lora", "two-learner-ranks"])  # fmt: skip
+def test_episodes_train_with_lora_and_with_learner_ranks(tmp_path, sections):
+    from groupwise.cli.run_prompts import training_uids
+    from groupwise.run.audit import audit_run
+    from groupwise.runtime.sessions import build_run_session
+
+    session = build_run_session(episode_config(tmp_path, eval={"at_start": False, "at_end": False}, **sections))
+    try:
+        run_sync(session)
+    finally:
+        session.close()
+    records = [r for r in read_metrics(session.run_dir.metrics_path) if "loss/total" in r]
+    assert [r["step"] for r in records] == [1, 2] and all(r["weight_version"] == r["step"] for r in records)
+    for record in records:
+        rows = check_rows(session, record["step"])
+        assert record["perf/train_tokens"] == sum(EpisodeRecord.from_dict(r["episode"]).model_tokens for r in rows)
+    report = audit_run(session.run_dir.path, training_uids)
+    assert report.ok, report.format()
 
 
 def with_column(rows: RowBatch, name: str, values: list) -> RowBatch:
