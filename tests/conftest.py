@@ -54,3 +54,20 @@ def _restore_intra_op_threads():
     yield
     if torch.get_num_threads() != TEST_THREADS:
         torch.set_num_threads(TEST_THREADS)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster with 2 CPUs, one per test session, for every module that runs on Ray; actors reserve
+    fractions, so nothing can starve. Workers import the test reward functions from this directory."""
+    ray = pytest.importorskip("ray")
+    auth_mode = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # a throwaway local cluster: no token to generate
+    path = os.pathsep.join(filter(None, [os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH")]))
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    yield
+    ray.shutdown()
+    if auth_mode is None:
+        del os.environ["RAY_AUTH_MODE"]
+    else:
+        os.environ["RAY_AUTH_MODE"] = auth_mode

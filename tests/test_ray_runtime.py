@@ -56,28 +56,11 @@ from groupwise.trainer.builder import build_session, load_policy_from_config  # 
 
 pytestmark = [pytest.mark.ray, pytest.mark.numerics]
 
-TESTS_DIR = Path(__file__).parent
 P = 4  # prompts per step
 SYNC_STEPS = 3
 ASYNC_STEPS = 3
 ASYNC_FAILURE = {"backoff_base_s": 0.05, "max_backoff_s": 0.1, "max_replacement_attempts": 8,
                  "replacement_reserve_prompts": 4}  # fmt: skip
-
-
-@pytest.fixture(scope="session")
-def ray_cluster():
-    """A local cluster with 2 CPUs; actors reserve fractions, so nothing can starve. Workers import the test
-    reward functions from this directory."""
-    auth_mode = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"  # a throwaway local cluster: no token to generate
-    path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
-    yield
-    ray.shutdown()
-    if auth_mode is None:
-        del os.environ["RAY_AUTH_MODE"]
-    else:
-        os.environ["RAY_AUTH_MODE"] = auth_mode
 
 
 def kill_once_reward(prompt, completion, kill_flag: str = "") -> float:
