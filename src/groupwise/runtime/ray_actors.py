@@ -144,10 +144,6 @@ class LearnerWorker:
     def ready(self) -> dict[str, Any]:
         return {"version": self.learner.version, "logprob_path": self.learner.logprob_path, **_where()}
 
-    def train_step(self, rows: RowBatch) -> tuple[dict[str, float], int]:
-        metrics = self.learner.train_step(rows)
-        return metrics, self.learner.version
-
     def train_chunk(self, rows: RowBatch) -> None:
         self.learner.train_chunk(rows)
 
@@ -231,10 +227,6 @@ class LearnerRankWorker(LearnerWorker):
             except Exception:  # noqa: BLE001 — the peer's own error or a timeout: rank 0's error says enough
                 if wait_s is None:
                     raise
-
-    def train_step(self, rows: RowBatch) -> tuple[dict[str, float], int]:
-        self._everywhere("train_chunk", rows)
-        return self._everywhere("finish_step")
 
     def train_chunk(self, rows: RowBatch) -> None:
         self._everywhere("train_chunk", rows)

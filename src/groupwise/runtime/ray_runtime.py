@@ -67,10 +67,6 @@ class RayLearner:
         except ray.exceptions.RayActorError as err:
             raise _learner_failed(what, err) from err
 
-    def train_step(self, rows: RowBatch) -> dict[str, float]:
-        metrics, self.version = self.call("training a step", self.handle.train_step.remote(rows))
-        return metrics
-
     def train_chunk(self, rows: RowBatch) -> None:
         self.call("training a chunk", self.handle.train_chunk.remote(rows))
 
