@@ -40,7 +40,7 @@ def unit_of(module: str) -> str:
 def runtime_imports(path: Path) -> list[tuple[int, str]]:
     """``(line, module)`` of every ``groupwise`` import outside ``if TYPE_CHECKING:`` blocks."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    guarded = [node for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)]
+    guarded = [n for n in ast.walk(tree) if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)]
     skipped = {id(n) for node in guarded for child in node.body for n in ast.walk(child)}
     found = []
     for node in ast.walk(tree):
