@@ -16,7 +16,9 @@ Invariants pinned:
   as much as a long one);
 - a rollout cancelled mid-generation (an abort) is charged what the stream spent on it once its rows left their
   slots: the tokens it held and some seconds (``spent``); a group the client never ran costs nothing;
-- partial rollouts on a model the stream cannot decode are a config error (never silently one version per call).
+- partial rollouts on a model the stream cannot decode are a config error (never silently one version per call);
+- a weight sync loads the learner's weights only when they are the version it asked for (a mismatch is an error
+  and loads nothing).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from test_waste import tokens_by_fate
 from groupwise.cli.run_prompts import training_uids
 from groupwise.config import config_from_dict
 from groupwise.data.loader import LoadedPrompt
+from groupwise.generation.base import VersionedWeights
 from groupwise.generation.pausing import PausingGenerator
 from groupwise.model.lora import generator_state_dict
 from groupwise.run.audit import audit_run
@@ -53,9 +56,9 @@ def _parts(tmp_path, max_new: int = 8, **generation):
     return cfg, build_components(cfg, separate_engine_model=True)
 
 
-def _weights_of(model):
-    """The generator-weights callable the session hands the rollout clients, over ``model``."""
-    return lambda: generator_state_dict(model)
+def _weights_of(model, version: int = 1):
+    """The generator-weights callable the session hands the rollout clients, over ``model`` (as ``version``)."""
+    return lambda: VersionedWeights(generator_state_dict(model), version)
 
 
 def _items(parts, n: int) -> list[LoadedPrompt]:
@@ -251,3 +254,20 @@ def test_partial_rollouts_on_a_model_without_the_stream_are_refused_not_ignored(
     data["async"]["partial_rollouts"] = "continue"
     with pytest.raises(ConfigError, match=r"(?s)async.partial_rollouts.*own forward \(test\)"):
         build_components(config_from_dict(data))
+
+
+def test_a_weight_sync_loads_only_the_version_it_asked_for(tmp_path):
+    _, parts = _parts(tmp_path)
+
+    async def sync(version: int) -> None:
+        rollouts = EmbeddedRollouts(parts.rollouts, _weights_of(parts.policy.model, version=2), max_batch_groups=1)
+        try:
+            await rollouts.sync_weights(version)
+        finally:
+            await rollouts.close()
+
+    with pytest.raises(RuntimeError, match="asked for version 1, but the learner's weights are version 2"):
+        asyncio.run(sync(1))
+    assert parts.rollouts.generator.version == 0  # nothing was loaded
+    asyncio.run(sync(2))
+    assert parts.rollouts.generator.version == 2

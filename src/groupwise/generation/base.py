@@ -43,6 +43,24 @@ class Generator(Protocol):
 
 
 @dataclass(frozen=True)
+class VersionedWeights:
+    """What a weight sync hands a generator: the weights (names as the policy's, adapters merged) and the
+    version they are."""
+
+    state: Mapping[str, Tensor]
+    version: int
+
+    def checked(self, version: int) -> VersionedWeights:
+        """These weights, when they are the ``version`` a sync asked for; a mismatch is a bug, said at once (a
+        generator that silently held other weights than its version says would corrupt every staleness count)."""
+        if self.version != version:
+            raise RuntimeError(
+                f"a weight sync asked for version {version}, but the learner's weights are version {self.version}"
+            )
+        return self
+
+
+@dataclass(frozen=True)
 class StreamSupport:
     """Whether a generator can run a request stream for its model (continuous batching, partial rollouts, resumed
     attempts), and why not when it cannot."""

@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from groupwise.chunks import TrainChunk
 from groupwise.controller.interfaces import LoaderItem
+from groupwise.generation.base import VersionedWeights
 from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.rollout_queue import (
     PendingRollout,
@@ -34,7 +35,7 @@ from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import GenerationCost, Group
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 T = TypeVar("T")
 
@@ -43,7 +44,7 @@ class EmbeddedRollouts:
     """``RolloutClient`` over an in-process :class:`~groupwise.trainer.rollout.RolloutWorker`."""
 
     def __init__(
-        self, worker: RolloutWorker, weights: Callable[[], Mapping[str, torch.Tensor]] | None, max_batch_groups: int
+        self, worker: RolloutWorker, weights: Callable[[], VersionedWeights] | None, max_batch_groups: int
     ) -> None:
         self.worker = worker
         self.weights = weights  # the learner's weights for the generator (the session's generator_weights)
@@ -100,7 +101,8 @@ class EmbeddedRollouts:
         if self.weights is None:
             raise RuntimeError("these rollouts were built without a weights source (weights=None): they cannot sync")
         async with self.engine_lock:
-            self.worker.generator.load_weights(self.weights(), version)
+            weights = self.weights().checked(version)
+            self.worker.generator.load_weights(weights.state, weights.version)
 
     async def close(self, grace_s: float = 60.0) -> None:
         """Stop serving; wait up to ``grace_s`` for an engine call in progress (0 after a stall: it is stuck)."""

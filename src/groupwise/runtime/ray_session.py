@@ -73,10 +73,13 @@ class RaySession(Session):
     learner_peers: list[ActorHandle] = field(default_factory=list)  # learner ranks 1.. (rank 0 is the learner's)
     _closed: bool = field(default=False, repr=False)
 
-    def publish_weights(self) -> None:
-        """The learner stores version v+1 once; every generation worker loads it."""
-        weights, version = self.learner.publish_weights()
-        self.pool.publish(weights, version)
+    def publish_weights(self, version: int | None = None) -> None:
+        """The learner stores its weights once; every generation worker loads them (``version``: the one the
+        caller expects them to be)."""
+        weights, published = self.learner.publish_weights()
+        if version is not None and published != version:
+            raise RuntimeError(f"a weight sync asked for version {version}, but the learner published {published}")
+        self.pool.publish(weights, published)
 
     def close(self) -> None:
         if self._closed:

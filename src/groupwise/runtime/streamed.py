@@ -21,15 +21,13 @@ stream has nothing to do — answers that will never come — for the runtime's 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import torch
-
 from groupwise.controller.interfaces import LoaderItem
 from groupwise.episodes.group import EpisodeSettings
-from groupwise.generation.base import RequestStream
+from groupwise.generation.base import RequestStream, VersionedWeights
 from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.inflight import continuation, encode_progress, prefix_tokens
 from groupwise.runtime.streamed_episodes import GroupTurns, SavedGroup, run_streamed_group
@@ -68,7 +66,7 @@ class StreamedRollouts:
     """``RolloutClient`` over a generation stream on the embedded engine (see the module docstring)."""
 
     def __init__(
-        self, worker: RolloutWorker, weights: Callable[[], Mapping[str, torch.Tensor]], stream: RequestStream,
+        self, worker: RolloutWorker, weights: Callable[[], VersionedWeights], stream: RequestStream,
         on_event: Callable[[str], None] = lambda message: None,
     ) -> None:  # fmt: skip
         self.worker = worker
@@ -218,7 +216,8 @@ class StreamedRollouts:
 
     def _load_weights(self, version: int) -> None:
         """(On the serving thread.) The learner's parameters, adapters merged with LoRA, into the engine's model."""
-        self.worker.generator.load_weights(self.weights(), version)
+        weights = self.weights().checked(version)
+        self.worker.generator.load_weights(weights.state, weights.version)
 
     async def close(self, grace_s: float = 60.0) -> None:
         """Stop the stream (waiting up to ``grace_s`` for a step in progress) and the scoring thread."""

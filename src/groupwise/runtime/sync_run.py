@@ -36,7 +36,7 @@ class RoundRollouts:
     """``RolloutClient`` over a session's ``rollouts``: the requests waiting together become one
     ``generate_groups`` call, in request order (the sync loop requests a whole round at once)."""
 
-    def __init__(self, worker: GroupRollouts, publish_weights: Callable[[], None]) -> None:
+    def __init__(self, worker: GroupRollouts, publish_weights: Callable[[int], None]) -> None:
         self.worker = worker
         self._publish_weights = publish_weights
         self._queue = RolloutQueue(self._serve, "sync-generation")
@@ -68,7 +68,8 @@ class RoundRollouts:
             resolve_all(batch, groups)
 
     async def sync_weights(self, version: int) -> None:
-        self._publish_weights()
+        """The learner's weights to the generator; they must be ``version`` (the sync loop's step)."""
+        self._publish_weights(version)
 
     async def close(self, grace_s: float = 60.0) -> None:
         """Stop serving; wait up to ``grace_s`` for a round in progress (0 after a stall: it is stuck)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +19,7 @@ from groupwise.data.loader import PromptLoader
 from groupwise.data.registry import Task
 from groupwise.data.rewards import RewardFn
 from groupwise.episodes.metrics import episode_metrics
-from groupwise.generation.base import Generator, StreamSupport
+from groupwise.generation.base import Generator, StreamSupport, VersionedWeights
 from groupwise.generation.factory import shutdown_generator
 from groupwise.model.lora import generator_state_dict, load_trained_state_dict, trained_state_dict
 from groupwise.run.checkpoint import (
@@ -101,16 +101,18 @@ class Session:
         self.phases = PhaseLog(events=self.events.event)
 
     # --- weights -------------------------------------------------------------------------------------------
-    def generator_weights(self) -> Mapping[str, Any]:
-        """The weights the generator loads: the policy's, adapters merged when training LoRA (fetched from the
-        learner's processes when they live elsewhere)."""
+    def generator_weights(self) -> VersionedWeights:
+        """The weights the generator loads and their version: the policy's, adapters merged when training LoRA
+        (fetched from the learner's processes when they live elsewhere), at the learner's version."""
         if isinstance(self.policy, RemotePolicy):
-            return self.policy.generator_state()
-        return generator_state_dict(self.policy.model)
+            return VersionedWeights(self.policy.generator_state(), self.learner.version)
+        return VersionedWeights(generator_state_dict(self.policy.model), self.learner.version)
 
-    def publish_weights(self) -> None:
-        """Hand the learner's new weights (version v+1) to the generator."""
-        self.engine.load_weights(self.generator_weights(), self.learner.version)
+    def publish_weights(self, version: int | None = None) -> None:
+        """Hand the learner's weights to the generator; ``version``: the one the caller expects them to be."""
+        weights = self.generator_weights()
+        weights = weights if version is None else weights.checked(version)
+        self.engine.load_weights(weights.state, weights.version)
 
     def close(self) -> None:
         """Stop what the session started outside this process: the generator's engine when it runs one (vLLM's);
