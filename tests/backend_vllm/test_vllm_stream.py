@@ -1,6 +1,8 @@
 """The vLLM stream (``AsyncLLM``, its engine core in a child process) on the shipped tiny model, on CPU.
 
 Invariants pinned:
+- the request-stream contract every streaming backend keeps (``tests/stream_contract.py``: each request answered
+  once within its own token limit, a cancel's cost once, a weight post's done once, progress until forgotten);
 - as a ``Generator``: greedy completions equal the built-in engine's (tokens, text exactly; logprobs within 1e-5);
   sampled logprobs equal the policy's recompute within 1e-5; the same call twice is identical;
 - pause (``keep``) / reload / resume: rows running when the weights change finish under the new weights; every
@@ -28,6 +30,7 @@ import time
 
 import pytest
 import torch
+from stream_contract import check_request_stream_contract
 from vllm_tier import vllm_marks
 
 from groupwise.generation import Engine
@@ -98,6 +101,10 @@ def test_stream_generates_like_the_builtin_engine(stream, policy, eos, prompt_id
         for c in per_request:
             assert max(abs(x - y) for x, y in zip(c.logprobs, _recomputed(policy.model, prompt, c.token_ids),
                                                   strict=True)) < TOL  # fmt: skip
+
+
+def test_the_vllm_stream_keeps_the_request_stream_contract(stream, prompt_ids):
+    check_request_stream_contract(stream, prompt_ids[:3], MAX_NEW)
 
 
 def test_pause_keep_resume_continues_running_rows_under_new_weights(
