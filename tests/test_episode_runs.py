@@ -163,13 +163,35 @@ def test_episodes_train_with_lora_and_with_learner_ranks(tmp_path, sections):
     assert report.ok, report.format()
 
 
+def killed_in_a_checkpoint_then_resumed(config, monkeypatch):
+    """Run ``config(3)`` (async) until the first piece of step 3's checkpoint lands and the process "dies", then
+    resume it from step 2 as ``config(4)`` and run it to its end: the resumed session."""
+    from groupwise.run import checkpoint
+
+    session = build_session(config(3))
+    real_write = checkpoint._write_file_synced
+
+    def die_in_step_3(path, data):
+        if ".tmp-step_3" in str(path) and path.name != "trainer_state.json":
+            raise RuntimeError("killed mid-checkpoint")
+        real_write(path, data)
+
+    monkeypatch.setattr(checkpoint, "_write_file_synced", die_in_step_3)
+    with pytest.raises(RuntimeError, match="killed mid-checkpoint"):
+        run_async(session)
+    monkeypatch.undo()
+    resumed = build_session(config(4), resume=True)
+    assert resumed.state.step == 2
+    run_async(resumed)
+    return resumed
+
+
 def with_column(rows: RowBatch, name: str, values: list) -> RowBatch:
     return RowBatch({**rows.columns, name: values})
 
 
 def test_an_async_episode_run_killed_mid_checkpoint_resumes_losing_and_doubling_nothing(tmp_path, monkeypatch, capsys):
     from groupwise.cli.run_prompts import training_uids
-    from groupwise.run import checkpoint
     from groupwise.run.audit import audit_run
 
     def config(max_steps: int):
@@ -182,22 +204,8 @@ def test_an_async_episode_run_killed_mid_checkpoint_resumes_losing_and_doubling_
                          "rollout_failure": {"replacement_reserve_prompts": 4, "max_replacement_attempts": 16}}},
         )  # fmt: skip
 
-    session = build_session(config(3))
-    real_write = checkpoint._write_file_synced
-
-    def die_in_step_3(path, data):  # the first piece of step 3's checkpoint lands, then the process "dies"
-        if ".tmp-step_3" in str(path) and path.name != "trainer_state.json":
-            raise RuntimeError("killed mid-checkpoint")
-        real_write(path, data)
-
-    monkeypatch.setattr(checkpoint, "_write_file_synced", die_in_step_3)
-    with pytest.raises(RuntimeError, match="killed mid-checkpoint"):
-        run_async(session)
-    monkeypatch.undo()
-    resumed = build_session(config(4), resume=True)
-    assert resumed.state.step == 2
-    run_async(resumed)
-    run_dir = session.run_dir.path
+    resumed = killed_in_a_checkpoint_then_resumed(config, monkeypatch)
+    run_dir = resumed.run_dir.path
     assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss/total" in r] == [1, 2, 3, 4]
     report = audit_run(run_dir, training_uids)
     assert report.ok, report.format()

@@ -15,7 +15,9 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "groupwise"
-LEAVES = {"types", "batch", "rows", "plugins", "seeding", "abandoned", "optional_packages", "episodes.record"}
+LEAVES = {
+    "types", "batch", "rows", "plugins", "seeding", "abandoned", "optional_packages", "digests", "episodes.record",
+}
 LAYERS = [  # bottom first; the same order as docs/design.md, "Layers point down"
     {"algo"},
     {"config"},

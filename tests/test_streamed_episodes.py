@@ -29,7 +29,7 @@ import time
 from dataclasses import replace
 
 import pytest
-from test_episode_runs import check_rows, episode_config
+from test_episode_runs import check_rows, episode_config, killed_in_a_checkpoint_then_resumed
 from test_episodes import EOS, RENDERER, TOKENIZER, chars, game, settings
 
 from groupwise.cli.run_prompts import training_uids
@@ -249,7 +249,6 @@ def test_an_async_episode_run_with_partial_rollouts_killed_mid_checkpoint_contin
 ):
     from groupwise.cli.main import main
     from groupwise.episodes.record import EpisodeRecord
-    from groupwise.run import checkpoint
 
     def config(max_steps: int):
         return episode_config(
@@ -262,22 +261,8 @@ def test_an_async_episode_run_with_partial_rollouts_killed_mid_checkpoint_contin
                          "rollout_failure": {"replacement_reserve_prompts": 4, "max_replacement_attempts": 16}}},
         )  # fmt: skip
 
-    session = build_session(config(3))
-    real_write = checkpoint._write_file_synced
-
-    def die_in_step_3(path, data):  # the first piece of step 3's checkpoint lands, then the process "dies"
-        if ".tmp-step_3" in str(path) and path.name != "trainer_state.json":
-            raise RuntimeError("killed mid-checkpoint")
-        real_write(path, data)
-
-    monkeypatch.setattr(checkpoint, "_write_file_synced", die_in_step_3)
-    with pytest.raises(RuntimeError, match="killed mid-checkpoint"):
-        run_async(session)
-    monkeypatch.undo()
-    resumed = build_session(config(4), resume=True)
-    assert resumed.state.step == 2
-    run_async(resumed)
-    run_dir = session.run_dir.path
+    resumed = killed_in_a_checkpoint_then_resumed(config, monkeypatch)
+    run_dir = resumed.run_dir.path
     metrics = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in metrics if "loss/total" in r] == [1, 2, 3, 4]
     report = audit_run(run_dir, training_uids)

@@ -27,6 +27,8 @@ import json
 import os
 from pathlib import Path
 
+from groupwise.digests import file_sha256
+
 SMOLLM2_ALIAS = "smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV = "GROUPWISE_CACHE_DIR"
@@ -105,14 +107,6 @@ def source_identity(gguf: Path, dtype: str) -> dict[str, object]:
 def recorded_identity(gguf: Path, dtype: str) -> dict[str, object]:
     """:func:`source_identity` and what else an entry records about where it came from (not part of its key)."""
     return {**source_identity(gguf, dtype), "path": str(gguf.resolve()), "transformers": _version("transformers")}
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def cache_entry(gguf: Path, root: Path, dtype: str = "float32") -> Path:

@@ -22,7 +22,6 @@ renamed to ``step_<N>``. A directory without a verifying manifest is never treat
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -33,6 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from groupwise.digests import file_sha256
 from groupwise.run.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -184,7 +184,7 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
         size = file.stat().st_size
         if size != expected["size"]:
             raise CheckpointError(f"{path}: {relpath} has {size} bytes, manifest says {expected['size']}")
-        if _sha256(file) != expected["sha256"]:
+        if file_sha256(file) != expected["sha256"]:
             raise CheckpointError(f"{path}: {relpath} does not match its sha256 in the manifest (corrupted)")
     return manifest
 
@@ -311,18 +311,10 @@ def _as_tuples(value: Any) -> Any:  # Any: a JSON-like RNG state, its lists turn
 # --- files -----------------------------------------------------------------------------------
 def _describe_files(directory: Path) -> dict[str, dict[str, Any]]:
     return {
-        file.relative_to(directory).as_posix(): {"size": file.stat().st_size, "sha256": _sha256(file)}
+        file.relative_to(directory).as_posix(): {"size": file.stat().st_size, "sha256": file_sha256(file)}
         for file in sorted(directory.rglob("*"))
         if file.is_file()
     }
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_file_synced(path: Path, data: bytes) -> None:
