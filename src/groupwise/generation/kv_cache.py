@@ -51,6 +51,18 @@ class PreallocatedLayer(DynamicLayer):
         self.length = end
         return self._refresh_views()
 
+    def preload(self, keys: Tensor, values: Tensor) -> None:
+        """Start filled: ``keys``/``values [rows, heads, P, head_dim]`` are columns ``[0, P)`` (a reused prefix)."""
+        self._buffers = (
+            keys.new_zeros((*keys.shape[:2], self.capacity, keys.shape[-1])),
+            values.new_zeros((*values.shape[:2], self.capacity, values.shape[-1])),
+        )
+        self._buffers[0][:, :, : keys.shape[2]] = keys
+        self._buffers[1][:, :, : values.shape[2]] = values
+        self.device, self.dtype, self.is_initialized = keys.device, keys.dtype, True
+        self.length = keys.shape[2]
+        self._refresh_views()
+
     def batch_select_indices(self, indices: Tensor) -> None:
         """Keep (or repeat) rows ``indices``; only the filled prefix is copied, into fresh full-capacity buffers."""
         if self._buffers is None:
@@ -86,10 +98,22 @@ def new_kv_cache(capacity: int) -> Cache:
         return DynamicCache()
 
 
+def kv_cache_after(prefix: Tensor, capacity: int) -> Cache:
+    """A cache of ``capacity`` columns whose first ``P`` are filled from ``prefix [layers, 2, rows, heads, P, dim]``
+    (keys, values); a forward on it appends after them."""
+    cache = new_kv_cache(capacity)
+    if prefix.shape[-2] == 0:
+        return cache  # nothing to preload: the layers are made at the first update, as for a fresh cache
+    for keys, values in prefix:
+        layer = PreallocatedLayer(capacity)
+        layer.preload(keys, values)
+        cache.layers.append(layer)
+    return cache
+
+
 def select_cache_rows(cache: Cache, indices: Tensor) -> None:
     """Keep (or repeat) cache rows ``indices`` in every layer."""
     for layer in cache.layers:
         if not isinstance(layer, DynamicLayer):
             raise TypeError(f"cannot select rows of a {type(layer).__name__} cache layer")
         layer.batch_select_indices(indices)
-
