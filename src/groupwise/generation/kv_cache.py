@@ -117,3 +117,4 @@ def select_cache_rows(cache: Cache, indices: Tensor) -> None:
         if not isinstance(layer, DynamicLayer):
             raise TypeError(f"cannot select rows of a {type(layer).__name__} cache layer")
         layer.batch_select_indices(indices)
+

@@ -166,3 +166,4 @@ class SlotRows:
         self._rows = [*keep, *([None] * (len(self._rows) - len(keep)))]
         for slot, row in enumerate(keep):
             row.slot = slot
+
