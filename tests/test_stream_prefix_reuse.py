@@ -9,8 +9,9 @@ Invariants pinned (float32 on CPU; tokens and finish reasons compared exactly, l
 - a weight load (``post_weights``, or weights changed in place on the engine) empties the store: the next turn
   reuses nothing and samples what a fresh stream samples under the new weights; with ``kv="keep"`` a row that
   lived across the load is never stored;
-- the store holds at most its cap of token positions, evicts the least recently used entry first and drops an entry
-  that a newer one extends; ``prefix_tokens=0`` reuses nothing; a cancelled request's row is not stored;
+- the store holds at most its cap of token positions, evicts an entry a request reused whole first, then the least
+  recently used, and drops an entry that a newer one extends; ``prefix_tokens=0`` reuses nothing; a cancelled
+  request's row is not stored;
 - ``common_prefix`` is the longest common prefix; a reused prefix always leaves one token to prefill.
 """
 
@@ -162,6 +163,18 @@ def test_the_store_is_bounded_least_recently_used_first_and_drops_what_a_newer_e
     store.put((1, 2), kv((1, 2)))
     store.match_weights(None)  # weights whose changes cannot be seen: nothing kept
     assert len(store) == 0
+
+
+def test_an_entry_reused_whole_goes_first() -> None:
+    store = PrefixStore(max_tokens=9)
+    store.match_weights("w")
+    kv = torch.zeros((1, 2, 1, 3, 1))
+    store.put((1, 2, 3), kv)
+    store.put((5, 6, 7), kv)
+    assert store.longest((1, 2, 3, 4), limit=10).shape[-2] == 3  # all of (1, 2, 3): its row stores a longer one
+    store.put((8, 9, 10), kv)
+    store.put((11, 12, 13), kv)  # over the cap: (1, 2, 3) goes, though (5, 6, 7) was used less recently
+    assert store.longest((1, 2, 3, 4), limit=10) is None and store.longest((5, 6, 7, 0), limit=10) is not None
 
 
 def test_a_stream_stays_under_its_cap_and_zero_turns_reuse_off(tokenizer) -> None:

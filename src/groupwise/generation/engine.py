@@ -191,7 +191,7 @@ class Engine:
     ) -> GenerationStream:  # fmt: skip
         """A stream with slots of its own, for a runtime to feed while it runs (check :meth:`stream_support`
         first); ``partial``/``kv`` say what a weight load mid-stream does, ``prefix_tokens`` how many token
-        positions of finished rows' keys/values it keeps for reuse (0: none; None: as many as its slots hold)
+        positions of finished rows' keys/values it keeps for reuse (0: none; None: twice as many as its slots hold)
         (:mod:`groupwise.generation.stream`)."""
         support = self.stream_support()
         if not support.available:

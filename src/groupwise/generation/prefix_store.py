@@ -14,7 +14,8 @@ storages and in-place version counters). :meth:`PrefixStore.match_weights` empti
 changed (a weight load, an optimizer step on a shared model), so keys/values from older weights are never reused.
 
 Bounded: at most ``max_tokens`` token positions are held (each costs ``layers · 2 · KV heads · head dim`` values);
-the least recently used entries go first. An entry whose tokens start a newer one is dropped when that one is
+the least recently used entries go first. An entry a request reused whole goes before them (that request's row
+stores a longer one when it finishes), and an entry whose tokens start a newer one is dropped when that one is
 stored (the newer covers it).
 """
 
@@ -65,8 +66,9 @@ class PrefixStore:
         self.tokens = 0
 
     def longest(self, sequence: tuple[int, ...], limit: int) -> Tensor | None:
-        """The stored keys/values of the longest prefix (at most ``limit`` tokens) of ``sequence`` (None: none);
-        the entry it came from becomes the most recently used."""
+        """The stored keys/values of the longest prefix (at most ``limit`` tokens) of ``sequence`` (None: none).
+        The entry it came from becomes the most recently used, unless all of it was taken: then it becomes the
+        first to go (the row that took it stores a longer one when it finishes)."""
         best_key, best = None, 0
         for key in self._entries:
             if key[0] == sequence[0]:
@@ -75,7 +77,7 @@ class PrefixStore:
                     best_key, best = key, length
         if best_key is None:
             return None
-        self._entries.move_to_end(best_key)
+        self._entries.move_to_end(best_key, last=best < len(best_key))
         return self._entries[best_key][..., :best, :]
 
     def put(self, tokens: tuple[int, ...], kv: Tensor) -> None:

@@ -17,8 +17,8 @@ slot has its own position, cache column and RNG counter, so rows that joined at 
   taking rows in, lets the live ones finish, then loads the weights (a drain, as a batch-per-call engine does).
   Every token records the version that ran the step that drew it and its sampling-time logprob.
 * **Reused prefixes** (:mod:`groupwise.generation.stream_prefixes`). A row that finishes leaves the keys/values
-  of its prompt + tokens but the last in a bounded LRU store (``prefix_tokens`` positions; by default as many as
-  the slots hold); a prefill of a sequence that starts the same way (a multi-turn episode's next turn) runs only
+  of its prompt + tokens but the last in a bounded LRU store (``prefix_tokens`` positions; by default twice as
+  many as the slots hold); a prefill of a sequence that starts the same way (a multi-turn episode's next turn) runs only
   the rest. The store empties at every weight change, and a row that lived across a load with ``kv="keep"`` is
   not stored: nothing computed under older weights is reused. ``prefixes.reused_tokens`` counts what was reused.
 * **Every callback once.** ``on_done`` of a request is called at most once (never for one dropped before it

@@ -30,9 +30,16 @@ if TYPE_CHECKING:
     from groupwise.generation.stream_slots import SlotRows
 
 
+# The default cap, in multiples of the token positions the stream's slots hold (slots × columns). An episode waiting
+# between turns needs its whole context kept until its next turn is admitted, and an async run keeps more episodes
+# in flight than there are slots: bench/episodes.py (4 episodes per slot) reused 2/3 of every prompt token at 2×
+# and thrashed at 1× (the least recently used entry is the next one to be needed), reusing a third, for no speedup.
+DEFAULT_CAP_SLOTS = 2
+
+
 class StreamPrefixes:
-    """The reuse of one stream (see the module docstring); ``cap``: token positions kept (None: as many as the
-    stream's slots hold, so reuse at most doubles the stream's KV memory; 0: reuse nothing)."""
+    """The reuse of one stream (see the module docstring); ``cap``: token positions kept (None: twice as many as the
+    stream's slots hold, :data:`DEFAULT_CAP_SLOTS`; 0: reuse nothing)."""
 
     def __init__(self, engine: Engine, decoder: LlamaDecoder, slots: SlotRows, cap: int | None) -> None:
         if cap is not None and cap < 0:
@@ -77,7 +84,7 @@ class StreamPrefixes:
             return
         stamp = self.weights_stamp()
         self.store.match_weights(stamp)
-        self.store.max_tokens = self.cap or self.slots.positions()
+        self.store.max_tokens = self._cap()
         for row in finished:
             if stamp is not None and row.kv_stamp == stamp:
                 self.store.put(row.sequence, self.slots.sequence_kv(row))
@@ -89,10 +96,13 @@ class StreamPrefixes:
             return
         stamp = self.weights_stamp()
         self.store.match_weights(stamp)
-        self.store.max_tokens = self.cap or self.slots.positions()
+        self.store.max_tokens = self._cap()
         if stamp is not None:
             for row, index in zip(rows, at, strict=True):
                 self.store.put(row.sequence, _prefilled_kv(prefill, index))
+
+    def _cap(self) -> int:
+        return self.cap if self.cap is not None else DEFAULT_CAP_SLOTS * self.slots.positions()
 
     def clear(self) -> None:
         """Forget every stored prefix (new weights were loaded, or the stream closed)."""
