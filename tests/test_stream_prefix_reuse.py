@@ -12,10 +12,13 @@ Invariants pinned (float32 on CPU; tokens and finish reasons compared exactly, l
 - the store holds at most its cap of token positions, evicts an entry a request reused whole first, then the least
   recently used, and drops an entry that a newer one extends; ``prefix_tokens=0`` reuses nothing; a cancelled
   request's row is not stored;
+- a closed stream lets go of what it kept (its serving thread empties the store on its way out);
 - ``common_prefix`` is the longest common prefix; a reused prefix always leaves one token to prefill.
 """
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
@@ -193,6 +196,18 @@ def test_a_cancelled_row_is_not_stored(tokenizer) -> None:
     stream.run_until_idle(max_ticks=2)
     stream.cancel(handle)
     stream.run_until_idle()
+    assert len(stream.prefixes.store) == 0
+
+
+def test_a_closed_stream_lets_go_of_what_it_kept(tokenizer) -> None:
+    stream = Engine(peaked_model(len(tokenizer), seed=0), tokenizer, STOPS).open_stream(SAMPLING, max_rows=6)
+    answered = threading.Event()
+    stream.start("test-prefixes")
+    stream.submit(GenerationRequest(tuple(tokenizer(TEXTS[1])["input_ids"]), 2, seed=0), lambda _: answered.set())
+    assert answered.wait(60)
+    with stream.paused():
+        assert len(stream.prefixes.store) > 0
+    assert stream.close(10)
     assert len(stream.prefixes.store) == 0
 
 

@@ -228,7 +228,6 @@ class GenerationStream:
         with self._cond:
             self._closed = True
             post, self._post = self._post, None
-            self.prefixes.clear()
             dropped = self._take_dropped_locked(list(self._on_dropped))
             self._cond.notify_all()
         if post is not None:
@@ -261,6 +260,7 @@ class GenerationStream:
                 while not self._closed and (self._pauses or not self._work_locked()):
                     self._cond.wait()
                 if self._closed:
+                    self.prefixes.clear()  # here, not in close: only the serving thread touches the store
                     return
                 self._serving = True
             self._park_if_paused()  # (not timed: a paused stream is not busy)
