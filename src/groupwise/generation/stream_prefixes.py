@@ -43,7 +43,7 @@ class StreamPrefixes:
 
     def __init__(self, engine: Engine, decoder: LlamaDecoder, slots: SlotRows, cap: int | None) -> None:
         if cap is not None and cap < 0:
-            raise ValueError(f"prefix_tokens={cap} must be >= 0 (0: reuse nothing; None: as many as the slots hold)")
+            raise ValueError(f"prefix_tokens={cap} must be >= 0 (0: reuse nothing; None: twice the slots' positions)")
         self.engine, self.decoder, self.slots, self.cap = engine, decoder, slots, cap
         self.enabled = engine.reuses_prefixes and cap != 0
         self.store = PrefixStore(cap or 0)
