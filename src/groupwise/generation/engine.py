@@ -48,9 +48,10 @@ from transformers.cache_utils import Cache
 from groupwise.generation.base import StreamSupport
 from groupwise.generation.chunk import ChunkRecord, Prefill, RowResult
 from groupwise.generation.compacting import decode_compacting
-from groupwise.generation.kv_cache import new_kv_cache
+from groupwise.generation.kv_cache import kv_cache_after, new_kv_cache
 from groupwise.generation.llama_decode import LlamaDecoder, fast_decoder_for
-from groupwise.generation.masks import as_mask, prefill_allowed
+from groupwise.generation.masks import as_mask
+from groupwise.generation.prefix_prefill import prefill_inputs
 from groupwise.generation.request_limits import generate_by_limit, has_own_limits
 from groupwise.generation.sampling import (
     check_sampling_params,
@@ -185,16 +186,19 @@ class Engine:
         return StreamSupport(True)
 
     def open_stream(
-        self, sampling: SamplingParams, *, max_rows: int | None = None, partial: str = "off", kv: str = "recompute"
-    ) -> GenerationStream:
+        self, sampling: SamplingParams, *, max_rows: int | None = None, partial: str = "off", kv: str = "recompute",
+        prefix_tokens: int | None = None,
+    ) -> GenerationStream:  # fmt: skip
         """A stream with slots of its own, for a runtime to feed while it runs (check :meth:`stream_support`
-        first); ``partial``/``kv`` say what a weight load mid-stream does (:mod:`groupwise.generation.stream`)."""
+        first); ``partial``/``kv`` say what a weight load mid-stream does, ``prefix_tokens`` how many token
+        positions of finished rows' keys/values it keeps for reuse (0: none; None: twice as many as its slots hold)
+        (:mod:`groupwise.generation.stream`)."""
         support = self.stream_support()
         if not support.available:
             raise ValueError(f"this engine cannot run a generation stream: {support.reason}")
         return GenerationStream(
             self, self._decoder, sampling, max_rows=max_rows or self.max_batch_rows, partial=partial, kv=kv,
-            slots=StreamSlots(self._stream_graphs()),
+            slots=StreamSlots(self._stream_graphs()), prefix_tokens=prefix_tokens,
         )  # fmt: skip
 
     def _stream_graphs(self) -> bool:
@@ -202,12 +206,21 @@ class Engine:
         device = next(self.model.parameters()).device
         return device.type == "cuda" and self.cuda_graphs in ("auto", "on")
 
-    def prefill_rows(self, rows: Sequence[tuple[int, int, int, tuple[int, ...]]]) -> Prefill:
+    @property
+    def reuses_prefixes(self) -> bool:
+        """Whether :meth:`prefill_rows` can start from reused keys/values: the model's attention takes a 4D mask."""
+        return self._takes_4d_mask()
+
+    def prefill_rows(
+        self, rows: Sequence[tuple[int, int, int, tuple[int, ...]]], reused: Mapping[int, Tensor] | None = None
+    ) -> Prefill:
         """Prefill ``(sequence id, sample index, seed, sequence)`` rows, each distinct sequence once, into a cache of
-        exactly the sequences' width (a stream copies it into its slots)."""
+        exactly the sequences' width (a stream copies it into its slots). ``reused`` (by sequence id): the
+        keys/values ``[layers, 2, KV, P, D]`` of a sequence's first P tokens, computed earlier under these
+        weights; only the rest of that sequence runs (see :attr:`reuses_prefixes`)."""
         specs = [_Row(sequence_id, sample, seed, sequence) for sequence_id, sample, seed, sequence in rows]
         device = next(self.model.parameters()).device
-        return self._prefill(specs, device, max(len(row.prompt) for row in specs))
+        return self._prefill(specs, device, 0, reused)
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
         """``request.num_samples`` completions per request, in request order (see ``Generator``)."""
@@ -318,7 +331,7 @@ class Engine:
         if decoder is not None:
             decoder.prepare(capacity_for(prompt_width + max_new) if slotted else prompt_width + max_new)
         # The slot path copies the prompts' cache into its own buffers; the compacting path decodes in this one.
-        prefill = self._prefill(rows, device, prompt_width if slotted else prompt_width + max_new)
+        prefill = self._prefill(rows, device, 0 if slotted else max_new)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
         record = ChunkRecord(len(rows), max_new, eos, self.tokenizer, sampling.stop, device)
         if decoder is not None and slot_loop is not None:
@@ -327,28 +340,31 @@ class Engine:
             decode_compacting(decoder, prefill, sampling, record, self._forward, self._key_mask)
         return record.results()
 
-    def _prefill(self, rows: Sequence[_Row], device: torch.device, capacity: int) -> Prefill:
-        """Run each distinct prompt once (left-padded) into a cache of ``capacity`` columns."""
+    def _prefill(
+        self, rows: Sequence[_Row], device: torch.device, extra_columns: int,
+        reused: Mapping[int, Tensor] | None = None,
+    ) -> Prefill:  # fmt: skip
+        """Run each distinct prompt once (left-padded) into a cache of its width + ``extra_columns`` columns;
+        ``reused`` (by prompt id): keys/values of a prompt's first tokens, so only the rest runs
+        (:mod:`groupwise.generation.prefix_prefill`)."""
         unique_index: dict[int, int] = {}
         prompts: list[tuple[int, ...]] = []
         for row in rows:
             if row.request_index not in unique_index:
                 unique_index[row.request_index] = len(prompts)
                 prompts.append(row.prompt)
-        width = max(len(prompt) for prompt in prompts)
-        input_ids = torch.zeros((len(prompts), width), dtype=torch.long)
-        padding = torch.zeros((len(prompts), width), dtype=torch.bool)
-        for index, prompt in enumerate(prompts):
-            input_ids[index, width - len(prompt) :] = torch.as_tensor(prompt, dtype=torch.long)
-            padding[index, width - len(prompt) :] = True
-        input_ids, padding = input_ids.to(device), padding.to(device)
-        position_ids = (padding.long().cumsum(dim=1) - 1).clamp_(min=0)
+        reused = reused or {}
+        inputs = prefill_inputs(prompts, [reused.get(prompt_id) for prompt_id in unique_index])
+        input_ids, padding = inputs.input_ids.to(device), inputs.padding.to(device)
         if self._takes_4d_mask():
-            prefill_mask = self._as_model_mask(prefill_allowed(padding))[:, None]
-        else:
+            prefill_mask = self._as_model_mask(inputs.allowed.to(device))[:, None]
+        elif inputs.prefix is None:
             prefill_mask = padding.long()
-        cache = new_kv_cache(capacity=capacity)
-        logits = self._forward(input_ids, prefill_mask, position_ids, cache)
+        else:  # a 2D mask cannot say which reused columns a suffix sees (reuses_prefixes is False here)
+            raise ValueError("reused prefixes need an attention that takes a 4D mask (sdpa or eager)")
+        capacity = padding.shape[1] + extra_columns
+        cache = new_kv_cache(capacity) if inputs.prefix is None else kv_cache_after(inputs.prefix, capacity)
+        logits = self._forward(input_ids, prefill_mask, inputs.position_ids.to(device), cache)
         row_to_prompt = torch.tensor([unique_index[row.request_index] for row in rows], dtype=torch.long, device=device)
         return Prefill(
             logits=logits[row_to_prompt],

@@ -51,6 +51,18 @@ class PreallocatedLayer(DynamicLayer):
         self.length = end
         return self._refresh_views()
 
+    def preload(self, keys: Tensor, values: Tensor) -> None:
+        """Start filled: ``keys``/``values [rows, heads, P, head_dim]`` are columns ``[0, P)`` (a reused prefix)."""
+        self._buffers = (
+            keys.new_zeros((*keys.shape[:2], self.capacity, keys.shape[-1])),
+            values.new_zeros((*values.shape[:2], self.capacity, values.shape[-1])),
+        )
+        self._buffers[0][:, :, : keys.shape[2]] = keys
+        self._buffers[1][:, :, : values.shape[2]] = values
+        self.device, self.dtype, self.is_initialized = keys.device, keys.dtype, True
+        self.length = keys.shape[2]
+        self._refresh_views()
+
     def batch_select_indices(self, indices: Tensor) -> None:
         """Keep (or repeat) rows ``indices``; only the filled prefix is copied, into fresh full-capacity buffers."""
         if self._buffers is None:
@@ -84,6 +96,19 @@ def new_kv_cache(capacity: int) -> Cache:
         return Cache(layer_class_to_replicate=layer_factory)
     except TypeError:  # pragma: no cover - transformers without the layer hook
         return DynamicCache()
+
+
+def kv_cache_after(prefix: Tensor, capacity: int) -> Cache:
+    """A cache of ``capacity`` columns whose first ``P`` are filled from ``prefix [layers, 2, rows, heads, P, dim]``
+    (keys, values); a forward on it appends after them."""
+    cache = new_kv_cache(capacity)
+    if prefix.shape[-2] == 0:
+        return cache  # nothing to preload: the layers are made at the first update, as for a fresh cache
+    for keys, values in prefix:
+        layer = PreallocatedLayer(capacity)
+        layer.preload(keys, values)
+        cache.layers.append(layer)
+    return cache
 
 
 def select_cache_rows(cache: Cache, indices: Tensor) -> None:

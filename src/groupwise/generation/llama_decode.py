@@ -158,6 +158,15 @@ class LlamaDecoder:
                     self._rebind(dataclasses.replace(self._weights, cos_sin=self._rotary_table(capacity)))
         self._storages, self._versions = storages, versions
 
+    def weights_stamp(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """What the model's weights are now, as :meth:`prepare` tells a change: every source tensor's storage and
+        in-place version counter (equal stamps, same values). None when a change cannot be seen (inference
+        tensors keep no version counter)."""
+        sources = _sources(self.model)
+        if any(t.is_inference() for t in sources):
+            return None
+        return tuple(t.data_ptr() for t in sources), tuple(t._version for t in sources)
+
     def _rebind(self, weights: DecoderWeights) -> None:
         self._weights = weights
         self.generation += 1

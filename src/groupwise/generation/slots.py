@@ -141,6 +141,15 @@ class DecodeSlots:
         self.counters[1, slot_index] = width
         self.counters[2, slot_index] = sample_index
 
+    def row_kv(self, slot: int, columns: int) -> Tensor:
+        """The keys/values ``[layers, 2, KV, L, D]`` of the columns slot ``slot`` attends to among its first
+        ``columns`` (its sequence, in order: padding and holes left out), copied out of the slots."""
+        attended = self.key_mask[slot, 0, 0, :columns].nonzero().squeeze(1)
+        return torch.stack([
+            torch.stack([keys[slot].index_select(1, attended), values[slot].index_select(1, attended)])
+            for keys, values in zip(self.keys, self.values, strict=True)
+        ])  # fmt: skip
+
     def grown(self, num_slots: int, capacity: int) -> DecodeSlots:
         """New slots with at least this many slots and columns, holding every slot's state and cache."""
         num_slots, capacity = max(num_slots, self.num_slots), max(capacity, self.capacity)

@@ -16,6 +16,11 @@ slot has its own position, cache column and RNG counter, so rows that joined at 
   kept as it was computed (under older versions). With ``partial="off"`` no row spans versions: the stream stops
   taking rows in, lets the live ones finish, then loads the weights (a drain, as a batch-per-call engine does).
   Every token records the version that ran the step that drew it and its sampling-time logprob.
+* **Reused prefixes** (:mod:`groupwise.generation.stream_prefixes`). A row that finishes leaves the keys/values
+  of its prompt + tokens but the last in a bounded LRU store (``prefix_tokens`` positions; by default twice as
+  many as the slots hold); a prefill of a sequence that starts the same way (a multi-turn episode's next turn) runs only
+  the rest. The store empties at every weight change, and a row that lived across a load with ``kv="keep"`` is
+  not stored: nothing computed under older weights is reused. ``prefixes.reused_tokens`` counts what was reused.
 * **Every callback once.** ``on_done`` of a request is called at most once (never for one dropped before it
   finished); ``on_dropped`` of a :meth:`~GenerationStream.cancel` and the ``done`` of a weight post exactly once,
   whatever order cancel, finish, weight load, failure and close come in at a token boundary (whoever takes a request
@@ -45,6 +50,7 @@ import torch
 from groupwise.abandoned import leave_running
 from groupwise.generation.pausing import PausingGenerator
 from groupwise.generation.sampling import check_sampling_params, keyed_uniforms, sample_with_logprobs
+from groupwise.generation.stream_prefixes import StreamPrefixes
 from groupwise.generation.stream_rows import Done, FinishRules, StreamRequest, StreamRow, new_request
 from groupwise.generation.stream_slots import SlotRows, StreamSlots
 from groupwise.types import Completion, GenerationRequest, RowPrefix, SamplingParams
@@ -78,7 +84,7 @@ class GenerationStream:
 
     def __init__(
         self, engine: Engine, decoder: LlamaDecoder | None, sampling: SamplingParams, *, max_rows: int,
-        partial: str = "off", kv: str = "recompute", slots: StreamSlots,
+        partial: str = "off", kv: str = "recompute", slots: StreamSlots, prefix_tokens: int | None = None,
     ) -> None:  # fmt: skip
         check_sampling_params(sampling)
         if partial not in PARTIAL_MODES or kv not in KV_MODES:
@@ -88,6 +94,7 @@ class GenerationStream:
         self.engine, self.decoder, self.sampling = engine, decoder, sampling
         self.max_rows, self.partial, self.kv = max(1, max_rows), partial, kv
         self._slots = SlotRows(slots, decoder, sampling)
+        self.prefixes = StreamPrefixes(engine, decoder, self._slots, prefix_tokens)
         self._rules = FinishRules(engine.eos_token_ids, engine.tokenizer, sampling)
         self._cond = threading.Condition(threading.Lock())
         self._inbox: list[StreamRequest] = []
@@ -253,6 +260,7 @@ class GenerationStream:
                 while not self._closed and (self._pauses or not self._work_locked()):
                     self._cond.wait()
                 if self._closed:
+                    self.prefixes.clear()  # here, not in close: only the serving thread touches the store
                     return
                 self._serving = True
             self._park_if_paused()  # (not timed: a paused stream is not busy)
@@ -368,6 +376,7 @@ class GenerationStream:
         try:
             post.load()
             self.weight_loads += 1
+            self.prefixes.clear()  # computed under the old weights: never reused under the new
             if self._slots.live:
                 with torch.inference_mode():  # the packed copies are inference tensors: refreshed in there
                     self._slots.ensure_room(self._slots.live, 1)
@@ -389,6 +398,7 @@ class GenerationStream:
         prefill = self._prefill(rows)
         self._slots.ensure_room(self._slots.live, prefill.width + self.sampling.max_new_tokens)
         self._slots.load(rows, prefill, list(range(len(rows))), into_own=True)
+        self.prefixes.mark(rows)
         self._charge(rows, time.perf_counter() - start)
 
     def _charge(self, rows: list[StreamRow], seconds: float) -> None:
@@ -419,19 +429,23 @@ class GenerationStream:
         self._slots.ensure_room(self._slots.live + len(batch), prefill.width + self.sampling.max_new_tokens)
         fresh = [i for i, row in enumerate(batch) if not row.token_ids]
         finished = set(self._draw_first(batch, fresh, prefill)) if fresh else set()
+        ended = [i for i, row in enumerate(batch) if row in finished]
+        self.prefixes.keep_prefilled([batch[i] for i in ended], prefill, ended)
         loaded = [i for i, row in enumerate(batch) if row not in finished]
         self._slots.load([batch[i] for i in loaded], prefill, loaded)
+        self.prefixes.mark([batch[i] for i in loaded])
         self._charge(batch, time.perf_counter() - start)
         self._finish(finished)
 
     def _prefill(self, rows: list[StreamRow]) -> Prefill:
-        """One forward per distinct sequence (a fresh request's samples share their prompt's)."""
+        """One forward per distinct sequence (a fresh request's samples share their prompt's), each from the
+        longest prefix of it whose keys/values the stream kept (:mod:`groupwise.generation.stream_prefixes`)."""
         index: dict[tuple[int, ...], int] = {}
         specs = []
         for row in rows:
             sequence = row.sequence
             specs.append((index.setdefault(sequence, len(index)), row.sample, row.request.request.seed, sequence))
-        return self.engine.prefill_rows(specs)
+        return self.engine.prefill_rows(specs, self.prefixes.reused(index))
 
     def _draw_first(self, batch: list[StreamRow], fresh: list[int], prefill: Prefill) -> list[StreamRow]:
         """Token 0 of fresh rows, from their prefill logits (the same sampling functions as every step); returns
@@ -465,6 +479,7 @@ class GenerationStream:
             finished = self._rules.apply(rows)
         self.steps += 1
         self.generated_tokens += len(rows)
+        self.prefixes.keep(finished)
         for row in finished:
             self._slots.free(row)
         self._finish(finished)

@@ -9,7 +9,7 @@ call (EOS, a stop string in the text, ``max_new_tokens``), and a finished reques
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,6 +36,7 @@ class StreamRow:
     finish: FinishReason | None = None
     slot: int | None = None
     column: int = 0  # the cache column its next fed token writes (a host mirror, for compaction)
+    kv_stamp: Hashable | None = None  # the weights its slot's keys/values were computed under (a prefill's)
 
     @property
     def sequence(self) -> tuple[int, ...]:

@@ -21,6 +21,8 @@ from groupwise.generation.stream_rows import StreamRow
 from groupwise.types import SamplingParams
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from groupwise.generation.chunk import Prefill
     from groupwise.generation.llama_decode import LlamaDecoder
 
@@ -105,6 +107,19 @@ class SlotRows:
         for row, slot in zip(rows, slots, strict=True):
             row.slot, row.column = slot, prefill.width
             self._rows[slot] = row
+
+    def sequence_kv(self, row: StreamRow) -> Tensor:
+        """The keys/values of ``row``'s sequence (prompt + tokens but the last) as its slot holds them, ``[layers,
+        2, KV, len(sequence), D]``; read before the row leaves its slot."""
+        kv = self._decode_slots().row_kv(_slot_of(row), row.column)
+        if kv.shape[-2] != len(row.sequence):
+            raise RuntimeError(f"a slot attends to {kv.shape[-2]} columns for a {len(row.sequence)}-token sequence")
+        return kv
+
+    def positions(self) -> int:
+        """Token positions the slots' KV cache holds (slots × columns): what a full cache costs."""
+        slots = self.held.slots
+        return 0 if slots is None else slots.num_slots * slots.capacity
 
     def free(self, row: StreamRow) -> None:
         self._rows[_slot_of(row)] = None
