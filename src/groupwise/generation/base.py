@@ -138,8 +138,11 @@ class StreamingGenerator(Generator, Protocol):
         ...
 
     def open_stream(
-        self, sampling: SamplingParams, *, max_rows: int | None = None, partial: str = "off", kv: str = "recompute"
-    ) -> RequestStream:
+        self, sampling: SamplingParams, *, max_rows: int | None = None, partial: str = "off", kv: str = "recompute",
+        reuse_prefixes: bool = True,
+    ) -> RequestStream:  # fmt: skip
         """A stream for a runtime to feed while it runs; ``partial``/``kv`` say what a weight load mid-stream does
-        (``off``: drain first; ``continue``: rows go on, their KV cache ``recompute``-d or ``keep``-t)."""
+        (``off``: drain first; ``continue``: rows go on, their KV cache ``recompute``-d or ``keep``-t);
+        ``reuse_prefixes``: keep finished rows' keys and values for later requests that extend them (an episode's
+        next turn), where the backend can."""
         ...

@@ -187,12 +187,14 @@ class Engine:
 
     def open_stream(
         self, sampling: SamplingParams, *, max_rows: int | None = None, partial: str = "off", kv: str = "recompute",
-        prefix_tokens: int | None = None,
+        reuse_prefixes: bool = True, prefix_tokens: int | None = None,
     ) -> GenerationStream:  # fmt: skip
         """A stream with slots of its own, for a runtime to feed while it runs (check :meth:`stream_support`
-        first); ``partial``/``kv`` say what a weight load mid-stream does, ``prefix_tokens`` how many token
-        positions of finished rows' keys/values it keeps for reuse (0: none; None: twice as many as its slots hold)
-        (:mod:`groupwise.generation.stream`)."""
+        first); ``partial``/``kv`` say what a weight load mid-stream does; with ``reuse_prefixes``,
+        ``prefix_tokens`` is how many token positions of finished rows' keys/values it keeps for reuse (None:
+        twice as many as its slots hold; reuse off keeps none) (:mod:`groupwise.generation.stream`)."""
+        if not reuse_prefixes:
+            prefix_tokens = 0
         support = self.stream_support()
         if not support.available:
             raise ValueError(f"this engine cannot run a generation stream: {support.reason}")
@@ -255,7 +257,9 @@ class Engine:
         """Every request through one stream on this engine's own slots, in this thread, until all are done."""
         if self._stream_slots is None:
             self._stream_slots = StreamSlots(self._stream_graphs())
-        stream = GenerationStream(self, self._decoder, sampling, max_rows=self.max_batch_rows, slots=self._stream_slots)
+        stream = GenerationStream(  # one call's stream: nothing outlives it to reuse a prefix
+            self, self._decoder, sampling, max_rows=self.max_batch_rows, slots=self._stream_slots, prefix_tokens=0
+        )
         results: dict[int, Any] = {}  # completions, or the error raised below
         for index, request in enumerate(requests):
             stream.submit(request, partial(results.__setitem__, index))

@@ -135,13 +135,14 @@ def stream_support(generator: Generator) -> StreamSupport:
 
 
 def open_stream(
-    generator: Generator, sampling: SamplingParams, *, max_rows: int, partial: str = "off", kv: str = "recompute"
-) -> RequestStream:
+    generator: Generator, sampling: SamplingParams, *, max_rows: int, partial: str = "off", kv: str = "recompute",
+    reuse_prefixes: bool = True,
+) -> RequestStream:  # fmt: skip
     """A request stream on ``generator`` (which :func:`stream_support` said can run one)."""
     support = stream_support(generator)
     if not support.available or not isinstance(generator, StreamingGenerator):
         raise ValueError(f"this generator cannot run a request stream: {support.reason}")
-    return generator.open_stream(sampling, max_rows=max_rows, partial=partial, kv=kv)
+    return generator.open_stream(sampling, max_rows=max_rows, partial=partial, kv=kv, reuse_prefixes=reuse_prefixes)
 
 
 def shutdown_generator(generator: Generator) -> None:

@@ -177,12 +177,14 @@ class VllmStream:
         return StreamSupport(True)
 
     def open_stream(
-        self, sampling: SamplingParams, *, max_rows: int | None = None, partial: str = "off", kv: str = "recompute"
-    ) -> RequestStream:
+        self, sampling: SamplingParams, *, max_rows: int | None = None, partial: str = "off", kv: str = "recompute",
+        reuse_prefixes: bool = True,
+    ) -> RequestStream:  # fmt: skip
         """This engine as the run's stream, sampling with ``sampling`` unless a request says otherwise. ``partial``:
         ``off`` drains the running rows before a weight load, ``continue`` loads at once and the rows go on with
         their KV cache (vLLM's ``keep`` pause: ``kv`` must be ``keep``). ``max_rows`` is not used: vLLM's
-        scheduler bounds the rows it decodes at once (``generation.vllm.max_num_seqs``) and queues the rest."""
+        scheduler bounds the rows it decodes at once (``generation.vllm.max_num_seqs``) and queues the rest;
+        ``reuse_prefixes`` is vLLM's own business (its prefix cache)."""
         if partial not in PARTIAL_MODES:
             raise ValueError(f"partial={partial!r} must be one of {PARTIAL_MODES}")
         if partial == "continue" and kv != "keep":

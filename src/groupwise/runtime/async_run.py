@@ -179,6 +179,7 @@ def _runtime_clients(session: Session) -> AsyncClients:
             max_rows=cfg.generation.micro_batch_groups * cfg.grpo.num_generations_per_prompt,
             partial=cfg.async_.partial_rollouts,
             kv=cfg.async_.partial_rollout_kv,
+            reuse_prefixes=cfg.episode.enabled,  # an episode's next turn extends its last: a single-turn row never
         )
         rollouts = StreamedRollouts(session.rollouts, session.generator_weights, stream, session.events.event)
         return AsyncClients(rollouts, trainer, stream, streamed=True)
