@@ -1,0 +1,96 @@
+"""Skipping prompts that carry no signal (``data.skip_no_signal``): on vs off on the tiny default job.
+
+    taskset -c 1 .venv/bin/python bench/skip_no_signal.py                 # 3 seeds × off/on (minutes per run)
+    taskset -c 1 .venv/bin/python bench/skip_no_signal.py --quick         # a smoke run: 1 seed, 10 steps
+
+Each run is ``groupwise train examples/addition.yaml`` in a subprocess of its own (pin it with ``taskset``: the
+child inherits the CPU set), with a small training set (``--num-train`` prompts, so a prompt is drawn many times
+and has a history) and the same steps, seed by seed, skipping off then on. Read back from ``metrics.jsonl``:
+
+* ``filtered share`` — Σ ``ds/groups_filtered`` ÷ Σ ``ds/groups_generated``: the share of generated groups the
+  dynamic-sampling filter threw away (the waste skipping is meant to cut);
+* ``gen tokens`` — Σ ``waste/generated_tokens``; ``skipped`` — ``skip/cumulative_prompts`` at the end;
+* ``acc`` — held-out greedy accuracy (``eval/accuracy``) after the last step;
+* ``wall s`` — the training process's wall time, start to exit (model load and evaluations included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+GROUPWISE = ROOT / ".venv" / "bin" / "groupwise"
+
+
+def run_one(out: Path, seed: int, skip: bool, steps: int, num_train: int) -> dict[str, Any]:
+    name = f"seed{seed}_{'on' if skip else 'off'}"
+    args = [
+        str(GROUPWISE), "train", "examples/addition.yaml", f"run.output_dir={out}", f"run.name={name}",
+        f"run.seed={seed}", f"run.max_steps={steps}", f"data.addition.num_train={num_train}", "eval.every=0",
+        "eval.at_start=false", "checkpoint.every=0", "checkpoint.save_final=false", "logging.progress=false",
+        "logging.train_data=false", f"data.skip_no_signal.enabled={'true' if skip else 'false'}",
+    ]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        sys.exit(f"{name} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    lines = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+    generated = sum(line.get("ds/groups_generated", 0.0) for line in lines)
+    filtered = sum(line.get("ds/groups_filtered", 0.0) for line in lines)
+    accuracy = [line["eval/accuracy"] for line in lines if "eval/accuracy" in line]
+    skipped = [line["skip/cumulative_prompts"] for line in lines if "skip/cumulative_prompts" in line]
+    return {
+        "seed": seed, "skip": skip, "filtered_share": filtered / generated if generated else 0.0,
+        "groups_generated": generated, "gen_tokens": sum(line.get("waste/generated_tokens", 0.0) for line in lines),
+        "skipped": skipped[-1] if skipped else 0.0, "accuracy": accuracy[-1] if accuracy else float("nan"),
+        "wall_s": wall,
+    }  # fmt: skip
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    out = ["| seed | skip | filtered share | groups generated | gen tokens | skipped | acc | wall s |",
+           "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        out.append(f"| {r['seed']} | {'on' if r['skip'] else 'off'} | {r['filtered_share']:.1%} | "
+                   f"{r['groups_generated']:.0f} | {r['gen_tokens']:.0f} | {r['skipped']:.0f} | "
+                   f"{r['accuracy']:.3f} | {r['wall_s']:.1f} |")  # fmt: skip
+    for skip in (False, True):
+        mine = [r for r in rows if r["skip"] == skip]
+        out.append(f"| mean | {'on' if skip else 'off'} | "
+                   f"{statistics.mean(r['filtered_share'] for r in mine):.1%} | "
+                   f"{statistics.mean(r['groups_generated'] for r in mine):.0f} | "
+                   f"{statistics.mean(r['gen_tokens'] for r in mine):.0f} | "
+                   f"{statistics.mean(r['skipped'] for r in mine):.0f} | "
+                   f"{statistics.mean(r['accuracy'] for r in mine):.3f} | "
+                   f"{statistics.mean(r['wall_s'] for r in mine):.1f} |")  # fmt: skip
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds")
+    parser.add_argument("--steps", type=int, default=150, help="optimizer steps per run")
+    parser.add_argument("--num-train", type=int, default=256, help="training prompts (a cap)")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/groupwise-skip-bench"), help="run directories")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 10 steps: proves the script runs")
+    args = parser.parse_args()
+    seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
+    steps = 10 if args.quick else args.steps
+    rows = []
+    for seed in seeds:
+        for skip in (False, True):
+            rows.append(run_one(args.out, seed, skip, steps, args.num_train))
+            print(json.dumps(rows[-1]), flush=True)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
