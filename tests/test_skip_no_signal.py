@@ -158,22 +158,33 @@ def test_sync_with_dynamic_sampling_skips_filtered_prompts(tmp_path):
     assert audit_fates(lines, [f"p{i}" for i in range(N)]).ok
 
 
-def async_config():
+SAMPLERS = {
+    "in_order": {"name": "in_order", "max_lookahead_versions": 0},
+    "ready_first": {"name": "ready_first", "max_staleness_versions": 0},
+    "windowed": {"name": "windowed", "max_staleness_versions": 0},
+    "weight_fifo": {"name": "weight_fifo", "max_staleness_versions": 0},
+}
+
+
+def async_config(sampler: str):
+    ds = sampler != "weight_fifo"  # weight_fifo refuses dynamic sampling: skipping works without it too
     return config_from_dict({
         "mode": "async", "model": {"source": "tiny"}, "run": {"max_steps": 10},
-        "grpo": {"num_prompts_per_step": P, "num_generations_per_prompt": G},
-        "async": {"sampler": {"name": "in_order", "max_lookahead_versions": 0}},
+        "grpo": {"num_prompts_per_step": P, "num_generations_per_prompt": G, "dynamic_sampling": {"enabled": ds}},
+        "async": {"sampler": SAMPLERS[sampler]},
     })  # fmt: skip
 
 
-def test_async_run_records_skips_and_keeps_the_ledger_balanced():
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
+def test_async_run_records_skips_and_keeps_the_ledger_balanced(sampler):
     records = []
-    rollouts = flipping_rollouts()
-    controller = build_controller(ControllerSettings.from_config(async_config()), skipping_loader(), rollouts,
-                                  RecordingTrainer(), on_fate=records.append)  # fmt: skip
+    controller = build_controller(ControllerSettings.from_config(async_config(sampler)), skipping_loader(),
+                                  flipping_rollouts(), RecordingTrainer(), on_fate=records.append)  # fmt: skip
     summary = run_virtual(controller.run)
+    assert summary.steps_trained == 10
     skipped = [r for r in records if r.fate == "skipped_no_signal"]
     assert skipped and all(r.group_id is None and r.start_version is None for r in skipped)
+    assert {r.prompt_uid for r in skipped} <= {"p0", "p1", "p2", "p3"}
     assert summary.fates["skipped_no_signal"] == len(skipped)
     assert all(r.selected + r.charged == P and r.charged == 0 for r in summary.ledger_history)
     assert summary.skipped_prompts == 0  # the failure budget's skips are another thing
