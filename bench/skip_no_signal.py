@@ -2,10 +2,12 @@
 
     taskset -c 1 .venv/bin/python bench/skip_no_signal.py                 # 3 seeds × off/on (minutes per run)
     taskset -c 1 .venv/bin/python bench/skip_no_signal.py --quick         # a smoke run: 1 seed, 10 steps
+    taskset -c 1 .venv/bin/python bench/skip_no_signal.py --only-on --on data.skip_no_signal.history=1
 
-Each run is ``groupwise train examples/addition.yaml`` in a subprocess of its own (pin it with ``taskset``: the
-child inherits the CPU set), with a small training set (``--num-train`` prompts, so a prompt is drawn many times
-and has a history) and the same steps, seed by seed, skipping off then on. Read back from ``metrics.jsonl``:
+Each run is ``groupwise train examples/addition.yaml`` (``--config``) in a subprocess of its own (pin it with
+``taskset``: the child inherits the CPU set), with a small training set (``--num-train`` prompts, so a prompt is
+drawn many times and has a history) and the same steps, seed by seed, skipping off then on. Read back from
+``metrics.jsonl``:
 
 * ``filtered share`` — Σ ``ds/groups_filtered`` ÷ Σ ``ds/groups_generated``: the share of generated groups the
   dynamic-sampling filter threw away (the waste skipping is meant to cut);
@@ -29,13 +31,17 @@ ROOT = Path(__file__).resolve().parent.parent
 GROUPWISE = ROOT / ".venv" / "bin" / "groupwise"
 
 
-def run_one(out: Path, seed: int, skip: bool, steps: int, num_train: int) -> dict[str, Any]:
-    name = f"seed{seed}_{'on' if skip else 'off'}"
+def run_one(
+    config: str, out: Path, seed: int, skip: bool, steps: int, num_train: int, extra: list[str]
+) -> dict[str, Any]:
+    name = f"{Path(config).stem}_seed{seed}_{'on' if skip else 'off'}"
+    name += "_" + "_".join(extra).replace("=", "") if skip and extra else ""
     args = [
-        str(GROUPWISE), "train", "examples/addition.yaml", f"run.output_dir={out}", f"run.name={name}",
+        str(GROUPWISE), "train", config, f"run.output_dir={out}", f"run.name={name}",
         f"run.seed={seed}", f"run.max_steps={steps}", f"data.addition.num_train={num_train}", "eval.every=0",
         "eval.at_start=false", "checkpoint.every=0", "checkpoint.save_final=false", "logging.progress=false",
         "logging.train_data=false", f"data.skip_no_signal.enabled={'true' if skip else 'false'}",
+        *(extra if skip else []),
     ]  # fmt: skip
     started = time.perf_counter()
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False)
@@ -64,6 +70,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                    f"{r['accuracy']:.3f} | {r['wall_s']:.1f} |")  # fmt: skip
     for skip in (False, True):
         mine = [r for r in rows if r["skip"] == skip]
+        if not mine:
+            continue
         out.append(f"| mean | {'on' if skip else 'off'} | "
                    f"{statistics.mean(r['filtered_share'] for r in mine):.1%} | "
                    f"{statistics.mean(r['groups_generated'] for r in mine):.0f} | "
@@ -76,18 +84,22 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="examples/addition.yaml", help="the job (addition_async.yaml: async)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds")
     parser.add_argument("--steps", type=int, default=150, help="optimizer steps per run")
     parser.add_argument("--num-train", type=int, default=256, help="training prompts (a cap)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/groupwise-skip-bench"), help="run directories")
     parser.add_argument("--quick", action="store_true", help="1 seed, 10 steps: proves the script runs")
+    parser.add_argument("--on", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="overrides for the runs with skipping on, e.g. data.skip_no_signal.history=1")
+    parser.add_argument("--only-on", action="store_true", help="skip the runs with skipping off")
     args = parser.parse_args()
     seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
     steps = 10 if args.quick else args.steps
     rows = []
     for seed in seeds:
-        for skip in (False, True):
-            rows.append(run_one(args.out, seed, skip, steps, args.num_train))
+        for skip in (True,) if args.only_on else (False, True):
+            rows.append(run_one(args.config, args.out, seed, skip, steps, args.num_train, args.on))
             print(json.dumps(rows[-1]), flush=True)
     print(table(rows))
 
