@@ -16,16 +16,24 @@ Invariants pinned:
 from __future__ import annotations
 
 import json
+from typing import get_args
 
 import pytest
 from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_prompts, run_virtual
 
 from groupwise.algo.filter import GroupFilter
 from groupwise.config import ConfigError, config_from_dict
+from groupwise.config.skip_schema import ZeroVarianceOutcome
 from groupwise.controller.controller import build_controller
 from groupwise.controller.settings import ControllerSettings
 from groupwise.data.loader import PromptLoader
-from groupwise.data.signal_history import SignalHistory, SkipSettings, draw_uniform, retry_probability
+from groupwise.data.signal_history import (
+    ZERO_VARIANCE_OUTCOMES,
+    SignalHistory,
+    SkipSettings,
+    draw_uniform,
+    retry_probability,
+)
 from groupwise.data.skipping_loader import NoSignalSkippingLoader, build_training_loader
 from groupwise.run.audit import audit_fates
 from groupwise.run.fates_file import FatesWriter, read_fates
@@ -56,6 +64,16 @@ def test_history_skips_only_after_k_zero_variance_groups():
     assert skip.tokens_saved == 12 and "all_max, all_min" in skip.detail
     history.observe("a", [0.0, 1.0], 12)  # a mixed group in the window: never skipped
     assert history.decide("a", 3) is None
+
+
+def test_kinds_limits_which_zero_variance_outcomes_predict_no_signal():
+    right_only = SkipSettings(history=1, base_retry=1e-9, growth=1.5, kinds=frozenset({"all_max"}))
+    history = SignalHistory(right_only, GroupFilter(), seed=0)
+    history.observe("wrong", [0.0, 0.0], 4)
+    history.observe("right", [1.0, 1.0], 4)
+    assert history.decide("wrong", 1) is None  # all wrong: kept, the policy may still find its answer
+    assert history.decide("right", 1) is not None
+    assert frozenset(get_args(ZeroVarianceOutcome)) == ZERO_VARIANCE_OUTCOMES  # one list of names, two spellings
 
 
 def test_skip_decisions_depend_on_seed_prompt_and_epoch_only():
@@ -203,13 +221,18 @@ def test_off_by_default_and_a_skipper_that_never_skips_changes_nothing(tmp_path)
 
 
 def test_config_enables_it_and_refuses_bad_settings():
-    on = {"enabled": True, "history": 3, "base_retry": 0.05, "growth": 1.5}
+    on = {"enabled": True, "history": 3, "base_retry": 0.05, "growth": 1.5, "kinds": ["all_max"]}
     cfg = config_from_dict({"model": {"source": "tiny"}, "data": {"skip_no_signal": on}})
-    assert isinstance(build_training_loader(cfg, make_prompts(N)), NoSignalSkippingLoader)
+    loader = build_training_loader(cfg, make_prompts(N))
+    assert isinstance(loader, NoSignalSkippingLoader)
+    assert loader.history.settings == SkipSettings(3, 0.05, 1.5, frozenset({"all_max"}))
     cases = [
         ({"data": {"skip_no_signal": {"history": 3}}}, "data.skip_no_signal.history"),
         ({"data": {"skip_no_signal": {"enabled": True, "growth": 1.0}}}, "data.skip_no_signal.growth"),
         ({"data": {"skip_no_signal": {"enabled": True, "base_retry": 0}}}, "data.skip_no_signal.base_retry"),
+        ({"data": {"skip_no_signal": {"enabled": True, "kinds": []}}}, "data.skip_no_signal.kinds"),
+        ({"data": {"skip_no_signal": {"enabled": True, "kinds": ["mixed"]}}}, "data.skip_no_signal.kinds"),
+        ({"data": {"skip_no_signal": {"kinds": ["all_max"]}}}, "data.skip_no_signal.kinds"),
         ({"data": {"skip_no_signal": {"enabled": True}}, "grpo": {"num_generations_per_prompt": 1}},
          "data.skip_no_signal.enabled"),
     ]  # fmt: skip

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from pydantic import Field
 
 from groupwise.config.base import Section
+
+ZeroVarianceOutcome = Literal["all_max", "all_min", "uniform"]
+ZERO_VARIANCE_OUTCOMES: tuple[ZeroVarianceOutcome, ...] = get_args(ZeroVarianceOutcome)
 
 
 class SkipNoSignalSection(Section):
@@ -22,3 +27,7 @@ class SkipNoSignalSection(Section):
     growth: float = Field(2.0, gt=1, le=100)
     """Factor the retry probability grows by with each skip in a row (1 < g ≤ 100): after
     ``ceil(log(1/base_retry) / log(growth))`` skips in a row the prompt is dispatched for certain."""
+    kinds: list[ZeroVarianceOutcome] = Field(default_factory=lambda: list(ZERO_VARIANCE_OUTCOMES), min_length=1)
+    """Which zero-variance outcomes predict no signal (non-empty): ``all_max`` (every reward at the reward range's
+    top: all right), ``all_min`` (all at its bottom: all wrong), ``uniform`` (any other common value). Leave out
+    ``all_min`` to keep drawing prompts the policy fails, so it can still find their first right answer."""

@@ -31,6 +31,7 @@ from groupwise.seeding import derive_seed
 OUTCOME_NAMES: dict[ZeroVarianceKind | None, str] = {
     None: "mixed", "max": "all_max", "min": "all_min", "other": "uniform"
 }  # fmt: skip
+ZERO_VARIANCE_OUTCOMES = frozenset(name for kind, name in OUTCOME_NAMES.items() if kind is not None)
 
 
 def retry_probability(skips: int, base_retry: float, growth: float) -> float:
@@ -57,11 +58,13 @@ def draw_uniform(seed: int, prompt_uid: str, epoch: int) -> float:
 
 @dataclass(frozen=True)
 class SkipSettings:
-    """``data.skip_no_signal``: look at the last ``history`` outcomes; retry per :func:`retry_probability`."""
+    """``data.skip_no_signal``: a prompt whose last ``history`` outcomes are all in ``kinds`` is skip-eligible;
+    retried per :func:`retry_probability`."""
 
     history: int = 2
     base_retry: float = 0.1
     growth: float = 2.0
+    kinds: frozenset[str] = ZERO_VARIANCE_OUTCOMES  # the zero-variance outcomes that predict no signal
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,7 @@ class SignalHistory:
         """Skip this draw (a :class:`SkippedDraw`) or dispatch it (None)."""
         record = self.records.get(prompt_uid)
         k = self.settings.history
-        if record is None or len(record.outcomes) < k or "mixed" in record.outcomes[-k:]:
+        if record is None or len(record.outcomes) < k or not self.settings.kinds.issuperset(record.outcomes[-k:]):
             return None
         p = retry_probability(record.skips, self.settings.base_retry, self.settings.growth)
         if draw_uniform(self.seed, prompt_uid, epoch) < p:

@@ -99,7 +99,7 @@ def build_training_loader(cfg: RunConfig, prompts: Sequence[Prompt]) -> PromptLo
     skip = cfg.data.skip_no_signal
     if not skip.enabled:
         return PromptLoader(prompts, seed=cfg.run.seed, shuffle=cfg.data.shuffle, max_epochs=cfg.run.max_epochs)
-    settings = SkipSettings(history=skip.history, base_retry=skip.base_retry, growth=skip.growth)
+    settings = SkipSettings(skip.history, skip.base_retry, skip.growth, frozenset(skip.kinds))
     return NoSignalSkippingLoader(
         prompts, cfg.run.seed, settings, cfg.grpo.group_filter(), shuffle=cfg.data.shuffle,
         max_epochs=cfg.run.max_epochs,
