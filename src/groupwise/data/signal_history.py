@@ -5,8 +5,8 @@ dynamic sampling it is filtered and its tokens thrown away. A prompt that gave s
 times it was generated is likely to give one again, so it is skipped before dispatch — with a probability of
 being tried again that grows each time it is skipped, so a prompt whose answer changes as the policy learns comes
 back. This is the selective-rollout idea for GRPO published in 2025 (GRESO, "Act Only When It Pays: Efficient
-Reinforcement Learning for LLM Reasoning via Selective Rollouts", Zheng et al.), with its exploration probability
-reduced to :func:`retry_probability`.
+Reinforcement Learning for LLM Reasoning via Selective Rollouts", Zheng et al., arXiv:2506.02177), with its
+exploration probability reduced to :func:`retry_probability`.
 
 Each generated group's outcome is classified by the run's own zero-variance rule, :meth:`GroupFilter.decide` (the
 filter dynamic sampling uses, on raw rewards with its tolerance): ``mixed`` (it has variance), or one of the
