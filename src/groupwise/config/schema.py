@@ -14,7 +14,8 @@ import groupwise.config.backend_rules
 import groupwise.config.episode_rules
 import groupwise.config.hazards
 import groupwise.config.loss_rules
-import groupwise.config.rules  # noqa: F401
+import groupwise.config.rules
+import groupwise.config.skip_rules  # noqa: F401
 from groupwise.algo.step_size import round_size
 from groupwise.config.algorithm import GrpoSection, LossSection, OptimizerSection
 from groupwise.config.async_schema import AsyncSection

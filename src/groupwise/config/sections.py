@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from groupwise.config.base import Section, invalid
+from groupwise.config.skip_schema import SkipNoSignalSection
 from groupwise.plugins import is_plugin_target
 
 BUILTIN_REWARD_FUNCTIONS = ("auto", "exact_numeric", "final_number", "countdown", "math_verify")
@@ -268,6 +269,8 @@ class DataSection(Section):
     """Settings of the JSONL prompt source."""
     shuffle: bool = True
     """Shuffle training prompts each epoch (seeded from ``run.seed``)."""
+    skip_no_signal: SkipNoSignalSection = Field(default_factory=SkipNoSignalSection)
+    """Skip prompts whose recent groups all had zero reward variance, before dispatch (off by default)."""
     system_prompt: str | None = None
     """System message prepended to chat prompts; ``null`` = none."""
     kwargs: dict[str, Any] = Field(default_factory=dict)

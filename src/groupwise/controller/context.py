@@ -20,6 +20,7 @@ from groupwise.controller.samplers import DropAccounting, Sampler
 from groupwise.controller.settings import ControllerSettings
 from groupwise.controller.spare_pool import SparePool
 from groupwise.controller.step_tally import StepTallyBook
+from groupwise.types import Group
 
 
 @dataclass
@@ -36,6 +37,8 @@ class PumpContext:
     budgets: FailureBudgets
     fates: FateCounts = field(default_factory=FateCounts)
     on_fate: Callable[[FateRecord], None] | None = None
+    # A loader that skips prompts with no signal learns each generated group's outcome (``SkipsNoSignal.observe``).
+    on_generated: Callable[[Group], None] | None = None
     generator_version: int = 0
     rollout_permitted: asyncio.Event = field(default_factory=asyncio.Event)
     progress: asyncio.Event = field(default_factory=asyncio.Event)

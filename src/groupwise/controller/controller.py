@@ -20,7 +20,7 @@ from groupwise.controller.clock import VersionClock
 from groupwise.controller.context import PumpContext
 from groupwise.controller.failures import FailureBudgets
 from groupwise.controller.fate_records import FateCounts, FateRecord
-from groupwise.controller.interfaces import PromptSource, RolloutClient, TrainerClient
+from groupwise.controller.interfaces import PromptSource, RolloutClient, SkipsNoSignal, TrainerClient
 from groupwise.controller.ledger import StepLedger, StepRecord
 from groupwise.controller.permits import Permits
 from groupwise.controller.rollout_pump import RolloutPump
@@ -237,6 +237,7 @@ def build_controller(
         capacity=Permits(settings.max_buffered_rollouts, "max_buffered_rollouts"),
         budgets=FailureBudgets(settings.failure),
         on_fate=on_fate,
+        on_generated=loader.observe if isinstance(loader, SkipsNoSignal) else None,
         generator_version=settings.start_step,
     )
     controller = Controller(ctx, loader, rollouts, trainer, on_step_end)

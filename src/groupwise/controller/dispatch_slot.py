@@ -251,6 +251,8 @@ class DispatchSlots:
         slot_id = attempt.group_id
         self._check_group(group, attempt)
         ctx.fates.generation.generated(group.num_completion_tokens, group.gen_seconds)
+        if ctx.on_generated is not None:
+            ctx.on_generated(group)
         group.target_step = target  # the controller's own stamp (the client knows nothing of steps)
         step, dropped = ctx.tally.record_generated(group)
         ctx.budgets.on_progress()

@@ -12,6 +12,11 @@ Each reserved slot (one attempt at one prompt; its id is the group id) gets exac
 * ``pending`` — still in flight or buffered when the run ended; with resolution ``requeued``: in flight at the
   checkpoint a run resumed from, so its prompt was dispatched again (a later attempt carries its fate).
 
+Not a slot's fate: ``skipped_no_signal`` — a draw the prompt source skipped before dispatch because the prompt's
+recent groups all had zero variance (``data.skip_no_signal``; ``detail`` gives that history). No slot was reserved,
+so ``group_id`` and ``start_version`` are None, nothing is charged, and it costs no generation. Distinct from the
+failure budget's skipped prompts (``async.rollout_failure.max_skipped_prompts``), which are ``failed`` attempts.
+
 The one record not tied to a slot: a prompt backing off after a ``failed``/``retried`` attempt when the run stops
 has no attempt running and no slot reserved; it gets ``pending`` with ``group_id`` and ``start_version`` None, so
 its last line settles it.
@@ -30,8 +35,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from groupwise.algo.waste import GenerationAccount
+from groupwise.data.signal_history import SkippedDraw
 
-Fate = Literal["trained", "filtered", "failed", "evicted", "aborted", "pending"]
+Fate = Literal["trained", "filtered", "failed", "evicted", "aborted", "pending", "skipped_no_signal"]
 Resolution = Literal["retried", "replaced", "charged", "uncharged", "fatal", "requeued"]
 TERMINAL_RESOLUTIONS = frozenset({"replaced", "charged", "uncharged", "fatal"})
 
@@ -63,6 +69,11 @@ class FateRecord:
             "epoch": self.epoch,
             "tokens": self.tokens,
         }
+
+
+def skipped_record(draw: SkippedDraw) -> FateRecord:
+    """The ``skipped_no_signal`` record of a draw skipped before dispatch (no slot, no attempt, no cost)."""
+    return FateRecord(None, draw.prompt_uid, 0, None, "skipped_no_signal", detail=draw.detail, epoch=draw.epoch)
 
 
 class FateCounts:

@@ -3,20 +3,24 @@
 Kept small on purpose: the embedded runtime implements them with the real generator, reward function and
 learner; the Ray runtime with actors; the simulator with simulated ones; the tests with scripted fakes
 (``tests/fakes``). What only some clients can do is an optional capability of its own (:class:`CancelledCost`,
-:class:`ResumableRollouts`, :class:`SelfTimedRollouts`): a client declares it by implementing it, and the
-controller and the loops ask for it by type (``isinstance``), never by probing for an attribute.
+:class:`ResumableRollouts`, :class:`SelfTimedRollouts`, and a prompt source's :class:`SkipsNoSignal`): a client
+declares it by implementing it, and the controller and the loops ask for it by type (``isinstance``), never by
+probing for an attribute.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from groupwise.chunks import TrainChunk
 from groupwise.types import GenerationCost, Group, LoaderItem
 
+if TYPE_CHECKING:
+    from groupwise.data.signal_history import SkippedDraw
+
 __all__ = ["CancelledCost", "LoaderItem", "PromptSource", "ResumableRollouts", "RolloutClient", "SelfTimedRollouts",
-           "TrainerClient"]
+           "SkipsNoSignal", "TrainerClient"]
 
 
 @runtime_checkable
@@ -31,6 +35,21 @@ class PromptSource(Protocol):
     def push_front(self, items: Sequence[LoaderItem]) -> None: ...
 
     def state_dict(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class SkipsNoSignal(Protocol):
+    """A prompt source that skips draws predicted to carry no signal before they are dispatched
+    (``groupwise.data.skipping_loader``): the loops tell it each generated group's outcome, and write a
+    ``skipped_no_signal`` fate for each draw it skipped, right after the ``take`` that skipped it."""
+
+    def observe(self, group: Group) -> None:
+        """Record a generated group's outcome in its prompt's history."""
+        ...
+
+    def drain_skipped(self) -> Sequence[SkippedDraw]:
+        """The draws skipped since the last call, in draw order."""
+        ...
 
 
 @runtime_checkable

@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 
 from groupwise.controller.context import PumpContext
 from groupwise.controller.dispatch_slot import DispatchSlots, SlotState
-from groupwise.controller.interfaces import LoaderItem, PromptSource, RolloutClient
+from groupwise.controller.fate_records import skipped_record
+from groupwise.controller.interfaces import LoaderItem, PromptSource, RolloutClient, SkipsNoSignal
 from groupwise.controller.permits import Permits
 from groupwise.controller.samplers.base import checked_step
 from groupwise.controller.workers import WorkerPool
@@ -111,7 +112,7 @@ class RolloutPump:
     async def _dispatch_loader(self) -> None:
         P = self.ctx.settings.prompts_per_step
         while True:
-            batch = self.loader.take(P)
+            batch = self._take(P)
             if not batch:
                 return
             if len(batch) < P:
@@ -176,9 +177,17 @@ class RolloutPump:
         replacements; without this, a step would close short (a charged loss) while the data lasts. A non-awaiting
         call on the controller's loop: atomic with the dispatch loop, so every prompt is in the loader, the pool,
         the batch at the gate or a slot, as a snapshot expects."""
-        batch = self.loader.take(self.ctx.settings.prompts_per_step)
+        batch = self._take(self.ctx.settings.prompts_per_step)
         if batch:
             self.ctx.spare_pool.add_batch(batch)
+
+    def _take(self, n: int) -> Sequence[LoaderItem]:
+        """The loader's next ``n`` prompts; the draws it skipped on the way get their fates now (no await)."""
+        batch = self.loader.take(n)
+        if isinstance(self.loader, SkipsNoSignal):
+            for draw in self.loader.drain_skipped():
+                self.ctx.record_fate(skipped_record(draw))
+        return batch
 
     def _on_slot_settled(self, error: BaseException | None) -> None:
         self.ctx.signal()

@@ -96,12 +96,19 @@ class PromptLoader:
         while len(taken) < n and self._front:
             taken.append(self._front.popleft())
         while len(taken) < n and not self.exhausted:
-            taken.append(self._item(self._epoch, self._position))
+            item = self._item(self._epoch, self._position)
             self._position += 1
             if self._position == len(self._prompts):
                 self._epoch += 1
                 self._position = 0
+            if self._admits(item):
+                taken.append(item)
         return taken
+
+    def _admits(self, item: LoadedPrompt) -> bool:
+        """Whether a fresh draw from the stream is yielded (always, here); a subclass may skip it before dispatch,
+        and then the draw is consumed. Prompts put back with :meth:`push_front` are never asked again."""
+        return True
 
     def push_front(self, items: Sequence[LoaderItem]) -> None:
         """Put ``items`` back so that the next take() yields them first, in the given order."""

@@ -12,7 +12,10 @@ file order (every attempt and group of that prompt in that epoch):
 * ``no fate`` — the last line is interim (:func:`groupwise.run.fates_file.is_interim`: a retry, a requeue at resume, a
   carry) and nothing follows it: the prompt was dispatched and then lost track of, a violation.
 
-``never dispatched`` counts the dataset's prompts with no line in an epoch that has lines. Fate lines naming a
+``skipped (no signal)`` counts prompts whose only lines in the epoch are ``skipped_no_signal``: the loader skipped
+their draw before dispatch (``data.skip_no_signal``), so they were neither trained nor lost, are not counted as
+dispatched, and are never a violation. ``never dispatched`` counts the dataset's prompts with no line in an epoch
+that has lines. Fate lines naming a
 prompt the dataset lacks, or one group id naming two prompts, are violations too (the file does not belong to
 this data). For a run that writes ``train_data``, :mod:`groupwise.run.train_data_audit` also checks the step files
 against the fates and every trained token against the sampler's staleness bound. The exit code is 0 when there is
@@ -34,11 +37,18 @@ if TYPE_CHECKING:
     from groupwise.config import RunConfig
 
 CATEGORIES = ("trained", "filtered", "charged", "evicted/aborted", "failed", "discarded", "pending", "no fate")
+SKIPPED_FATE = "skipped_no_signal"
+SKIPPED = "skipped (no signal)"  # the column of prompts skipped before dispatch: not dispatched, not lost
 _SHOWN = 10  # offending prompts listed per kind
 
 
 def prompt_outcome(lines: Sequence[dict[str, Any]]) -> tuple[str, int]:
-    """``(category, times trained)`` of one prompt in one epoch from its fate lines in file order."""
+    """``(category, times trained)`` of one prompt in one epoch from its fate lines in file order (``skipped`` for a
+    prompt whose draw was skipped before dispatch and which has no other line)."""
+    dispatched = [line for line in lines if line["fate"] != SKIPPED_FATE]
+    if not dispatched:
+        return SKIPPED, 0
+    lines = dispatched
     trained = sum(1 for line in lines if line["fate"] == "trained")
     if trained:
         return "trained", trained
@@ -59,6 +69,7 @@ class EpochAudit:
 
     epoch: int | None
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    skipped_no_signal: int = 0
     never_dispatched: int = 0
     trained_twice: list[str] = field(default_factory=list)
     no_fate: list[str] = field(default_factory=list)
@@ -95,10 +106,10 @@ class AuditReport:
 
     def format(self) -> str:
         """The human-readable report: a table per epoch, then every violation found."""
-        header: list[object] = ["epoch", "dispatched", *CATEGORIES, "never dispatched", "trained twice"]
+        header: list[object] = ["epoch", "dispatched", *CATEGORIES, SKIPPED, "never dispatched", "trained twice"]
         rows: list[list[object]] = [
-            [_epoch_name(e.epoch), e.dispatched, *(e.counts[c] for c in CATEGORIES), e.never_dispatched,
-             len(e.trained_twice)]
+            [_epoch_name(e.epoch), e.dispatched, *(e.counts[c] for c in CATEGORIES), e.skipped_no_signal,
+             e.never_dispatched, len(e.trained_twice)]
             for e in self.epochs
         ]  # fmt: skip
         widths = [max(len(str(x)) for x in column) for column in zip(*[header, *rows], strict=True)]
@@ -158,6 +169,9 @@ def audit_fates(lines: Sequence[dict[str, Any]], dataset_uids: Sequence[str], so
     for (epoch, uid), prompt_lines in by_prompt.items():
         audit = epochs.setdefault(epoch, EpochAudit(epoch))
         category, times = prompt_outcome(prompt_lines)
+        if category == SKIPPED:
+            audit.skipped_no_signal += 1
+            continue
         audit.counts[category] += 1
         if times > 1:
             audit.trained_twice.append(f"{uid} ({times}x)")

@@ -22,6 +22,10 @@ One line per decision, appended as it is made::
   was dispatched again, and a later attempt carries the prompt's fate. A prompt backing off after a
   ``failed``/``retried`` attempt when the run stopped gets a ``pending`` line with ``group_id`` and
   ``start_version`` null: no attempt was running and no group was reserved.
+* ``skipped_no_signal`` — never dispatched: the prompt's last groups all had zero variance, so the loader skipped
+  this draw (``data.skip_no_signal``); ``detail`` gives that history and the retry probability the draw missed,
+  ``group_id`` and ``start_version`` are null, ``attempt`` and ``tokens`` 0. Not the same as the prompts the
+  async failure budget skips (``async.rollout_failure.max_skipped_prompts``): those are ``failed`` lines.
 
 ``tokens`` is the attempt's completion tokens: what the generator spent on it (:mod:`groupwise.algo.waste`; 0 for
 an attempt still in flight when the run stopped). Every line of a group id carries the same count (a sync group
@@ -46,10 +50,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from groupwise.data.signal_history import SkippedDraw
 from groupwise.run.journal import append_line, open_run_file, read_json_lines
 from groupwise.types import Group
 
-FATES = ("trained", "filtered", "failed", "evicted", "aborted", "discarded", "carried", "pending")
+FATES = (
+    "trained", "filtered", "failed", "evicted", "aborted", "discarded", "carried", "pending", "skipped_no_signal",
+)  # fmt: skip
 FIELDS = (
     "group_id", "prompt_uid", "epoch", "attempt", "start_version", "fate", "step", "resolution", "detail", "mode",
 )  # fmt: skip
@@ -128,6 +135,17 @@ class FatesWriter:
                     "tokens": group.num_completion_tokens,
                 }
             )
+
+    def write_skipped(self, draws: Iterable[SkippedDraw]) -> None:
+        """Append a sync-mode ``skipped_no_signal`` line per draw the loader skipped (see the module docstring)."""
+        for draw in draws:
+            self.write(
+                {
+                    "group_id": None, "prompt_uid": draw.prompt_uid, "epoch": draw.epoch, "attempt": 0,
+                    "start_version": None, "fate": "skipped_no_signal", "step": None, "resolution": None,
+                    "detail": draw.detail, "mode": "sync", "tokens": 0,
+                }
+            )  # fmt: skip
 
     def offset(self, sync: bool = True) -> int:
         """The file's size in bytes: what a checkpoint records to roll back to. ``sync`` fsyncs the file first

@@ -109,6 +109,13 @@ METRIC_KEYS: tuple[str, ...] = (
     "waste/cumulative_gen_seconds",
     "waste/cumulative_generated_tokens",
     "waste/cumulative_fraction",
+    # prompts skipped before dispatch for carrying no signal (data.skip_no_signal)
+    "skip/prompts",
+    "skip/cumulative_prompts",
+    "skip/tokens_saved_est",
+    "skip/cumulative_tokens_saved_est",
+    "skip/retried",
+    "skip/retried_mixed_fraction",
     # supervised warm start (groupwise sft)
     "sft/loss",
 )

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from groupwise.data.loader import PromptLoader
+from groupwise.data.skipping_loader import build_training_loader
 from groupwise.model.lora import lora_config
 from groupwise.run.checkpoint import latest_checkpoint
 from groupwise.run.metrics import MetricsWriter
@@ -63,9 +63,7 @@ def build_ranked_session(
         ranks.close()
         raise
     writer = MetricsWriter(run_dir, trackers=config_trackers(cfg, run_dir.root))
-    loader = PromptLoader(
-        parts.task.train_prompts(), seed=cfg.run.seed, shuffle=cfg.data.shuffle, max_epochs=cfg.run.max_epochs
-    )
+    loader = build_training_loader(cfg, parts.task.train_prompts())
     session = RankedSession(
         cfg=cfg, run_dir=run_dir, policy=policy, engine=parts.engine, streaming=parts.streaming, learner=learner,
         rollouts=parts.rollouts, loader=loader, task=parts.task, reward_fn=parts.reward_fn, events=writer, ranks=ranks,

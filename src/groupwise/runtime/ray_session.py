@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from groupwise.config import ConfigError, ConfigIssue
-from groupwise.data.loader import PromptLoader
+from groupwise.data.skipping_loader import build_training_loader
 from groupwise.generation.base import StreamSupport
 from groupwise.model.lora import lora_config
 from groupwise.run.metrics import MetricsWriter
@@ -193,9 +193,7 @@ def _assemble(
     writer = MetricsWriter(run_dir, trackers=config_trackers(cfg, run_dir.root))
     pool.on_event = writer.event
     rollouts = RaySyncRollouts(pool, parts.rollouts)
-    loader = PromptLoader(
-        parts.task.train_prompts(), seed=cfg.run.seed, shuffle=cfg.data.shuffle, max_epochs=cfg.run.max_epochs
-    )
+    loader = build_training_loader(cfg, parts.task.train_prompts())
     session = RaySession(
         cfg=cfg,
         run_dir=run_dir,

@@ -13,10 +13,10 @@ import torch
 
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.config.issues import warning_line
-from groupwise.data.loader import PromptLoader
 from groupwise.data.registry import Task
 from groupwise.data.reward_timeout import with_timeout
 from groupwise.data.rewards import RewardFn
+from groupwise.data.skipping_loader import build_training_loader
 from groupwise.generation.base import Generator, StreamSupport
 from groupwise.generation.factory import (
     BackendPluginError,
@@ -321,9 +321,7 @@ def build_session(
     parts.policy.model = learner.model
     run_dir = RunDir.create(cfg.run.output_dir, cfg.run.name, cfg.to_yaml(), resume=resume or resume_from is not None)
     writer = MetricsWriter(run_dir, trackers=config_trackers(cfg, run_dir.root))
-    loader = PromptLoader(
-        parts.task.train_prompts(), seed=cfg.run.seed, shuffle=cfg.data.shuffle, max_epochs=cfg.run.max_epochs
-    )
+    loader = build_training_loader(cfg, parts.task.train_prompts())
     session = Session(
         cfg=cfg,
         run_dir=run_dir,

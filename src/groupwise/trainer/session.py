@@ -18,6 +18,7 @@ from groupwise.chunks import TrainChunk, step_rows
 from groupwise.data.loader import PromptLoader
 from groupwise.data.registry import Task
 from groupwise.data.rewards import RewardFn
+from groupwise.data.skipping_loader import NoSignalSkippingLoader
 from groupwise.episodes.metrics import episode_metrics
 from groupwise.generation.base import Generator, StreamSupport, VersionedWeights
 from groupwise.generation.factory import shutdown_generator
@@ -126,6 +127,8 @@ class Session:
         done = step + 1
         # Step N is the state after N optimizer steps (step 0 is the initial policy's evaluation).
         metrics = {**metrics, "step": done, "weight_version": self.learner.version}
+        if isinstance(self.loader, NoSignalSkippingLoader):  # data.skip_no_signal: the skip/* metrics
+            metrics.update(self.loader.step_metrics())
         metrics.update(episode_metrics([c.episode for chunk in chunks for g in chunk.groups for c in g.completions
                                         if c.episode is not None]))  # fmt: skip
         every = self.cfg.eval.every

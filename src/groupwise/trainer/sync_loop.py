@@ -18,6 +18,11 @@ unfiltered metric cannot be misaligned with what was trained. Every generated gr
 (trained, filtered, discarded or carried; pending when its step is never trained), written before the step hook
 runs (and so before the step's checkpoint), so a resume rolls the file back to exactly the checkpointed steps.
 
+With a prompt source that skips prompts predicted to carry no signal (``SkipsNoSignal``: ``data.skip_no_signal``),
+a round still holds ``round_size`` prompts: the source drew more in their place. Each skipped draw gets its
+``skipped_no_signal`` line right after the take, and every generated group's outcome goes back to the source
+when its round returns (before the filter, so filtered groups count too).
+
 Generation cost (:mod:`groupwise.algo.waste`): a round is one generator call, so each group of a round is
 attributed the round's seconds pro rata by completion tokens (they add up to ``perf/gen_seconds``), unless the
 rollout client attributes them itself (a ``SelfTimedRollouts``: the simulator, whose engine has no calls).
@@ -38,13 +43,14 @@ from groupwise.algo.step_size import round_size
 from groupwise.algo.tally import StepTally
 from groupwise.algo.waste import SYNC_WASTE_FATES, GenerationAccount, split_call_seconds
 from groupwise.chunks import TrainChunk, step_chunk
-from groupwise.controller.interfaces import SelfTimedRollouts  # the shared protocols; never the controller itself
+from groupwise.controller.interfaces import SelfTimedRollouts, SkipsNoSignal  # shared protocols, not the controller
 from groupwise.run.fates_file import write_sync_step_fates, write_untrained_step_fates
 from groupwise.types import Group, group_from_dict, group_to_dict
 
 if TYPE_CHECKING:
     from groupwise.config import GrpoSection
     from groupwise.controller.interfaces import LoaderItem, PromptSource, RolloutClient, TrainerClient
+    from groupwise.data.signal_history import SkippedDraw
     from groupwise.run.fates_file import FatesWriter
 
 DATA_RAN_OUT = "the data ran out (max_epochs) before the step filled"
@@ -139,6 +145,7 @@ class SyncLoop:
         self.on_step_end = on_step_end
         self.fates = fates
         self._lines = SettlingFates(fates, state)
+        self._skipping = loader if isinstance(loader, SkipsNoSignal) else None
         ds = grpo.dynamic_sampling
         self.round_size = round_size(grpo.num_prompts_per_step, ds.batch_multiplier, ds.enabled)
 
@@ -194,6 +201,8 @@ class SyncLoop:
         # Not `while True`: groups carried in from the previous step may already fill this one (no round needed).
         while accumulator.can_generate_more:
             items = self.loader.take(self.round_size)
+            if self._skipping is not None:
+                self._lines.write_skipped(self._skipping.drain_skipped())
             if not items:
                 # Carried groups get their pending line from record_carried_at_end, after the last checkpoint.
                 write_untrained_step_fates(self._lines, step, generated, accumulator.filtered, DATA_RAN_OUT)
@@ -206,6 +215,9 @@ class SyncLoop:
                 write_untrained_step_fates(self._lines, step, generated, accumulator.filtered, reason)
                 raise
             round_seconds = clock() - started
+            if self._skipping is not None:
+                for group in groups:
+                    self._skipping.observe(group)
             gen_seconds += round_seconds
             self._count_generated(groups, round_seconds)
             gen_tokens += sum(g.num_completion_tokens for g in groups)
@@ -266,6 +278,11 @@ class SettlingFates:
             self.state.generation.settled(fate, group.num_completion_tokens, group.gen_seconds)
         if self.fates is not None:
             self.fates.write_groups(groups, fate, step, detail)
+
+    def write_skipped(self, draws: Sequence[SkippedDraw]) -> None:
+        """``skipped_no_signal`` lines for draws skipped before dispatch (nothing generated, nothing to settle)."""
+        if self.fates is not None and draws:
+            self.fates.write_skipped(draws)
 
 
 def record_carried_at_end(fates: FatesWriter | None, state: TrainerState) -> None:
