@@ -144,3 +144,20 @@ def test_a_plan_compresses_the_run_into_its_simulated_steps(tmp_path):
     assert point.sim.learning_rate_groups == pytest.approx(50.0)
     data["sim"]["plan"]["steps"] = None
     assert point_config(config_from_dict(data), PlanPoint("sync", 4, 4)).run.max_steps == 1000
+
+
+def test_the_screen_passes_the_fastest_on_and_ranks_like_the_full_grid(tmp_path):
+    data = plan_data(tmp_path, steps=6, screen_steps=2, finalists=2)
+    data["run"]["max_steps"] = 6
+    screened = run_plan(config_from_dict(data))
+    data["sim"]["plan"]["screen_steps"] = None
+    full = run_plan(config_from_dict(data))
+    final = [r for r in screened if not r.screened]
+    assert len(screened) == len(full) == 9 and len(final) == 3 and final[0].point.mode == "sync"
+    assert all(r.steps == 2 for r in screened if r.screened) and all(r.steps == 6 for r in final)
+    by_point = {r.point: r for r in full}
+    for r in final:  # a finalist's row is the full grid's row
+        assert (r.step_seconds, r.speedup) == (by_point[r.point].step_seconds, by_point[r.point].speedup)
+    (best,) = [r for r in screened if r.best]
+    (full_best,) = [r for r in full if r.best]
+    assert best.point == full_best.point and not any(r.best for r in screened if r.screened)

@@ -52,11 +52,15 @@ def run_plan(args: argparse.Namespace) -> int:
     from groupwise.sim.plan_plot import plot_plan
 
     points = plan_points(cfg)
-    steps = cfg.sim.plan.steps if cfg.sim.plan is not None else default_plan().steps
+    grid = cfg.sim.plan or default_plan()
+    steps = grid.steps
     simulated = cfg.run.max_steps if steps is None or cfg.run.max_steps is None else min(steps, cfg.run.max_steps)
-    print(f"groupwise plan: {len(points)} settings × {simulated} simulated steps (standing for run.max_steps = "
-          f"{cfg.run.max_steps}) of {cfg.grpo.num_prompts_per_step} × {cfg.grpo.num_generations_per_prompt}",
-          file=sys.stderr)  # fmt: skip
+    screen = "" if grid.screen_steps is None else (
+        f"screened for {grid.screen_steps} steps each, then the sync and the {grid.finalists} fastest async "
+        f"settings for ")
+    print(f"groupwise plan: {len(points)} settings, {screen}{simulated} simulated steps (standing for "
+          f"run.max_steps = {cfg.run.max_steps}) of {cfg.grpo.num_prompts_per_step} × "
+          f"{cfg.grpo.num_generations_per_prompt}", file=sys.stderr)  # fmt: skip
     start = time.process_time()
     rows = run_plan(cfg, jobs=args.jobs,
                     on_row=lambda row: print(f"  done: {row.point.label}", file=sys.stderr, flush=True))  # fmt: skip

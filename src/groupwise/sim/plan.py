@@ -29,7 +29,7 @@ import math
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from groupwise.config import ConfigError, ConfigIssue, config_from_dict
 from groupwise.config.job_schema import default_plan
@@ -82,6 +82,7 @@ class PlanRow:
     run_hours: float | None = None  # time per step × run.max_steps
     error: str | None = None
     best: bool = False
+    screened: bool = False  # simulated for sim.plan.screen_steps only: not a finalist
     summary: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
@@ -120,13 +121,15 @@ def split_gpus(total: int, fraction: float, tensor_parallel: int) -> tuple[int, 
     return replicas * tensor_parallel, total - replicas * tensor_parallel
 
 
-def point_config(cfg: RunConfig, point: PlanPoint) -> RunConfig:
-    """The job's config at ``point`` (see the module docstring), validated."""
+def point_config(cfg: RunConfig, point: PlanPoint, steps: int | None | Literal["plan"] = "plan") -> RunConfig:
+    """The job's config at ``point`` (see the module docstring) simulated for ``steps`` steps (``"plan"``:
+    ``sim.plan.steps``; ``None``: every step), validated."""
     data = cfg.model_dump(mode="json", by_alias=True)
     data["mode"] = point.mode
     sim = data["sim"]
     sim["write_fates"] = False
-    steps = (cfg.sim.plan or default_plan()).steps
+    if steps == "plan":
+        steps = (cfg.sim.plan or default_plan()).steps
     if steps is not None and cfg.run.max_steps is not None and steps < cfg.run.max_steps:
         scale = steps / cfg.run.max_steps  # the run in fewer steps: what moves by version moves faster
         data["run"]["max_steps"] = steps
@@ -176,9 +179,9 @@ def simulate_point(cfg: RunConfig) -> tuple[SimRun, dict[str, Any]]:
     return run, summarize(run, {"mode": cfg.mode}, None)
 
 
-def point_row(cfg: RunConfig, point: PlanPoint) -> PlanRow:
-    """Simulate ``point`` of ``cfg`` and read its row."""
-    run, summary = simulate_point(point_config(cfg, point))
+def point_row(cfg: RunConfig, point: PlanPoint, steps: int | None | Literal["plan"] = "plan") -> PlanRow:
+    """Simulate ``point`` of ``cfg`` for ``steps`` steps (as :func:`point_config`) and read its row."""
+    run, summary = simulate_point(point_config(cfg, point, steps))
     row = PlanRow(point, steps=run.steps_trained, summary=summary, error=summary["error"])
     wall = run.wall_seconds
     if run.steps_trained and wall > 0:
@@ -191,16 +194,47 @@ def point_row(cfg: RunConfig, point: PlanPoint) -> PlanRow:
     return row
 
 
-def _row_of(args: tuple[dict[str, Any], PlanPoint]) -> PlanRow:
-    data, point = args
-    return point_row(config_from_dict(data), point)
+def _row_of(args: tuple[dict[str, Any], PlanPoint, int | None]) -> PlanRow:
+    data, point, steps = args
+    return point_row(config_from_dict(data), point, steps)
+
+
+def simulate_rows(cfg: RunConfig, points: list[PlanPoint], steps: int | None, jobs: int = 1,
+                  on_row: Callable[[PlanRow], None] | None = None) -> list[PlanRow]:
+    """Each point simulated for ``steps`` steps (``jobs`` processes), rows in the points' order."""
+    rows: list[PlanRow] = []
+    if jobs <= 1:
+        rows_made: Iterable[PlanRow] = (point_row(cfg, point, steps) for point in points)
+        for row in rows_made:
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+        return rows
+    data = cfg.model_dump(mode="json", by_alias=True)
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for row in pool.map(_row_of, [(data, point, steps) for point in points]):
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+    return rows
+
+
+def finalists(screened: list[PlanRow], count: int) -> list[PlanPoint]:
+    """The points the screen passes on: the sync point and the ``count`` async points with the highest speed-up
+    (ties: fewer wasted tokens), in grid order; the rows' speed-ups must be marked."""
+    ranked = sorted((r for r in screened if r.point.mode == "async" and r.speedup is not None),
+                    key=lambda r: (-(r.speedup or 0.0), r.waste_fraction or 0.0))  # fmt: skip
+    chosen = {r.point for r in ranked[:count]} | {r.point for r in screened if r.point.mode == "sync"}
+    return [r.point for r in screened if r.point in chosen]
 
 
 def run_plan(cfg: RunConfig, jobs: int = 1, on_row: Callable[[PlanRow], None] | None = None) -> list[PlanRow]:
-    """Simulate every point of the grid (``jobs`` processes) and mark the best; rows in grid order.
+    """Simulate the grid (``jobs`` processes) and mark the best; rows in grid order.
 
-    Every point's config is validated before anything is simulated, so a grid with a bad point fails at once
-    with every problem."""
+    With ``sim.plan.screen_steps`` below ``steps`` every point is first simulated for ``screen_steps`` and only
+    the :func:`finalists` again for ``steps``: a screened row keeps its short run's figures (``screened``) and is
+    never starred. Every point's config is validated before anything is simulated, so a grid with a bad point
+    fails at once with every problem."""
     issues = check_job(cfg)
     if issues:
         raise ConfigError(issues)
@@ -214,28 +248,30 @@ def run_plan(cfg: RunConfig, jobs: int = 1, on_row: Callable[[PlanRow], None] | 
                             for i in exc.errors)  # fmt: skip
     if problems:
         raise ConfigError(problems)
-    rows: list[PlanRow] = []
-    if jobs <= 1:
-        for point in points:
-            rows.append(point_row(cfg, point))
-            if on_row is not None:
-                on_row(rows[-1])
-    else:
-        data = cfg.model_dump(mode="json", by_alias=True)
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for row in pool.map(_row_of, [(data, point) for point in points]):
-                rows.append(row)
-                if on_row is not None:
-                    on_row(row)
+    grid = cfg.sim.plan or default_plan()
+    full = grid.steps if grid.steps is None or cfg.run.max_steps is None else min(grid.steps, cfg.run.max_steps)
+    screen = grid.screen_steps
+    if screen is None or (full is not None and screen >= full) or len(points) <= grid.finalists + 1:
+        rows = simulate_rows(cfg, points, full, jobs, on_row)
+        mark(rows)
+        return rows
+    rows = simulate_rows(cfg, points, screen, jobs, on_row)
+    mark(rows)
+    final = finalists(rows, grid.finalists)
+    for row in rows:
+        row.screened, row.best = True, False  # their speed-ups stay over the screened sync row
+    refined = dict(zip(final, simulate_rows(cfg, final, full, jobs, on_row), strict=True))
+    rows = [refined.get(row.point, row) for row in rows]
     mark(rows)
     return rows
 
 
 def mark(rows: Iterable[PlanRow]) -> None:
     """Speed-ups over the sync row (the first row if there is none) — trained tokens per second ÷ its, which is
-    its time per step ÷ theirs when every step trains the same tokens — and the best row: the fastest."""
+    its time per step ÷ theirs when every step trains the same tokens — and the best row: the fastest. Screened
+    rows are left as they are."""
     rows = list(rows)
-    done = [r for r in rows if r.trained_tokens_per_s and r.error is None]
+    done = [r for r in rows if r.trained_tokens_per_s and r.error is None and not r.screened]
     if not done:
         return
     base = next((r for r in done if r.point.mode == "sync"), done[0])
@@ -246,25 +282,27 @@ def mark(rows: Iterable[PlanRow]) -> None:
 
 
 TABLE_HEADER = (
-    "| setting | s/step | run h | trained tok/s | speed-up | generator busy | staleness p99 / max | wasted tokens |",
-    "|---|---:|---:|---:|---:|---:|---:|---:|",
+    "| setting | simulated steps | s/step | run h | trained tok/s | speed-up | generator busy | staleness p99 / max "
+    "| wasted tokens |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
 )
 
 
 def format_table(rows: Iterable[PlanRow]) -> str:
-    """The rows as a markdown table, the best one in bold with a ★."""
+    """The rows as a markdown table, the best one in bold with a ★; a screened row's steps say "(screen)"."""
     lines = list(TABLE_HEADER)
     for r in rows:
         if r.step_seconds is None:
-            lines.append(f"| {r.point.label} | — | — | — | — | — | — | failed: {r.error} |")
+            lines.append(f"| {r.point.label} | {r.steps} | — | — | — | — | — | — | failed: {r.error} |")
             continue
         label = f"**★ {r.point.label}**" if r.best else r.point.label
         util = "—" if r.generator_utilisation is None else f"{r.generator_utilisation:.0%}"
         waste = "—" if r.waste_fraction is None else f"{r.waste_fraction:.1%}"
         note = "" if r.error is None else f" (stopped: {r.error})"
+        steps = f"{r.steps} (screen)" if r.screened else str(r.steps)
         lines.append(
-            f"| {label}{note} | {r.step_seconds:,.1f} | {r.run_hours or 0:,.1f} | {r.trained_tokens_per_s or 0:,.0f} | "
-            f"{r.speedup or 0:.2f}× | "
+            f"| {label}{note} | {steps} | {r.step_seconds:,.1f} | {r.run_hours or 0:,.1f} | "
+            f"{r.trained_tokens_per_s or 0:,.0f} | {r.speedup or 0:.2f}× | "
             f"{util} | {r.staleness_p99} / {r.staleness_max} | {waste} |"
         )
     return "\n".join(lines)
