@@ -12,7 +12,11 @@ Invariants pinned:
 - ``sim.job.lengths.max_tokens`` below the median completion length (or the drifted final median) is refused with
   exit 2 naming it, before anything is simulated; one below the prompt length alone is a warning (a long prompt may
   have a short answer) that says the cap is the completion's, not the sequence's;
-- the shipped plans (examples/plan) load and have the grid their comments describe.
+- the shipped plans (examples/plan) load and have the grid their comments describe;
+- ``config check`` accepts and refuses the same job configs as ``plan`` (the shipped plans, a job with partial
+  rollouts, a completion cap below the median), since a job config's model, task and reward are never loaded;
+- the screen (``sim.plan.screen_steps``) passes the sync and the fastest async points on; a finalist's row is the
+  full grid's row and the best point is the full grid's.
 """
 
 from __future__ import annotations
@@ -161,3 +165,28 @@ def test_the_screen_passes_the_fastest_on_and_ranks_like_the_full_grid(tmp_path)
     (best,) = [r for r in screened if r.best]
     (full_best,) = [r for r in full if r.best]
     assert best.point == full_best.point and not any(r.best for r in screened if r.screened)
+
+
+@pytest.mark.parametrize("name", ["math_7b_32.yaml", "math_7b_128.yaml", "qwen_1p5b_8.yaml"])
+def test_config_check_accepts_the_shipped_plans(name, capsys):
+    assert main(["config", "check", str(ROOT / "examples" / "plan" / name)]) == 0
+    assert "checked as groupwise plan checks it" in capsys.readouterr().out
+
+
+def test_config_check_and_plan_accept_and_refuse_the_same_jobs(tmp_path, capsys):
+    data = plan_data(tmp_path)
+    data["async"]["partial_rollouts"] = "continue"  # no continuous batching: a simulation needs none
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(data))
+    assert main(["config", "check", str(path)]) == 0
+    run_plan(load_config(path))
+    data["sim"]["job"] = {**JOB, "lengths": {**JOB["lengths"], "max_tokens": 150}}
+    data["sim"]["num_prompts"] = 4
+    path.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["config", "check", str(path)]) == 2
+    checked = capsys.readouterr().err
+    assert main(["plan", str(path), "--out", str(tmp_path / "out")]) == 2
+    planned = capsys.readouterr().err
+    for err in (checked, planned):
+        assert "sim.job.lengths.max_tokens" in err and "raise sim.num_prompts (now 4)" in err

@@ -10,7 +10,9 @@ Invariants pinned:
 - completion lengths have the configured median, drift with the weight version and are truncated at the maximum;
 - a replica batches continuously: a sequence waits for a free slot, starts when one frees, and each finishes at the
   time the per-step integral gives; a full KV cache preempts the latest sequence, which still finishes;
-- a cancelled group reports the tokens its completions had made.
+- a cancelled group reports the tokens its completions had made;
+- a weight sync with ``partial_rollout_kv: recompute`` holds a replica ``(2·A·Σc + 2·ℓ·h·Σc²) / (TP·F·μ)`` longer
+  than with ``keep`` (a prefill of every running sequence's whole context, the charge the config key documents).
 """
 
 from __future__ import annotations
@@ -143,3 +145,28 @@ def test_a_cancelled_group_reports_the_tokens_it_had_made():
     prefill = job_model.prefill_seconds(100, 0, costs)
     made = 2 * step_time.steps_within(0.5 - prefill, 2, 200, costs)
     assert out["made"] == pytest.approx(made, rel=1e-9) and 0 < out["made"] < 2000
+
+
+def _finish_after_sync(reprefill: bool, at: float = 0.5, sync_s: float = 1.0) -> tuple[JobCosts, float]:
+    costs = JobCosts.from_job(job())
+    out: dict = {}
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        engine = JobEngine(costs, poll_s=1e-9, track_versions=False, finish_quantum=0.0)
+        ticket = engine.submit([1000, 1000], loop.time())
+        await asyncio.sleep(at)
+        engine.pause(loop.time(), sync_s, None, reprefill=reprefill)
+        out["done"] = await ticket.future
+
+    run_in_virtual_time(main, 1e9)
+    return costs, out["done"]
+
+
+def test_a_sync_with_kv_recompute_charges_a_prefill_of_every_running_context():
+    costs, keep = _finish_after_sync(reprefill=False)
+    _, recompute = _finish_after_sync(reprefill=True)
+    steps = step_time.steps_within(0.5 - job_model.prefill_seconds(100, 0, costs), 2, 200, costs)
+    context = 100 + steps  # each of the two sequences: its prompt and the tokens made by the sync
+    prefill = (2 * costs.active_params * 2 * context + 2 * costs.layers * costs.hidden * 2 * context**2)
+    assert recompute - keep == pytest.approx(prefill / costs.replica_flops, rel=1e-6)

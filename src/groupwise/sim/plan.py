@@ -38,6 +38,7 @@ from groupwise.sim.job_checks import check_job
 from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
 from groupwise.sim.summary import summarize
 from groupwise.sim.workload import SimWorkload
+from groupwise.trainer.preflight import prompt_count_issues
 
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
@@ -228,6 +229,34 @@ def finalists(screened: list[PlanRow], count: int) -> list[PlanPoint]:
     return [r.point for r in screened if r.point in chosen]
 
 
+def plan_issues(cfg: RunConfig) -> list[ConfigIssue]:
+    """Everything ``groupwise plan`` (and ``groupwise config check`` on a config with ``sim.job``) refuses, every
+    problem at once: the job's own checks, a step taking more prompts than ``sim.num_prompts`` holds, and each point
+    of the grid that does not validate (named with its setting)."""
+    issues = check_job(cfg)
+    if cfg.sim.job is None:
+        return issues or plan_points_issues(cfg)
+    job_ok = not issues  # a point of a refused job would repeat the job's issues
+    more = f"raise sim.num_prompts (now {cfg.sim.num_prompts})"
+    issues.extend(prompt_count_issues(cfg, cfg.sim.num_prompts, more))
+    for point in plan_points(cfg) if job_ok else []:
+        try:
+            point_config(cfg, point)
+        except ConfigError as exc:
+            issues.extend(ConfigIssue(i.path, i.value, f"at plan point '{point.label}': {i.rule}", i.fix)
+                          for i in exc.errors)  # fmt: skip
+    return issues
+
+
+def plan_points_issues(cfg: RunConfig) -> list[ConfigIssue]:
+    """The issue :func:`plan_points` raises (no ``sim.job``), as a list."""
+    try:
+        plan_points(cfg)
+    except ConfigError as exc:
+        return list(exc.errors)
+    return []
+
+
 def run_plan(cfg: RunConfig, jobs: int = 1, on_row: Callable[[PlanRow], None] | None = None) -> list[PlanRow]:
     """Simulate the grid (``jobs`` processes) and mark the best; rows in grid order.
 
@@ -235,19 +264,10 @@ def run_plan(cfg: RunConfig, jobs: int = 1, on_row: Callable[[PlanRow], None] | 
     the :func:`finalists` again for ``steps``: a screened row keeps its short run's figures (``screened``) and is
     never starred. Every point's config is validated before anything is simulated, so a grid with a bad point
     fails at once with every problem."""
-    issues = check_job(cfg)
-    if issues:
-        raise ConfigError(issues)
-    points = plan_points(cfg)
-    problems: list[ConfigIssue] = []
-    for point in points:
-        try:
-            point_config(cfg, point)
-        except ConfigError as exc:
-            problems.extend(ConfigIssue(i.path, i.value, f"at plan point '{point.label}': {i.rule}", i.fix)
-                            for i in exc.errors)  # fmt: skip
+    problems = plan_issues(cfg)
     if problems:
         raise ConfigError(problems)
+    points = plan_points(cfg)
     grid = cfg.sim.plan or default_plan()
     full = grid.steps if grid.steps is None or cfg.run.max_steps is None else min(grid.steps, cfg.run.max_steps)
     screen = grid.screen_steps
