@@ -28,7 +28,7 @@ import pytest
 
 from groupwise.cli.main import main
 from groupwise.config import ConfigError, config_from_dict, load_config
-from groupwise.sim.plan import PlanPoint, plan_points, point_config, run_plan, split_gpus
+from groupwise.sim.plan import PlanPoint, mark, plan_points, point_config, run_plan, split_gpus
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = {
@@ -73,12 +73,15 @@ def test_the_table_ranks_the_points_and_does_not_depend_on_jobs(tmp_path):
     rows = run_plan(cfg)
     assert len(rows) == 3 and all(r.error is None and r.steps == 4 for r in rows)
     assert rows[0].point.mode == "sync" and rows[0].speedup == pytest.approx(1.0)
-    best = [r for r in rows if r.best]
-    assert len(best) == 1 and best[0].speedup == max(r.speedup for r in rows)
+    best = [r for r in rows if r.best]  # a star only when one mode beats the other by more than the band
+    assert len(best) <= 1 and all(b.speedup == max(r.speedup for r in rows) for b in best)
     for r in rows:
         assert r.step_seconds > 0 and 0 < r.generator_utilisation <= 1 and r.trained_tokens_per_s > 0
     parallel = run_plan(cfg, jobs=2)
     assert [(r.step_seconds, r.best) for r in parallel] == [(r.step_seconds, r.best) for r in rows]
+    mark(rows, band=0.0)
+    (best,) = [r for r in rows if r.best]
+    assert best.speedup == max(r.speedup for r in rows)
 
 
 def test_the_cli_writes_the_table_json_and_plot(tmp_path, capsys):
@@ -87,12 +90,15 @@ def test_the_cli_writes_the_table_json_and_plot(tmp_path, capsys):
                                          partial_rollouts=["continue"])))  # fmt: skip
     out = tmp_path / "out"
     assert main(["plan", str(path), "--out", str(out)]) == 0
-    table = capsys.readouterr().out
-    lines = table.strip().splitlines()
-    assert len(lines) == 4 and lines[1].startswith("|---") and "★" in lines[3]  # header, rule, two rows
+    table, notes = capsys.readouterr().out.strip().split("\n\n")
+    lines = table.splitlines()
+    assert len(lines) == 4 and lines[1].startswith("|---")  # header, rule, two rows
+    assert notes.startswith("Verdict: ") and "Lengths: assumed" in notes and "the GPU H100 is outside" in notes
     rows = json.loads((out / "plan.json").read_text())
-    assert [r["mode"] for r in rows] == ["sync", "async"] and sum(r["best"] for r in rows) == 1
-    assert (out / "plan.md").read_text().count("★") == 1 and (out / "plan.png").stat().st_size > 0
+    stars = sum(r["best"] for r in rows)
+    assert [r["mode"] for r in rows] == ["sync", "async"] and stars <= 1
+    assert (out / "plan.md").read_text().count("★") == stars and (out / "plan.png").stat().st_size > 0
+    assert notes in (out / "plan.md").read_text().replace("\n\n", "\n")
 
 
 def test_a_plan_needs_a_job(tmp_path, capsys):
@@ -162,9 +168,9 @@ def test_the_screen_passes_the_fastest_on_and_ranks_like_the_full_grid(tmp_path)
     by_point = {r.point: r for r in full}
     for r in final:  # a finalist's row is the full grid's row
         assert (r.step_seconds, r.speedup) == (by_point[r.point].step_seconds, by_point[r.point].speedup)
-    (best,) = [r for r in screened if r.best]
-    (full_best,) = [r for r in full if r.best]
-    assert best.point == full_best.point and not any(r.best for r in screened if r.screened)
+    fastest = max(final, key=lambda r: r.speedup).point
+    assert fastest == max(full, key=lambda r: r.speedup).point and fastest.mode == "async"
+    assert [r.best for r in screened] == [r.best for r in full]  # the same star (or none)
 
 
 @pytest.mark.parametrize("name", ["math_7b_32.yaml", "math_7b_128.yaml", "qwen_1p5b_8.yaml"])

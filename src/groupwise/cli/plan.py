@@ -12,10 +12,15 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from groupwise.cli.commands import print_config_warnings
 from groupwise.config import load_config
 from groupwise.config.job_schema import default_plan
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
+    from groupwise.sim.plan import PlanRow
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -48,8 +53,8 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         print(f"groupwise plan: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
         return EXIT_USAGE
-    from groupwise.sim.plan import format_table, plan_points, rows_json, run_plan
-    from groupwise.sim.plan_plot import plot_plan
+    from groupwise.sim.plan import CALIBRATION_BAND, format_table, plan_points, run_plan
+    from groupwise.sim.plan_verdict import plan_notes
 
     points = plan_points(cfg)
     grid = cfg.sim.plan or default_plan()
@@ -64,18 +69,30 @@ def run_plan(args: argparse.Namespace) -> int:
     start = time.process_time()
     rows = run_plan(cfg, jobs=args.jobs,
                     on_row=lambda row: print(f"  done: {row.point.label}", file=sys.stderr, flush=True))  # fmt: skip
-    table = format_table(rows)
-    print(table)
+    notes = plan_notes(cfg.sim.job, rows, CALIBRATION_BAND, None) if cfg.sim.job is not None else []
+    print(format_table(rows) + "\n\n" + "\n".join(notes))
     name = cfg.run.name or Path(args.file).stem
     out = args.out if args.out is not None else Path(cfg.run.output_dir) / f"{name}-plan"
+    written = write_plan(out, args.file, cfg, rows, notes, f"{name}: speed-up over sync")
+    print(f"written: {', '.join(str(p) for p in written)} ({time.process_time() - start:.0f} s of CPU in this "
+          "process)", file=sys.stderr)  # fmt: skip
+    return EXIT_OK
+
+
+def write_plan(out: Path, source: str, cfg: RunConfig, rows: list[PlanRow], notes: list[str], title: str) -> list[Path]:
+    """Write ``plan.md`` (the table, then the notes), ``plan.json`` (one entry per row) and ``plan.png`` to
+    ``out``; the paths written."""
+    from groupwise.sim.plan import format_table, rows_json
+    from groupwise.sim.plan_plot import plot_plan
+
     out.mkdir(parents=True, exist_ok=True)
     job = cfg.sim.job
     constants = ", ".join(f"{k} = {v}" for k, v in job.efficiency.model_dump().items()) if job is not None else ""
-    (out / "plan.md").write_text(f"# Plan: {args.file}\n\n{simulated} simulated steps per setting standing for "
-                                 f"{cfg.run.max_steps}; fitted constants: {constants}.\n\n{table}\n",
+    steps = {r.steps for r in rows if not r.screened}
+    (out / "plan.md").write_text(f"# Plan: {source}\n\n{', '.join(map(str, sorted(steps)))} simulated steps per "
+                                 f"finalist standing for {cfg.run.max_steps}; fitted constants: {constants}.\n\n"
+                                 f"{format_table(rows)}\n\n" + "\n\n".join(notes) + "\n",
                                  encoding="utf-8")  # fmt: skip
     (out / "plan.json").write_text(json.dumps(rows_json(rows), indent=2) + "\n", encoding="utf-8")
-    plot = plot_plan(rows, out / "plan.png", f"{name}: speed-up over sync")
-    written = ", ".join(str(p) for p in (out / "plan.md", out / "plan.json", plot) if p is not None)
-    print(f"written: {written} ({time.process_time() - start:.0f} s of CPU in this process)", file=sys.stderr)
-    return EXIT_OK
+    plot = plot_plan(rows, out / "plan.png", title)
+    return [p for p in (out / "plan.md", out / "plan.json", plot) if p is not None]

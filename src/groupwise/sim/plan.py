@@ -35,6 +35,7 @@ from groupwise.config import ConfigError, ConfigIssue, config_from_dict
 from groupwise.config.job_schema import default_plan
 from groupwise.controller.settings import ControllerSettings
 from groupwise.sim.job_checks import check_job
+from groupwise.sim.plan_verdict import VERL_H20, error_band, star
 from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
 from groupwise.sim.summary import summarize
 from groupwise.sim.workload import SimWorkload
@@ -43,6 +44,8 @@ from groupwise.trainer.preflight import prompt_count_issues
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
 
+#: The error band of every plan's speed-ups (:mod:`groupwise.sim.plan_verdict`).
+CALIBRATION_BAND = error_band(VERL_H20.speedup_log_errors)
 WINDOW_KNOB = {"in_order": "max_lookahead_versions", "ready_first": "max_staleness_versions",
                "windowed": "max_staleness_versions"}  # fmt: skip
 
@@ -57,6 +60,15 @@ class PlanPoint:
     sampler: str | None = None
     window: int | None = None
     partial_rollouts: str | None = None
+
+    @property
+    def verdict_name(self) -> str:
+        """The setting in a verdict sentence: ``async ready_first, staleness 2, partial continue, split 24:8``."""
+        if self.mode == "sync":
+            return f"sync, colocated on {self.rollout_gpus} GPUs"
+        knob = "lookahead" if self.sampler == "in_order" else "staleness"
+        return (f"async {self.sampler}, {knob} {self.window}, partial {self.partial_rollouts}, split "
+                f"{self.rollout_gpus}:{self.train_gpus}")  # fmt: skip
 
     @property
     def label(self) -> str:
@@ -286,10 +298,11 @@ def run_plan(cfg: RunConfig, jobs: int = 1, on_row: Callable[[PlanRow], None] | 
     return rows
 
 
-def mark(rows: Iterable[PlanRow]) -> None:
+def mark(rows: Iterable[PlanRow], band: float = CALIBRATION_BAND) -> None:
     """Speed-ups over the sync row (the first row if there is none) — trained tokens per second ÷ its, which is
-    its time per step ÷ theirs when every step trains the same tokens — and the best row: the fastest. Screened
-    rows are left as they are."""
+    its time per step ÷ theirs when every step trains the same tokens — and the best row, the one
+    :func:`~groupwise.sim.plan_verdict.star` recommends given the error ``band`` (none when sync and async are
+    within it). Screened rows are left as they are."""
     rows = list(rows)
     done = [r for r in rows if r.trained_tokens_per_s and r.error is None and not r.screened]
     if not done:
@@ -298,7 +311,9 @@ def mark(rows: Iterable[PlanRow]) -> None:
     for row in done:
         assert row.trained_tokens_per_s is not None and base.trained_tokens_per_s is not None
         row.speedup = row.trained_tokens_per_s / base.trained_tokens_per_s
-    max(done, key=lambda r: r.speedup or 0.0).best = True
+    chosen = star(done, band)
+    if chosen is not None:
+        chosen.best = True
 
 
 TABLE_HEADER = (

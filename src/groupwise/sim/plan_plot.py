@@ -2,7 +2,8 @@
 
 Left: speed-up against the window, one line per (sampler, partial rollouts) at the split of the best row. Right:
 speed-up against the rollout share of the GPUs, one line per (sampler, partial rollouts) at the window of the best
-row. The best row is a star in both.
+row. The recommended row is a star in both; with none (sync and async within the error band), the lines are drawn
+at the fastest async row.
 """
 
 from __future__ import annotations
@@ -15,17 +16,18 @@ from groupwise.sim.plan import PlanRow
 
 
 def plot_plan(rows: Sequence[PlanRow], path: str | Path, title: str) -> Path | None:
-    """Write the plot to ``path`` (PNG); None when no async row finished (nothing to plot)."""
-    done = [r for r in rows if r.point.mode == "async" and r.speedup is not None]
+    """Write the plot to ``path`` (PNG); None when no async row finished (nothing to plot). Without a starred
+    async row the plot is drawn at the fastest async row, unstarred."""
+    done = [r for r in rows if r.point.mode == "async" and r.speedup is not None]  # screened: over screened sync
     best = next((r for r in rows if r.best), None)
-    if not done or best is None:
+    if not done:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    anchor = best if best.point.mode == "async" else max(done, key=lambda r: r.speedup or 0.0)
+    anchor = best if best is not None and best.point.mode == "async" else max(done, key=lambda r: r.speedup or 0.0)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     by_window: dict[str, list[tuple[float, float]]] = defaultdict(list)
     by_split: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -45,9 +47,11 @@ def plot_plan(rows: Sequence[PlanRow], path: str | Path, title: str) -> Path | N
         axis.set_xlabel(xlabel)
         axis.grid(alpha=0.3)
     p = anchor.point
-    left.plot([p.window], [anchor.speedup], marker="*", markersize=16, color="black", linestyle="none", label="best")
-    right.plot([p.rollout_gpus / (p.rollout_gpus + p.train_gpus)], [anchor.speedup], marker="*", markersize=16,
-               color="black", linestyle="none")  # fmt: skip
+    if anchor is best:
+        left.plot([p.window], [anchor.speedup], marker="*", markersize=16, color="black", linestyle="none",
+                  label="recommended")  # fmt: skip
+        right.plot([p.rollout_gpus / (p.rollout_gpus + p.train_gpus)], [anchor.speedup], marker="*", markersize=16,
+                   color="black", linestyle="none")  # fmt: skip
     left.set_ylabel("speed-up over sync (trained tokens/s)")
     left.set_title(f"at {p.rollout_gpus}:{p.train_gpus} GPUs")
     right.set_title(f"at window {p.window}")
