@@ -86,4 +86,4 @@ def test_what_lies_outside_the_calibration_is_warned_about():
 
 def test_lengths_not_read_from_a_run_are_said_to_be_assumed():
     assert lengths_note(job(), None).startswith("Lengths: assumed, not measured (median 1,000 tokens")
-    assert lengths_note(job(), "runs/x").startswith("Lengths: read from runs/x")
+    assert lengths_note(job(), "runs/x").startswith("Lengths: median and drift read from runs/x")

@@ -43,12 +43,19 @@ def add_plan_parser(subparsers) -> None:  # type: ignore[no-untyped-def]
     parser.add_argument("--out", type=Path, default=None,
                         help="directory for plan.md, plan.json and plan.png (default <run.output_dir>/<run.name>-plan)")
     parser.add_argument("--jobs", type=int, default=1, help="points simulated in parallel processes (default 1)")
+    parser.add_argument("--lengths-from", type=Path, default=None, metavar="RUN_DIR",
+                        help="read the completion lengths (median and its drift) from a run's metrics.jsonl "
+                        "instead of assuming sim.job.lengths")  # fmt: skip
     parser.set_defaults(handler=run_plan)
 
 
 def run_plan(args: argparse.Namespace) -> int:
     """Print the plan table and write its files; a ``ConfigError`` (every problem) propagates to ``main``."""
     cfg = load_config(args.file, args.overrides)
+    if args.lengths_from is not None:
+        from groupwise.sim.run_lengths import with_run_lengths
+
+        cfg = with_run_lengths(cfg, args.lengths_from)
     print_config_warnings(cfg)
     if args.jobs < 1:
         print(f"groupwise plan: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
@@ -69,7 +76,8 @@ def run_plan(args: argparse.Namespace) -> int:
     start = time.process_time()
     rows = run_plan(cfg, jobs=args.jobs,
                     on_row=lambda row: print(f"  done: {row.point.label}", file=sys.stderr, flush=True))  # fmt: skip
-    notes = plan_notes(cfg.sim.job, rows, CALIBRATION_BAND, None) if cfg.sim.job is not None else []
+    source = None if args.lengths_from is None else str(args.lengths_from)
+    notes = plan_notes(cfg.sim.job, rows, CALIBRATION_BAND, source) if cfg.sim.job is not None else []
     print(format_table(rows) + "\n\n" + "\n".join(notes))
     name = cfg.run.name or Path(args.file).stem
     out = args.out if args.out is not None else Path(cfg.run.output_dir) / f"{name}-plan"

@@ -115,7 +115,7 @@ def lengths_note(job: JobSection, source: str | None) -> str:
     described = (f"median {lengths.median_tokens:,.0f}{drift} tokens over {lengths.drift_steps} steps, p99/p50 "
                  f"{lengths.p99_over_p50:g}, at most {lengths.max_tokens:,}")  # fmt: skip
     if source is not None:
-        return f"Lengths: read from {source} ({described})."
+        return f"Lengths: median and drift read from {source} ({described}; the spread p99/p50 assumed)."
     return (f"Lengths: assumed, not measured ({described}); every time above scales with them — pass "
             "--lengths-from RUN_DIR to read them from a run's metrics.jsonl.")
 
