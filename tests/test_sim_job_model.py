@@ -1,7 +1,8 @@
 """The job model's cost formulas and its replicas (``sim.job``; docs/simulator.md).
 
 Invariants pinned:
-- the GPU table holds the six GPUs the config accepts, dense BF16 (half the spec sheets' sparse figures);
+- the GPU table holds the six GPUs the config accepts, dense BF16 (half the spec sheets' sparse figures); a
+  ``custom`` GPU with a table GPU's figures costs the same as it, and ``gpu_spec`` goes with ``custom`` only;
 - a decode step is bandwidth-bound with few sequences (weights + KV read) and compute-bound with many on a GPU with
   little FLOP/s per byte (H20), and the time between events integrates the per-step time exactly, with the
   inverse (steps done by a time) its inverse;
@@ -25,6 +26,7 @@ import pytest
 from groupwise.config.job_schema import GpuName, JobSection
 from groupwise.sim import job_model, step_time
 from groupwise.sim.gpus import GPUS
+from groupwise.sim.job_checks import check_cluster
 from groupwise.sim.job_engine import JobEngine
 from groupwise.sim.job_lengths import JobVariates, LengthModel
 from groupwise.sim.job_model import JobCosts
@@ -40,7 +42,7 @@ def job(**cluster) -> JobSection:
 
 
 def test_the_gpu_table_is_the_configs_and_dense():
-    assert set(GPUS) == set(GpuName.__args__)
+    assert set(GPUS) | {"custom"} == set(GpuName.__args__)
     assert GPUS["H100"].bf16_flops == pytest.approx(1979e12 / 2, rel=1e-3)
     assert GPUS["H20"].bf16_flops / GPUS["H20"].memory_bandwidth == pytest.approx(37, rel=0.01)
 
@@ -170,3 +172,15 @@ def test_a_sync_with_kv_recompute_charges_a_prefill_of_every_running_context():
     context = 100 + steps  # each of the two sequences: its prompt and the tokens made by the sync
     prefill = (2 * costs.active_params * 2 * context + 2 * costs.layers * costs.hidden * 2 * context**2)
     assert recompute - keep == pytest.approx(prefill / costs.replica_flops, rel=1e-6)
+
+
+def test_a_custom_gpu_costs_what_its_figures_say():
+    h100 = {"bf16_tflops": 989, "memory_gb": 80, "memory_tbytes_per_s": 3.35, "nvlink_gbytes_per_s": 900}
+    table, custom = JobCosts.from_job(job(gpu="H100")), JobCosts.from_job(job(gpu="custom", gpu_spec=h100))
+    assert custom.gpu.name == "custom" and custom.gpu.bf16_flops == pytest.approx(table.gpu.bf16_flops)
+    for field in ("kv_capacity", "replica_flops", "replica_bandwidth", "update_s", "sync_s"):
+        assert getattr(custom, field) == pytest.approx(getattr(table, field)), field
+    (missing,) = check_cluster(job(gpu="custom"), "async")
+    assert missing.path == "sim.job.cluster.gpu_spec" and "memory_tbytes_per_s" in missing.fix
+    (extra,) = check_cluster(job(gpu="H100", gpu_spec=h100), "async")
+    assert extra.path == "sim.job.cluster.gpu_spec" and "no effect" in extra.rule

@@ -15,7 +15,20 @@ from pydantic import Field, field_validator
 
 from groupwise.config.base import Section
 
-GpuName = Literal["A100", "H100", "H200", "H20", "B200", "GB200"]
+GpuName = Literal["A100", "H100", "H200", "H20", "B200", "GB200", "custom"]
+
+
+class JobGpuSpecSection(Section):
+    """A GPU the table does not have, from its spec sheet (``cluster.gpu: custom``): dense figures, no sparsity."""
+
+    bf16_tflops: float = Field(gt=0)
+    """Dense BF16 tensor-core throughput in TFLOP/s (> 0; half a sheet's "with sparsity" figure)."""
+    memory_gb: float = Field(gt=0)
+    """HBM capacity in GB (> 0)."""
+    memory_tbytes_per_s: float = Field(gt=0)
+    """HBM bandwidth in TB/s (> 0)."""
+    nvlink_gbytes_per_s: float = Field(gt=0)
+    """GPU-to-GPU bandwidth inside a node in GB/s (> 0; NVLink total, both directions)."""
 
 
 class JobModelSection(Section):
@@ -42,7 +55,9 @@ class JobClusterSection(Section):
 
     gpu: GpuName
     """GPU type: ``A100``, ``H100``, ``H200``, ``H20``, ``B200``, ``GB200`` (dense BF16 FLOP/s, HBM size and
-    bandwidth from the spec sheets)."""
+    bandwidth from the spec sheets), or ``custom`` with ``gpu_spec``."""
+    gpu_spec: JobGpuSpecSection | None = None
+    """The figures of a ``custom`` GPU (required with it, refused with a table GPU)."""
     rollout_gpus: int = Field(ge=1)
     """GPUs that generate (≥ 1; a multiple of ``tensor_parallel``)."""
     train_gpus: int = Field(ge=1)

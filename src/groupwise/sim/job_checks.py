@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from groupwise.config import ConfigIssue
 from groupwise.config.base import changed_fields
 from groupwise.config.runtime_schema import SimSection
-from groupwise.sim.gpus import gpu_spec
+from groupwise.sim.gpus import GPU_NAMES, cluster_gpu
 from groupwise.sim.job_model import kv_bytes_per_token, kv_capacity_tokens
 
 if TYPE_CHECKING:
@@ -85,7 +85,9 @@ def check_cluster(job: JobSection, mode: str) -> list[ConfigIssue]:
         ))  # fmt: skip
     m = job.model
     kv = kv_bytes_per_token(m.layers, m.kv_heads, m.head_dim, m.dtype_bytes)
-    gpu = gpu_spec(c.gpu)
+    if issue := gpu_spec_issue(job):
+        return [*issues, issue]  # no GPU figures: nothing below can be checked
+    gpu = cluster_gpu(c)
     capacity = kv_capacity_tokens(gpu, c.tensor_parallel, c.memory_fraction, m.params * m.dtype_bytes, kv)
     longest = job.lengths.prompt_tokens + job.lengths.max_tokens
     if capacity < longest:
@@ -97,3 +99,17 @@ def check_cluster(job: JobSection, mode: str) -> list[ConfigIssue]:
             "raise tensor_parallel or memory_fraction, choose a GPU with more memory, or lower lengths.max_tokens",
         ))  # fmt: skip
     return issues
+
+
+def gpu_spec_issue(job: JobSection) -> ConfigIssue | None:
+    """``cluster.gpu_spec`` is given exactly when ``cluster.gpu`` is ``custom``."""
+    c = job.cluster
+    if c.gpu == "custom" and c.gpu_spec is None:
+        return ConfigIssue("sim.job.cluster.gpu_spec", None, "gpu: custom needs the GPU's figures",
+                           "give sim.job.cluster.gpu_spec: {bf16_tflops, memory_gb, memory_tbytes_per_s, "
+                           f"nvlink_gbytes_per_s}}, or name a GPU of the table ({', '.join(GPU_NAMES)})")  # fmt: skip
+    if c.gpu != "custom" and c.gpu_spec is not None:
+        return ConfigIssue("sim.job.cluster.gpu_spec", c.gpu_spec.model_dump(), f"gpu_spec describes a custom GPU, "
+                           f"but gpu is {c.gpu}, whose figures come from the table (a key with no effect is an error)",
+                           "remove sim.job.cluster.gpu_spec, or set sim.job.cluster.gpu: custom")  # fmt: skip
+    return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from groupwise.sim.gpus import GpuSpec, gpu_spec
+from groupwise.sim.gpus import GpuSpec, cluster_gpu
 
 if TYPE_CHECKING:
     from groupwise.config.job_schema import JobSection
@@ -114,7 +114,7 @@ class JobCosts:
 
     @classmethod
     def from_job(cls, job: JobSection) -> JobCosts:
-        gpu = gpu_spec(job.cluster.gpu)
+        gpu = cluster_gpu(job.cluster)
         m, c, e = job.model, job.cluster, job.efficiency
         active = m.active_params if m.active_params is not None else m.params
         weight_bytes = m.params * m.dtype_bytes
