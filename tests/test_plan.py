@@ -15,6 +15,9 @@ Invariants pinned:
 - the shipped plans (examples/plan) load and have the grid their comments describe;
 - ``config check`` accepts and refuses the same job configs as ``plan`` (the shipped plans, a job with partial
   rollouts, a completion cap below the median), since a job config's model, task and reward are never loaded;
+- a job whose trainer cannot hold the model on all its GPUs is refused (70B dense on 8 H100), naming the GPU
+  count and the GPUs that would; a grid point whose split cannot is a failed row, not simulated; a KL penalty
+  (``loss.kl_coef``) makes the reference model count;
 - the screen (``sim.plan.screen_steps``) passes the sync and the fastest async points on; a finalist's row is the
   full grid's row and the best point is the full grid's.
 """
@@ -196,3 +199,32 @@ def test_config_check_and_plan_accept_and_refuse_the_same_jobs(tmp_path, capsys)
     planned = capsys.readouterr().err
     for err in (checked, planned):
         assert "sim.job.lengths.max_tokens" in err and "raise sim.num_prompts (now 4)" in err
+
+
+LLAMA_70B = {"params": 70e9, "layers": 80, "hidden": 8192, "kv_heads": 8, "head_dim": 128}
+
+
+def test_a_model_its_gpus_cannot_train_is_refused(tmp_path, capsys):
+    data = plan_data(tmp_path)
+    data["sim"]["job"] = {**JOB, "model": LLAMA_70B,
+                          "cluster": {**JOB["cluster"], "rollout_gpus": 4, "train_gpus": 4, "tensor_parallel": 4}}
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(data))
+    assert main(["plan", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "sim.job.cluster.train_gpus: got 8" in err and "cannot train a 70.0B-parameter model" in err
+    assert "train on at least 16 H100 GPUs or a GPU with more memory (B200, GB200 at 8)" in err
+    assert main(["config", "check", str(path)]) == 2
+
+
+def test_a_split_whose_trainer_cannot_hold_the_model_is_a_failed_row(tmp_path):
+    data = plan_data(tmp_path, samplers=["ready_first"], partial_rollouts=["continue"], rollout_fractions=[0.75])
+    data["sim"]["job"] = {**JOB, "model": {**JOB["model"], "params": 12e9},  # 12B: 192 GB of state
+                          "cluster": {**JOB["cluster"], "gpu": "H200"}}
+    cfg = config_from_dict(data)
+    rows = run_plan(cfg)  # sync trains on 4 GPUs (48 GB each); the 3:1 split on one (192 GB)
+    assert rows[0].error is None and rows[0].steps == 4
+    assert rows[1].point.train_gpus == 1 and rows[1].steps == 0 and "training does not fit" in rows[1].error
+    data["loss"]["kl_coef"] = 0.1
+    data["model"]["reference"] = "initial"
+    assert "and a reference model" in run_plan(config_from_dict(data))[1].error

@@ -7,7 +7,9 @@ Invariants pinned:
   little FLOP/s per byte (H20), and the time between events integrates the per-step time exactly, with the
   inverse (steps done by a time) its inverse;
 - training costs 4 forward-equivalents per token with gradient checkpointing, 3 without, plus one when the old
-  logprobs are recomputed; an update reduces gradients over NVLink within a node and the network beyond;
+  logprobs are recomputed and one for a reference model's forward; its memory is 16 bytes per parameter sharded
+  (2 more with a reference) plus one longest sequence's activations; an update reduces gradients over NVLink
+  within a node and the network beyond;
 - completion lengths have the configured median, drift with the weight version and are truncated at the maximum;
 - a replica batches continuously: a sequence waits for a free slot, starts when one frees, and each finishes at the
   time the per-step integral gives; a full KV cache preempts the latest sequence, which still finishes;
@@ -80,6 +82,9 @@ def test_training_passes_and_update_communication():
                                                                           "recompute_old_logprobs": True}})
     assert JobCosts.from_job(plain).chunk_train_seconds(flops, epochs=2) == pytest.approx(
         (3 * 2 + 1) * flops / (4 * 148e12 * costs.train_mfu))  # fmt: skip
+    reference = JobSection.model_validate({**base.model_dump(), "training": {"reference_forward": True}})
+    assert JobCosts.from_job(reference).chunk_train_seconds(flops, epochs=1) == pytest.approx(
+        (4 + 1) * flops / (4 * 148e12 * costs.train_mfu))  # fmt: skip
     gpu = GPUS["H20"]
     in_node = job_model.update_seconds(7.6e9, 8, gpu, 50e9)
     across = job_model.update_seconds(7.6e9, 16, gpu, 50e9)
@@ -184,3 +189,15 @@ def test_a_custom_gpu_costs_what_its_figures_say():
     assert missing.path == "sim.job.cluster.gpu_spec" and "memory_tbytes_per_s" in missing.fix
     (extra,) = check_cluster(job(gpu="H100", gpu_spec=h100), "async")
     assert extra.path == "sim.job.cluster.gpu_spec" and "no effect" in extra.rule
+
+
+def test_training_memory_is_the_sharded_state_and_one_sequences_activations():
+    need = job_model.train_memory_bytes(70e9, 8, 4096, 80, 8192, checkpointing=True, reference=False)
+    assert need == pytest.approx(16 * 70e9 / 8 + 4096 * 8192 * (2 * 80 + 34))
+    with_reference = job_model.train_memory_bytes(70e9, 8, 4096, 80, 8192, checkpointing=True, reference=True)
+    assert with_reference - need == pytest.approx(2 * 70e9 / 8)
+    no_checkpoints = job_model.train_memory_bytes(0.0, 8, 4096, 80, 8192, checkpointing=False, reference=False)
+    assert no_checkpoints == pytest.approx(34 * 4096 * 8192 * 80)
+    activations = 4096 * 8192 * (2 * 80 + 34)
+    assert job_model.train_gpus_needed(70e9, 72e9, activations, False) == math.ceil(16 * 70e9 / (72e9 - activations))
+    assert job_model.train_gpus_needed(70e9, 1e9, activations, False) is None

@@ -103,6 +103,9 @@ class JobTrainingSection(Section):
     trainers that do not take them from the generator do); ``false`` = the generator's logprobs are used."""
     gradient_checkpointing: bool = True
     """Recompute each layer's forward during the backward: 8 instead of 6 FLOPs per parameter per token."""
+    reference_forward: bool | None = None
+    """Run a frozen reference policy's forward over the step's tokens (a KL penalty to it) and hold its BF16
+    weights on the training GPUs; ``null`` = when the run's ``loss.kl_coef`` is above 0."""
 
 
 class JobWeightSyncSection(Section):

@@ -9,6 +9,7 @@ the job (``sim.job``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,15 @@ UPDATE_COMM_BYTES_PER_PARAM = 6.0
 #: Bytes per parameter an Adam step reads and writes in HBM (FP32 master weight, two moments, gradient: read and
 #: write), spread over the training GPUs.
 ADAM_HBM_BYTES_PER_PARAM = 32.0
+#: Bytes per parameter of mixed-precision Adam training: BF16 weights (2) and gradients (2), FP32 master weights
+#: (4) and two FP32 moments (8).
+TRAIN_STATE_BYTES_PER_PARAM = 16.0
+#: Activation bytes of one transformer layer per token per hidden unit in BF16 (Korthikanti et al. 2022,
+#: "Reducing Activation Recomputation in Large Transformer Models": 34·s·b·h without the attention scores, which
+#: flash attention does not keep).
+LAYER_ACTIVATION_BYTES = 34.0
+#: Share of a training GPU's memory the trainer can use (the rest: the CUDA context, allocator fragmentation).
+TRAIN_MEMORY_FRACTION = 0.9
 
 
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> float:
@@ -81,6 +91,31 @@ def update_seconds(params: float, gpus: int, gpu: GpuSpec, network_bandwidth: fl
     return comm + ADAM_HBM_BYTES_PER_PARAM * params / (gpus * gpu.memory_bandwidth)
 
 
+def train_memory_bytes(params: float, gpus: int, tokens: int, layers: int, hidden: int, checkpointing: bool,
+                       reference: bool) -> float:
+    """Training memory on each of ``g`` GPUs, everything sharded (FSDP), one longest sequence of ``T`` tokens::
+
+        16·N/g  (+ 2·N/g with a reference model)  +  T·h·(2·ℓ + 34)  (34·T·h·ℓ without checkpointing)
+
+    BF16 weights and gradients and FP32 master weights and Adam moments (16 bytes per parameter — every
+    parameter, an MoE's experts too), a frozen BF16 reference; the activations kept for the backward: each layer's
+    BF16 input with gradient checkpointing plus one layer's recomputed activations (about ``34·T·h`` bytes), or
+    every layer's without."""
+    state = (TRAIN_STATE_BYTES_PER_PARAM + (2.0 if reference else 0.0)) * params / gpus
+    activations = tokens * hidden * (2.0 * layers + LAYER_ACTIVATION_BYTES if checkpointing
+                                     else LAYER_ACTIVATION_BYTES * layers)  # fmt: skip
+    return state + activations
+
+
+def train_gpus_needed(params: float, memory: float, activations: float, reference: bool) -> int | None:
+    """The fewest GPUs of ``memory`` usable bytes that hold :func:`train_memory_bytes` (``None``: not even with
+    the state spread thin, the activations alone do not fit)."""
+    room = memory - activations
+    if room <= 0:
+        return None
+    return math.ceil((TRAIN_STATE_BYTES_PER_PARAM + (2.0 if reference else 0.0)) * params / room)
+
+
 def weight_sync_seconds(weight_bytes: float, bandwidth: float, fixed_s: float) -> float:
     """One weight sync: ``fixed_s + N·b / bandwidth``."""
     return fixed_s + weight_bytes / bandwidth
@@ -108,6 +143,7 @@ class JobCosts:
     train_mfu: float
     train_passes: float  # forward-equivalents per update pass: 3, or 4 with gradient checkpointing
     recompute_old_logprobs: bool
+    reference_forward: bool
     update_s: float
     sync_s: float
     prompt_tokens: int
@@ -132,6 +168,7 @@ class JobCosts:
             decode_overhead_s=e.decode_step_overhead_s, train_gpus=c.train_gpus, train_mfu=e.train_mfu,
             train_passes=4.0 if job.training.gradient_checkpointing else 3.0,
             recompute_old_logprobs=job.training.recompute_old_logprobs,
+            reference_forward=bool(job.training.reference_forward),
             update_s=update_seconds(m.params, c.train_gpus, gpu, network),
             sync_s=weight_sync_seconds(weight_bytes, sync_bandwidth, job.weight_sync.fixed_s),
             prompt_tokens=job.lengths.prompt_tokens,
@@ -149,6 +186,7 @@ class JobCosts:
     def chunk_train_seconds(self, forward: float, epochs: int) -> float:
         """A chunk whose sequences' forward FLOPs sum to ``forward``: ``epochs`` update passes (forward, backward
         = 2 forwards, and a recomputed forward with gradient checkpointing), plus one forward for the old logprobs
-        when they are recomputed."""
-        passes = self.train_passes * epochs + (1.0 if self.recompute_old_logprobs else 0.0)
+        when they are recomputed and one for the reference policy's logprobs with a reference model."""
+        extra = float(self.recompute_old_logprobs) + float(self.reference_forward)
+        passes = self.train_passes * epochs + extra
         return train_seconds(forward * passes, self.train_gpus, self.gpu, self.train_mfu)

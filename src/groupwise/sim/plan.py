@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from groupwise.config import ConfigError, ConfigIssue, config_from_dict
 from groupwise.config.job_schema import default_plan
 from groupwise.controller.settings import ControllerSettings
-from groupwise.sim.job_checks import check_job
+from groupwise.sim.job_checks import check_job, training_memory_issue, uses_reference
 from groupwise.sim.plan_verdict import VERL_H20, error_band, star
 from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
 from groupwise.sim.summary import summarize
@@ -43,6 +43,7 @@ from groupwise.trainer.preflight import prompt_count_issues
 
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
+    from groupwise.config.job_schema import JobSection
 
 #: The error band of every plan's speed-ups (:mod:`groupwise.sim.plan_verdict`).
 CALIBRATION_BAND = error_band(VERL_H20.speedup_log_errors)
@@ -106,7 +107,7 @@ def plan_points(cfg: RunConfig) -> list[PlanPoint]:
         raise ConfigError([ConfigIssue("sim.job", None, "groupwise plan needs a job to plan: sim.job is not set",
                                        "describe the job under sim.job (see examples/plan/)")])  # fmt: skip
     grid = cfg.sim.plan or default_plan()
-    total = job.cluster.rollout_gpus + (0 if job.cluster.colocated else job.cluster.train_gpus)
+    total = all_gpus(job)
     tp = job.cluster.tensor_parallel
     points: list[PlanPoint] = []
     if "sync" in grid.modes:
@@ -119,6 +120,11 @@ def plan_points(cfg: RunConfig) -> list[PlanPoint]:
                     for partial in grid.partial_rollouts:
                         points.append(PlanPoint("async", rollout, train, sampler, window, partial))
     return points
+
+
+def all_gpus(job: JobSection) -> int:
+    """The job's GPUs: ``rollout_gpus``, plus ``train_gpus`` unless colocated (the sync point's)."""
+    return job.cluster.rollout_gpus + (0 if job.cluster.colocated else job.cluster.train_gpus)
 
 
 def split_gpus(total: int, fraction: float, tensor_parallel: int) -> tuple[int, int]:
@@ -193,8 +199,14 @@ def simulate_point(cfg: RunConfig) -> tuple[SimRun, dict[str, Any]]:
 
 
 def point_row(cfg: RunConfig, point: PlanPoint, steps: int | None | Literal["plan"] = "plan") -> PlanRow:
-    """Simulate ``point`` of ``cfg`` for ``steps`` steps (as :func:`point_config`) and read its row."""
-    run, summary = simulate_point(point_config(cfg, point, steps))
+    """Simulate ``point`` of ``cfg`` for ``steps`` steps (as :func:`point_config`) and read its row; a point whose
+    trainer cannot hold the model is a failed row, not simulated."""
+    at_point = point_config(cfg, point, steps)
+    assert at_point.sim.job is not None  # plan_points refuses a config without one
+    memory = training_memory_issue(at_point.sim.job, point.train_gpus, uses_reference(cfg))
+    if memory is not None:
+        return PlanRow(point, error=f"training does not fit ({memory.rule}; {memory.fix})")
+    run, summary = simulate_point(at_point)
     row = PlanRow(point, steps=run.steps_trained, summary=summary, error=summary["error"])
     wall = run.wall_seconds
     if run.steps_trained and wall > 0:
@@ -245,8 +257,9 @@ def plan_issues(cfg: RunConfig) -> list[ConfigIssue]:
     """Everything ``groupwise plan`` (and ``groupwise config check`` on a config with ``sim.job``) refuses, every
     problem at once: the job's own checks, a step taking more prompts than ``sim.num_prompts`` holds, and each point
     of the grid that does not validate (named with its setting)."""
-    issues = check_job(cfg)
-    if cfg.sim.job is None:
+    job = cfg.sim.job
+    issues = check_job(cfg, train_gpus=None if job is None else all_gpus(job))  # the sync point trains on all
+    if job is None:
         return issues or plan_points_issues(cfg)
     job_ok = not issues  # a point of a refused job would repeat the job's issues
     more = f"raise sim.num_prompts (now {cfg.sim.num_prompts})"
