@@ -181,11 +181,11 @@ class PlanSection(Section):
     rollout_fractions: list[Annotated[float, Field(gt=0, lt=1)]] = Field(default_factory=lambda: [0.5], min_length=1)
     """Shares of the GPUs (``rollout_gpus + train_gpus``) that generate in async mode, each in (0, 1); rounded to
     whole replicas."""
-    steps: int | None = Field(40, ge=1)
+    steps: int | None = Field(30, ge=1)
     """Steps simulated per finalist (≥ 1): the run's ``run.max_steps`` steps are represented by this many, with
     what changes over the run by weight version — the length drift (``job.lengths.drift_steps``) and the learning
     curve (``sim.learning_rate_groups``, in groups) — scaled by ``steps / run.max_steps``; ``null`` = every step."""
-    screen_steps: int | None = Field(10, ge=1)
+    screen_steps: int | None = Field(6, ge=1)
     """Steps every point is first simulated for (≥ 1, compressed like ``steps``): the sync point and the
     ``finalists`` fastest async points are then simulated again for ``steps``, and only they can be starred;
     ``null`` = no screening (every point for ``steps``)."""
