@@ -18,6 +18,8 @@ Invariants pinned:
 - a job whose trainer cannot hold the model on all its GPUs is refused (70B dense on 8 H100), naming the GPU
   count and the GPUs that would; a grid point whose split cannot is a failed row, not simulated; a KL penalty
   (``loss.kl_coef``) makes the reference model count;
+- the sync point may have its own tensor-parallel size and memory fraction (``sim.plan.sync_*``), checked like
+  the job's (a size that does not divide its GPUs is refused, naming the point);
 - the screen (``sim.plan.screen_steps``) passes the sync and the fastest async points on; a finalist's row is the
   full grid's row and the best point is the full grid's.
 """
@@ -228,3 +230,18 @@ def test_a_split_whose_trainer_cannot_hold_the_model_is_a_failed_row(tmp_path):
     data["loss"]["kl_coef"] = 0.1
     data["model"]["reference"] = "initial"
     assert "and a reference model" in run_plan(config_from_dict(data))[1].error
+
+
+def test_the_sync_point_has_its_own_tensor_parallel_and_memory_fraction(tmp_path, capsys):
+    data = plan_data(tmp_path, sync_tensor_parallel=2, sync_memory_fraction=0.5)
+    data["sim"]["job"] = {**JOB, "cluster": {**JOB["cluster"], "memory_fraction": 0.8}}
+    cfg = config_from_dict(data)
+    sync, async_ = (point_config(cfg, p) for p in plan_points(cfg)[:2])
+    assert (sync.sim.job.cluster.tensor_parallel, sync.sim.job.cluster.memory_fraction) == (2, 0.5)
+    assert (async_.sim.job.cluster.tensor_parallel, async_.sim.job.cluster.memory_fraction) == (1, 0.8)
+    data["sim"]["plan"]["sync_tensor_parallel"] = 3  # 4 GPUs are not replicas of 3
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(data))
+    assert main(["config", "check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "sim.job.cluster.rollout_gpus" in err and "at plan point 'sync, colocated on 4 GPUs'" in err

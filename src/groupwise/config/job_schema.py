@@ -191,6 +191,12 @@ class PlanSection(Section):
     ``null`` = no screening (every point for ``steps``)."""
     finalists: int = Field(3, ge=1)
     """Async points the screen passes on to the full simulation (≥ 1)."""
+    sync_tensor_parallel: int | None = Field(None, ge=1)
+    """GPUs per rollout replica at the sync point (≥ 1; a colocated engine often shards wider, its memory shared
+    with the trainer's); ``null`` = ``job.cluster.tensor_parallel``, as the async points."""
+    sync_memory_fraction: float | None = Field(None, gt=0, le=1)
+    """The rollout engine's share of GPU memory at the sync point (0 < f ≤ 1; vLLM's ``gpu_memory_utilization``,
+    lower when colocated); ``null`` = ``job.cluster.memory_fraction``."""
 
     @field_validator("partial_rollouts", mode="before")
     @classmethod

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from groupwise.config import ConfigError, ConfigIssue, config_from_dict
 from groupwise.config.job_schema import default_plan
 from groupwise.controller.settings import ControllerSettings
-from groupwise.sim.job_checks import check_job, training_memory_issue, uses_reference
+from groupwise.sim.job_checks import check_cluster, check_job, training_memory_issue, uses_reference
 from groupwise.sim.plan_verdict import VERL_H20, error_band, star
 from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
 from groupwise.sim.summary import summarize
@@ -158,6 +158,11 @@ def point_config(cfg: RunConfig, point: PlanPoint, steps: int | None | Literal["
     cluster = sim["job"]["cluster"]
     cluster.update(rollout_gpus=point.rollout_gpus, train_gpus=point.train_gpus, colocated=point.mode == "sync")
     if point.mode == "sync":
+        grid = cfg.sim.plan or default_plan()
+        if grid.sync_tensor_parallel is not None:
+            cluster["tensor_parallel"] = grid.sync_tensor_parallel
+        if grid.sync_memory_fraction is not None:
+            cluster["memory_fraction"] = grid.sync_memory_fraction
         data.pop("async", None)
         sim["weight_sync_drains"] = False
         return config_from_dict(data)
@@ -266,10 +271,13 @@ def plan_issues(cfg: RunConfig) -> list[ConfigIssue]:
     issues.extend(prompt_count_issues(cfg, cfg.sim.num_prompts, more))
     for point in plan_points(cfg) if job_ok else []:
         try:
-            point_config(cfg, point)
+            at_point = point_config(cfg, point)
+            assert at_point.sim.job is not None  # the job's own
+            problems = check_cluster(at_point.sim.job, at_point.mode)  # replicas and KV cache at its TP and memory
         except ConfigError as exc:
-            issues.extend(ConfigIssue(i.path, i.value, f"at plan point '{point.label}': {i.rule}", i.fix)
-                          for i in exc.errors)  # fmt: skip
+            problems = list(exc.errors)
+        issues.extend(ConfigIssue(i.path, i.value, f"at plan point '{point.label}': {i.rule}", i.fix)
+                      for i in problems)  # fmt: skip
     return issues
 
 
