@@ -8,8 +8,8 @@ Invariants pinned:
   inverse (steps done by a time) its inverse;
 - training costs 4 forward-equivalents per token with gradient checkpointing, 3 without, plus one when the old
   logprobs are recomputed and one for a reference model's forward; its memory is 16 bytes per parameter sharded
-  (2 more with a reference) plus one longest sequence's activations; an update reduces gradients over NVLink
-  within a node and the network beyond;
+  (2 more with a reference) plus one longest sequence's activations; a colocated trainer runs at
+  ``colocated_train_mfu`` when set; an update reduces gradients over NVLink within a node and the network beyond;
 - completion lengths have the configured median, drift with the weight version and are truncated at the maximum;
 - a replica batches continuously: a sequence waits for a free slot, starts when one frees, and each finishes at the
   time the per-step integral gives; a full KV cache preempts the latest sequence, which still finishes;
@@ -82,6 +82,13 @@ def test_training_passes_and_update_communication():
                                                                           "recompute_old_logprobs": True}})
     assert JobCosts.from_job(plain).chunk_train_seconds(flops, epochs=2) == pytest.approx(
         (3 * 2 + 1) * flops / (4 * 148e12 * costs.train_mfu))  # fmt: skip
+    efficiency = {**base.efficiency.model_dump(), "colocated_train_mfu": costs.train_mfu / 2}
+    separate = JobSection.model_validate({**base.model_dump(), "efficiency": efficiency})
+    colocated = JobSection.model_validate({**separate.model_dump(), "cluster": {**base.cluster.model_dump(),
+                                                                                 "colocated": True}})  # fmt: skip
+    assert JobCosts.from_job(separate).chunk_train_seconds(flops, 1) == costs.chunk_train_seconds(flops, 1)
+    assert JobCosts.from_job(colocated).chunk_train_seconds(flops, 1) == pytest.approx(
+        2 * costs.chunk_train_seconds(flops, 1))  # a colocated trainer at its own MFU  # fmt: skip
     reference = JobSection.model_validate({**base.model_dump(), "training": {"reference_forward": True}})
     assert JobCosts.from_job(reference).chunk_train_seconds(flops, epochs=1) == pytest.approx(
         (4 + 1) * flops / (4 * 148e12 * costs.train_mfu))  # fmt: skip

@@ -123,6 +123,10 @@ class JobEfficiencySection(Section):
 
     train_mfu: float = Field(0.35, gt=0, le=1)
     """Share of the GPUs' peak BF16 FLOP/s a training pass achieves (0 < f ≤ 1)."""
+    colocated_train_mfu: float | None = Field(None, gt=0, le=1)
+    """``train_mfu`` of a trainer colocated with the engines (``cluster.colocated``: the sync point of a plan), whose
+    memory is shared with the sleeping engine and whose parameters and optimizer state are offloaded between
+    phases (0 < f ≤ 1); ``null`` = ``train_mfu``."""
     inference_mfu: float = Field(0.5, gt=0, le=1)
     """Share of peak FLOP/s of prefill and of a compute-bound decode step (0 < f ≤ 1)."""
     decode_bandwidth_efficiency: float = Field(0.7, gt=0, le=1)

@@ -2,9 +2,9 @@
 
 Notation: ``N`` parameters (``A`` active per token; ``A = N`` dense), ``ℓ`` layers, ``h`` hidden size, ``b`` bytes per
 value, ``F`` peak dense BF16 FLOP/s and ``W`` HBM bytes/s of one GPU, ``TP`` GPUs per rollout replica. The fitted
-constants are ``train_mfu``, ``inference_mfu`` (``μ``), ``decode_bandwidth_efficiency`` (``η``) and
-``decode_step_overhead_s`` (``o``); every other number comes from the spec sheet (:mod:`groupwise.sim.gpus`) or
-the job (``sim.job``).
+constants are ``train_mfu`` (``colocated_train_mfu`` for a colocated trainer), ``inference_mfu`` (``μ``),
+``decode_bandwidth_efficiency`` (``η``) and ``decode_step_overhead_s`` (``o``); every other number comes from the
+spec sheet (:mod:`groupwise.sim.gpus`) or the job (``sim.job``).
 """
 
 from __future__ import annotations
@@ -165,7 +165,8 @@ class JobCosts:
             kv_capacity=kv_capacity_tokens(gpu, c.tensor_parallel, c.memory_fraction, weight_bytes, kv),
             replica_flops=c.tensor_parallel * gpu.bf16_flops * e.inference_mfu,
             replica_bandwidth=c.tensor_parallel * gpu.memory_bandwidth * e.decode_bandwidth_efficiency,
-            decode_overhead_s=e.decode_step_overhead_s, train_gpus=c.train_gpus, train_mfu=e.train_mfu,
+            decode_overhead_s=e.decode_step_overhead_s, train_gpus=c.train_gpus,
+            train_mfu=e.colocated_train_mfu if c.colocated and e.colocated_train_mfu is not None else e.train_mfu,
             train_passes=4.0 if job.training.gradient_checkpointing else 3.0,
             recompute_old_logprobs=job.training.recompute_old_logprobs,
             reference_forward=bool(job.training.reference_forward),
