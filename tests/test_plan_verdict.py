@@ -64,6 +64,8 @@ def test_the_verdict_sentence():
     unsure = verdict([row(1.0, mode="sync"), row(1.1)], band)
     assert unsure.startswith("no recommendation: the fastest async setting") and "cannot tell" in unsure
     assert verdict([row(1.0, mode="sync", best=True), row(0.5)], band).startswith("sync, colocated: the fastest")
+    tied = verdict([row(1.0, mode="sync"), row(1.101, waste=0.2), row(1.1, waste=0.0, window=1)], band)
+    assert "(async ready_first, staleness 1," in tied  # the near-tie with less waste is named
 
 
 def job(gpu: str = "H20", params: float = 7.6e9, active: float | None = None) -> JobSection:

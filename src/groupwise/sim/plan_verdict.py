@@ -66,7 +66,15 @@ def star(rows: Sequence[PlanRow], band: float) -> PlanRow | None:
     mode_best = {m for m, s in by_mode.items() if s == best}
     if len(mode_best) > 1 or (other and best / max(other) <= math.exp(band)):
         return None
-    tied = [r for r in done if (r.speedup or 0.0) >= best * (1 - TIE)]
+    return fastest_of(done)
+
+
+def fastest_of(rows: Sequence[PlanRow]) -> PlanRow | None:
+    """The row with the highest speed-up, those within :data:`TIE` of it broken by the smaller wasted share."""
+    best = max((r.speedup or 0.0 for r in rows), default=None)
+    if best is None:
+        return None
+    tied = [r for r in rows if (r.speedup or 0.0) >= best * (1 - TIE)]
     return min(tied, key=lambda r: (r.waste_fraction or 0.0, -(r.speedup or 0.0)))
 
 
@@ -76,7 +84,7 @@ def verdict(rows: Sequence[PlanRow], band: float) -> str:
     done = [r for r in rows if r.speedup is not None and not r.screened]
     chosen = next((r for r in done if r.best), None)
     asyncs = [r for r in done if r.point.mode == "async"]
-    fastest = max(asyncs, key=lambda r: r.speedup or 0.0, default=None)
+    fastest = fastest_of(asyncs)
     if chosen is not None and chosen.point.mode == "async":
         s = chosen.speedup or 0.0
         return f"{chosen.point.verdict_name}: {s:.2f}× sync, ± {half_width(s, band):.2f}×."
