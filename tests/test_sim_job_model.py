@@ -28,7 +28,7 @@ import pytest
 from groupwise.config.job_schema import GpuName, JobSection
 from groupwise.sim import job_model, step_time
 from groupwise.sim.gpus import GPUS
-from groupwise.sim.job_checks import check_cluster
+from groupwise.sim.job_checks import check_cluster, training_memory_issue
 from groupwise.sim.job_engine import JobEngine
 from groupwise.sim.job_lengths import JobVariates, LengthModel
 from groupwise.sim.job_model import JobCosts
@@ -208,3 +208,13 @@ def test_training_memory_is_the_sharded_state_and_one_sequences_activations():
     activations = 4096 * 8192 * (2 * 80 + 34)
     assert job_model.train_gpus_needed(70e9, 72e9, activations, False) == math.ceil(16 * 70e9 / (72e9 - activations))
     assert job_model.train_gpus_needed(70e9, 1e9, activations, False) is None
+
+
+def test_an_moe_trains_every_parameter_but_computes_with_the_active_ones():
+    moe = JobSection.model_validate({**job().model_dump(), "model": {**job().model.model_dump(), "params": 30e9,
+                                                                        "active_params": 3e9}})  # fmt: skip
+    dense = JobSection.model_validate({**job().model_dump(), "model": {**job().model.model_dump(), "params": 3e9}})
+    issue = training_memory_issue(moe, 4, reference=False)  # 16 · 30e9 / 4 = 120 GB > 0.9 · 96 GB
+    assert issue is not None and "30.0B-parameter model" in issue.rule and "at least 6 H20" in issue.fix
+    assert training_memory_issue(dense, 4, reference=False) is None
+    assert JobCosts.from_job(moe).sequence_forward_flops(400) == JobCosts.from_job(dense).sequence_forward_flops(400)
