@@ -7,7 +7,8 @@ Invariants pinned:
   steps for a run of more scales the length drift and the learning curve by S / run.max_steps;
 - the table has one row per point, the sync row's speed-up is 1, exactly one row is the best and it has the highest
   speed-up; the rows do not depend on ``--jobs``;
-- the CLI writes plan.md, plan.json (one entry per row) and plan.png, and a config without ``sim.job`` is refused
+- the CLI writes plan.md, plan.json (one entry per row) and plan.png (whose window axis has whole windows only,
+  one window included), and a config without ``sim.job`` is refused
   with exit 2 naming the key;
 - ``sim.job.lengths.max_tokens`` below the median completion length (or the drifted final median) is refused with
   exit 2 naming it, before anything is simulated; one below the prompt length alone is a warning (a long prompt may
@@ -34,6 +35,7 @@ import pytest
 from groupwise.cli.main import main
 from groupwise.config import ConfigError, config_from_dict, load_config
 from groupwise.sim.plan import PlanPoint, mark, plan_points, point_config, run_plan, split_gpus
+from groupwise.sim.plan_plot import window_ticks
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = {
@@ -245,3 +247,8 @@ def test_the_sync_point_has_its_own_tensor_parallel_and_memory_fraction(tmp_path
     assert main(["config", "check", str(path)]) == 2
     err = capsys.readouterr().err
     assert "sim.job.cluster.rollout_gpus" in err and "at plan point 'sync, colocated on 4 GPUs'" in err
+
+
+def test_the_plot_window_axis_has_whole_windows_only():
+    assert window_ticks([1.0, 1.0]) == [1]
+    assert window_ticks([2.0, 0.0, 1.0]) == [0, 1, 2]

@@ -46,6 +46,9 @@ def plot_plan(rows: Sequence[PlanRow], path: str | Path, title: str) -> Path | N
         axis.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
         axis.set_xlabel(xlabel)
         axis.grid(alpha=0.3)
+    windows = window_ticks([float(x) for points in by_window.values() for x, _ in points])
+    left.set_xticks(windows)
+    left.set_xlim(windows[0] - 0.5, windows[-1] + 0.5)  # one window: a readable column, not a 0.96–1.04 axis
     p = anchor.point
     if anchor is best:
         left.plot([p.window], [anchor.speedup], marker="*", markersize=16, color="black", linestyle="none",
@@ -62,3 +65,9 @@ def plot_plan(rows: Sequence[PlanRow], path: str | Path, title: str) -> Path | N
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def window_ticks(windows: list[float]) -> list[int]:
+    """The staleness axis's ticks: every whole window from the smallest to the largest plotted (windows are whole
+    versions, so the axis never shows fractions, even with a single window)."""
+    return list(range(int(min(windows)), int(max(windows)) + 1))
