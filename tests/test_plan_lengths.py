@@ -5,7 +5,9 @@ Invariants pinned:
 - a least-squares line through them gives the first and last step's mean, each turned into a log-normal median
   with the job's spread (mean = median · e^(σ²/2)), the drift over the run's steps;
 - the plan says where its lengths come from; a directory without metrics.jsonl or config.yaml is refused with
-  exit 2 naming --lengths-from, before anything is simulated.
+  exit 2 naming --lengths-from, before anything is simulated;
+- with assumed lengths the plan shows the fastest async setting's speed-up over sync with the medians halved,
+  as assumed and doubled (the ×1 figure is the table's at the same steps; a factor past the cap is left out).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import pytest
 from test_plan import plan_data
 
 from groupwise.cli.main import main
-from groupwise.config import ConfigError
+from groupwise.config import ConfigError, config_from_dict
 from groupwise.config.job_schema import JobLengthsSection
+from groupwise.sim.plan import run_plan
+from groupwise.sim.plan_sensitivity import scaled_lengths, speedup_by_length
 from groupwise.sim.run_lengths import fitted_line, lengths_from_run
 from groupwise.sim.workload import lognormal_sigma
 
@@ -52,7 +56,21 @@ def test_the_plan_says_its_lengths_come_from_the_run(tmp_path, capsys):
     path = tmp_path / "job.json"
     path.write_text(json.dumps(data))
     assert main(["plan", str(path), "--out", str(tmp_path / "out"), "--lengths-from", str(run)]) == 0
-    assert f"Lengths: median and drift read from {run}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"Lengths: median and drift read from {run}" in out and "If the lengths are off" not in out
+    assert main(["plan", str(path), "--out", str(tmp_path / "out")]) == 0
+    assert "If the lengths are off: async ready_first" in capsys.readouterr().out
+
+
+def test_the_speedup_over_a_range_of_lengths(tmp_path):
+    data = plan_data(tmp_path, samplers=["ready_first"], partial_rollouts=["continue"], rollout_fractions=[0.5],
+                     screen_steps=None)
+    cfg = config_from_dict(data)
+    sync, fastest = run_plan(cfg)
+    by_length = speedup_by_length(cfg, sync.point, fastest.point, steps=4)
+    assert by_length[1.0] == fastest.speedup and set(by_length) == {0.5, 1.0, 2.0}
+    assert scaled_lengths(cfg, 2.0).sim.job.lengths.median_tokens == 400
+    assert scaled_lengths(cfg, 6.0) is None  # a median of 1,200 past the 1,024-token cap
 
 
 def test_a_directory_that_is_not_a_run_is_refused(tmp_path, capsys):

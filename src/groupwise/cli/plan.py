@@ -78,6 +78,10 @@ def run_plan(args: argparse.Namespace) -> int:
                     on_row=lambda row: print(f"  done: {row.point.label}", file=sys.stderr, flush=True))  # fmt: skip
     source = None if args.lengths_from is None else str(args.lengths_from)
     notes = plan_notes(cfg.sim.job, rows, CALIBRATION_BAND, source) if cfg.sim.job is not None else []
+    if source is None:  # assumed lengths: how the answer moves if they are off
+        from groupwise.sim.plan_sensitivity import length_notes
+
+        notes.extend(length_notes(cfg, rows))
     print(format_table(rows) + "\n\n" + "\n".join(notes))
     name = cfg.run.name or Path(args.file).stem
     out = args.out if args.out is not None else Path(cfg.run.output_dir) / f"{name}-plan"
