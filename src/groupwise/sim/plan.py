@@ -13,14 +13,16 @@ otherwise). Each point of the grid is the job's config with these keys replaced,
   the buffer), ``loss.importance_sampling: true``, and ``on_dropped_prompt: shrink`` for ``windowed`` (it keeps no
   spare pool).
 
-Each point runs the real sync loop or controller without writing files, over ``sim.plan.steps`` steps (100 by
-default) standing for the run's ``run.max_steps``: what changes by weight version over the run — the median
-length's drift and the learning curve — is compressed into them (``drift_steps`` and ``sim.learning_rate_groups``
-scaled by ``steps / run.max_steps``), so the mean step covers the whole run; ``steps: null`` simulates every step.
-Its row:
-time per step (virtual wall ÷ steps), trained completion tokens per second, generator utilisation (share of
-replica-time with a sequence running or waiting), staleness p99 and max, wasted share of generated tokens, and
-the speed-up over the sync point (trained tokens per second ÷ sync's). The best row has the highest speed-up.
+Each point runs the real sync loop or controller without writing files, first over ``sim.plan.screen_steps``
+steps (6 by default), then — the sync point and the ``sim.plan.finalists`` fastest async points only — over
+``sim.plan.steps`` steps (30) standing for the run's ``run.max_steps``: what changes by weight version over the
+run — the median length's drift and the learning curve — is compressed into them (``drift_steps`` and
+``sim.learning_rate_groups`` scaled by ``steps / run.max_steps``), so the mean step covers the whole run;
+``steps: null`` simulates every step, ``screen_steps: null`` every point in full. Its row: time per step
+(virtual wall ÷ steps), trained completion tokens per second, generator utilisation (share of replica-time with
+a sequence running or waiting), staleness p99 and max, wasted share of generated tokens, and the speed-up over
+the sync point (trained tokens per second ÷ sync's). The best row is the one :mod:`groupwise.sim.plan_verdict`
+stars, if any.
 """
 
 from __future__ import annotations
