@@ -2,7 +2,8 @@
 
 Invariants pinned:
 - the GPU table holds the six GPUs the config accepts, dense BF16 (half the spec sheets' sparse figures); a
-  ``custom`` GPU with a table GPU's figures costs the same as it, and ``gpu_spec`` goes with ``custom`` only;
+  ``custom`` GPU with a table GPU's figures costs the same as it, and ``gpu_spec`` goes with ``custom`` only; a
+  job that leaves ``efficiency`` out gets its GPU's fitted constants (H20's), or the defaults on another GPU;
 - a decode step is bandwidth-bound with few sequences (weights + KV read) and compute-bound with many on a GPU with
   little FLOP/s per byte (H20), and the time between events integrates the per-step time exactly, with the
   inverse (steps done by a time) its inverse;
@@ -25,7 +26,7 @@ import math
 
 import pytest
 
-from groupwise.config.job_schema import GpuName, JobSection
+from groupwise.config.job_schema import FITTED_EFFICIENCY, GpuName, JobEfficiencySection, JobSection
 from groupwise.sim import job_model, step_time
 from groupwise.sim.gpus import GPUS
 from groupwise.sim.job_checks import check_cluster, training_memory_issue
@@ -218,3 +219,10 @@ def test_an_moe_trains_every_parameter_but_computes_with_the_active_ones():
     assert issue is not None and "30.0B-parameter model" in issue.rule and "at least 6 H20" in issue.fix
     assert training_memory_issue(dense, 4, reference=False) is None
     assert JobCosts.from_job(moe).sequence_forward_flops(400) == JobCosts.from_job(dense).sequence_forward_flops(400)
+
+
+def test_a_job_without_efficiency_gets_its_gpus_fitted_constants():
+    assert job().efficiency.model_dump() == {**FITTED_EFFICIENCY["H20"], "colocated_train_mfu": None}
+    assert job(gpu="H100").efficiency == JobEfficiencySection()
+    mine = JobSection.model_validate({**job().model_dump(), "efficiency": {"train_mfu": 0.4}})
+    assert mine.efficiency.train_mfu == 0.4 and mine.efficiency.inference_mfu == JobEfficiencySection().inference_mfu

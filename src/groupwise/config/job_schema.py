@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from groupwise.config.base import Section
 
@@ -136,6 +136,15 @@ class JobEfficiencySection(Section):
     all-reduces, scheduling."""
 
 
+#: The efficiency constants fitted per GPU type, which a job on that GPU gets when it leaves ``efficiency`` out:
+#: H20's by ``bench/sim_calibration.py`` on verl's synchronous runs (``docs/simulator.md``). No other GPU has a
+#: fitted set yet; a job on one gets :class:`JobEfficiencySection`'s defaults (and a plan warns).
+FITTED_EFFICIENCY: dict[str, dict[str, float]] = {
+    "H20": {"train_mfu": 0.537, "inference_mfu": 0.2177, "decode_bandwidth_efficiency": 0.6325,
+            "decode_step_overhead_s": 0.003},
+}  # fmt: skip
+
+
 class JobSection(Section):
     """A training job for the simulator's job model (``docs/simulator.md``)."""
 
@@ -150,7 +159,15 @@ class JobSection(Section):
     weight_sync: JobWeightSyncSection = Field(default_factory=JobWeightSyncSection)
     """Weight syncs."""
     efficiency: JobEfficiencySection = Field(default_factory=JobEfficiencySection)
-    """The fitted constants."""
+    """The fitted constants; left out = the GPU's fitted set (H20's) where there is one, else the defaults."""
+
+    @model_validator(mode="after")
+    def _gpu_constants(self) -> JobSection:
+        """A job that leaves ``efficiency`` out gets its GPU's fitted constants (:data:`FITTED_EFFICIENCY`)."""
+        fitted = FITTED_EFFICIENCY.get(self.cluster.gpu)
+        if "efficiency" not in self.model_fields_set and fitted is not None:
+            self.efficiency = JobEfficiencySection.model_validate(fitted)
+        return self
 
 
 PlanMode = Literal["sync", "async"]
