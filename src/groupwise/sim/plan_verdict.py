@@ -120,7 +120,7 @@ def lengths_note(job: JobSection, source: str | None) -> str:
     assumption, which every prediction depends on."""
     lengths = job.lengths
     drift = "" if lengths.final_median_tokens is None else f" → {lengths.final_median_tokens:,.0f}"
-    described = (f"median {lengths.median_tokens:,.0f}{drift} tokens over {lengths.drift_steps} steps, p99/p50 "
+    described = (f"median {lengths.median_tokens:,.0f}{drift} tokens over {lengths.drift_steps:,} steps, p99/p50 "
                  f"{lengths.p99_over_p50:g}, at most {lengths.max_tokens:,}")  # fmt: skip
     if source is not None:
         return f"Lengths: median and drift read from {source} ({described}; the spread p99/p50 assumed)."
