@@ -5,7 +5,8 @@ Invariants pinned:
   ``custom`` GPU with a table GPU's figures costs the same as it, and ``gpu_spec`` goes with ``custom`` only; a
   job that leaves ``efficiency`` out gets its GPU's fitted constants (H20's), or the defaults on another GPU;
 - a decode step is bandwidth-bound with few sequences (weights + KV read) and compute-bound with many on a GPU with
-  little FLOP/s per byte (H20), and the time between events integrates the per-step time exactly, with the
+  little FLOP/s per byte (H20), plus the tensor-parallel all-reduces of each running sequence (none at TP 1, over
+  NVLink within a node, the network beyond), and the time between events integrates the per-step time exactly, with the
   inverse (steps done by a time) its inverse;
 - training costs 4 forward-equivalents per token with gradient checkpointing, 3 without, plus one when the old
   logprobs are recomputed and one for a reference model's forward; its memory is 16 bytes per parameter sharded
@@ -54,12 +55,17 @@ def test_decode_is_bandwidth_bound_for_few_sequences_and_compute_bound_for_many(
     costs = JobCosts.from_job(job())
     read = lambda b, c: (costs.weight_bytes + c * costs.kv_bytes) / costs.replica_bandwidth  # noqa: E731
     compute = lambda b, c: (2 * costs.active_params * b + 4 * 28 * 3584 * c) / costs.replica_flops  # noqa: E731
+    tau = 2 * 28 * 2 * (4 - 1) / 4 * 3584 * 2 / (900e9 / 2)  # TP 4 all-reduces per sequence, within the node
+    assert costs.tp_seconds_per_sequence == pytest.approx(tau)
     one = job_model.decode_step_seconds(1, 600, costs)
-    assert one == pytest.approx(costs.decode_overhead_s + read(1, 600)) and read(1, 600) > compute(1, 600)
+    assert one == pytest.approx(costs.decode_overhead_s + tau + read(1, 600)) and read(1, 600) > compute(1, 600)
     many = job_model.decode_step_seconds(512, 512 * 600, costs)
-    assert many == pytest.approx(costs.decode_overhead_s + compute(512, 512 * 600))
+    assert many == pytest.approx(costs.decode_overhead_s + 512 * tau + compute(512, 512 * 600))
     assert compute(512, 512 * 600) > read(512, 512 * 600)
     assert costs.kv_bytes == 2 * 28 * 4 * 128 * 2
+    assert JobCosts.from_job(job(tensor_parallel=1, rollout_gpus=1)).tp_seconds_per_sequence == 0
+    across = JobCosts.from_job(job(tensor_parallel=16, rollout_gpus=16))  # beyond a node: the 50 GB/s network
+    assert across.tp_seconds_per_sequence == pytest.approx(2 * 28 * 2 * 15 / 16 * 3584 * 2 / 50e9)
 
 
 @pytest.mark.parametrize("running,context", [(1, 100.0), (64, 64 * 300.0), (900, 900 * 2000.0)])

@@ -52,13 +52,26 @@ def forward_flops(tokens: float, active_params: float, layers: int, hidden: int)
 def decode_step_seconds(running: int, context: float, job: JobCosts) -> float:
     """One decode step of a replica running ``B`` sequences holding ``C`` tokens of context in all::
 
-        t = o + max((N·b + C·kv) / (TP·W·η),  (2·A·B + 4·ℓ·h·C) / (TP·F·μ))
+        t = o + τ·B + max((N·b + C·kv) / (TP·W·η),  (2·A·B + 4·ℓ·h·C) / (TP·F·μ))
 
     bandwidth-bound (every weight and the whole KV cache read once) for small batches, compute-bound for large
-    ones on a GPU with little FLOP/s per byte (H20)."""
+    ones on a GPU with little FLOP/s per byte (H20); ``τ·B`` the tensor-parallel all-reduces
+    (:func:`tp_seconds_per_sequence`)."""
     read = (job.weight_bytes + context * job.kv_bytes) / job.replica_bandwidth
     compute = (2.0 * job.active_params * running + 4.0 * job.layers * job.hidden * context) / job.replica_flops
-    return job.decode_overhead_s + max(read, compute)
+    return job.decode_overhead_s + job.tp_seconds_per_sequence * running + max(read, compute)
+
+
+def tp_seconds_per_sequence(tensor_parallel: int, layers: int, hidden: int, dtype_bytes: int,
+                            link_bandwidth: float) -> float:
+    """Seconds a decode step spends per running sequence in the tensor-parallel all-reduces::
+
+        τ = 2·ℓ · 2·(TP − 1)/TP · h·b / link
+
+    two all-reduces of each sequence's ``h`` activations per layer (after attention and after the MLP), a ring
+    sending ``2·(TP − 1)/TP`` of the bytes from each GPU over ``link`` — half the NVLink total (one direction)
+    within a node of 8, the network beyond; 0 at TP = 1. Their latency is in the overhead ``o``."""
+    return 2.0 * layers * 2.0 * (tensor_parallel - 1) / tensor_parallel * hidden * dtype_bytes / link_bandwidth
 
 
 def prefill_seconds(tokens: float, context_before: float, job: JobCosts) -> float:
@@ -139,6 +152,7 @@ class JobCosts:
     replica_flops: float  # TP · F · inference_mfu
     replica_bandwidth: float  # TP · W · decode_bandwidth_efficiency
     decode_overhead_s: float
+    tp_seconds_per_sequence: float  # τ: tensor-parallel all-reduce seconds per running sequence per decode step
     train_gpus: int
     train_mfu: float
     train_passes: float  # forward-equivalents per update pass: 3, or 4 with gradient checkpointing
@@ -165,7 +179,10 @@ class JobCosts:
             kv_capacity=kv_capacity_tokens(gpu, c.tensor_parallel, c.memory_fraction, weight_bytes, kv),
             replica_flops=c.tensor_parallel * gpu.bf16_flops * e.inference_mfu,
             replica_bandwidth=c.tensor_parallel * gpu.memory_bandwidth * e.decode_bandwidth_efficiency,
-            decode_overhead_s=e.decode_step_overhead_s, train_gpus=c.train_gpus,
+            decode_overhead_s=e.decode_step_overhead_s,
+            tp_seconds_per_sequence=tp_seconds_per_sequence(
+                c.tensor_parallel, m.layers, m.hidden, m.dtype_bytes,
+                gpu.nvlink_bandwidth / 2 if c.tensor_parallel <= GPUS_PER_NODE else network), train_gpus=c.train_gpus,
             train_mfu=e.colocated_train_mfu if c.colocated and e.colocated_train_mfu is not None else e.train_mfu,
             train_passes=4.0 if job.training.gradient_checkpointing else 3.0,
             recompute_old_logprobs=job.training.recompute_old_logprobs,
