@@ -1,16 +1,23 @@
 """The job model's cost formulas and its replicas (``sim.job``; docs/simulator.md).
 
 Invariants pinned:
-- the GPU table holds the six GPUs the config accepts, dense BF16 (half the spec sheets' sparse figures);
+- the GPU table holds the six GPUs the config accepts, dense BF16 (half the spec sheets' sparse figures); a
+  ``custom`` GPU with a table GPU's figures costs the same as it, and ``gpu_spec`` goes with ``custom`` only; a
+  job that leaves ``efficiency`` out gets its GPU's fitted constants (H20's), or the defaults on another GPU;
 - a decode step is bandwidth-bound with few sequences (weights + KV read) and compute-bound with many on a GPU with
-  little FLOP/s per byte (H20), and the time between events integrates the per-step time exactly, with the
+  little FLOP/s per byte (H20), plus the tensor-parallel all-reduces of each running sequence (none at TP 1, over
+  NVLink within a node, the network beyond), and the time between events integrates the per-step time exactly, with the
   inverse (steps done by a time) its inverse;
 - training costs 4 forward-equivalents per token with gradient checkpointing, 3 without, plus one when the old
-  logprobs are recomputed; an update reduces gradients over NVLink within a node and the network beyond;
+  logprobs are recomputed and one for a reference model's forward; its memory is 16 bytes per parameter sharded
+  (2 more with a reference) plus one longest sequence's activations; a colocated trainer runs at
+  ``colocated_train_mfu`` when set; an update reduces gradients over NVLink within a node and the network beyond;
 - completion lengths have the configured median, drift with the weight version and are truncated at the maximum;
 - a replica batches continuously: a sequence waits for a free slot, starts when one frees, and each finishes at the
   time the per-step integral gives; a full KV cache preempts the latest sequence, which still finishes;
-- a cancelled group reports the tokens its completions had made.
+- a cancelled group reports the tokens its completions had made;
+- a weight sync with ``partial_rollout_kv: recompute`` holds a replica ``(2·A·Σc + 2·ℓ·h·Σc²) / (TP·F·μ)`` longer
+  than with ``keep`` (a prefill of every running sequence's whole context, the charge the config key documents).
 """
 
 from __future__ import annotations
@@ -20,9 +27,10 @@ import math
 
 import pytest
 
-from groupwise.config.job_schema import GpuName, JobSection
+from groupwise.config.job_schema import FITTED_EFFICIENCY, GpuName, JobEfficiencySection, JobSection
 from groupwise.sim import job_model, step_time
 from groupwise.sim.gpus import GPUS
+from groupwise.sim.job_checks import check_cluster, training_memory_issue
 from groupwise.sim.job_engine import JobEngine
 from groupwise.sim.job_lengths import JobVariates, LengthModel
 from groupwise.sim.job_model import JobCosts
@@ -38,7 +46,7 @@ def job(**cluster) -> JobSection:
 
 
 def test_the_gpu_table_is_the_configs_and_dense():
-    assert set(GPUS) == set(GpuName.__args__)
+    assert set(GPUS) | {"custom"} == set(GpuName.__args__)
     assert GPUS["H100"].bf16_flops == pytest.approx(1979e12 / 2, rel=1e-3)
     assert GPUS["H20"].bf16_flops / GPUS["H20"].memory_bandwidth == pytest.approx(37, rel=0.01)
 
@@ -47,12 +55,17 @@ def test_decode_is_bandwidth_bound_for_few_sequences_and_compute_bound_for_many(
     costs = JobCosts.from_job(job())
     read = lambda b, c: (costs.weight_bytes + c * costs.kv_bytes) / costs.replica_bandwidth  # noqa: E731
     compute = lambda b, c: (2 * costs.active_params * b + 4 * 28 * 3584 * c) / costs.replica_flops  # noqa: E731
+    tau = 2 * 28 * 2 * (4 - 1) / 4 * 3584 * 2 / (900e9 / 2)  # TP 4 all-reduces per sequence, within the node
+    assert costs.tp_seconds_per_sequence == pytest.approx(tau)
     one = job_model.decode_step_seconds(1, 600, costs)
-    assert one == pytest.approx(costs.decode_overhead_s + read(1, 600)) and read(1, 600) > compute(1, 600)
+    assert one == pytest.approx(costs.decode_overhead_s + tau + read(1, 600)) and read(1, 600) > compute(1, 600)
     many = job_model.decode_step_seconds(512, 512 * 600, costs)
-    assert many == pytest.approx(costs.decode_overhead_s + compute(512, 512 * 600))
+    assert many == pytest.approx(costs.decode_overhead_s + 512 * tau + compute(512, 512 * 600))
     assert compute(512, 512 * 600) > read(512, 512 * 600)
     assert costs.kv_bytes == 2 * 28 * 4 * 128 * 2
+    assert JobCosts.from_job(job(tensor_parallel=1, rollout_gpus=1)).tp_seconds_per_sequence == 0
+    across = JobCosts.from_job(job(tensor_parallel=16, rollout_gpus=16))  # beyond a node: the 50 GB/s network
+    assert across.tp_seconds_per_sequence == pytest.approx(2 * 28 * 2 * 15 / 16 * 3584 * 2 / 50e9)
 
 
 @pytest.mark.parametrize("running,context", [(1, 100.0), (64, 64 * 300.0), (900, 900 * 2000.0)])
@@ -76,6 +89,16 @@ def test_training_passes_and_update_communication():
                                                                           "recompute_old_logprobs": True}})
     assert JobCosts.from_job(plain).chunk_train_seconds(flops, epochs=2) == pytest.approx(
         (3 * 2 + 1) * flops / (4 * 148e12 * costs.train_mfu))  # fmt: skip
+    efficiency = {**base.efficiency.model_dump(), "colocated_train_mfu": costs.train_mfu / 2}
+    separate = JobSection.model_validate({**base.model_dump(), "efficiency": efficiency})
+    colocated = JobSection.model_validate({**separate.model_dump(), "cluster": {**base.cluster.model_dump(),
+                                                                                 "colocated": True}})  # fmt: skip
+    assert JobCosts.from_job(separate).chunk_train_seconds(flops, 1) == costs.chunk_train_seconds(flops, 1)
+    assert JobCosts.from_job(colocated).chunk_train_seconds(flops, 1) == pytest.approx(
+        2 * costs.chunk_train_seconds(flops, 1))  # a colocated trainer at its own MFU  # fmt: skip
+    reference = JobSection.model_validate({**base.model_dump(), "training": {"reference_forward": True}})
+    assert JobCosts.from_job(reference).chunk_train_seconds(flops, epochs=1) == pytest.approx(
+        (4 + 1) * flops / (4 * 148e12 * costs.train_mfu))  # fmt: skip
     gpu = GPUS["H20"]
     in_node = job_model.update_seconds(7.6e9, 8, gpu, 50e9)
     across = job_model.update_seconds(7.6e9, 16, gpu, 50e9)
@@ -143,3 +166,69 @@ def test_a_cancelled_group_reports_the_tokens_it_had_made():
     prefill = job_model.prefill_seconds(100, 0, costs)
     made = 2 * step_time.steps_within(0.5 - prefill, 2, 200, costs)
     assert out["made"] == pytest.approx(made, rel=1e-9) and 0 < out["made"] < 2000
+
+
+def _finish_after_sync(reprefill: bool, at: float = 0.5, sync_s: float = 1.0) -> tuple[JobCosts, float]:
+    costs = JobCosts.from_job(job())
+    out: dict = {}
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        engine = JobEngine(costs, poll_s=1e-9, track_versions=False, finish_quantum=0.0)
+        ticket = engine.submit([1000, 1000], loop.time())
+        await asyncio.sleep(at)
+        engine.pause(loop.time(), sync_s, None, reprefill=reprefill)
+        out["done"] = await ticket.future
+
+    run_in_virtual_time(main, 1e9)
+    return costs, out["done"]
+
+
+def test_a_sync_with_kv_recompute_charges_a_prefill_of_every_running_context():
+    costs, keep = _finish_after_sync(reprefill=False)
+    _, recompute = _finish_after_sync(reprefill=True)
+    steps = step_time.steps_within(0.5 - job_model.prefill_seconds(100, 0, costs), 2, 200, costs)
+    context = 100 + steps  # each of the two sequences: its prompt and the tokens made by the sync
+    prefill = (2 * costs.active_params * 2 * context + 2 * costs.layers * costs.hidden * 2 * context**2)
+    assert recompute - keep == pytest.approx(prefill / costs.replica_flops, rel=1e-6)
+
+
+def test_a_custom_gpu_costs_what_its_figures_say():
+    h100 = {"bf16_tflops": 989, "memory_gb": 80, "memory_tbytes_per_s": 3.35, "nvlink_gbytes_per_s": 900}
+    table, custom = JobCosts.from_job(job(gpu="H100")), JobCosts.from_job(job(gpu="custom", gpu_spec=h100))
+    assert custom.gpu.name == "custom" and custom.gpu.bf16_flops == pytest.approx(table.gpu.bf16_flops)
+    for field in ("kv_capacity", "replica_flops", "replica_bandwidth", "update_s", "sync_s"):
+        assert getattr(custom, field) == pytest.approx(getattr(table, field)), field
+    (missing,) = check_cluster(job(gpu="custom"), "async")
+    assert missing.path == "sim.job.cluster.gpu_spec" and "memory_tbytes_per_s" in missing.fix
+    (extra,) = check_cluster(job(gpu="H100", gpu_spec=h100), "async")
+    assert extra.path == "sim.job.cluster.gpu_spec" and "no effect" in extra.rule
+
+
+def test_training_memory_is_the_sharded_state_and_one_sequences_activations():
+    need = job_model.train_memory_bytes(70e9, 8, 4096, 80, 8192, checkpointing=True, reference=False)
+    assert need == pytest.approx(16 * 70e9 / 8 + 4096 * 8192 * (2 * 80 + 34))
+    with_reference = job_model.train_memory_bytes(70e9, 8, 4096, 80, 8192, checkpointing=True, reference=True)
+    assert with_reference - need == pytest.approx(2 * 70e9 / 8)
+    no_checkpoints = job_model.train_memory_bytes(0.0, 8, 4096, 80, 8192, checkpointing=False, reference=False)
+    assert no_checkpoints == pytest.approx(34 * 4096 * 8192 * 80)
+    activations = 4096 * 8192 * (2 * 80 + 34)
+    assert job_model.train_gpus_needed(70e9, 72e9, activations, False) == math.ceil(16 * 70e9 / (72e9 - activations))
+    assert job_model.train_gpus_needed(70e9, 1e9, activations, False) is None
+
+
+def test_an_moe_trains_every_parameter_but_computes_with_the_active_ones():
+    moe = JobSection.model_validate({**job().model_dump(), "model": {**job().model.model_dump(), "params": 30e9,
+                                                                        "active_params": 3e9}})  # fmt: skip
+    dense = JobSection.model_validate({**job().model_dump(), "model": {**job().model.model_dump(), "params": 3e9}})
+    issue = training_memory_issue(moe, 4, reference=False)  # 16 · 30e9 / 4 = 120 GB > 0.9 · 96 GB
+    assert issue is not None and "30.0B-parameter model" in issue.rule and "at least 6 H20" in issue.fix
+    assert training_memory_issue(dense, 4, reference=False) is None
+    assert JobCosts.from_job(moe).sequence_forward_flops(400) == JobCosts.from_job(dense).sequence_forward_flops(400)
+
+
+def test_a_job_without_efficiency_gets_its_gpus_fitted_constants():
+    assert job().efficiency.model_dump() == {**FITTED_EFFICIENCY["H20"], "colocated_train_mfu": None}
+    assert job(gpu="H100").efficiency == JobEfficiencySection()
+    mine = JobSection.model_validate({**job().model_dump(), "efficiency": {"train_mfu": 0.4}})
+    assert mine.efficiency.train_mfu == 0.4 and mine.efficiency.inference_mfu == JobEfficiencySection().inference_mfu

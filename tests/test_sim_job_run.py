@@ -109,7 +109,8 @@ def test_bad_job_settings_are_refused_at_once_with_their_keys(tmp_path, capsys):
     paths = [issue.path for issue in err.value.errors]
     assert paths == ["sim.per_token_s", "sim.straggler_rate", "sim.job.cluster.colocated",
                      "sim.job.cluster.train_gpus", "sim.job.cluster.rollout_gpus",
-                     "sim.job.cluster.tensor_parallel"]  # fmt: skip
+                     "sim.job.cluster.tensor_parallel", "sim.job.cluster.train_gpus"]  # fmt: skip
+    assert "one longest sequence's activations do not fit" in err.value.errors[-1].fix  # a 10⁹-token sequence
     assert not (tmp_path / "bad").exists()
     plan_only = config_from_dict({"model": {"source": "tiny"}, "run": {"output_dir": str(tmp_path)},
                                   "sim": {"plan": {"windows": [1]}}})  # fmt: skip

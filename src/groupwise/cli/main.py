@@ -73,8 +73,20 @@ def run_config_show(args: argparse.Namespace) -> int:
 def run_config_check(args: argparse.Namespace) -> int:
     """Print ``ok: FILE`` when the config is valid and what it points at is usable (reward and sampler import, data
     files parse, the model path exists, the run directory can be written); a ``ConfigError`` listing every problem
-    propagates to :func:`main` (exit 2). Hazards (valid settings known to end runs badly) are printed as warnings."""
+    propagates to :func:`main` (exit 2). Hazards (valid settings known to end runs badly) are printed as warnings.
+
+    A config with ``sim.job`` describes a job to simulate, not one to train: it is checked as ``groupwise plan``
+    checks it (the two accept the same configs), since its model, task and reward are never loaded."""
     config = load_config(args.file, args.overrides)
+    if config.sim.job is not None:
+        from groupwise.sim.plan import plan_issues
+
+        if issues := plan_issues(config):
+            raise ConfigError(issues)
+        warnings = print_config_warnings(config)
+        print(f"ok: {args.file} (a job for groupwise plan and simulate: checked as groupwise plan checks it)"
+              + (f" ({len(warnings)} warning(s) above)" if warnings else ""))  # fmt: skip
+        return EXIT_OK
     from groupwise.trainer.preflight import check_inputs  # imports the task and reward code, never torch
 
     inputs = check_inputs(config)

@@ -12,10 +12,15 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from groupwise.cli.commands import print_config_warnings
 from groupwise.config import load_config
 from groupwise.config.job_schema import default_plan
+
+if TYPE_CHECKING:
+    from groupwise.config import RunConfig
+    from groupwise.sim.plan import PlanRow
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -38,40 +43,68 @@ def add_plan_parser(subparsers) -> None:  # type: ignore[no-untyped-def]
     parser.add_argument("--out", type=Path, default=None,
                         help="directory for plan.md, plan.json and plan.png (default <run.output_dir>/<run.name>-plan)")
     parser.add_argument("--jobs", type=int, default=1, help="points simulated in parallel processes (default 1)")
+    parser.add_argument("--lengths-from", type=Path, default=None, metavar="RUN_DIR",
+                        help="read the completion lengths (median and its drift) from a run's metrics.jsonl "
+                        "instead of assuming sim.job.lengths")  # fmt: skip
     parser.set_defaults(handler=run_plan)
 
 
 def run_plan(args: argparse.Namespace) -> int:
     """Print the plan table and write its files; a ``ConfigError`` (every problem) propagates to ``main``."""
     cfg = load_config(args.file, args.overrides)
+    if args.lengths_from is not None:
+        from groupwise.sim.run_lengths import with_run_lengths
+
+        cfg = with_run_lengths(cfg, args.lengths_from)
     print_config_warnings(cfg)
     if args.jobs < 1:
         print(f"groupwise plan: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
         return EXIT_USAGE
-    from groupwise.sim.plan import format_table, plan_points, rows_json, run_plan
-    from groupwise.sim.plan_plot import plot_plan
+    from groupwise.sim.plan import CALIBRATION_BAND, format_table, plan_points, run_plan
+    from groupwise.sim.plan_verdict import plan_notes
 
     points = plan_points(cfg)
-    steps = cfg.sim.plan.steps if cfg.sim.plan is not None else default_plan().steps
+    grid = cfg.sim.plan or default_plan()
+    steps = grid.steps
     simulated = cfg.run.max_steps if steps is None or cfg.run.max_steps is None else min(steps, cfg.run.max_steps)
-    print(f"groupwise plan: {len(points)} settings × {simulated} simulated steps (standing for run.max_steps = "
-          f"{cfg.run.max_steps}) of {cfg.grpo.num_prompts_per_step} × {cfg.grpo.num_generations_per_prompt}",
-          file=sys.stderr)  # fmt: skip
+    screen = "" if grid.screen_steps is None else (
+        f"screened for {grid.screen_steps} steps each, then the sync and the {grid.finalists} fastest async "
+        f"settings for ")
+    print(f"groupwise plan: {len(points)} settings, {screen}{simulated} simulated steps (standing for "
+          f"run.max_steps = {cfg.run.max_steps}) of {cfg.grpo.num_prompts_per_step} × "
+          f"{cfg.grpo.num_generations_per_prompt}", file=sys.stderr)  # fmt: skip
     start = time.process_time()
     rows = run_plan(cfg, jobs=args.jobs,
                     on_row=lambda row: print(f"  done: {row.point.label}", file=sys.stderr, flush=True))  # fmt: skip
-    table = format_table(rows)
-    print(table)
+    source = None if args.lengths_from is None else str(args.lengths_from)
+    notes = plan_notes(cfg.sim.job, rows, CALIBRATION_BAND, source) if cfg.sim.job is not None else []
+    if source is None:  # assumed lengths: how the answer moves if they are off
+        from groupwise.sim.plan_sensitivity import length_notes
+
+        notes.extend(length_notes(cfg, rows))
+    print(format_table(rows) + "\n\n" + "\n".join(notes))
     name = cfg.run.name or Path(args.file).stem
     out = args.out if args.out is not None else Path(cfg.run.output_dir) / f"{name}-plan"
+    written = write_plan(out, args.file, cfg, rows, notes, f"{name}: speed-up over sync")
+    print(f"written: {', '.join(str(p) for p in written)} ({time.process_time() - start:.0f} s of CPU in this "
+          "process)", file=sys.stderr)  # fmt: skip
+    return EXIT_OK
+
+
+def write_plan(out: Path, source: str, cfg: RunConfig, rows: list[PlanRow], notes: list[str], title: str) -> list[Path]:
+    """Write ``plan.md`` (the table, then the notes), ``plan.json`` (one entry per row) and ``plan.png`` to
+    ``out``; the paths written."""
+    from groupwise.sim.plan import format_table, rows_json
+    from groupwise.sim.plan_plot import plot_plan
+
     out.mkdir(parents=True, exist_ok=True)
     job = cfg.sim.job
     constants = ", ".join(f"{k} = {v}" for k, v in job.efficiency.model_dump().items()) if job is not None else ""
-    (out / "plan.md").write_text(f"# Plan: {args.file}\n\n{simulated} simulated steps per setting standing for "
-                                 f"{cfg.run.max_steps}; fitted constants: {constants}.\n\n{table}\n",
+    steps = {r.steps for r in rows if not r.screened}
+    (out / "plan.md").write_text(f"# Plan: {source}\n\n{', '.join(map(str, sorted(steps)))} simulated steps per "
+                                 f"finalist standing for {cfg.run.max_steps}; fitted constants: {constants}.\n\n"
+                                 f"{format_table(rows)}\n\n" + "\n\n".join(notes) + "\n",
                                  encoding="utf-8")  # fmt: skip
     (out / "plan.json").write_text(json.dumps(rows_json(rows), indent=2) + "\n", encoding="utf-8")
-    plot = plot_plan(rows, out / "plan.png", f"{name}: speed-up over sync")
-    written = ", ".join(str(p) for p in (out / "plan.md", out / "plan.json", plot) if p is not None)
-    print(f"written: {written} ({time.process_time() - start:.0f} s of CPU in this process)", file=sys.stderr)
-    return EXIT_OK
+    plot = plot_plan(rows, out / "plan.png", title)
+    return [p for p in (out / "plan.md", out / "plan.json", plot) if p is not None]

@@ -213,7 +213,10 @@ class AsyncSection(Section):
     later token's distribution, and its recorded logprob, conditions on stale keys and values: the behaviour
     policy is a mix of versions (still the one that sampled it, so importance weights stay exact). The default
     follows the backend: ``recompute`` for the built-in engine, ``keep`` under ``generation.backend: vllm`` (the one
-    value vLLM can do). Training only (the toy simulator does not charge the recompute)."""
+    value vLLM can do). ``groupwise simulate`` and ``plan`` with ``sim.job`` charge ``recompute`` at each weight sync
+    as a prefill of every running row's whole context on its replica, ``(2·A·Σc + 2·ℓ·h·Σc²) / (TP·F·μ)`` seconds
+    (``docs/simulator.md``), and ``keep`` nothing; the toy simulator (no ``sim.job``) charges neither and refuses
+    ``keep``."""
 
     @field_validator("partial_rollouts", mode="before")
     @classmethod

@@ -11,11 +11,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from groupwise.config.base import Section
 
-GpuName = Literal["A100", "H100", "H200", "H20", "B200", "GB200"]
+GpuName = Literal["A100", "H100", "H200", "H20", "B200", "GB200", "custom"]
+
+
+class JobGpuSpecSection(Section):
+    """A GPU the table does not have, from its spec sheet (``cluster.gpu: custom``): dense figures, no sparsity."""
+
+    bf16_tflops: float = Field(gt=0)
+    """Dense BF16 tensor-core throughput in TFLOP/s (> 0; half a sheet's "with sparsity" figure)."""
+    memory_gb: float = Field(gt=0)
+    """HBM capacity in GB (> 0)."""
+    memory_tbytes_per_s: float = Field(gt=0)
+    """HBM bandwidth in TB/s (> 0)."""
+    nvlink_gbytes_per_s: float = Field(gt=0)
+    """GPU-to-GPU bandwidth inside a node in GB/s (> 0; NVLink total, both directions)."""
 
 
 class JobModelSection(Section):
@@ -42,7 +55,9 @@ class JobClusterSection(Section):
 
     gpu: GpuName
     """GPU type: ``A100``, ``H100``, ``H200``, ``H20``, ``B200``, ``GB200`` (dense BF16 FLOP/s, HBM size and
-    bandwidth from the spec sheets)."""
+    bandwidth from the spec sheets), or ``custom`` with ``gpu_spec``."""
+    gpu_spec: JobGpuSpecSection | None = None
+    """The figures of a ``custom`` GPU (required with it, refused with a table GPU)."""
     rollout_gpus: int = Field(ge=1)
     """GPUs that generate (≥ 1; a multiple of ``tensor_parallel``)."""
     train_gpus: int = Field(ge=1)
@@ -88,6 +103,9 @@ class JobTrainingSection(Section):
     trainers that do not take them from the generator do); ``false`` = the generator's logprobs are used."""
     gradient_checkpointing: bool = True
     """Recompute each layer's forward during the backward: 8 instead of 6 FLOPs per parameter per token."""
+    reference_forward: bool | None = None
+    """Run a frozen reference policy's forward over the step's tokens (a KL penalty to it) and hold its BF16
+    weights on the training GPUs; ``null`` = when the run's ``loss.kl_coef`` is above 0."""
 
 
 class JobWeightSyncSection(Section):
@@ -105,6 +123,10 @@ class JobEfficiencySection(Section):
 
     train_mfu: float = Field(0.35, gt=0, le=1)
     """Share of the GPUs' peak BF16 FLOP/s a training pass achieves (0 < f ≤ 1)."""
+    colocated_train_mfu: float | None = Field(None, gt=0, le=1)
+    """``train_mfu`` of a trainer colocated with the engines (``cluster.colocated``: the sync point of a plan), whose
+    memory is shared with the sleeping engine and whose parameters and optimizer state are offloaded between
+    phases (0 < f ≤ 1); ``null`` = ``train_mfu``."""
     inference_mfu: float = Field(0.5, gt=0, le=1)
     """Share of peak FLOP/s of prefill and of a compute-bound decode step (0 < f ≤ 1)."""
     decode_bandwidth_efficiency: float = Field(0.7, gt=0, le=1)
@@ -112,6 +134,15 @@ class JobEfficiencySection(Section):
     decode_step_overhead_s: float = Field(0.003, ge=0)
     """Seconds every decode step costs besides its FLOPs or bytes (≥ 0): kernel launches, tensor-parallel
     all-reduces, scheduling."""
+
+
+#: The efficiency constants fitted per GPU type, which a job on that GPU gets when it leaves ``efficiency`` out:
+#: H20's by ``bench/sim_calibration.py`` on verl's synchronous runs (``docs/simulator.md``). No other GPU has a
+#: fitted set yet; a job on one gets :class:`JobEfficiencySection`'s defaults (and a plan warns).
+FITTED_EFFICIENCY: dict[str, dict[str, float]] = {
+    "H20": {"train_mfu": 0.537, "inference_mfu": 0.2177, "decode_bandwidth_efficiency": 0.6325,
+            "decode_step_overhead_s": 0.003},
+}  # fmt: skip
 
 
 class JobSection(Section):
@@ -128,7 +159,15 @@ class JobSection(Section):
     weight_sync: JobWeightSyncSection = Field(default_factory=JobWeightSyncSection)
     """Weight syncs."""
     efficiency: JobEfficiencySection = Field(default_factory=JobEfficiencySection)
-    """The fitted constants."""
+    """The fitted constants; left out = the GPU's fitted set (H20's) where there is one, else the defaults."""
+
+    @model_validator(mode="after")
+    def _gpu_constants(self) -> JobSection:
+        """A job that leaves ``efficiency`` out gets its GPU's fitted constants (:data:`FITTED_EFFICIENCY`)."""
+        fitted = FITTED_EFFICIENCY.get(self.cluster.gpu)
+        if "efficiency" not in self.model_fields_set and fitted is not None:
+            self.efficiency = JobEfficiencySection.model_validate(fitted)
+        return self
 
 
 PlanMode = Literal["sync", "async"]
@@ -163,10 +202,22 @@ class PlanSection(Section):
     rollout_fractions: list[Annotated[float, Field(gt=0, lt=1)]] = Field(default_factory=lambda: [0.5], min_length=1)
     """Shares of the GPUs (``rollout_gpus + train_gpus``) that generate in async mode, each in (0, 1); rounded to
     whole replicas."""
-    steps: int | None = Field(100, ge=1)
-    """Steps simulated per point (≥ 1): the run's ``run.max_steps`` steps are represented by this many, with what
-    changes over the run by weight version — the length drift (``job.lengths.drift_steps``) and the learning curve
-    (``sim.learning_rate_groups``, in groups) — scaled by ``steps / run.max_steps``; ``null`` = every step."""
+    steps: int | None = Field(30, ge=1)
+    """Steps simulated per finalist (≥ 1): the run's ``run.max_steps`` steps are represented by this many, with
+    what changes over the run by weight version — the length drift (``job.lengths.drift_steps``) and the learning
+    curve (``sim.learning_rate_groups``, in groups) — scaled by ``steps / run.max_steps``; ``null`` = every step."""
+    screen_steps: int | None = Field(6, ge=1)
+    """Steps every point is first simulated for (≥ 1, compressed like ``steps``): the sync point and the
+    ``finalists`` fastest async points are then simulated again for ``steps``, and only they can be starred;
+    ``null`` = no screening (every point for ``steps``)."""
+    finalists: int = Field(3, ge=1)
+    """Async points the screen passes on to the full simulation (≥ 1)."""
+    sync_tensor_parallel: int | None = Field(None, ge=1)
+    """GPUs per rollout replica at the sync point (≥ 1; a colocated engine often shards wider, its memory shared
+    with the trainer's); ``null`` = ``job.cluster.tensor_parallel``, as the async points."""
+    sync_memory_fraction: float | None = Field(None, gt=0, le=1)
+    """The rollout engine's share of GPU memory at the sync point (0 < f ≤ 1; vLLM's ``gpu_memory_utilization``,
+    lower when colocated); ``null`` = ``job.cluster.memory_fraction``."""
 
     @field_validator("partial_rollouts", mode="before")
     @classmethod

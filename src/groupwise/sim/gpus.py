@@ -12,11 +12,17 @@ the GPU's total NVLink bandwidth (both directions), used for a colocated weight 
 | H20 | 148 TFLOP/s | 96 GB | 4.0 TB/s | 900 GB/s | NVIDIA H20 (HGX H20) product brief |
 | B200 | 2,250 TFLOP/s | 180 GB | 7.7 TB/s | 1.8 TB/s | NVIDIA HGX B200 datasheet (4.5 sparse; 62 TB/s per 8) |
 | GB200 | 2,500 TFLOP/s | 186 GB | 8.0 TB/s | 1.8 TB/s | NVIDIA GB200 NVL72 datasheet (360 P sparse per 72) |
+
+Any other GPU is ``cluster.gpu: custom`` with its figures in ``cluster.gpu_spec``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from groupwise.config.job_schema import JobClusterSection
 
 TERA = 1e12
 GIGA = 1e9
@@ -53,3 +59,13 @@ def gpu_spec(name: str) -> GpuSpec:
         return GPUS[name]
     except KeyError:
         raise ValueError(f"unknown GPU {name!r}; the table has {', '.join(GPU_NAMES)}") from None
+
+
+def cluster_gpu(cluster: JobClusterSection) -> GpuSpec:
+    """The cluster's GPU: the table's row, or the user's ``gpu_spec`` for ``gpu: custom`` (checked by
+    :func:`~groupwise.sim.job_checks.check_cluster` to be given exactly then)."""
+    spec = cluster.gpu_spec
+    if cluster.gpu != "custom" or spec is None:
+        return gpu_spec(cluster.gpu)
+    return GpuSpec("custom", spec.bf16_tflops * TERA, spec.memory_gb * GIGA, spec.memory_tbytes_per_s * TERA,
+                   spec.nvlink_gbytes_per_s * GIGA)  # fmt: skip

@@ -8,8 +8,14 @@ from typing import TYPE_CHECKING
 from groupwise.config import ConfigIssue
 from groupwise.config.base import changed_fields
 from groupwise.config.runtime_schema import SimSection
-from groupwise.sim.gpus import gpu_spec
-from groupwise.sim.job_model import kv_bytes_per_token, kv_capacity_tokens
+from groupwise.sim.gpus import GPU_NAMES, GPUS, cluster_gpu
+from groupwise.sim.job_model import (
+    TRAIN_MEMORY_FRACTION,
+    kv_bytes_per_token,
+    kv_capacity_tokens,
+    train_gpus_needed,
+    train_memory_bytes,  # fmt: skip
+)
 
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
@@ -21,8 +27,9 @@ TOY_KEYS = ("rollout_slots", "length_median_tokens", "length_p99_over_p50", "pre
             "straggler_factor")  # fmt: skip
 
 
-def check_job(cfg: RunConfig) -> list[ConfigIssue]:
-    """Every issue of ``cfg.sim.job`` with the rest of the config (none when there is no job)."""
+def check_job(cfg: RunConfig, train_gpus: int | None = None) -> list[ConfigIssue]:
+    """Every issue of ``cfg.sim.job`` with the rest of the config (none when there is no job); the training memory
+    is checked on ``train_gpus`` GPUs (``None``: the job's ``cluster.train_gpus``)."""
     job = cfg.sim.job
     if job is None:
         if cfg.sim.plan is None:
@@ -39,7 +46,45 @@ def check_job(cfg: RunConfig) -> list[ConfigIssue]:
     ]  # fmt: skip
     issues.extend(check_cluster(job, cfg.mode))
     issues.extend(check_lengths(job))
+    if gpu_spec_issue(job) is None:
+        issue = training_memory_issue(job, train_gpus or job.cluster.train_gpus, uses_reference(cfg))
+        issues.extend([issue] if issue is not None else [])
     return issues
+
+
+def uses_reference(cfg: RunConfig) -> bool:
+    """Whether the job trains with a reference model: ``training.reference_forward``, or when unset
+    ``loss.kl_coef > 0``."""
+    job = cfg.sim.job
+    reference = None if job is None else job.training.reference_forward
+    return cfg.loss.kl_coef > 0 if reference is None else reference
+
+
+def training_memory_issue(job: JobSection, gpus: int, reference: bool) -> ConfigIssue | None:
+    """The training state and activations (:func:`~groupwise.sim.job_model.train_memory_bytes`) fit in
+    ``TRAIN_MEMORY_FRACTION`` of each of the ``gpus`` training GPUs; if not, the issue names the GPU count, and
+    the GPUs of the table, that would hold them."""
+    m, c = job.model, job.cluster
+    gpu = cluster_gpu(c)
+    tokens = job.lengths.prompt_tokens + job.lengths.max_tokens
+    checkpointing = job.training.gradient_checkpointing
+    need = train_memory_bytes(m.params, gpus, tokens, m.layers, m.hidden, checkpointing, reference)
+    usable = TRAIN_MEMORY_FRACTION * gpu.memory_bytes
+    if need <= usable:
+        return None
+    activations = train_memory_bytes(0.0, 1, tokens, m.layers, m.hidden, checkpointing, False)
+    fewest = train_gpus_needed(m.params, usable, activations, reference)
+    bigger = [g.name for g in GPUS.values() if need <= TRAIN_MEMORY_FRACTION * g.memory_bytes]
+    fixes = [f"train on at least {fewest} {c.gpu} GPUs" if fewest is not None else
+             "shorten lengths.max_tokens (one longest sequence's activations do not fit)"]  # fmt: skip
+    fixes.append(f"a GPU with more memory ({', '.join(bigger)} at {gpus})" if bigger else "a smaller model")
+    return ConfigIssue(
+        "sim.job.cluster.train_gpus", gpus, f"{gpus} {c.gpu} GPUs ({gpu.memory_bytes / 1e9:.0f} GB, "
+        f"{TRAIN_MEMORY_FRACTION:.0%} usable) cannot train a {m.params / 1e9:.1f}B-parameter model: its weights, "
+        f"gradients and Adam state{' and a reference model' if reference else ''} sharded over {gpus} GPUs and the "
+        f"activations of one {tokens:,}-token sequence need {need / 1e9:.0f} GB on each",
+        " or ".join(fixes),
+    )  # fmt: skip
 
 
 def check_lengths(job: JobSection) -> list[ConfigIssue]:
@@ -85,7 +130,9 @@ def check_cluster(job: JobSection, mode: str) -> list[ConfigIssue]:
         ))  # fmt: skip
     m = job.model
     kv = kv_bytes_per_token(m.layers, m.kv_heads, m.head_dim, m.dtype_bytes)
-    gpu = gpu_spec(c.gpu)
+    if issue := gpu_spec_issue(job):
+        return [*issues, issue]  # no GPU figures: nothing below can be checked
+    gpu = cluster_gpu(c)
     capacity = kv_capacity_tokens(gpu, c.tensor_parallel, c.memory_fraction, m.params * m.dtype_bytes, kv)
     longest = job.lengths.prompt_tokens + job.lengths.max_tokens
     if capacity < longest:
@@ -97,3 +144,17 @@ def check_cluster(job: JobSection, mode: str) -> list[ConfigIssue]:
             "raise tensor_parallel or memory_fraction, choose a GPU with more memory, or lower lengths.max_tokens",
         ))  # fmt: skip
     return issues
+
+
+def gpu_spec_issue(job: JobSection) -> ConfigIssue | None:
+    """``cluster.gpu_spec`` is given exactly when ``cluster.gpu`` is ``custom``."""
+    c = job.cluster
+    if c.gpu == "custom" and c.gpu_spec is None:
+        return ConfigIssue("sim.job.cluster.gpu_spec", None, "gpu: custom needs the GPU's figures",
+                           "give sim.job.cluster.gpu_spec: {bf16_tflops, memory_gb, memory_tbytes_per_s, "
+                           f"nvlink_gbytes_per_s}}, or name a GPU of the table ({', '.join(GPU_NAMES)})")  # fmt: skip
+    if c.gpu != "custom" and c.gpu_spec is not None:
+        return ConfigIssue("sim.job.cluster.gpu_spec", c.gpu_spec.model_dump(), f"gpu_spec describes a custom GPU, "
+                           f"but gpu is {c.gpu}, whose figures come from the table (a key with no effect is an error)",
+                           "remove sim.job.cluster.gpu_spec, or set sim.job.cluster.gpu: custom")  # fmt: skip
+    return None

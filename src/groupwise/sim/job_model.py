@@ -2,17 +2,18 @@
 
 Notation: ``N`` parameters (``A`` active per token; ``A = N`` dense), ``ℓ`` layers, ``h`` hidden size, ``b`` bytes per
 value, ``F`` peak dense BF16 FLOP/s and ``W`` HBM bytes/s of one GPU, ``TP`` GPUs per rollout replica. The fitted
-constants are ``train_mfu``, ``inference_mfu`` (``μ``), ``decode_bandwidth_efficiency`` (``η``) and
-``decode_step_overhead_s`` (``o``); every other number comes from the spec sheet (:mod:`groupwise.sim.gpus`) or
-the job (``sim.job``).
+constants are ``train_mfu`` (``colocated_train_mfu`` for a colocated trainer), ``inference_mfu`` (``μ``),
+``decode_bandwidth_efficiency`` (``η``) and ``decode_step_overhead_s`` (``o``); every other number comes from the
+spec sheet (:mod:`groupwise.sim.gpus`) or the job (``sim.job``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from groupwise.sim.gpus import GpuSpec, gpu_spec
+from groupwise.sim.gpus import GpuSpec, cluster_gpu
 
 if TYPE_CHECKING:
     from groupwise.config.job_schema import JobSection
@@ -26,6 +27,15 @@ UPDATE_COMM_BYTES_PER_PARAM = 6.0
 #: Bytes per parameter an Adam step reads and writes in HBM (FP32 master weight, two moments, gradient: read and
 #: write), spread over the training GPUs.
 ADAM_HBM_BYTES_PER_PARAM = 32.0
+#: Bytes per parameter of mixed-precision Adam training: BF16 weights (2) and gradients (2), FP32 master weights
+#: (4) and two FP32 moments (8).
+TRAIN_STATE_BYTES_PER_PARAM = 16.0
+#: Activation bytes of one transformer layer per token per hidden unit in BF16 (Korthikanti et al. 2022,
+#: "Reducing Activation Recomputation in Large Transformer Models": 34·s·b·h without the attention scores, which
+#: flash attention does not keep).
+LAYER_ACTIVATION_BYTES = 34.0
+#: Share of a training GPU's memory the trainer can use (the rest: the CUDA context, allocator fragmentation).
+TRAIN_MEMORY_FRACTION = 0.9
 
 
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> float:
@@ -42,13 +52,26 @@ def forward_flops(tokens: float, active_params: float, layers: int, hidden: int)
 def decode_step_seconds(running: int, context: float, job: JobCosts) -> float:
     """One decode step of a replica running ``B`` sequences holding ``C`` tokens of context in all::
 
-        t = o + max((N·b + C·kv) / (TP·W·η),  (2·A·B + 4·ℓ·h·C) / (TP·F·μ))
+        t = o + τ·B + max((N·b + C·kv) / (TP·W·η),  (2·A·B + 4·ℓ·h·C) / (TP·F·μ))
 
     bandwidth-bound (every weight and the whole KV cache read once) for small batches, compute-bound for large
-    ones on a GPU with little FLOP/s per byte (H20)."""
+    ones on a GPU with little FLOP/s per byte (H20); ``τ·B`` the tensor-parallel all-reduces
+    (:func:`tp_seconds_per_sequence`)."""
     read = (job.weight_bytes + context * job.kv_bytes) / job.replica_bandwidth
     compute = (2.0 * job.active_params * running + 4.0 * job.layers * job.hidden * context) / job.replica_flops
-    return job.decode_overhead_s + max(read, compute)
+    return job.decode_overhead_s + job.tp_seconds_per_sequence * running + max(read, compute)
+
+
+def tp_seconds_per_sequence(tensor_parallel: int, layers: int, hidden: int, dtype_bytes: int,
+                            link_bandwidth: float) -> float:
+    """Seconds a decode step spends per running sequence in the tensor-parallel all-reduces::
+
+        τ = 2·ℓ · 2·(TP − 1)/TP · h·b / link
+
+    two all-reduces of each sequence's ``h`` activations per layer (after attention and after the MLP), a ring
+    sending ``2·(TP − 1)/TP`` of the bytes from each GPU over ``link`` — half the NVLink total (one direction)
+    within a node of 8, the network beyond; 0 at TP = 1. Their latency is in the overhead ``o``."""
+    return 2.0 * layers * 2.0 * (tensor_parallel - 1) / tensor_parallel * hidden * dtype_bytes / link_bandwidth
 
 
 def prefill_seconds(tokens: float, context_before: float, job: JobCosts) -> float:
@@ -81,6 +104,31 @@ def update_seconds(params: float, gpus: int, gpu: GpuSpec, network_bandwidth: fl
     return comm + ADAM_HBM_BYTES_PER_PARAM * params / (gpus * gpu.memory_bandwidth)
 
 
+def train_memory_bytes(params: float, gpus: int, tokens: int, layers: int, hidden: int, checkpointing: bool,
+                       reference: bool) -> float:
+    """Training memory on each of ``g`` GPUs, everything sharded (FSDP), one longest sequence of ``T`` tokens::
+
+        16·N/g  (+ 2·N/g with a reference model)  +  T·h·(2·ℓ + 34)  (34·T·h·ℓ without checkpointing)
+
+    BF16 weights and gradients and FP32 master weights and Adam moments (16 bytes per parameter — every
+    parameter, an MoE's experts too), a frozen BF16 reference; the activations kept for the backward: each layer's
+    BF16 input with gradient checkpointing plus one layer's recomputed activations (about ``34·T·h`` bytes), or
+    every layer's without."""
+    state = (TRAIN_STATE_BYTES_PER_PARAM + (2.0 if reference else 0.0)) * params / gpus
+    activations = tokens * hidden * (2.0 * layers + LAYER_ACTIVATION_BYTES if checkpointing
+                                     else LAYER_ACTIVATION_BYTES * layers)  # fmt: skip
+    return state + activations
+
+
+def train_gpus_needed(params: float, memory: float, activations: float, reference: bool) -> int | None:
+    """The fewest GPUs of ``memory`` usable bytes that hold :func:`train_memory_bytes` (``None``: not even with
+    the state spread thin, the activations alone do not fit)."""
+    room = memory - activations
+    if room <= 0:
+        return None
+    return math.ceil((TRAIN_STATE_BYTES_PER_PARAM + (2.0 if reference else 0.0)) * params / room)
+
+
 def weight_sync_seconds(weight_bytes: float, bandwidth: float, fixed_s: float) -> float:
     """One weight sync: ``fixed_s + N·b / bandwidth``."""
     return fixed_s + weight_bytes / bandwidth
@@ -104,17 +152,19 @@ class JobCosts:
     replica_flops: float  # TP · F · inference_mfu
     replica_bandwidth: float  # TP · W · decode_bandwidth_efficiency
     decode_overhead_s: float
+    tp_seconds_per_sequence: float  # τ: tensor-parallel all-reduce seconds per running sequence per decode step
     train_gpus: int
     train_mfu: float
     train_passes: float  # forward-equivalents per update pass: 3, or 4 with gradient checkpointing
     recompute_old_logprobs: bool
+    reference_forward: bool
     update_s: float
     sync_s: float
     prompt_tokens: int
 
     @classmethod
     def from_job(cls, job: JobSection) -> JobCosts:
-        gpu = gpu_spec(job.cluster.gpu)
+        gpu = cluster_gpu(job.cluster)
         m, c, e = job.model, job.cluster, job.efficiency
         active = m.active_params if m.active_params is not None else m.params
         weight_bytes = m.params * m.dtype_bytes
@@ -129,9 +179,14 @@ class JobCosts:
             kv_capacity=kv_capacity_tokens(gpu, c.tensor_parallel, c.memory_fraction, weight_bytes, kv),
             replica_flops=c.tensor_parallel * gpu.bf16_flops * e.inference_mfu,
             replica_bandwidth=c.tensor_parallel * gpu.memory_bandwidth * e.decode_bandwidth_efficiency,
-            decode_overhead_s=e.decode_step_overhead_s, train_gpus=c.train_gpus, train_mfu=e.train_mfu,
+            decode_overhead_s=e.decode_step_overhead_s,
+            tp_seconds_per_sequence=tp_seconds_per_sequence(
+                c.tensor_parallel, m.layers, m.hidden, m.dtype_bytes,
+                gpu.nvlink_bandwidth / 2 if c.tensor_parallel <= GPUS_PER_NODE else network), train_gpus=c.train_gpus,
+            train_mfu=e.colocated_train_mfu if c.colocated and e.colocated_train_mfu is not None else e.train_mfu,
             train_passes=4.0 if job.training.gradient_checkpointing else 3.0,
             recompute_old_logprobs=job.training.recompute_old_logprobs,
+            reference_forward=bool(job.training.reference_forward),
             update_s=update_seconds(m.params, c.train_gpus, gpu, network),
             sync_s=weight_sync_seconds(weight_bytes, sync_bandwidth, job.weight_sync.fixed_s),
             prompt_tokens=job.lengths.prompt_tokens,
@@ -149,6 +204,7 @@ class JobCosts:
     def chunk_train_seconds(self, forward: float, epochs: int) -> float:
         """A chunk whose sequences' forward FLOPs sum to ``forward``: ``epochs`` update passes (forward, backward
         = 2 forwards, and a recomputed forward with gradient checkpointing), plus one forward for the old logprobs
-        when they are recomputed."""
-        passes = self.train_passes * epochs + (1.0 if self.recompute_old_logprobs else 0.0)
+        when they are recomputed and one for the reference policy's logprobs with a reference model."""
+        extra = float(self.recompute_old_logprobs) + float(self.reference_forward)
+        passes = self.train_passes * epochs + extra
         return train_seconds(forward * passes, self.train_gpus, self.gpu, self.train_mfu)

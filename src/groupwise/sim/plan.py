@@ -13,14 +13,16 @@ otherwise). Each point of the grid is the job's config with these keys replaced,
   the buffer), ``loss.importance_sampling: true``, and ``on_dropped_prompt: shrink`` for ``windowed`` (it keeps no
   spare pool).
 
-Each point runs the real sync loop or controller without writing files, over ``sim.plan.steps`` steps (100 by
-default) standing for the run's ``run.max_steps``: what changes by weight version over the run — the median
-length's drift and the learning curve — is compressed into them (``drift_steps`` and ``sim.learning_rate_groups``
-scaled by ``steps / run.max_steps``), so the mean step covers the whole run; ``steps: null`` simulates every step.
-Its row:
-time per step (virtual wall ÷ steps), trained completion tokens per second, generator utilisation (share of
-replica-time with a sequence running or waiting), staleness p99 and max, wasted share of generated tokens, and
-the speed-up over the sync point (trained tokens per second ÷ sync's). The best row has the highest speed-up.
+Each point runs the real sync loop or controller without writing files, first over ``sim.plan.screen_steps``
+steps (6 by default), then — the sync point and the ``sim.plan.finalists`` fastest async points only — over
+``sim.plan.steps`` steps (30) standing for the run's ``run.max_steps``: what changes by weight version over the
+run — the median length's drift and the learning curve — is compressed into them (``drift_steps`` and
+``sim.learning_rate_groups`` scaled by ``steps / run.max_steps``), so the mean step covers the whole run;
+``steps: null`` simulates every step, ``screen_steps: null`` every point in full. Its row: time per step
+(virtual wall ÷ steps), trained completion tokens per second, generator utilisation (share of replica-time with
+a sequence running or waiting), staleness p99 and max, wasted share of generated tokens, and the speed-up over
+the sync point (trained tokens per second ÷ sync's). The best row is the one :mod:`groupwise.sim.plan_verdict`
+stars, if any.
 """
 
 from __future__ import annotations
@@ -29,19 +31,24 @@ import math
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from groupwise.config import ConfigError, ConfigIssue, config_from_dict
 from groupwise.config.job_schema import default_plan
 from groupwise.controller.settings import ControllerSettings
-from groupwise.sim.job_checks import check_job
+from groupwise.sim.job_checks import check_cluster, check_job, training_memory_issue, uses_reference
+from groupwise.sim.plan_verdict import VERL_H20, error_band, star
 from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
 from groupwise.sim.summary import summarize
 from groupwise.sim.workload import SimWorkload
+from groupwise.trainer.preflight import prompt_count_issues
 
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
+    from groupwise.config.job_schema import JobSection
 
+#: The error band of every plan's speed-ups (:mod:`groupwise.sim.plan_verdict`).
+CALIBRATION_BAND = error_band(VERL_H20.speedup_log_errors)
 WINDOW_KNOB = {"in_order": "max_lookahead_versions", "ready_first": "max_staleness_versions",
                "windowed": "max_staleness_versions"}  # fmt: skip
 
@@ -56,6 +63,15 @@ class PlanPoint:
     sampler: str | None = None
     window: int | None = None
     partial_rollouts: str | None = None
+
+    @property
+    def verdict_name(self) -> str:
+        """The setting in a verdict sentence: ``async ready_first, staleness 2, partial continue, split 24:8``."""
+        if self.mode == "sync":
+            return f"sync, colocated on {self.rollout_gpus} GPUs"
+        knob = "lookahead" if self.sampler == "in_order" else "staleness"
+        return (f"async {self.sampler}, {knob} {self.window}, partial {self.partial_rollouts}, split "
+                f"{self.rollout_gpus}:{self.train_gpus}")  # fmt: skip
 
     @property
     def label(self) -> str:
@@ -82,6 +98,7 @@ class PlanRow:
     run_hours: float | None = None  # time per step × run.max_steps
     error: str | None = None
     best: bool = False
+    screened: bool = False  # simulated for sim.plan.screen_steps only: not a finalist
     summary: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
@@ -92,7 +109,7 @@ def plan_points(cfg: RunConfig) -> list[PlanPoint]:
         raise ConfigError([ConfigIssue("sim.job", None, "groupwise plan needs a job to plan: sim.job is not set",
                                        "describe the job under sim.job (see examples/plan/)")])  # fmt: skip
     grid = cfg.sim.plan or default_plan()
-    total = job.cluster.rollout_gpus + (0 if job.cluster.colocated else job.cluster.train_gpus)
+    total = all_gpus(job)
     tp = job.cluster.tensor_parallel
     points: list[PlanPoint] = []
     if "sync" in grid.modes:
@@ -105,6 +122,11 @@ def plan_points(cfg: RunConfig) -> list[PlanPoint]:
                     for partial in grid.partial_rollouts:
                         points.append(PlanPoint("async", rollout, train, sampler, window, partial))
     return points
+
+
+def all_gpus(job: JobSection) -> int:
+    """The job's GPUs: ``rollout_gpus``, plus ``train_gpus`` unless colocated (the sync point's)."""
+    return job.cluster.rollout_gpus + (0 if job.cluster.colocated else job.cluster.train_gpus)
 
 
 def split_gpus(total: int, fraction: float, tensor_parallel: int) -> tuple[int, int]:
@@ -120,13 +142,15 @@ def split_gpus(total: int, fraction: float, tensor_parallel: int) -> tuple[int, 
     return replicas * tensor_parallel, total - replicas * tensor_parallel
 
 
-def point_config(cfg: RunConfig, point: PlanPoint) -> RunConfig:
-    """The job's config at ``point`` (see the module docstring), validated."""
+def point_config(cfg: RunConfig, point: PlanPoint, steps: int | None | Literal["plan"] = "plan") -> RunConfig:
+    """The job's config at ``point`` (see the module docstring) simulated for ``steps`` steps (``"plan"``:
+    ``sim.plan.steps``; ``None``: every step), validated."""
     data = cfg.model_dump(mode="json", by_alias=True)
     data["mode"] = point.mode
     sim = data["sim"]
     sim["write_fates"] = False
-    steps = (cfg.sim.plan or default_plan()).steps
+    if steps == "plan":
+        steps = (cfg.sim.plan or default_plan()).steps
     if steps is not None and cfg.run.max_steps is not None and steps < cfg.run.max_steps:
         scale = steps / cfg.run.max_steps  # the run in fewer steps: what moves by version moves faster
         data["run"]["max_steps"] = steps
@@ -136,6 +160,11 @@ def point_config(cfg: RunConfig, point: PlanPoint) -> RunConfig:
     cluster = sim["job"]["cluster"]
     cluster.update(rollout_gpus=point.rollout_gpus, train_gpus=point.train_gpus, colocated=point.mode == "sync")
     if point.mode == "sync":
+        grid = cfg.sim.plan or default_plan()
+        if grid.sync_tensor_parallel is not None:
+            cluster["tensor_parallel"] = grid.sync_tensor_parallel
+        if grid.sync_memory_fraction is not None:
+            cluster["memory_fraction"] = grid.sync_memory_fraction
         data.pop("async", None)
         sim["weight_sync_drains"] = False
         return config_from_dict(data)
@@ -176,9 +205,15 @@ def simulate_point(cfg: RunConfig) -> tuple[SimRun, dict[str, Any]]:
     return run, summarize(run, {"mode": cfg.mode}, None)
 
 
-def point_row(cfg: RunConfig, point: PlanPoint) -> PlanRow:
-    """Simulate ``point`` of ``cfg`` and read its row."""
-    run, summary = simulate_point(point_config(cfg, point))
+def point_row(cfg: RunConfig, point: PlanPoint, steps: int | None | Literal["plan"] = "plan") -> PlanRow:
+    """Simulate ``point`` of ``cfg`` for ``steps`` steps (as :func:`point_config`) and read its row; a point whose
+    trainer cannot hold the model is a failed row, not simulated."""
+    at_point = point_config(cfg, point, steps)
+    assert at_point.sim.job is not None  # plan_points refuses a config without one
+    memory = training_memory_issue(at_point.sim.job, point.train_gpus, uses_reference(cfg))
+    if memory is not None:
+        return PlanRow(point, error=f"training does not fit ({memory.rule}; {memory.fix})")
+    run, summary = simulate_point(at_point)
     row = PlanRow(point, steps=run.steps_trained, summary=summary, error=summary["error"])
     wall = run.wall_seconds
     if run.steps_trained and wall > 0:
@@ -191,80 +226,141 @@ def point_row(cfg: RunConfig, point: PlanPoint) -> PlanRow:
     return row
 
 
-def _row_of(args: tuple[dict[str, Any], PlanPoint]) -> PlanRow:
-    data, point = args
-    return point_row(config_from_dict(data), point)
+def _row_of(args: tuple[dict[str, Any], PlanPoint, int | None]) -> PlanRow:
+    data, point, steps = args
+    return point_row(config_from_dict(data), point, steps)
+
+
+def simulate_rows(cfg: RunConfig, points: list[PlanPoint], steps: int | None, jobs: int = 1,
+                  on_row: Callable[[PlanRow], None] | None = None) -> list[PlanRow]:
+    """Each point simulated for ``steps`` steps (``jobs`` processes), rows in the points' order."""
+    rows: list[PlanRow] = []
+    if jobs <= 1:
+        rows_made: Iterable[PlanRow] = (point_row(cfg, point, steps) for point in points)
+        for row in rows_made:
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+        return rows
+    data = cfg.model_dump(mode="json", by_alias=True)
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for row in pool.map(_row_of, [(data, point, steps) for point in points]):
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+    return rows
+
+
+def finalists(screened: list[PlanRow], count: int) -> list[PlanPoint]:
+    """The points the screen passes on: the sync point and the ``count`` async points with the highest speed-up
+    (ties: fewer wasted tokens), in grid order; the rows' speed-ups must be marked."""
+    ranked = sorted((r for r in screened if r.point.mode == "async" and r.speedup is not None),
+                    key=lambda r: (-(r.speedup or 0.0), r.waste_fraction or 0.0))  # fmt: skip
+    chosen = {r.point for r in ranked[:count]} | {r.point for r in screened if r.point.mode == "sync"}
+    return [r.point for r in screened if r.point in chosen]
+
+
+def plan_issues(cfg: RunConfig) -> list[ConfigIssue]:
+    """Everything ``groupwise plan`` (and ``groupwise config check`` on a config with ``sim.job``) refuses, every
+    problem at once: the job's own checks, a step taking more prompts than ``sim.num_prompts`` holds, and each point
+    of the grid that does not validate (named with its setting)."""
+    job = cfg.sim.job
+    issues = check_job(cfg, train_gpus=None if job is None else all_gpus(job))  # the sync point trains on all
+    if job is None:
+        return issues or plan_points_issues(cfg)
+    job_ok = not issues  # a point of a refused job would repeat the job's issues
+    more = f"raise sim.num_prompts (now {cfg.sim.num_prompts})"
+    issues.extend(prompt_count_issues(cfg, cfg.sim.num_prompts, more))
+    for point in plan_points(cfg) if job_ok else []:
+        try:
+            at_point = point_config(cfg, point)
+            assert at_point.sim.job is not None  # the job's own
+            problems = check_cluster(at_point.sim.job, at_point.mode)  # replicas and KV cache at its TP and memory
+        except ConfigError as exc:
+            problems = list(exc.errors)
+        issues.extend(ConfigIssue(i.path, i.value, f"at plan point '{point.label}': {i.rule}", i.fix)
+                      for i in problems)  # fmt: skip
+    return issues
+
+
+def plan_points_issues(cfg: RunConfig) -> list[ConfigIssue]:
+    """The issue :func:`plan_points` raises (no ``sim.job``), as a list."""
+    try:
+        plan_points(cfg)
+    except ConfigError as exc:
+        return list(exc.errors)
+    return []
 
 
 def run_plan(cfg: RunConfig, jobs: int = 1, on_row: Callable[[PlanRow], None] | None = None) -> list[PlanRow]:
-    """Simulate every point of the grid (``jobs`` processes) and mark the best; rows in grid order.
+    """Simulate the grid (``jobs`` processes) and mark the best; rows in grid order.
 
-    Every point's config is validated before anything is simulated, so a grid with a bad point fails at once
-    with every problem."""
-    issues = check_job(cfg)
-    if issues:
-        raise ConfigError(issues)
-    points = plan_points(cfg)
-    problems: list[ConfigIssue] = []
-    for point in points:
-        try:
-            point_config(cfg, point)
-        except ConfigError as exc:
-            problems.extend(ConfigIssue(i.path, i.value, f"at plan point '{point.label}': {i.rule}", i.fix)
-                            for i in exc.errors)  # fmt: skip
+    With ``sim.plan.screen_steps`` below ``steps`` every point is first simulated for ``screen_steps`` and only
+    the :func:`finalists` again for ``steps``: a screened row keeps its short run's figures (``screened``) and is
+    never starred. Every point's config is validated before anything is simulated, so a grid with a bad point
+    fails at once with every problem."""
+    problems = plan_issues(cfg)
     if problems:
         raise ConfigError(problems)
-    rows: list[PlanRow] = []
-    if jobs <= 1:
-        for point in points:
-            rows.append(point_row(cfg, point))
-            if on_row is not None:
-                on_row(rows[-1])
-    else:
-        data = cfg.model_dump(mode="json", by_alias=True)
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for row in pool.map(_row_of, [(data, point) for point in points]):
-                rows.append(row)
-                if on_row is not None:
-                    on_row(row)
+    points = plan_points(cfg)
+    grid = cfg.sim.plan or default_plan()
+    full = grid.steps if grid.steps is None or cfg.run.max_steps is None else min(grid.steps, cfg.run.max_steps)
+    screen = grid.screen_steps
+    if screen is None or (full is not None and screen >= full) or len(points) <= grid.finalists + 1:
+        rows = simulate_rows(cfg, points, full, jobs, on_row)
+        mark(rows)
+        return rows
+    rows = simulate_rows(cfg, points, screen, jobs, on_row)
+    mark(rows)
+    final = finalists(rows, grid.finalists)
+    for row in rows:
+        row.screened, row.best = True, False  # their speed-ups stay over the screened sync row
+    refined = dict(zip(final, simulate_rows(cfg, final, full, jobs, on_row), strict=True))
+    rows = [refined.get(row.point, row) for row in rows]
     mark(rows)
     return rows
 
 
-def mark(rows: Iterable[PlanRow]) -> None:
+def mark(rows: Iterable[PlanRow], band: float = CALIBRATION_BAND) -> None:
     """Speed-ups over the sync row (the first row if there is none) — trained tokens per second ÷ its, which is
-    its time per step ÷ theirs when every step trains the same tokens — and the best row: the fastest."""
+    its time per step ÷ theirs when every step trains the same tokens — and the best row, the one
+    :func:`~groupwise.sim.plan_verdict.star` recommends given the error ``band`` (none when sync and async are
+    within it). Screened rows are left as they are."""
     rows = list(rows)
-    done = [r for r in rows if r.trained_tokens_per_s and r.error is None]
+    done = [r for r in rows if r.trained_tokens_per_s and r.error is None and not r.screened]
     if not done:
         return
     base = next((r for r in done if r.point.mode == "sync"), done[0])
     for row in done:
         assert row.trained_tokens_per_s is not None and base.trained_tokens_per_s is not None
         row.speedup = row.trained_tokens_per_s / base.trained_tokens_per_s
-    max(done, key=lambda r: r.speedup or 0.0).best = True
+    chosen = star(done, band)
+    if chosen is not None:
+        chosen.best = True
 
 
 TABLE_HEADER = (
-    "| setting | s/step | run h | trained tok/s | speed-up | generator busy | staleness p99 / max | wasted tokens |",
-    "|---|---:|---:|---:|---:|---:|---:|---:|",
+    "| setting | simulated steps | s/step | run h | trained tok/s | speed-up | generator busy | staleness p99 / max "
+    "| wasted tokens |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
 )
 
 
 def format_table(rows: Iterable[PlanRow]) -> str:
-    """The rows as a markdown table, the best one in bold with a ★."""
+    """The rows as a markdown table, the best one in bold with a ★; a screened row's steps say "(screen)"."""
     lines = list(TABLE_HEADER)
     for r in rows:
         if r.step_seconds is None:
-            lines.append(f"| {r.point.label} | — | — | — | — | — | — | failed: {r.error} |")
+            lines.append(f"| {r.point.label} | {r.steps} | — | — | — | — | — | — | failed: {r.error} |")
             continue
         label = f"**★ {r.point.label}**" if r.best else r.point.label
         util = "—" if r.generator_utilisation is None else f"{r.generator_utilisation:.0%}"
         waste = "—" if r.waste_fraction is None else f"{r.waste_fraction:.1%}"
         note = "" if r.error is None else f" (stopped: {r.error})"
+        steps = f"{r.steps} (screen)" if r.screened else str(r.steps)
         lines.append(
-            f"| {label}{note} | {r.step_seconds:,.1f} | {r.run_hours or 0:,.1f} | {r.trained_tokens_per_s or 0:,.0f} | "
-            f"{r.speedup or 0:.2f}× | "
+            f"| {label}{note} | {steps} | {r.step_seconds:,.1f} | {r.run_hours or 0:,.1f} | "
+            f"{r.trained_tokens_per_s or 0:,.0f} | {r.speedup or 0:.2f}× | "
             f"{util} | {r.staleness_p99} / {r.staleness_max} | {waste} |"
         )
     return "\n".join(lines)

@@ -2,7 +2,8 @@
 
 Left: speed-up against the window, one line per (sampler, partial rollouts) at the split of the best row. Right:
 speed-up against the rollout share of the GPUs, one line per (sampler, partial rollouts) at the window of the best
-row. The best row is a star in both.
+row. The recommended row is a star in both; with none (sync and async within the error band), the lines are drawn
+at the fastest async row.
 """
 
 from __future__ import annotations
@@ -15,17 +16,18 @@ from groupwise.sim.plan import PlanRow
 
 
 def plot_plan(rows: Sequence[PlanRow], path: str | Path, title: str) -> Path | None:
-    """Write the plot to ``path`` (PNG); None when no async row finished (nothing to plot)."""
-    done = [r for r in rows if r.point.mode == "async" and r.speedup is not None]
+    """Write the plot to ``path`` (PNG); None when no async row finished (nothing to plot). Without a starred
+    async row the plot is drawn at the fastest async row, unstarred."""
+    done = [r for r in rows if r.point.mode == "async" and r.speedup is not None]  # screened: over screened sync
     best = next((r for r in rows if r.best), None)
-    if not done or best is None:
+    if not done:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    anchor = best if best.point.mode == "async" else max(done, key=lambda r: r.speedup or 0.0)
+    anchor = best if best is not None and best.point.mode == "async" else max(done, key=lambda r: r.speedup or 0.0)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     by_window: dict[str, list[tuple[float, float]]] = defaultdict(list)
     by_split: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -44,10 +46,15 @@ def plot_plan(rows: Sequence[PlanRow], path: str | Path, title: str) -> Path | N
         axis.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
         axis.set_xlabel(xlabel)
         axis.grid(alpha=0.3)
+    windows = window_ticks([float(x) for points in by_window.values() for x, _ in points])
+    left.set_xticks(windows)
+    left.set_xlim(windows[0] - 0.5, windows[-1] + 0.5)  # one window: a readable column, not a 0.96–1.04 axis
     p = anchor.point
-    left.plot([p.window], [anchor.speedup], marker="*", markersize=16, color="black", linestyle="none", label="best")
-    right.plot([p.rollout_gpus / (p.rollout_gpus + p.train_gpus)], [anchor.speedup], marker="*", markersize=16,
-               color="black", linestyle="none")  # fmt: skip
+    if anchor is best:
+        left.plot([p.window], [anchor.speedup], marker="*", markersize=16, color="black", linestyle="none",
+                  label="recommended")  # fmt: skip
+        right.plot([p.rollout_gpus / (p.rollout_gpus + p.train_gpus)], [anchor.speedup], marker="*", markersize=16,
+                   color="black", linestyle="none")  # fmt: skip
     left.set_ylabel("speed-up over sync (trained tokens/s)")
     left.set_title(f"at {p.rollout_gpus}:{p.train_gpus} GPUs")
     right.set_title(f"at window {p.window}")
@@ -58,3 +65,9 @@ def plot_plan(rows: Sequence[PlanRow], path: str | Path, title: str) -> Path | N
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def window_ticks(windows: list[float]) -> list[int]:
+    """The staleness axis's ticks: every whole window from the smallest to the largest plotted (windows are whole
+    versions, so the axis never shows fractions, even with a single window)."""
+    return list(range(int(min(windows)), int(max(windows)) + 1))

@@ -92,6 +92,7 @@ class Replica:
         self._read0 = job.decode_overhead_s + job.weight_bytes / job.replica_bandwidth
         self._read_per_token = job.kv_bytes / job.replica_bandwidth
         self._compute0 = job.decode_overhead_s
+        self._tp_per_seq = job.tp_seconds_per_sequence  # in both lines: the all-reduces add to either bound
         self._compute_per_seq = 2.0 * job.active_params / job.replica_flops
         self._compute_per_token = 4.0 * job.layers * job.hidden / job.replica_flops
 
@@ -147,9 +148,9 @@ class Replica:
         """:func:`~groupwise.sim.step_time.seconds_for`, inlined with this replica's constants (the hot path)."""
         if steps <= 0:
             return 0.0
-        v1 = self._read0 + self._read_per_token * context
+        v1 = self._read0 + self._tp_per_seq * running + self._read_per_token * context
         s1 = self._read_per_token * running
-        v2 = self._compute0 + self._compute_per_seq * running + self._compute_per_token * context
+        v2 = self._compute0 + (self._compute_per_seq + self._tp_per_seq) * running + self._compute_per_token * context
         s2 = self._compute_per_token * running
         if v2 > v1 or (v2 == v1 and s2 > s1):
             v1, s1, v2, s2 = v2, s2, v1, s1

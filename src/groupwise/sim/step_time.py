@@ -5,7 +5,7 @@ Between two events (a sequence admitted, finished or preempted) a replica runs `
 in the number ``x`` of steps taken since the last event::
 
     read(x)    = (N·b + kv·(C₀ + B·x)) / (TP·W·η)           compute(x) = (2·A·B + 4·ℓ·h·(C₀ + B·x)) / (TP·F·μ)
-    τ(x)       = o + max(read(x), compute(x))
+    τ(x)       = o + τₚ·B + max(read(x), compute(x))      (τₚ: tensor-parallel all-reduces per sequence)
     time(x)    = ∫₀ˣ τ(u) du
 
 Steps are treated as continuous (a replica is a fluid of tokens between events), so both the time to a known step
@@ -25,10 +25,11 @@ if TYPE_CHECKING:
 
 def lines(running: int, context: float, job: JobCosts) -> tuple[float, float, float, float]:
     """``(read value, read slope, compute value, compute slope)`` at the current step, overhead included."""
-    read = job.decode_overhead_s + (job.weight_bytes + context * job.kv_bytes) / job.replica_bandwidth
+    overhead = job.decode_overhead_s + job.tp_seconds_per_sequence * running
+    read = overhead + (job.weight_bytes + context * job.kv_bytes) / job.replica_bandwidth
     read_slope = job.kv_bytes * running / job.replica_bandwidth
     attention = 4.0 * job.layers * job.hidden
-    compute = job.decode_overhead_s + (2.0 * job.active_params * running + attention * context) / job.replica_flops
+    compute = overhead + (2.0 * job.active_params * running + attention * context) / job.replica_flops
     return read, read_slope, compute, attention * running / job.replica_flops
 
 

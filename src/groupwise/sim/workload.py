@@ -109,7 +109,7 @@ class SimWorkload:
             sim.pop(key, None)
         opt = cfg.optimizer
         return cls(
-            group_size=cfg.grpo.num_generations_per_prompt, seed=cfg.run.seed, job=cfg.sim.job,
+            group_size=cfg.grpo.num_generations_per_prompt, seed=cfg.run.seed, job=resolved_job(cfg),
             updates_per_step=opt.mini_batches_per_step * opt.epochs_per_step, epochs_per_step=opt.epochs_per_step,
             **sim,
         )  # fmt: skip
@@ -158,3 +158,13 @@ class LearningCurve:
     def success_logit(self, version: int) -> float:
         """``initial_success_logit + S(version) / learning_rate_groups`` (before the prompt's difficulty)."""
         return self.initial_success_logit + self.signal_groups(version) / self.learning_rate_groups
+
+
+def resolved_job(cfg: RunConfig) -> JobSection | None:
+    """``cfg.sim.job`` with what it leaves to the run filled in: ``training.reference_forward`` (``null``) from
+    ``loss.kl_coef > 0``."""
+    job = cfg.sim.job
+    if job is None or job.training.reference_forward is not None:
+        return job
+    training = job.training.model_copy(update={"reference_forward": cfg.loss.kl_coef > 0})
+    return job.model_copy(update={"training": training})
