@@ -7,7 +7,7 @@ Nothing here holds behaviour beyond tiny derived properties.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
 from groupwise.episodes.record import EpisodeRecord
@@ -54,6 +54,10 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     stop: tuple[str, ...] = ()
+
+    def as_data(self) -> dict[str, Any]:
+        """The settings as JSON-able data (``stop`` as a list): what a checkpoint records, and compares on resume."""
+        return {**asdict(self), "stop": list(self.stop)}
 
 
 @dataclass(frozen=True)

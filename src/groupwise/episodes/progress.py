@@ -10,7 +10,6 @@ over from its opening, and its record says so (``resume: restarted``; a continue
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from groupwise.episodes.episode import Episode
@@ -25,7 +24,7 @@ def encode_group(
     if group.error is not None or not any(e.token_ids or turns.get(e.sample_index) for e in group.episodes):
         return None  # nothing sampled yet: the attempt starts over at no cost
     return {
-        "kind": "episodes", "seed": group.seed, "sampling": {**asdict(sampling), "stop": list(sampling.stop)},
+        "kind": "episodes", "seed": group.seed, "sampling": sampling.as_data(),
         "episodes": [_encode_episode(e, turns.get(e.sample_index)) for e in group.episodes],
     }  # fmt: skip
 
@@ -48,7 +47,7 @@ def mismatch(data: dict[str, Any], group: RunningGroup, sampling: SamplingParams
         return "it was saved as a single-turn attempt"
     if data.get("seed") != group.seed:
         return "its seed differs (another run.seed, prompt or attempt numbering)"
-    if data.get("sampling") != {**asdict(sampling), "stop": list(sampling.stop)}:
+    if data.get("sampling") != sampling.as_data():
         return "the sampling settings changed"
     if sorted(e.get("sample_index") for e in data.get("episodes", ())) != [e.sample_index for e in group.episodes]:
         return "its episodes are not this group's"

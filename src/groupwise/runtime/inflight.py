@@ -15,7 +15,6 @@ over, with a note saying why (its draws would differ, so continuing would splice
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from groupwise.types import GenerationRequest, LoaderItem, RowPrefix, SamplingParams
@@ -33,7 +32,7 @@ def encode_progress(
     return {
         "seed": request.seed,
         "prompt_token_ids": list(request.prompt_token_ids),
-        "sampling": _sampling_dict(sampling),
+        "sampling": sampling.as_data(),
         "rows": [
             None if row is None else {
                 "token_ids": list(row.token_ids), "logprobs": list(row.logprobs),
@@ -64,8 +63,8 @@ def prefixes_from(
         why = "its seed differs (another run.seed, prompt or attempt numbering)"
     elif tuple(data.get("prompt_token_ids", ())) != request.prompt_token_ids:
         why = "the prompt encodes differently now (another tokenizer, template or data.system_prompt)"
-    elif data.get("sampling") != _sampling_dict(sampling):
-        why = f"the sampling settings changed ({data.get('sampling')} then, {_sampling_dict(sampling)} now)"
+    elif data.get("sampling") != sampling.as_data():
+        why = f"the sampling settings changed ({data.get('sampling')} then, {sampling.as_data()} now)"
     elif len(rows) != request.num_samples:
         why = f"it had {len(rows)} samples, this run generates {request.num_samples} per prompt"
     if why is not None:
@@ -110,9 +109,3 @@ def attach_progress(state: dict[str, Any], progress: dict[int, dict[str, Any] | 
             slot["progress"] = data
             filled += 1
     return filled
-
-
-def _sampling_dict(sampling: SamplingParams) -> dict[str, Any]:
-    values = asdict(sampling)
-    values["stop"] = list(values["stop"])
-    return values
