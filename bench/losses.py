@@ -1,14 +1,14 @@
 """The default job trained with each ``loss.type``: same seed, same steps, one table.
 
-    .venv/bin/python bench/losses.py [--steps 500] [--losses dapo,grpo,...] [KEY=VALUE ...]
+    .venv/bin/python bench/losses.py [--config FILE] [--steps 500] [--losses dapo,grpo,...] [KEY=VALUE ...]
 
-Each loss trains ``examples/addition.yaml`` through ``groupwise train`` in a fresh process (``dr_grpo`` with
-``grpo.normalize_advantages=false``, which it requires); the KEY=VALUE overrides apply to every run. The table
-reads each run's ``metrics.jsonl``: held-out greedy accuracy at the start and the end (the job's own evaluations),
-the wall time of the whole command, and step means of the clip and importance-weight statistics
-(``loss/clip_fraction``, ``loss/is_weight_mean``, ``loss/is_oob_fraction``) and the last ``loss/entropy``.
-With the job's one update per step every ratio is 1, so the clip never binds and the losses differ in their
-normaliser (and cispo in its gradient's form only through the ratio, which is 1): pass e.g.
+Each loss trains the job (``--config``, by default ``examples/addition.yaml``) through ``groupwise train`` in a
+fresh process (``dr_grpo`` with ``grpo.normalize_advantages=false``, which it requires); the KEY=VALUE overrides
+apply to every run. The table reads each run's ``metrics.jsonl``: held-out greedy accuracy at the start and the
+end (the job's own evaluations), the wall time of the whole command, step means of the clip and importance-weight
+statistics (``loss/clip_fraction``, ``loss/is_weight_mean``, ``loss/is_oob_fraction``) and the last
+``loss/entropy``. With one update per step every ratio is 1, so the clip never binds and the losses differ in
+their normaliser (and cispo in its gradient's form only through the ratio, which is 1): pass e.g.
 ``optimizer.epochs_per_step=2`` to see the clips act. Pin it (``taskset -c 1``) when timing on a shared machine.
 """
 
@@ -29,11 +29,11 @@ NEEDS = {"dr_grpo": ["grpo.normalize_advantages=false"]}
 COLUMNS = ("loss", "acc start", "acc end", "wall s", "clip frac", "IS w mean", "IS oob frac", "entropy end")
 
 
-def train(loss: str, steps: int, overrides: list[str]) -> dict[str, float | str]:
-    """One run of the default job with ``loss.type=loss``: its table row."""
+def train(config: str, loss: str, steps: int, overrides: list[str]) -> dict[str, float | str]:
+    """One run of the job with ``loss.type=loss``: its table row."""
     with tempfile.TemporaryDirectory() as tmp:
         command = [
-            sys.executable, "-m", "groupwise.cli", "train", "examples/addition.yaml", f"run.output_dir={tmp}",
+            sys.executable, "-m", "groupwise.cli", "train", config, f"run.output_dir={tmp}",
             f"run.name={loss}", f"run.max_steps={steps}", f"loss.type={loss}", "logging.progress=false",
             "logging.tensorboard=false", "logging.train_data=false", "checkpoint.every=0",
             "checkpoint.save_final=false", *NEEDS.get(loss, []), *overrides,
@@ -63,14 +63,15 @@ def cell(value: float | str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=500, help="optimizer steps per run (the job's own: 500)")
+    parser.add_argument("--config", default="examples/addition.yaml", help="the job every loss trains")
+    parser.add_argument("--steps", type=int, default=500, help="optimizer steps per run (the default job's own: 500)")
     parser.add_argument("--losses", default=",".join(LOSSES), help="comma-separated loss types")
     parser.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. run.seed=1")
     args = parser.parse_args()
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS))
     for loss in args.losses.split(","):
-        row = train(loss, args.steps, args.overrides)
+        row = train(args.config, loss, args.steps, args.overrides)
         print("| " + " | ".join(cell(row[c]) for c in COLUMNS) + " |", flush=True)
 
 
