@@ -1,4 +1,4 @@
-"""The default job trained with each ``loss.type``: same seed, same steps, one table.
+"""One job (the default job unless ``--config``) trained with each ``loss.type``: same seed, same steps, one table.
 
     .venv/bin/python bench/losses.py [--config FILE] [--steps 500] [--losses dapo,grpo,...] [KEY=VALUE ...]
 
