@@ -1,9 +1,11 @@
-"""(slow) SmolLM2-135M-Instruct learns to use a tool from multi-turn episodes on this CPU: the calculator, shortened.
+"""(slow) SmolLM2-135M-Instruct learns from multi-turn episodes on this CPU: calculator and guess-the-number.
 
 Invariants pinned (slow tier, ``make test-slow``; each run is its example's own settings, fewer steps):
 - the calculator tool (``recipes/warm_start_calculator.yaml`` then ``examples/calculator.yaml``, 4 RL steps):
   held-out greedy accuracy gains at least 25 points over the warm start's, and the trained episodes call the tool
   more at the last step than at the first.
+- guess-the-number (``examples/guess_number.yaml``, 6 steps, evaluated at steps 0 and 6): held-out greedy accuracy
+  rises, and the sampled episodes' mean reward over the last three steps is above the first three's.
 """
 
 from __future__ import annotations
@@ -36,3 +38,13 @@ def test_calculator_tool_use_gains_25_points_over_the_warm_start(tmp_path):
     calls = [r["episode/tool_calls_mean"] for r in records if "episode/tool_calls_mean" in r]
     assert max(accuracy) >= warm[-1] + 0.25, f"held-out accuracy {accuracy} after a warm start at {warm[-1]}"
     assert calls[-1] > calls[0], f"tool calls per episode should rise: {calls}"
+
+
+def test_guess_number_reward_rises(tmp_path):
+    groupwise("train", "examples/guess_number.yaml", f"run.output_dir={tmp_path}", "run.name=rl", "run.max_steps=6",
+              "eval.every=6", "model.device=cpu", *QUIET)  # fmt: skip
+    records = read_metrics(tmp_path / "rl" / "metrics.jsonl")
+    accuracy = [r["eval/accuracy"] for r in records if "eval/accuracy" in r]
+    rewards = [r["reward/unfiltered_mean"] for r in records if "reward/unfiltered_mean" in r]
+    assert accuracy[-1] > accuracy[0], f"held-out accuracy should rise: {accuracy}"
+    assert sum(rewards[-3:]) > sum(rewards[:3]), f"sampled reward should rise: {rewards}"

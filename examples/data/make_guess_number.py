@@ -1,9 +1,11 @@
 """Write the guess-the-number dataset for the ``guess_number`` environment: ``examples/data/guess_number/*.jsonl``.
 
-Each item is one game: the user turn says the range (1 to ``high``, ``high`` in 8..32) and the answer is the
-secret. Every (high, secret) pair is made, shuffled with ``random.Random(0)``; the games of the ranges 1–12, 1–20
-and 1–28 (60 games) are the held-out split, the rest the training split, so no held-out question is asked in
-training.
+Each item is one game: the user turn says the range (1 to ``high``, ``high`` in 5..16) and the answer is the
+secret. Every (high, secret) pair is made, shuffled with ``random.Random(0)``; the games of the ranges 1–7, 1–11
+and 1–15 (33 games) are the held-out split, the rest the training split, so no held-out question is asked in
+training. The ranges are small on purpose: four guesses that halve the range find any secret up to 15, so a model
+that reads the answers can solve every game, and a 135M model that guesses blindly still wins often enough for
+the group to carry a signal from the first step.
 
     python examples/data/make_guess_number.py     # rewrites both files (deterministic)
 """
@@ -15,8 +17,8 @@ import random
 from pathlib import Path
 
 QUESTION = "I am thinking of a number from 1 to {high}. Guess it: reply with one number."
-HIGHS = range(8, 33)
-EVAL_HIGHS = (12, 20, 28)
+HIGHS = range(5, 17)
+EVAL_HIGHS = (7, 11, 15)
 SHUFFLE_SEED = 0
 OUT_DIR = Path(__file__).resolve().parent / "guess_number"
 
