@@ -4,12 +4,13 @@ A stream (:mod:`groupwise.generation.stream`) decodes rows that joined at differ
 generated so far lives here, on the host, rather than in a per-call record: the tokens, the logprob recorded
 when each was sampled and the weight version that produced it. The finishing rules are those of every engine
 call (EOS, a stop string in the text, ``max_new_tokens``), and a finished request is packaged by
-:func:`~groupwise.generation.chunk.completions_of`, the same packaging as a call's.
+:func:`~groupwise.generation.chunk.completions_of`, the same packaging as a call's. The stream's requests by handle,
+and who waits for a cancelled one's cost, are a :class:`RequestTable`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
 # Called once with the request's completions, or with the exception that failed it.
 Done = Callable[[list[Completion] | BaseException], None]
+Dropped = Callable[[int, float], None]  # a cancelled request's cost: (tokens, seconds)
 
 
 @dataclass(eq=False)
@@ -139,3 +141,50 @@ class FinishRules:
             for row in request.rows
         ]  # fmt: skip
         return completions_of(results, [row.versions for row in request.rows], self.tokenizer)
+
+
+class RequestTable:
+    """A stream's requests by handle: the unfinished ones, the answered ones (kept for progress until forgotten), and
+    the cancellers waiting for a running one's cost.
+
+    Not locked itself: the stream calls it under its own lock. Whoever takes a request out of ``running`` takes its
+    cancellers (:meth:`take_cancellers`) in the same locked block, so each canceller is called once, never zero
+    times (an answer racing a cancel at one token boundary) or twice.
+    """
+
+    def __init__(self) -> None:
+        self.running: dict[int, StreamRequest] = {}
+        self.answered: dict[int, StreamRequest] = {}
+        self._cancellers: dict[int, list[Dropped]] = {}
+        self._next_handle = 0
+
+    def add(self, request: GenerationRequest, on_done: Done, max_new: int) -> StreamRequest:
+        """The request under a new handle, running (:func:`new_request`: raises on a malformed request)."""
+        handle, self._next_handle = self._next_handle, self._next_handle + 1
+        entry = new_request(handle, request, on_done, max_new)
+        self.running[handle] = entry
+        return entry
+
+    def cost(self, handle: int) -> tuple[int, float]:
+        """Tokens a request not yet forgotten holds and the seconds charged to it; nothing for an unknown one."""
+        entry = self.running.get(handle) or self.answered.get(handle)
+        return (entry.tokens, entry.seconds) if entry is not None else (0, 0.0)
+
+    def wait_for_cost(self, handle: int, on_dropped: Dropped | None) -> None:
+        """``on_dropped`` is called with the running request's cost once it leaves ``running``."""
+        if on_dropped is not None:
+            self._cancellers.setdefault(handle, []).append(on_dropped)
+
+    def take_cancellers(self, handles: Iterable[int] | None = None) -> list[tuple[Dropped, tuple[int, float]]]:
+        """The cancellers waiting on ``handles`` (all: None), taken off, each with its request's cost now."""
+        handles = list(self._cancellers) if handles is None else handles
+        return [(dropped, self.cost(handle)) for handle in handles for dropped in self._cancellers.pop(handle, [])]
+
+    def progress(self) -> dict[int, tuple[RowPrefix | None, ...]]:
+        return {handle: entry.progress() for handle, entry in [*self.running.items(), *self.answered.items()]}
+
+
+def call_dropped(dropped: list[tuple[Dropped, tuple[int, float]]]) -> None:
+    """Tell each canceller its request's cost (outside the stream's lock)."""
+    for on_dropped, cost in dropped:
+        on_dropped(*cost)
