@@ -47,10 +47,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from groupwise.abandoned import leave_running
+from groupwise.generation.base import StreamDone, StreamDropped
 from groupwise.generation.pausing import PausingGenerator
 from groupwise.generation.sampling import check_sampling_params
 from groupwise.generation.stream_decode import RowDecoding
-from groupwise.generation.stream_rows import Done, Dropped, RequestTable, StreamRequest, StreamRow, call_dropped
+from groupwise.generation.stream_rows import RequestTable, StreamRequest, StreamRow, call_dropped
 from groupwise.generation.stream_slots import StreamSlots
 from groupwise.types import Completion, GenerationRequest, RowPrefix, SamplingParams
 
@@ -123,7 +124,7 @@ class GenerationStream:
         return self._rows.generated_tokens
 
     # -- any thread -------------------------------------------------------------------------------------------
-    def submit(self, request: GenerationRequest, on_done: Done) -> int:
+    def submit(self, request: GenerationRequest, on_done: StreamDone) -> int:
         """Queue ``request``; ``on_done`` gets its completions (or the error that failed it), from the serving
         thread. Returns the handle :meth:`cancel` and :meth:`progress` use."""
         with self._cond:
@@ -132,7 +133,7 @@ class GenerationStream:
             self._cond.notify_all()
         return entry.handle
 
-    def cancel(self, handle: int, on_dropped: Dropped | None = None) -> None:
+    def cancel(self, handle: int, on_dropped: StreamDropped | None = None) -> None:
         """Drop a request (its requester gave up): its rows leave their slots at the next token boundary. Then
         ``on_dropped(tokens, seconds)`` gets what it had cost (:meth:`cost`), exactly once, whatever comes first:
         its rows leaving their slots, the request finishing at that same boundary (it is answered too), a failure
