@@ -78,7 +78,7 @@ class Schedule:
         return on_dropped
 
     def _hook_points(self) -> None:
-        slots, stream = self.stream._slots, self.stream
+        slots, stream = self.stream._rows.slots, self.stream
         step, finish = slots.step, stream._finish
 
         def decoding():
@@ -140,8 +140,9 @@ class Schedule:
             if name not in self.cancelled and not self.closed:
                 assert answered == 1, (name, self.calls)
         if not self.closed:
-            assert self.stream.idle() and self.stream._slots.live == 0
-            assert not self.stream._requests and not self.stream._on_dropped
+            assert self.stream.idle() and self.stream._rows.slots.live == 0
+            table = self.stream._table
+            assert not table.running and not table.take_cancellers(), "no request and no canceller is left held"
         else:  # a closed stream answers a cancel at once
             late = Counter()
             self.stream.cancel(self.handles["r0"], lambda tokens, seconds: late.update(["late"]))
@@ -196,7 +197,7 @@ def test_a_cancel_racing_the_last_token_still_gets_its_cost(engine):
     schedule.run()
     assert schedule.calls["cancel"] == 1 and schedule.calls["done:r0"] == 1
     assert schedule.costs[0][0] == SAMPLES * MAX_NEW  # it ran to its end: every token it drew
-    assert not schedule.stream._answered  # its requester is gone: nobody forgets it, so it is not kept
+    assert not schedule.stream._table.answered  # its requester is gone: nobody forgets it, so it is not kept
 
 
 TRIPLES = [triple for triple in itertools.combinations(EVENTS, 3) if "cancel" in triple and _compatible(triple)]

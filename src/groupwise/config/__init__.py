@@ -31,6 +31,7 @@ from groupwise.config.generation_schema import GenerationSection
 from groupwise.config.issues import ConfigError, ConfigIssue
 from groupwise.config.learner_schema import LearnerSection
 from groupwise.config.load import config_from_dict, load_config
+from groupwise.config.model_schema import ModelSection, TinyModelSection
 from groupwise.config.runtime_schema import RaySection, RuntimeSection, SimSection
 from groupwise.config.schema import RunConfig
 from groupwise.config.sections import (
@@ -41,11 +42,9 @@ from groupwise.config.sections import (
     EvalSection,
     JsonlSection,
     LoggingSection,
-    ModelSection,
     RewardSection,
     RunSection,
     SftSection,
-    TinyModelSection,
 )
 from groupwise.config.yaml_input import parse_yaml
 

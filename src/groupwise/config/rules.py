@@ -14,11 +14,8 @@ from groupwise.config.algorithm import MAX_REWARD_VALUE
 from groupwise.config.checks import no_effect, rule
 from groupwise.config.generation_schema import BUILTIN_ENGINE_KEYS
 from groupwise.config.issues import ConfigIssue
-from groupwise.config.sections import (
-    BUNDLED_GGUF_PATH,
-    builtin_reward_range_width,
-    builtin_task_names,
-)
+from groupwise.config.model_schema import BUNDLED_GGUF_PATH
+from groupwise.config.sections import builtin_reward_range_width, builtin_task_names
 
 if TYPE_CHECKING:
     from groupwise.config.schema import RunConfig

@@ -25,13 +25,13 @@ from groupwise.config.episode_schema import EpisodeSection
 from groupwise.config.generation_schema import GenerationSection
 from groupwise.config.issues import ConfigError, ConfigIssue
 from groupwise.config.learner_schema import LearnerSection
+from groupwise.config.model_schema import ModelSection
 from groupwise.config.runtime_schema import RuntimeSection, SimSection
 from groupwise.config.sections import (
     CheckpointSection,
     DataSection,
     EvalSection,
     LoggingSection,
-    ModelSection,
     RewardSection,
     RunSection,
     SftSection,

@@ -21,6 +21,9 @@ from groupwise.types import Completion, GenerationRequest, RowPrefix, SamplingPa
 StreamDone = Callable[[list[Completion] | BaseException], None]
 """Called once, from the serving thread, with a request's completions or with the exception that failed it."""
 
+StreamDropped = Callable[[int, float], None]
+"""Called once with a cancelled request's cost: the tokens its rows hold and the seconds charged to it."""
+
 
 @runtime_checkable
 class Generator(Protocol):
@@ -93,7 +96,7 @@ class RequestStream(Protocol):
 
     def submit(self, request: GenerationRequest, on_done: StreamDone) -> int: ...
 
-    def cancel(self, handle: int, on_dropped: Callable[[int, float], None] | None = None) -> None: ...
+    def cancel(self, handle: int, on_dropped: StreamDropped | None = None) -> None: ...
 
     def cost(self, handle: int) -> tuple[int, float]: ...
 

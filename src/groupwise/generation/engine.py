@@ -4,16 +4,15 @@ How a call runs:
 
 1. Every request is expanded into ``num_samples`` rows. Rows are sorted by prompt length (less
    padding) and cut into chunks of at most ``max_batch_rows``.
-2. Per chunk, each distinct prompt is prefilled once (left-padded, position ids from the mask) and
-   its KV cache rows are repeated for its samples. The cache is preallocated
-   (:mod:`groupwise.generation.kv_cache`), so decode steps write in place instead of concatenating.
+2. Per chunk, each distinct prompt is prefilled once (left-padded, position ids from the mask:
+   :mod:`groupwise.generation.model_forward`) and its KV cache rows are repeated for its samples. The cache is
+   preallocated (:mod:`groupwise.generation.kv_cache`), so decode steps write in place instead of concatenating.
 3. One decode loop for the chunk: draw a token per row (:mod:`groupwise.generation.sampling`),
    record its logprob, retire rows that hit EOS, a stop string or ``max_new_tokens``
    (:mod:`groupwise.generation.chunk`). Retired rows are dropped from the batch and the cache
    once an eighth of the batch has retired, so finished rows stop costing compute without a cache copy
    every step. For sdpa/eager attention the masks are 4D masks we build (once per chunk, sliced per
-   step), so transformers' mask construction is skipped; other attention kernels (flash-attention) get
-   the 2D padding mask (untested here).
+   step), so transformers' mask construction is skipped.
 4. Decode steps of Llama-family models skip transformers' module tree: :mod:`groupwise.generation.llama_decode`
    does the same maths from packed copies of the weights (refreshed whenever the weights change), after a probe
    at the first ``generate`` shows its logits match the model's own forward. Other models, or
@@ -34,30 +33,22 @@ Determinism: a row's draws depend only on (request seed, sample index, position)
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
-from transformers.cache_utils import Cache
 
 from groupwise.generation.base import StreamSupport
 from groupwise.generation.chunk import ChunkRecord, Prefill, RowResult
 from groupwise.generation.compacting import decode_compacting
-from groupwise.generation.kv_cache import kv_cache_after, new_kv_cache
+from groupwise.generation.kv_cache import new_kv_cache
 from groupwise.generation.llama_decode import LlamaDecoder, fast_decoder_for
-from groupwise.generation.masks import as_mask
-from groupwise.generation.prefix_prefill import prefill_inputs
+from groupwise.generation.model_forward import ModelForward, PromptRow
 from groupwise.generation.request_limits import generate_by_limit, has_own_limits
-from groupwise.generation.sampling import (
-    check_sampling_params,
-    counter_keys,
-    seed_to_int64,
-)
+from groupwise.generation.sampling import check_sampling_params
 from groupwise.generation.slot_loop import SlotLoop
 from groupwise.generation.slots import capacity_for, row_bucket
 from groupwise.generation.step_graphs import StepGraphs
@@ -68,20 +59,7 @@ from groupwise.types import Completion, GenerationRequest, SamplingParams
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-# Attention implementations that take a prepared 4D mask as is (flash-attention wants 2D): sdpa reads
-# a boolean mask (True = attend, 1 byte per entry), eager adds a float mask to the scores.
-_4D_MASK_ATTENTION = ("sdpa", "eager")
 CUDA_GRAPH_MODES = ("auto", "on", "off", "eager")
-
-
-@dataclass(frozen=True)
-class _Row:
-    """One completion to sample: which request and sample it is, and its prompt."""
-
-    request_index: int
-    sample_index: int
-    seed: int
-    prompt: tuple[int, ...]
 
 
 class Engine:
@@ -119,10 +97,7 @@ class Engine:
         self.cuda_graphs = cuda_graphs
         self.continuous_batching = continuous_batching
         self._version = int(version)
-        # transformers 5.24 renamed the cache kwarg to `cache` (old name deprecated); 5.17 knows only
-        # `past_key_values`. We own the cache object and never read it back from the output.
-        forward_parameters = inspect.signature(type(model).forward).parameters
-        self._cache_kwarg = "cache" if "cache" in forward_parameters else "past_key_values"
+        self._model_calls = ModelForward(model)
         # Decided at the first generate (the probe runs the model): the fast step or why not.
         self._decode_path_pending = fast_decode
         self._decoder: LlamaDecoder | None = None
@@ -211,7 +186,7 @@ class Engine:
     @property
     def reuses_prefixes(self) -> bool:
         """Whether :meth:`prefill_rows` can start from reused keys/values: the model's attention takes a 4D mask."""
-        return self._takes_4d_mask()
+        return self._model_calls.takes_4d_mask()
 
     def prefill_rows(
         self, rows: Sequence[tuple[int, int, int, tuple[int, ...]]], reused: Mapping[int, Tensor] | None = None
@@ -220,9 +195,9 @@ class Engine:
         exactly the sequences' width (a stream copies it into its slots). ``reused`` (by sequence id): the
         keys/values ``[layers, 2, KV, P, D]`` of a sequence's first P tokens, computed earlier under these
         weights; only the rest of that sequence runs (see :attr:`reuses_prefixes`)."""
-        specs = [_Row(sequence_id, sample, seed, sequence) for sequence_id, sample, seed, sequence in rows]
+        specs = [PromptRow(sequence_id, sample, seed, sequence) for sequence_id, sample, seed, sequence in rows]
         device = next(self.model.parameters()).device
-        return self._prefill(specs, device, 0, reused)
+        return self._model_calls.prefill(specs, device, 0, reused)
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
         """``request.num_samples`` completions per request, in request order (see ``Generator``)."""
@@ -270,7 +245,7 @@ class Engine:
                 raise outcome
         return [results[index] for index in range(len(requests))]
 
-    def _completions(self, chunk: Sequence[_Row], sampling: SamplingParams) -> list[Completion]:
+    def _completions(self, chunk: Sequence[PromptRow], sampling: SamplingParams) -> list[Completion]:
         """Sample a chunk and package it; text drops a final EOS but keeps every other special token."""
         results = self._generate_chunk(chunk, sampling)
         text_ids = [r.token_ids[:-1] if r.ended_on_eos else r.token_ids for r in results]
@@ -283,7 +258,8 @@ class Engine:
     def _fast_decoder(self) -> LlamaDecoder | None:
         """The fast decode step for this model, probed once against the module path (see llama_decode)."""
         if self._decode_path_pending:
-            self._decoder, why = fast_decoder_for(self.model, self._forward, new_kv_cache, self._as_model_mask)
+            calls = self._model_calls
+            self._decoder, why = fast_decoder_for(self.model, calls.forward, new_kv_cache, calls.as_model_mask)
             self._decode_path_pending = False
             device = next(self.model.parameters()).device
             if self._decoder is None:
@@ -302,31 +278,7 @@ class Engine:
             )
         return self._decoder
 
-    def _as_model_mask(self, allowed: Tensor) -> Tensor:
-        """A boolean mask as the model's attention takes it (sdpa: boolean; eager: additive)."""
-        attention = getattr(self.model.config, "_attn_implementation", "sdpa")
-        return as_mask(allowed, torch.bool if attention == "sdpa" else next(self.model.parameters()).dtype)
-
-    def _key_mask(self, allowed: Tensor) -> Tensor:
-        """A ``[B, K]`` boolean key mask as the model's decode step takes it: 4D for sdpa/eager, else 2D 0/1."""
-        return self._as_model_mask(allowed)[:, None, None, :] if self._takes_4d_mask() else allowed
-
-    def _takes_4d_mask(self) -> bool:
-        return getattr(self.model.config, "_attn_implementation", "sdpa") in _4D_MASK_ATTENTION
-
-    def _forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: Cache) -> Tensor:
-        """Last-position logits ``[B, V]``; the cache is updated in place."""
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_kwarg: cache},
-        )
-        return outputs.logits[:, -1, :]
-
-    def _generate_chunk(self, rows: Sequence[_Row], sampling: SamplingParams) -> list[RowResult]:
+    def _generate_chunk(self, rows: Sequence[PromptRow], sampling: SamplingParams) -> list[RowResult]:
         device = next(self.model.parameters()).device
         max_new = sampling.max_new_tokens
         prompt_width = max(len(row.prompt) for row in rows)
@@ -335,52 +287,15 @@ class Engine:
         if decoder is not None:
             decoder.prepare(capacity_for(prompt_width + max_new) if slotted else prompt_width + max_new)
         # The slot path copies the prompts' cache into its own buffers; the compacting path decodes in this one.
-        prefill = self._prefill(rows, device, 0 if slotted else max_new)
+        prefill = self._model_calls.prefill(rows, device, 0 if slotted else max_new)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
         record = ChunkRecord(len(rows), max_new, eos, self.tokenizer, sampling.stop, device)
         if decoder is not None and slot_loop is not None:
             slot_loop.decode(decoder, prefill, sampling, record)
         else:
-            decode_compacting(decoder, prefill, sampling, record, self._forward, self._key_mask)
+            calls = self._model_calls
+            decode_compacting(decoder, prefill, sampling, record, calls.forward, calls.key_mask)
         return record.results()
-
-    def _prefill(
-        self, rows: Sequence[_Row], device: torch.device, extra_columns: int,
-        reused: Mapping[int, Tensor] | None = None,
-    ) -> Prefill:  # fmt: skip
-        """Run each distinct prompt once (left-padded) into a cache of its width + ``extra_columns`` columns;
-        ``reused`` (by prompt id): keys/values of a prompt's first tokens, so only the rest runs
-        (:mod:`groupwise.generation.prefix_prefill`)."""
-        unique_index: dict[int, int] = {}
-        prompts: list[tuple[int, ...]] = []
-        for row in rows:
-            if row.request_index not in unique_index:
-                unique_index[row.request_index] = len(prompts)
-                prompts.append(row.prompt)
-        reused = reused or {}
-        inputs = prefill_inputs(prompts, [reused.get(prompt_id) for prompt_id in unique_index])
-        input_ids, padding = inputs.input_ids.to(device), inputs.padding.to(device)
-        if self._takes_4d_mask():
-            prefill_mask = self._as_model_mask(inputs.allowed.to(device))[:, None]
-        elif inputs.prefix is None:
-            prefill_mask = padding.long()
-        else:  # a 2D mask cannot say which reused columns a suffix sees (reuses_prefixes is False here)
-            raise ValueError("reused prefixes need an attention that takes a 4D mask (sdpa or eager)")
-        capacity = padding.shape[1] + extra_columns
-        cache = new_kv_cache(capacity) if inputs.prefix is None else kv_cache_after(inputs.prefix, capacity)
-        logits = self._forward(input_ids, prefill_mask, inputs.position_ids.to(device), cache)
-        row_to_prompt = torch.tensor([unique_index[row.request_index] for row in rows], dtype=torch.long, device=device)
-        return Prefill(
-            logits=logits[row_to_prompt],
-            cache=cache,
-            row_to_prompt=row_to_prompt,
-            padding=padding,
-            positions=torch.tensor([len(row.prompt) for row in rows], dtype=torch.long, device=device),
-            rng_keys=counter_keys(
-                torch.tensor([seed_to_int64(row.seed) for row in rows], dtype=torch.long, device=device),
-                torch.tensor([row.sample_index for row in rows], dtype=torch.long, device=device),
-            ),
-        )
 
 
 def _check_cuda_graphs(cuda_graphs: str, fast_decode: bool, device: torch.device) -> None:
@@ -398,15 +313,15 @@ def _check_cuda_graphs(cuda_graphs: str, fast_decode: bool, device: torch.device
         )
 
 
-def _expand_rows(requests: Sequence[GenerationRequest]) -> list[_Row]:
-    rows: list[_Row] = []
+def _expand_rows(requests: Sequence[GenerationRequest]) -> list[PromptRow]:
+    rows: list[PromptRow] = []
     for index, request in enumerate(requests):
         if len(request.prompt_token_ids) == 0:
             raise ValueError(f"request {index} has an empty prompt; encode at least one token (e.g. BOS)")
         if request.num_samples < 0:
             raise ValueError(f"request {index} asks for num_samples={request.num_samples}; it must be >= 0")
         prompt = tuple(int(token_id) for token_id in request.prompt_token_ids)
-        rows.extend(_Row(index, sample, request.seed, prompt) for sample in range(request.num_samples))
+        rows.extend(PromptRow(index, sample, request.seed, prompt) for sample in range(request.num_samples))
     return rows
 
 

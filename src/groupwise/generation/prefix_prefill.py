@@ -39,10 +39,6 @@ class PrefillInputs:
     allowed: Tensor  # [U, Q, P + Q] bool: query q of sequence u may attend to column c
     prefix: Tensor | None  # [layers, 2, U, KV, P, D]: reused keys/values (None: nothing reused)
 
-    @property
-    def reused_width(self) -> int:
-        return 0 if self.prefix is None else self.prefix.shape[-2]
-
 
 def prefill_inputs(sequences: Sequence[tuple[int, ...]], reused: Sequence[Tensor | None]) -> PrefillInputs:
     """Inputs for ``sequences``; ``reused[u]`` is None or the keys/values ``[layers, 2, KV, P_u, D]`` of the first

@@ -16,11 +16,9 @@ slot has its own position, cache column and RNG counter, so rows that joined at 
   kept as it was computed (under older versions). With ``partial="off"`` no row spans versions: the stream stops
   taking rows in, lets the live ones finish, then loads the weights (a drain, as a batch-per-call engine does).
   Every token records the version that ran the step that drew it and its sampling-time logprob.
-* **Reused prefixes** (:mod:`groupwise.generation.stream_prefixes`). A row that finishes leaves the keys/values
-  of its prompt + tokens but the last in a bounded LRU store (``prefix_tokens`` positions; by default twice as
-  many as the slots hold); a prefill of a sequence that starts the same way (a multi-turn episode's next turn) runs only
-  the rest. The store empties at every weight change, and a row that lived across a load with ``kv="keep"`` is
-  not stored: nothing computed under older weights is reused. ``prefixes.reused_tokens`` counts what was reused.
+* **Reused prefixes** (:mod:`groupwise.generation.stream_prefixes`): a bounded store (``prefix_tokens``
+  positions; by default twice as many as the slots hold) of finished rows' keys/values, which a later prefill of a
+  sequence that starts the same way (a multi-turn episode's next turn) skips; ``prefixes.reused_tokens`` counts it.
 * **Every callback once.** ``on_done`` of a request is called at most once (never for one dropped before it
   finished); ``on_dropped`` of a :meth:`~GenerationStream.cancel` and the ``done`` of a weight post exactly once,
   whatever order cancel, finish, weight load, failure and close come in at a token boundary (whoever takes a request
@@ -29,10 +27,12 @@ slot has its own position, cache column and RNG counter, so rows that joined at 
   read under the lock the serving thread appends tokens under, so a checkpoint taken while the engine runs sees
   each row at a token boundary.
 
-The loop runs on the stream's own daemon thread (:meth:`start`), or in the caller's thread until there is nothing
-left to do (:meth:`run_until_idle`, which is how ``Engine.generate`` uses it). :meth:`pause` parks the thread at a
-token boundary (evaluation uses the engine meanwhile). A failure inside the loop fails every request it holds
-with that error and the stream goes on serving.
+This module holds the requests, their callbacks, the weight posts and the serving thread; the work of a token
+boundary on the rows (admission into slots, a decode step, the KV rebuild after a load) is
+:class:`~groupwise.generation.stream_decode.RowDecoding`'s. The loop runs on the stream's own daemon thread
+(:meth:`start`), or in the caller's thread until there is nothing left to do (:meth:`run_until_idle`, which is how
+``Engine.generate`` uses it). :meth:`pause` parks the thread at a token boundary (evaluation uses the engine
+meanwhile). A failure inside the loop fails every request it holds with that error and the stream goes on serving.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -48,15 +47,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from groupwise.abandoned import leave_running
+from groupwise.generation.base import StreamDone, StreamDropped
 from groupwise.generation.pausing import PausingGenerator
-from groupwise.generation.sampling import check_sampling_params, keyed_uniforms, sample_with_logprobs
-from groupwise.generation.stream_prefixes import StreamPrefixes
-from groupwise.generation.stream_rows import Done, FinishRules, StreamRequest, StreamRow, new_request
-from groupwise.generation.stream_slots import SlotRows, StreamSlots
+from groupwise.generation.sampling import check_sampling_params
+from groupwise.generation.stream_decode import RowDecoding
+from groupwise.generation.stream_rows import RequestTable, StreamRequest, StreamRow, call_dropped
+from groupwise.generation.stream_slots import StreamSlots
 from groupwise.types import Completion, GenerationRequest, RowPrefix, SamplingParams
 
 if TYPE_CHECKING:
-    from groupwise.generation.chunk import Prefill
     from groupwise.generation.engine import Engine
     from groupwise.generation.llama_decode import LlamaDecoder
 
@@ -93,58 +92,60 @@ class GenerationStream:
             raise ValueError("a generation stream decodes with the fast decode step, and this engine has none")
         self.engine, self.decoder, self.sampling = engine, decoder, sampling
         self.max_rows, self.partial, self.kv = max(1, max_rows), partial, kv
-        self._slots = SlotRows(slots, decoder, sampling)
-        self.prefixes = StreamPrefixes(engine, decoder, self._slots, prefix_tokens)
-        self._rules = FinishRules(engine.eos_token_ids, engine.tokenizer, sampling)
         self._cond = threading.Condition(threading.Lock())
+        self._rows = RowDecoding(
+            engine, decoder, sampling, slots, max_rows=self.max_rows, prefix_tokens=prefix_tokens, lock=self._cond
+        )
+        self.prefixes = self._rows.prefixes
         self._inbox: list[StreamRequest] = []
         self._cancels: set[int] = set()
-        # Cancellers waiting for a running request's cost, by handle. Taken off (under the lock) by whichever of
-        # drop, answer, failure or close removes the request from ``_requests``, and called by it: exactly once.
-        self._on_dropped: dict[int, list[Callable[[int, float], None]]] = {}
+        self._table = RequestTable()  # every request not yet forgotten, and the cancellers waiting for a cost
         self._post: _WeightPost | None = None
-        self._requests: dict[int, StreamRequest] = {}  # every unfinished request, by handle
-        self._answered: dict[int, StreamRequest] = {}  # answered, kept for progress until forgotten
-        self._waiting: deque[StreamRow] = deque()  # rows taken in, waiting for a slot
-        self._next_handle = 0
         self._pauses = 0
         self._parked = False
         self._serving = False
         self._closed = False
         self._thread: threading.Thread | None = None
-        self.steps = 0  # decode steps run: progress for a stall watchdog
-        self.joins = 0  # requests taken in while other rows were decoding
-        self.generated_tokens = 0
         self.busy_seconds = 0.0
         self.weight_loads = 0
 
+    @property
+    def steps(self) -> int:
+        """Decode steps run: progress for a stall watchdog."""
+        return self._rows.steps
+
+    @property
+    def joins(self) -> int:
+        """Requests taken in while other rows were decoding."""
+        return self._rows.joins
+
+    @property
+    def generated_tokens(self) -> int:
+        return self._rows.generated_tokens
+
     # -- any thread -------------------------------------------------------------------------------------------
-    def submit(self, request: GenerationRequest, on_done: Done) -> int:
+    def submit(self, request: GenerationRequest, on_done: StreamDone) -> int:
         """Queue ``request``; ``on_done`` gets its completions (or the error that failed it), from the serving
         thread. Returns the handle :meth:`cancel` and :meth:`progress` use."""
         with self._cond:
-            handle, self._next_handle = self._next_handle, self._next_handle + 1
-            entry = new_request(handle, request, on_done, self.sampling.max_new_tokens)
-            self._requests[handle] = entry
+            entry = self._table.add(request, on_done, self.sampling.max_new_tokens)
             self._inbox.append(entry)
             self._cond.notify_all()
-        return handle
+        return entry.handle
 
-    def cancel(self, handle: int, on_dropped: Callable[[int, float], None] | None = None) -> None:
+    def cancel(self, handle: int, on_dropped: StreamDropped | None = None) -> None:
         """Drop a request (its requester gave up): its rows leave their slots at the next token boundary. Then
         ``on_dropped(tokens, seconds)`` gets what it had cost (:meth:`cost`), exactly once, whatever comes first:
         its rows leaving their slots, the request finishing at that same boundary (it is answered too), a failure
         of the loop, or :meth:`close` (the cost so far); at once for a request already answered or unknown."""
         with self._cond:
-            answered = self._answered.pop(handle, None)
-            if handle in self._requests and not self._closed:
+            answered = self._table.answered.pop(handle, None)
+            if handle in self._table.running and not self._closed:
                 self._cancels.add(handle)
-                if on_dropped is not None:
-                    self._on_dropped.setdefault(handle, []).append(on_dropped)
+                self._table.wait_for_cost(handle, on_dropped)
                 self._cond.notify_all()
                 return
-            entry = answered or self._requests.get(handle)
-            cost = _cost(entry) if entry is not None else (0, 0.0)
+            cost = (answered.tokens, answered.seconds) if answered is not None else self._table.cost(handle)
         if on_dropped is not None:
             on_dropped(*cost)
 
@@ -152,8 +153,7 @@ class GenerationStream:
         """What a request not yet forgotten cost so far: the tokens its rows hold and the stream's seconds
         attributed to it (every prefill, decode step and KV rebuild split evenly among the rows it ran)."""
         with self._cond:
-            entry = self._requests.get(handle) or self._answered.get(handle)
-            return _cost(entry) if entry is not None else (0, 0.0)
+            return self._table.cost(handle)
 
     def post_weights(self, load: Callable[[], None], done: Callable[[BaseException | None], None]) -> None:
         """Have the serving thread run ``load`` (copy new weights into the engine) at a token boundary — at once
@@ -171,15 +171,14 @@ class GenerationStream:
     def forget(self, handle: int) -> None:
         """The requester has what an answered request generated: :meth:`progress` stops reporting it."""
         with self._cond:
-            self._answered.pop(handle, None)
+            self._table.answered.pop(handle, None)
 
     def progress(self) -> dict[int, tuple[RowPrefix | None, ...]]:
         """Per request not yet forgotten (by handle): what each sample generated so far (None: nothing yet). An
         answered request stays here, every row finished, until :meth:`forget`: between the answer and its requester
         taking it in, a checkpoint still finds it."""
         with self._cond:
-            entries = [*self._requests.items(), *self._answered.items()]
-            return {handle: entry.progress() for handle, entry in entries}
+            return self._table.progress()
 
     def idle(self) -> bool:
         """Nothing to do: no request queued, waiting or decoding, no cancel or weight load pending, no token
@@ -228,11 +227,11 @@ class GenerationStream:
         with self._cond:
             self._closed = True
             post, self._post = self._post, None
-            dropped = self._take_dropped_locked(list(self._on_dropped))
+            dropped = self._table.take_cancellers()
             self._cond.notify_all()
         if post is not None:
             post.done(RuntimeError("the generation stream was closed before the weights were loaded"))
-        _call_dropped(dropped)
+        call_dropped(dropped)
         thread, self._thread = self._thread, None
         if thread is None:
             return True
@@ -271,7 +270,7 @@ class GenerationStream:
             return self._work_locked()
 
     def _work_locked(self) -> bool:
-        return bool(self._inbox or self._cancels or self._post or self._slots.live or self._waiting)
+        return bool(self._inbox or self._cancels or self._post or self._rows.busy())
 
     def _park_if_paused(self) -> None:
         with self._cond:
@@ -304,70 +303,55 @@ class GenerationStream:
             self._take_in(entry)
         for handle in cancels:
             self._drop(handle)
-        if post is not None and (self.partial == "continue" or self._slots.live == 0):
+        if post is not None and (self.partial == "continue" or self._rows.slots.live == 0):
             self._apply_weights(post)
             post = None
         with torch.inference_mode():
             if post is None:  # a drain ("off" mode) takes nothing in until the weights are loaded
-                self._admit()
-            if self._slots.live:
-                self._step()
+                self._finish(self._rows.admit())
+            if self._rows.slots.live:
+                self._finish(self._rows.step())
 
     def _take_in(self, entry: StreamRequest) -> None:
         if entry.unfinished == 0:
             self._resolve(entry)
             return
-        self._waiting.extend(row for row in entry.rows if row.finish is None)
-
-    def _take_dropped_locked(self, handles: list[int]) -> list[tuple[Callable[[int, float], None], tuple[int, float]]]:
-        """(Under the lock.) The cancellers waiting on ``handles``, taken off, each with its request's cost now.
-        Whoever takes a request out of ``_requests`` calls this in the same locked block: so each canceller is
-        called once, never zero times (an answer racing a cancel at one token boundary) or twice."""
-        dropped = []
-        for handle in handles:
-            entry = self._requests.get(handle) or self._answered.get(handle)
-            cost = _cost(entry) if entry is not None else (0, 0.0)
-            dropped += [(on_dropped, cost) for on_dropped in self._on_dropped.pop(handle, [])]
-        return dropped
+        self._rows.take_in(entry)
 
     def _drop(self, handle: int) -> None:
         with self._cond:
-            dropped = self._take_dropped_locked([handle])
-            entry = self._requests.pop(handle, None)
+            dropped = self._table.take_cancellers([handle])
+            entry = self._table.running.pop(handle, None)
         if entry is not None:
-            self._waiting = deque(row for row in self._waiting if row.request is not entry)
-            for row in entry.rows:
-                if row.slot is not None:
-                    self._slots.free(row)
-        _call_dropped(dropped)
+            self._rows.drop(entry)
+        call_dropped(dropped)
 
     def _resolve(self, entry: StreamRequest) -> None:
         with self._cond:
-            if self._requests.get(entry.handle) is not entry:
+            if self._table.running.get(entry.handle) is not entry:
                 return  # dropped meanwhile
-            dropped = self._take_dropped_locked([entry.handle])
-            del self._requests[entry.handle]
+            dropped = self._table.take_cancellers([entry.handle])
+            del self._table.running[entry.handle]
             if entry.handle not in self._cancels:  # a cancelled request's requester is gone: nobody forgets it
-                self._answered[entry.handle] = entry
+                self._table.answered[entry.handle] = entry
         try:
-            result: list[Completion] | Exception = self._rules.completions(entry)
+            result: list[Completion] | Exception = self._rows.rules.completions(entry)
         except Exception as error:  # noqa: BLE001 — packaging failed (the tokenizer): that request gets it
             result = error
         entry.on_done(result)
-        _call_dropped(dropped)  # cancelled while its last token was drawn: the canceller still gets the cost
+        call_dropped(dropped)  # cancelled while its last token was drawn: the canceller still gets the cost
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cond:
-            dropped = self._take_dropped_locked(list(self._requests))
-            entries = list(self._requests.values())
-            self._requests.clear()
+            dropped = self._table.take_cancellers(list(self._table.running))
+            entries = list(self._table.running.values())
+            self._table.running.clear()
             self._inbox, self._cancels = [], set()
             post, self._post = self._post, None
-        self._waiting.clear()
-        self._slots.clear()
+        self._rows.clear()
         if post is not None:
             post.done(error)
-        _call_dropped(dropped)  # cancelled before the failure: their requesters want the cost only
+        call_dropped(dropped)  # cancelled before the failure: their requesters want the cost only
         for entry in entries:
             entry.on_done(error)
 
@@ -376,12 +360,7 @@ class GenerationStream:
         try:
             post.load()
             self.weight_loads += 1
-            self.prefixes.clear()  # computed under the old weights: never reused under the new
-            if self._slots.live:
-                with torch.inference_mode():  # the packed copies are inference tensors: refreshed in there
-                    self._slots.ensure_room(self._slots.live, 1)
-                    if self.kv == "recompute":
-                        self._recompute_live()
+            self._rows.weights_loaded(recompute=self.kv == "recompute")
         except BaseException as error:
             with self._cond:
                 self._post = None
@@ -391,99 +370,7 @@ class GenerationStream:
             self._post = None
         post.done(None)
 
-    def _recompute_live(self) -> None:
-        """Rebuild the live rows' KV under the weights just loaded: prefill prompt + tokens but the last."""
-        start = time.perf_counter()
-        rows = self._slots.live_rows()
-        prefill = self._prefill(rows)
-        self._slots.ensure_room(self._slots.live, prefill.width + self.sampling.max_new_tokens)
-        self._slots.load(rows, prefill, list(range(len(rows))), into_own=True)
-        self.prefixes.mark(rows)
-        self._charge(rows, time.perf_counter() - start)
-
-    def _charge(self, rows: list[StreamRow], seconds: float) -> None:
-        """Attribute ``seconds`` of work on ``rows`` to their requests, evenly per row."""
-        with self._cond:
-            for row in rows:
-                row.request.seconds += seconds / len(rows)
-
-    # -- admission --------------------------------------------------------------------------------------------
-    def _admit(self) -> None:
-        """Take waiting rows into free slots, whole requests at a time in arrival order."""
-        room = self.max_rows - self._slots.live
-        batch: list[StreamRow] = []
-        while self._waiting and room > len(batch):
-            head = self._waiting[0].request
-            pending = [row for row in self._waiting if row.request is head]
-            if len(pending) > room - len(batch) and (batch or self._slots.live):
-                break  # wait for its slots to free up rather than prefill its prompt twice
-            for row in pending[: room - len(batch)]:
-                self._waiting.remove(row)
-                batch.append(row)
-        if not batch:
-            return
-        if self._slots.live:
-            self.joins += len({row.request.handle for row in batch})
-        start = time.perf_counter()
-        prefill = self._prefill(batch)
-        self._slots.ensure_room(self._slots.live + len(batch), prefill.width + self.sampling.max_new_tokens)
-        fresh = [i for i, row in enumerate(batch) if not row.token_ids]
-        finished = set(self._draw_first(batch, fresh, prefill)) if fresh else set()
-        ended = [i for i, row in enumerate(batch) if row in finished]
-        self.prefixes.keep_prefilled([batch[i] for i in ended], prefill, ended)
-        loaded = [i for i, row in enumerate(batch) if row not in finished]
-        self._slots.load([batch[i] for i in loaded], prefill, loaded)
-        self.prefixes.mark([batch[i] for i in loaded])
-        self._charge(batch, time.perf_counter() - start)
-        self._finish(finished)
-
-    def _prefill(self, rows: list[StreamRow]) -> Prefill:
-        """One forward per distinct sequence (a fresh request's samples share their prompt's), each from the
-        longest prefix of it whose keys/values the stream kept (:mod:`groupwise.generation.stream_prefixes`)."""
-        index: dict[tuple[int, ...], int] = {}
-        specs = []
-        for row in rows:
-            sequence = row.sequence
-            specs.append((index.setdefault(sequence, len(index)), row.sample, row.request.request.seed, sequence))
-        return self.engine.prefill_rows(specs, self.prefixes.reused(index))
-
-    def _draw_first(self, batch: list[StreamRow], fresh: list[int], prefill: Prefill) -> list[StreamRow]:
-        """Token 0 of fresh rows, from their prefill logits (the same sampling functions as every step); returns
-        the rows that finished with it."""
-        at = torch.tensor(fresh, dtype=torch.long, device=prefill.positions.device)
-        logits, keys = prefill.logits[at], prefill.rng_keys[at]
-        s = self.sampling
-        first, logprobs = sample_with_logprobs(logits, keyed_uniforms(keys, 0), s.temperature, s.top_k, s.top_p)
-        version = self.engine.version
-        with self._cond:
-            for i, token, logprob in zip(fresh, first.tolist(), logprobs.tolist(), strict=True):
-                batch[i].token_ids.append(token)
-                batch[i].logprobs.append(logprob)
-                batch[i].versions.append(version)
-            finished = self._rules.apply([batch[i] for i in fresh])
-        self.generated_tokens += len(fresh)
-        return finished
-
-    # -- decoding ---------------------------------------------------------------------------------------------
-    def _step(self) -> None:
-        start = time.perf_counter()
-        rows, tokens, logprobs = self._slots.step()
-        version = self.engine.version
-        seconds = (time.perf_counter() - start) / max(1, len(rows))
-        with self._cond:  # progress readers see every row at a token boundary
-            for row, token, logprob in zip(rows, tokens, logprobs, strict=True):
-                row.token_ids.append(token)
-                row.logprobs.append(logprob)
-                row.versions.append(version)
-                row.request.seconds += seconds
-            finished = self._rules.apply(rows)
-        self.steps += 1
-        self.generated_tokens += len(rows)
-        self.prefixes.keep(finished)
-        for row in finished:
-            self._slots.free(row)
-        self._finish(finished)
-
+    # -- finished rows ----------------------------------------------------------------------------------------
     def _finish(self, finished: Collection[StreamRow]) -> None:
         """Count finished rows against their requests; hand back every request whose rows are all done."""
         for row in finished:
@@ -491,12 +378,3 @@ class GenerationStream:
         for entry in sorted({row.request for row in finished}, key=lambda e: e.handle):
             if entry.unfinished == 0:
                 self._resolve(entry)
-
-
-def _cost(entry: StreamRequest) -> tuple[int, float]:
-    return entry.tokens, entry.seconds
-
-
-def _call_dropped(dropped: list[tuple[Callable[[int, float], None], tuple[int, float]]]) -> None:
-    for on_dropped, cost in dropped:
-        on_dropped(*cost)

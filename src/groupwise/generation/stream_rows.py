@@ -4,24 +4,23 @@ A stream (:mod:`groupwise.generation.stream`) decodes rows that joined at differ
 generated so far lives here, on the host, rather than in a per-call record: the tokens, the logprob recorded
 when each was sampled and the weight version that produced it. The finishing rules are those of every engine
 call (EOS, a stop string in the text, ``max_new_tokens``), and a finished request is packaged by
-:func:`~groupwise.generation.chunk.completions_of`, the same packaging as a call's.
+:func:`~groupwise.generation.chunk.completions_of`, the same packaging as a call's. The stream's requests by handle,
+and who waits for a cancelled one's cost, are a :class:`RequestTable`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from groupwise.generation.base import StreamDone, StreamDropped
 from groupwise.generation.chunk import RowResult, StopWatch, completions_of
 from groupwise.generation.request_limits import request_limit
 from groupwise.types import Completion, FinishReason, GenerationRequest, RowPrefix, SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-# Called once with the request's completions, or with the exception that failed it.
-Done = Callable[[list[Completion] | BaseException], None]
 
 
 @dataclass(eq=False)
@@ -55,7 +54,7 @@ class StreamRequest:
 
     handle: int
     request: GenerationRequest
-    on_done: Done
+    on_done: StreamDone
     max_new: int  # its rows' token limit: the stream's, or the request's own lower one
     rows: list[StreamRow] = field(default_factory=list)
     unfinished: int = 0
@@ -76,7 +75,7 @@ class StreamRequest:
         return tuple(row.prefix() for row in self.rows)
 
 
-def new_request(handle: int, request: GenerationRequest, on_done: Done, max_new: int) -> StreamRequest:
+def new_request(handle: int, request: GenerationRequest, on_done: StreamDone, max_new: int) -> StreamRequest:
     """The request with one row per sample, continued rows holding their prefix; raises on a malformed request."""
     if len(request.prompt_token_ids) == 0:
         raise ValueError("a request has an empty prompt; encode at least one token (e.g. BOS)")
@@ -139,3 +138,50 @@ class FinishRules:
             for row in request.rows
         ]  # fmt: skip
         return completions_of(results, [row.versions for row in request.rows], self.tokenizer)
+
+
+class RequestTable:
+    """A stream's requests by handle: the unfinished ones, the answered ones (kept for progress until forgotten), and
+    the cancellers waiting for a running one's cost.
+
+    Not locked itself: the stream calls it under its own lock. Whoever takes a request out of ``running`` takes its
+    cancellers (:meth:`take_cancellers`) in the same locked block, so each canceller is called once, never zero
+    times (an answer racing a cancel at one token boundary) or twice.
+    """
+
+    def __init__(self) -> None:
+        self.running: dict[int, StreamRequest] = {}
+        self.answered: dict[int, StreamRequest] = {}
+        self._cancellers: dict[int, list[StreamDropped]] = {}
+        self._next_handle = 0
+
+    def add(self, request: GenerationRequest, on_done: StreamDone, max_new: int) -> StreamRequest:
+        """The request under a new handle, running (:func:`new_request`: raises on a malformed request)."""
+        handle, self._next_handle = self._next_handle, self._next_handle + 1
+        entry = new_request(handle, request, on_done, max_new)
+        self.running[handle] = entry
+        return entry
+
+    def cost(self, handle: int) -> tuple[int, float]:
+        """Tokens a request not yet forgotten holds and the seconds charged to it; nothing for an unknown one."""
+        entry = self.running.get(handle) or self.answered.get(handle)
+        return (entry.tokens, entry.seconds) if entry is not None else (0, 0.0)
+
+    def wait_for_cost(self, handle: int, on_dropped: StreamDropped | None) -> None:
+        """``on_dropped`` is called with the running request's cost once it leaves ``running``."""
+        if on_dropped is not None:
+            self._cancellers.setdefault(handle, []).append(on_dropped)
+
+    def take_cancellers(self, handles: Iterable[int] | None = None) -> list[tuple[StreamDropped, tuple[int, float]]]:
+        """The cancellers waiting on ``handles`` (all: None), taken off, each with its request's cost now."""
+        handles = list(self._cancellers) if handles is None else handles
+        return [(dropped, self.cost(handle)) for handle in handles for dropped in self._cancellers.pop(handle, [])]
+
+    def progress(self) -> dict[int, tuple[RowPrefix | None, ...]]:
+        return {handle: entry.progress() for handle, entry in [*self.running.items(), *self.answered.items()]}
+
+
+def call_dropped(dropped: list[tuple[StreamDropped, tuple[int, float]]]) -> None:
+    """Tell each canceller its request's cost (outside the stream's lock)."""
+    for on_dropped, cost in dropped:
+        on_dropped(*cost)

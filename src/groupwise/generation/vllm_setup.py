@@ -1,4 +1,5 @@
-"""Setting vLLM up as a generation backend: the lazy import, its environment, the engine's arguments, the model folder.
+"""Setting vLLM up as a generation backend: the lazy import, its environment, the engine's arguments, the model folder,
+the stream's ``AsyncLLM``.
 
 vLLM is optional (``pip install groupwise[vllm]`` on a CUDA machine; ``scripts/install_vllm.sh`` builds the CPU
 environment): nothing here imports it at module import time, so the core imports without it, and
@@ -130,6 +131,21 @@ def process_state_kept() -> Iterator[None]:
         random.setstate(python_state)
         np.random.set_state(numpy_state)
         torch.random.set_rng_state(torch_state)
+
+
+async def build_async_llm(settings: VllmSettings) -> Any:  # Any: a vLLM AsyncLLM (vllm: optional, lazy)
+    """The stream's ``AsyncLLM`` (its engine core in a child process; on CUDA, weight transfer over CUDA IPC), built
+    on the running loop that serves it, with this process's state kept (:func:`process_state_kept`)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    kwargs = engine_kwargs(settings)
+    if settings.device == "cuda":
+        from vllm.config import WeightTransferConfig
+
+        kwargs["weight_transfer_config"] = WeightTransferConfig(backend="ipc")
+    with process_state_kept():
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
 
 
 def write_model_folder(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, directory: str | Path) -> Path:

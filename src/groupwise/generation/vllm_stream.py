@@ -15,11 +15,9 @@ engine (the session does, when the run ends; also at interpreter exit).
 
 * **Continuous batching** is vLLM's own: a submitted request's samples (one vLLM request each,
   :mod:`groupwise.generation.vllm_rows`) join the running batch at once.
-* **Weights mid-stream** (:meth:`VllmStream.post_weights`): with ``partial="continue"`` generation is paused in
-  vLLM's ``keep`` mode (running requests stay frozen in the engine with their KV cache), the weights are loaded, the
-  version is set, and generation resumes: the rows go on under the new weights with the KV cache computed under the
-  old ones (the built-in stream's ``kv="keep"``; vLLM does not recompute it). With ``partial="off"`` the pause is
-  vLLM's ``wait`` mode: the running rows finish first and no row spans versions.
+* **Weights mid-stream** (:meth:`VllmStream.post_weights`, :mod:`groupwise.generation.vllm_pauses`): with
+  ``partial="continue"`` the rows go on under the new weights with the KV cache computed under the old ones (the
+  built-in stream's ``kv="keep"``; vLLM does not recompute it); with ``partial="off"`` no row spans versions.
 * **Per-token versions**: vLLM labels every output token with the weight version set when it was sampled
   (``CompletionOutput.weight_versions``); those spans are what a finished row records. Until a row finishes,
   :meth:`progress` reports the version stamped as each token arrived (outputs produced before a pause are delivered
@@ -35,8 +33,6 @@ import asyncio
 import atexit
 import contextlib
 import functools
-import shutil
-import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
@@ -45,9 +41,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch import Tensor
 
-from groupwise.generation.base import RequestStream, StreamSupport
+from groupwise.generation.base import RequestStream, StreamDone, StreamDropped, StreamSupport
 from groupwise.generation.request_limits import request_limit
 from groupwise.generation.sampling import check_sampling_params
+from groupwise.generation.vllm_pauses import EnginePauses
 from groupwise.generation.vllm_rows import (
     assemble,
     check_source,
@@ -58,9 +55,9 @@ from groupwise.generation.vllm_rows import (
     sampling_params_for,
     versions_from_spans,
 )  # fmt: skip
-from groupwise.generation.vllm_setup import VllmSettings, engine_kwargs, import_vllm, process_state_kept
-from groupwise.generation.vllm_stream_rows import BusyClock, Done, Dropped, RowState, StreamEntry
-from groupwise.generation.vllm_weights import DiskReload, IpcTransfer, check_names
+from groupwise.generation.vllm_setup import VllmSettings, build_async_llm, import_vllm
+from groupwise.generation.vllm_stream_rows import BusyClock, RowState, StreamEntry
+from groupwise.generation.vllm_weights import IpcTransfer, check_names
 from groupwise.types import Completion, GenerationRequest, RowPrefix, SamplingParams
 
 if TYPE_CHECKING:
@@ -87,39 +84,36 @@ class VllmStream:
         self.settings, self.tokenizer, self.sampling, self.partial = settings, tokenizer, sampling, partial
         self.eos_token_ids = tuple(int(token) for token in eos_token_ids)
         self._weight_names = set(weight_names)
-        self._version = int(version)
         self._vllm = import_vllm(settings)
         self._lock = threading.Lock()  # entries and their rows: read by any thread, written on the loop thread
         self._entries: dict[int, StreamEntry] = {}
         self._answered: dict[int, StreamEntry] = {}
         self._next_handle = 0
         self._clock = BusyClock()
-        self._pauses = 0  # pause holders (evaluation, weight loads); touched on the loop thread only
-        self._post_done: Callable[[BaseException | None], None] | None = None  # the pending weight post's callback
         self._closed = False  # the engine was shut down
-        self.steps = self.weight_loads = self.generated_tokens = self.joins = 0
+        self.steps = self.generated_tokens = self.joins = 0
         self._loop = asyncio.new_event_loop()
-        self._unpaused = asyncio.Event()  # (used on the loop only; created before it runs, unbound until then)
-        self._unpaused.set()
         self._thread = threading.Thread(target=self._loop.run_forever, name="groupwise-vllm", daemon=True)
         self._thread.start()
         try:
-            self.engine: Any = self._run(self._build())  # Any: a vLLM AsyncLLM (vllm is optional and imported lazily)
+            self.engine: Any = self._run(build_async_llm(settings))  # Any: a vLLM AsyncLLM (vllm: optional, lazy)
         except BaseException:
             self._loop.call_soon_threadsafe(self._loop.stop)  # no thread is left behind by a failed start
             self._thread.join(10.0)
             raise
-        folder = weights_dir or tempfile.mkdtemp(prefix="groupwise-vllm-weights-")
-        self._own_dir = None if weights_dir else folder  # removed at close
-        self._disk = DiskReload(folder)
-        self._ipc = IpcTransfer(self.engine, self._run) if settings.device == "cuda" else None
-        self._run(self.engine.update_weight_version(str(self._version)))
+        ipc = IpcTransfer(self.engine, self._run) if settings.device == "cuda" else None
+        self._pauses = EnginePauses(self._lock, self._clock, int(version), weights_dir, ipc)
+        self._run(self.engine.update_weight_version(str(self.version)))
         atexit.register(_shutdown_at_exit, weakref.ref(self))  # AsyncLLM's own finaliser fails at interpreter exit
 
     # -- Generator ----------------------------------------------------------------------------------------------
     @property
     def version(self) -> int:
-        return self._version
+        return self._pauses.version
+
+    @property
+    def weight_loads(self) -> int:
+        return self._pauses.weight_loads
 
     @property
     def busy_seconds(self) -> float:
@@ -149,13 +143,13 @@ class VllmStream:
     def load_weights(self, state: Mapping[str, Tensor], version: int) -> None:
         """Load a full state dict (LoRA merged) into the engine and set the version; generation is paused (``keep``)
         meanwhile. From any thread but the stream's own."""
-        if version < self._version:
+        if version < self.version:
             raise ValueError(
-                f"load_weights(version={version}) would move the engine back from version {self._version}; "
+                f"load_weights(version={version}) would move the engine back from version {self.version}; "
                 "weight versions only increase — pass the learner's current version"
             )
         check_names(state, self._weight_names)
-        self._run(self._load(state, int(version)))
+        self._run(self._pauses.load(self.engine, state, int(version)))
 
     def shutdown(self, timeout_s: float = 60.0) -> None:
         """Stop the engine (its processes, KV cache and loop thread); requests still held get no answer. The stream
@@ -163,13 +157,12 @@ class VllmStream:
         if self._closed:
             return
         self._closed = True
-        self._answer_post(RuntimeError("the vLLM engine was shut down before the weights were loaded"))
+        self._pauses.answer_post(RuntimeError("the vLLM engine was shut down before the weights were loaded"))
         with contextlib.suppress(Exception):  # the engine may already be dead: shutting down must still end the thread
             self._run(self._shutdown(), timeout_s)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout_s)
-        if self._own_dir is not None:
-            shutil.rmtree(self._own_dir, ignore_errors=True)
+        self._pauses.remove_folder()
 
     # -- StreamingGenerator -------------------------------------------------------------------------------------
     def stream_support(self) -> StreamSupport:
@@ -201,14 +194,14 @@ class VllmStream:
         """Nothing to do: no request held unanswered and no weight load pending (what the liveness watch asks:
         an answer awaited from an idle stream will never come)."""
         with self._lock:
-            return not self._entries and self._post_done is None
+            return not self._entries and self._pauses.post_done is None
 
     def generator_for_evaluation(self) -> VllmStream:
         """Evaluation's requests join the running batch (vLLM needs no pause for them): the stream itself."""
         return self
 
     # -- the stream (any thread) --------------------------------------------------------------------------------
-    def submit(self, request: GenerationRequest, on_done: Done, sampling: SamplingParams | None = None) -> int:
+    def submit(self, request: GenerationRequest, on_done: StreamDone, sampling: SamplingParams | None = None) -> int:
         """Queue ``request`` (sampled with the stream's settings unless ``sampling`` is given); ``on_done`` gets its
         completions or the error that failed it. Returns the handle for :meth:`cancel` and :meth:`progress`."""
         sampling = sampling or self.sampling
@@ -226,7 +219,7 @@ class VllmStream:
         self._loop.call_soon_threadsafe(self._start, entry)
         return handle
 
-    def cancel(self, handle: int, on_dropped: Dropped | None = None) -> None:
+    def cancel(self, handle: int, on_dropped: StreamDropped | None = None) -> None:
         """Abort a request; ``on_dropped(tokens, seconds)`` gets its cost once its rows stopped (at once for one
         already answered; never when the stream closes first)."""
         with self._lock:
@@ -257,18 +250,15 @@ class VllmStream:
     def post_weights(self, load: Callable[[], None], done: Callable[[BaseException | None], None]) -> None:
         """Pause generation (``keep`` with ``partial="continue"``, ``wait`` with ``"off"``), run ``load`` (on a
         worker thread: it may call :meth:`load_weights`), resume, then call ``done`` with None or the error."""
-        with self._lock:
-            if self._post_done is not None:
-                raise RuntimeError("a weight load is already pending; wait for its done callback before the next")
-            self._post_done = done
-        asyncio.run_coroutine_threadsafe(self._post(load), self._loop)
+        self._pauses.take_post(done)
+        asyncio.run_coroutine_threadsafe(self._pauses.post(self.engine, load, self.partial), self._loop)
 
     def pause(self) -> None:
         """Freeze generation (vLLM's ``keep``) until :meth:`resume`; running requests keep their place."""
-        self._run(self._pause("keep"))
+        self._run(self._pauses.pause(self.engine, "keep"))
 
     def resume(self) -> None:
-        self._run(self._resume())
+        self._run(self._pauses.resume(self.engine))
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -288,7 +278,7 @@ class VllmStream:
         request had stopped within ``timeout_s``."""
         if self._closed:
             return True
-        self._answer_post(RuntimeError("the vLLM stream was closed before the weights were loaded"))
+        self._pauses.answer_post(RuntimeError("the vLLM stream was closed before the weights were loaded"))
         try:
             self._run(self._abort_all(), timeout_s)
         except TimeoutError:
@@ -301,18 +291,6 @@ class VllmStream:
             coroutine.close()
             raise RuntimeError("a blocking VllmStream call from the stream's own thread would deadlock it")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
-
-    async def _build(self) -> Any:  # Any: the AsyncLLM
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        kwargs = engine_kwargs(self.settings)
-        if self.settings.device == "cuda":
-            from vllm.config import WeightTransferConfig
-
-            kwargs["weight_transfer_config"] = WeightTransferConfig(backend="ipc")
-        with process_state_kept():
-            return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
 
     def _start(self, entry: StreamEntry) -> None:
         if self._closed:
@@ -343,7 +321,7 @@ class VllmStream:
                 with self._lock:
                     state.token_ids += tokens
                     state.logprobs += logprobs
-                    state.versions += [self._version] * len(tokens)
+                    state.versions += [self.version] * len(tokens)
                     if output.finished:
                         state.versions = versions_from_spans(
                             completion.weight_versions, len(state.token_ids), state.versions
@@ -378,57 +356,6 @@ class VllmStream:
             except Exception as error:  # noqa: BLE001 — packaging failed (the tokenizer): that request gets it
                 result = error
         entry.on_done(result)
-
-    async def _pause(self, mode: str) -> None:
-        self._pauses += 1
-        self._unpaused.clear()
-        if self._pauses == 1:
-            await self.engine.pause_generation(mode=mode, clear_cache=False)
-            for _ in range(4):  # let the rows take in what the engine sent before it paused (progress, stamps)
-                await asyncio.sleep(0)
-            self._clock.tick()
-            self._clock.paused = True
-
-    async def _resume(self) -> None:
-        self._pauses -= 1
-        if self._pauses == 0:
-            self._clock.tick()
-            self._clock.paused = False
-            await self.engine.resume_generation()
-            self._unpaused.set()
-
-    async def _load(self, state: Mapping[str, Tensor], version: int) -> None:
-        await self._pause("keep")
-        try:
-            if self._ipc is not None:
-                await asyncio.to_thread(self._ipc.push_blocking, state)
-            else:
-                await self._disk.push(self.engine, state)
-            await self.engine.update_weight_version(str(version))
-            self._version = version
-        finally:
-            await self._resume()
-
-    async def _post(self, load: Callable[[], None]) -> None:
-        error: BaseException | None = None
-        if self.partial == "off":  # a drain needs generation running: wait out a pause someone else holds
-            await self._unpaused.wait()
-        await self._pause("keep" if self.partial == "continue" else "wait")
-        try:
-            await asyncio.to_thread(load)
-            self.weight_loads += 1
-        except BaseException as failure:  # noqa: BLE001 — the poster gets the error
-            error = failure
-        finally:
-            await self._resume()
-        self._answer_post(error)
-
-    def _answer_post(self, error: BaseException | None) -> None:
-        """Answer the pending weight post once (its end and a close may both try)."""
-        with self._lock:
-            done, self._post_done = self._post_done, None
-        if done is not None:
-            done(error)
 
     async def _abort_all(self) -> None:
         """Abort every request held; each gets an error as its answer (nobody waits for one forever)."""

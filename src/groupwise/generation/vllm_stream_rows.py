@@ -10,19 +10,15 @@ live in between (:class:`BusyClock`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from groupwise.generation.base import StreamDone, StreamDropped
 from groupwise.generation.vllm_rows import RowOutput, VllmRow, finish_reason_of
-from groupwise.types import Completion, FinishReason, GenerationRequest, RowPrefix, SamplingParams
+from groupwise.types import FinishReason, GenerationRequest, RowPrefix, SamplingParams
 
 if TYPE_CHECKING:
     import asyncio
-
-# Called once with the request's completions, or with the exception that failed it.
-Done = Callable[[list[Completion] | BaseException], None]
-Dropped = Callable[[int, float], None]  # a cancelled request's cost: (tokens, seconds)
 
 
 @dataclass(eq=False)
@@ -60,12 +56,12 @@ class StreamEntry:
     handle: int
     request: GenerationRequest
     sampling: SamplingParams
-    on_done: Done
+    on_done: StreamDone
     rows: list[RowState]
     finished: list[VllmRow]  # samples whose prefix had already finished: nothing is generated for them
     seconds: float = 0.0
     cancelled: bool = False
-    on_dropped: Dropped | None = None
+    on_dropped: StreamDropped | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)  # the rows' asyncio tasks
 
     @property

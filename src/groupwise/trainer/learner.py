@@ -216,7 +216,8 @@ class Learner:
         return metrics
 
     def train_step(self, rows: RowBatch) -> dict[str, float]:
-        """A whole step at once (the sync loop): one chunk, then its update(s)."""
+        """A whole step at once: one chunk, then its update(s) (the benchmarks' and tests' step; the loops feed
+        chunks as groups arrive and close the step with :meth:`finish_step`)."""
         self.train_chunk(rows)
         return self.finish_step()
 

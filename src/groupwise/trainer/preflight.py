@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from groupwise.config import ConfigError, ConfigIssue
-from groupwise.config.sections import BUNDLED_GGUF_PATH
+from groupwise.config.model_schema import BUNDLED_GGUF_PATH
 from groupwise.data.jsonl_dataset import DatasetError, load_jsonl_prompts
 from groupwise.data.registry import TASKS, Task, build_task, prompt_sources, task_config_key
 from groupwise.data.rewards import RewardFn, RewardSpecError, check_reward_kwargs, load_reward_fn
