@@ -210,8 +210,8 @@ def train_comm_seconds_per_token(job: JobSection, layout: TrainLayout, gpu: GpuS
     tau = tp_seconds_per_sequence(tp, m.layers, m.hidden, m.dtype_bytes, group_link_bandwidth(tp, gpu, network))
     seconds = train_tp_seconds_per_token(layout.data_parallel, layout.pipeline_parallel, tau)
     if layout.expert_parallel > 1 and m.experts_per_token is not None:
-        seconds += expert_seconds_per_token(layout, m.layers, m.hidden, m.dtype_bytes, m.experts_per_token,
-                                            group_link_bandwidth(layout.expert_parallel * tp, gpu, network))  # fmt: skip
+        link = group_link_bandwidth(layout.expert_parallel * tp, gpu, network)
+        seconds += expert_seconds_per_token(layout, m.layers, m.hidden, m.dtype_bytes, m.experts_per_token, link)
     return seconds
 
 
