@@ -166,8 +166,8 @@ class JobEfficiencySection(Section):
 #: H20's by ``bench/sim_calibration.py`` on verl's synchronous runs (``docs/simulator.md``). No other GPU has a
 #: fitted set yet; a job on one gets :class:`JobEfficiencySection`'s defaults (and a plan warns).
 FITTED_EFFICIENCY: dict[str, dict[str, float]] = {
-    "H20": {"train_mfu": 0.537, "inference_mfu": 0.2177, "decode_bandwidth_efficiency": 0.6325,
-            "decode_step_overhead_s": 0.003},
+    "H20": {"train_mfu": 0.537, "inference_mfu": 0.2177, "decode_bandwidth_efficiency": 0.5862,
+            "decode_step_overhead_s": 0.0029},
 }  # fmt: skip
 
 
