@@ -1,7 +1,8 @@
 """The job model's cost formulas: one pure function per cost, the formula in its docstring (``docs/simulator.md``).
 
 Notation: ``N`` parameters (``A`` active per token; ``A = N`` dense), ``ℓ`` layers, ``h`` hidden size, ``b`` bytes per
-value, ``F`` peak dense BF16 FLOP/s and ``W`` HBM bytes/s of one GPU, ``TP`` GPUs per rollout replica. The fitted
+value, ``F`` peak dense BF16 FLOP/s and ``W`` HBM bytes/s of one GPU, ``TP`` GPUs per rollout replica (or per
+tensor-parallel group of the trainer, whose layout is ``g = DP · TP · PP`` with ``EP`` expert parallel). The fitted
 constants are ``train_mfu`` (``colocated_train_mfu`` for a colocated trainer), ``inference_mfu`` (``μ``),
 ``decode_bandwidth_efficiency`` (``η``) and ``decode_step_overhead_s`` (``o``); every other number comes from the
 spec sheet (:mod:`groupwise.sim.gpus`) or the job (``sim.job``).
