@@ -13,7 +13,7 @@ Invariants pinned, each on a hand-computed case:
 - the layout is validated: the product equals ``train_gpus``, stages at most the layers, expert parallelism on an
   MoE only and dividing the data-parallel size, micro-batches only with a pipeline — each error naming its key;
 - a pipelined layout's micro-batches default to one sequence each, ``⌈P·G/(K·DP)⌉``, and ``groupwise plan``
-  derives the data-parallel size at each point (a given one is refused).
+  derives the data-parallel size at each point (a given one is refused); the sync point may have its own layout.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from groupwise.sim import job_model
 from groupwise.sim.gpus import GPUS
 from groupwise.sim.job_checks import check_layout, training_memory_issue
 from groupwise.sim.job_model import JobCosts, TrainLayout
-from groupwise.sim.plan import plan_issues
+from groupwise.sim.plan import plan_issues, plan_points, point_config
 from groupwise.sim.workload import resolved_job
 
 QWEN_7B = {"params": 7.6e9, "layers": 28, "hidden": 3584, "kv_heads": 4, "head_dim": 128}
@@ -144,3 +144,17 @@ def test_a_pipelines_micro_batches_default_to_one_sequence_each_and_plan_derives
     issues = plan_issues(config_from_dict(run_data(data_parallel=16)))
     assert [i.path for i in issues] == ["sim.job.train_layout.data_parallel"]
     assert "derived" in issues[0].rule
+
+
+def test_the_sync_point_of_a_plan_has_its_own_train_layout():
+    data = run_data(pipeline_parallel=2)
+    data["sim"]["plan"] = {"samplers": ["in_order"], "windows": [1], "partial_rollouts": ["off"],
+                           "sync_train_layout": {"tensor_parallel": 4}}  # fmt: skip
+    cfg = config_from_dict(data)
+    sync, async_ = (point_config(cfg, point) for point in plan_points(cfg)[:2])
+    assert sync.sim.job is not None and async_.sim.job is not None
+    assert (sync.sim.job.train_layout.tensor_parallel, sync.sim.job.train_layout.pipeline_parallel) == (4, 1)
+    assert (async_.sim.job.train_layout.tensor_parallel, async_.sim.job.train_layout.pipeline_parallel) == (1, 2)
+    data["sim"]["plan"]["sync_train_layout"] = {"data_parallel": 24}
+    (issue,) = plan_issues(config_from_dict(data))
+    assert issue.path == "sim.plan.sync_train_layout.data_parallel"

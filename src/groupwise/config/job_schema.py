@@ -246,6 +246,9 @@ class PlanSection(Section):
     sync_memory_fraction: float | None = Field(None, gt=0, le=1)
     """The rollout engine's share of GPU memory at the sync point (0 < f ≤ 1; vLLM's ``gpu_memory_utilization``,
     lower when colocated); ``null`` = ``job.cluster.memory_fraction``."""
+    sync_train_layout: JobTrainLayoutSection | None = None
+    """The trainer's layout at the sync point (on all the GPUs; a colocated trainer often splits the model
+    differently from a separate one); ``null`` = ``job.train_layout``, as the async points."""
 
     @field_validator("partial_rollouts", mode="before")
     @classmethod

@@ -165,6 +165,8 @@ def point_config(cfg: RunConfig, point: PlanPoint, steps: int | None | Literal["
             cluster["tensor_parallel"] = grid.sync_tensor_parallel
         if grid.sync_memory_fraction is not None:
             cluster["memory_fraction"] = grid.sync_memory_fraction
+        if grid.sync_train_layout is not None:
+            sim["job"]["train_layout"] = grid.sync_train_layout.model_dump(mode="json")
         data.pop("async", None)
         sim["weight_sync_drains"] = False
         return config_from_dict(data)
@@ -272,12 +274,13 @@ def plan_issues(cfg: RunConfig) -> list[ConfigIssue]:
     issues = check_job(cfg, train_gpus=None if job is None else all_gpus(job))  # the sync point trains on all
     if job is None:
         return issues or plan_points_issues(cfg)
-    if job.train_layout.data_parallel is not None:
-        issues.append(ConfigIssue("sim.job.train_layout.data_parallel", job.train_layout.data_parallel,
-                                  "groupwise plan trains on a different number of GPUs at each point (all of them "
-                                  "for sync, each split's share for async), so the data-parallel size is derived "
-                                  "there: train_gpus / (tensor_parallel · pipeline_parallel)",
-                                  "leave sim.job.train_layout.data_parallel null"))  # fmt: skip
+    sync_layout = (cfg.sim.plan or default_plan()).sync_train_layout
+    for key, layout in (("sim.job.train_layout", job.train_layout), ("sim.plan.sync_train_layout", sync_layout)):
+        if layout is not None and layout.data_parallel is not None:
+            issues.append(ConfigIssue(f"{key}.data_parallel", layout.data_parallel, "groupwise plan trains on a "
+                                      "different number of GPUs at each point (all of them for sync, each split's "
+                                      "share for async), so the data-parallel size is derived there: train_gpus / "
+                                      "(tensor_parallel · pipeline_parallel)", f"leave {key}.data_parallel null"))
     job_ok = not issues  # a point of a refused job would repeat the job's issues
     more = f"raise sim.num_prompts (now {cfg.sim.num_prompts})"
     issues.extend(prompt_count_issues(cfg, cfg.sim.num_prompts, more))
