@@ -109,7 +109,7 @@ def update_seconds(params: float, gpus: int, gpu: GpuSpec, network_bandwidth: fl
     share — over NVLink when the group sits in one node (``TP · DP ≤ 8``: ranks ordered tensor, then data, then
     pipeline), the network beyond — then the Adam step reads and writes its state in HBM."""
     model_parallel = tensor_parallel * pipeline_parallel
-    data_parallel = gpus // model_parallel
+    data_parallel = max(1, gpus // model_parallel)
     bandwidth = gpu.nvlink_bandwidth if tensor_parallel * data_parallel <= GPUS_PER_NODE else network_bandwidth
     comm = UPDATE_COMM_BYTES_PER_PARAM * params / model_parallel * (data_parallel - 1) / data_parallel / bandwidth
     return comm + ADAM_HBM_BYTES_PER_PARAM * params / (gpus * gpu.memory_bandwidth)
