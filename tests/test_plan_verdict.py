@@ -40,7 +40,7 @@ def row(speedup: float, waste: float = 0.0, window: int = 2, mode: str = "async"
 def test_the_band_is_the_rms_log_error_of_the_calibration():
     assert error_band([math.log(2.0), -math.log(2.0)]) == pytest.approx(math.log(2.0))
     assert half_width(2.0, math.log(2.0)) == pytest.approx(2.0 * (2.0 - 0.5) / 2)
-    assert error_band(VERL_H20.speedup_log_errors) == pytest.approx(0.678, abs=0.001)
+    assert error_band(VERL_H20.speedup_log_errors) == pytest.approx(0.670, abs=0.001)
 
 
 def test_a_star_only_when_one_mode_beats_the_other_by_more_than_the_band():

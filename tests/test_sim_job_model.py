@@ -84,20 +84,20 @@ def test_training_passes_and_update_communication():
     costs = JobCosts.from_job(base)
     flops = costs.sequence_forward_flops(400)
     assert flops == pytest.approx(2 * 7.6e9 * 500 + 2 * 28 * 3584 * 500**2)
-    assert costs.chunk_train_seconds(flops, epochs=1) == pytest.approx(4 * flops / (4 * 148e12 * costs.train_mfu))
+    assert costs.chunk_train_seconds(flops, 500, epochs=1) == pytest.approx(4 * flops / (4 * 148e12 * costs.train_mfu))
     plain = JobSection.model_validate({**base.model_dump(), "training": {"gradient_checkpointing": False,
                                                                           "recompute_old_logprobs": True}})
-    assert JobCosts.from_job(plain).chunk_train_seconds(flops, epochs=2) == pytest.approx(
+    assert JobCosts.from_job(plain).chunk_train_seconds(flops, 500, epochs=2) == pytest.approx(
         (3 * 2 + 1) * flops / (4 * 148e12 * costs.train_mfu))  # fmt: skip
     efficiency = {**base.efficiency.model_dump(), "colocated_train_mfu": costs.train_mfu / 2}
     separate = JobSection.model_validate({**base.model_dump(), "efficiency": efficiency})
     colocated = JobSection.model_validate({**separate.model_dump(), "cluster": {**base.cluster.model_dump(),
                                                                                  "colocated": True}})  # fmt: skip
-    assert JobCosts.from_job(separate).chunk_train_seconds(flops, 1) == costs.chunk_train_seconds(flops, 1)
-    assert JobCosts.from_job(colocated).chunk_train_seconds(flops, 1) == pytest.approx(
-        2 * costs.chunk_train_seconds(flops, 1))  # a colocated trainer at its own MFU  # fmt: skip
+    assert JobCosts.from_job(separate).chunk_train_seconds(flops, 500, 1) == costs.chunk_train_seconds(flops, 500, 1)
+    assert JobCosts.from_job(colocated).chunk_train_seconds(flops, 500, 1) == pytest.approx(
+        2 * costs.chunk_train_seconds(flops, 500, 1))  # a colocated trainer at its own MFU  # fmt: skip
     reference = JobSection.model_validate({**base.model_dump(), "training": {"reference_forward": True}})
-    assert JobCosts.from_job(reference).chunk_train_seconds(flops, epochs=1) == pytest.approx(
+    assert JobCosts.from_job(reference).chunk_train_seconds(flops, 500, epochs=1) == pytest.approx(
         (4 + 1) * flops / (4 * 148e12 * costs.train_mfu))  # fmt: skip
     gpu = GPUS["H20"]
     in_node = job_model.update_seconds(7.6e9, 8, gpu, 50e9)

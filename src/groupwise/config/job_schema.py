@@ -48,6 +48,9 @@ class JobModelSection(Section):
     """Dimension of one attention head (≥ 1): the KV cache."""
     dtype_bytes: int = Field(2, ge=1)
     """Bytes per weight and per KV-cache value (≥ 1; 2 = BF16)."""
+    experts_per_token: int | None = Field(None, ge=1)
+    """Experts each token is routed to (≥ 1; an MoE's top-k): the expert-parallel all-to-all's bytes; ``null`` =
+    dense. Required with ``train_layout.expert_parallel`` above 1."""
 
 
 class JobClusterSection(Section):
@@ -108,6 +111,29 @@ class JobTrainingSection(Section):
     weights on the training GPUs; ``null`` = when the run's ``loss.kl_coef`` is above 0."""
 
 
+class JobTrainLayoutSection(Section):
+    """How the training GPUs split the model (``cluster.train_gpus = data × tensor × pipeline parallel``). Every
+    layout keeps the weights, gradients and Adam state sharded over all the training GPUs (FSDP over the data-parallel
+    groups); the layout adds its communication and splits the activations (``docs/simulator.md``, "Training")."""
+
+    data_parallel: int | None = Field(None, ge=1)
+    """Data-parallel replicas of the (tensor × pipeline)-parallel model (≥ 1); ``null`` = ``train_gpus /
+    (tensor_parallel · pipeline_parallel)``. ``groupwise plan`` derives it at each split, so leave it ``null`` there."""
+    tensor_parallel: int = Field(1, ge=1)
+    """GPUs each layer's matrices are split over (≥ 1; with sequence parallelism, so the activations split too):
+    four all-reduces of the activations per layer per forward and backward."""
+    pipeline_parallel: int = Field(1, ge=1)
+    """Pipeline stages the layers are split into (≥ 1, at most ``model.layers``): idle time
+    ``(pp − 1) / (m + pp − 1)`` of each update with ``m`` micro-batches."""
+    expert_parallel: int = Field(1, ge=1)
+    """GPUs an MoE's experts are spread over within the data-parallel group (≥ 1, dividing ``data_parallel``; above
+    1 only with ``model.active_params`` and ``model.experts_per_token``): an all-to-all of each token's activations
+    per MoE layer, to its experts and back."""
+    micro_batches: int | None = Field(None, ge=1)
+    """Micro-batches per optimizer update of each pipeline (≥ 1; ``pipeline_parallel`` above 1 only); ``null`` = one
+    sequence per micro-batch, ``⌈P · G / (K · data_parallel)⌉``."""
+
+
 class JobWeightSyncSection(Section):
     """What a weight sync costs: ``fixed_s + weight bytes / bandwidth``."""
 
@@ -140,8 +166,8 @@ class JobEfficiencySection(Section):
 #: H20's by ``bench/sim_calibration.py`` on verl's synchronous runs (``docs/simulator.md``). No other GPU has a
 #: fitted set yet; a job on one gets :class:`JobEfficiencySection`'s defaults (and a plan warns).
 FITTED_EFFICIENCY: dict[str, dict[str, float]] = {
-    "H20": {"train_mfu": 0.537, "inference_mfu": 0.2177, "decode_bandwidth_efficiency": 0.6325,
-            "decode_step_overhead_s": 0.003},
+    "H20": {"train_mfu": 0.537, "inference_mfu": 0.2177, "decode_bandwidth_efficiency": 0.5862,
+            "decode_step_overhead_s": 0.0029},
 }  # fmt: skip
 
 
@@ -156,6 +182,8 @@ class JobSection(Section):
     """Prompt and completion lengths."""
     training: JobTrainingSection = Field(default_factory=JobTrainingSection)
     """Training passes."""
+    train_layout: JobTrainLayoutSection = Field(default_factory=JobTrainLayoutSection)
+    """How the training GPUs split the model: data, tensor, pipeline and expert parallel sizes."""
     weight_sync: JobWeightSyncSection = Field(default_factory=JobWeightSyncSection)
     """Weight syncs."""
     efficiency: JobEfficiencySection = Field(default_factory=JobEfficiencySection)
@@ -218,6 +246,9 @@ class PlanSection(Section):
     sync_memory_fraction: float | None = Field(None, gt=0, le=1)
     """The rollout engine's share of GPU memory at the sync point (0 < f ≤ 1; vLLM's ``gpu_memory_utilization``,
     lower when colocated); ``null`` = ``job.cluster.memory_fraction``."""
+    sync_train_layout: JobTrainLayoutSection | None = None
+    """The trainer's layout at the sync point (on all the GPUs; a colocated trainer often splits the model
+    differently from a separate one); ``null`` = ``job.train_layout``, as the async points."""
 
     @field_validator("partial_rollouts", mode="before")
     @classmethod

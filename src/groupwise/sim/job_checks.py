@@ -46,7 +46,9 @@ def check_job(cfg: RunConfig, train_gpus: int | None = None) -> list[ConfigIssue
     ]  # fmt: skip
     issues.extend(check_cluster(job, cfg.mode))
     issues.extend(check_lengths(job))
-    if gpu_spec_issue(job) is None:
+    layout_issues = check_layout(job, job.cluster.train_gpus)
+    issues.extend(layout_issues)
+    if gpu_spec_issue(job) is None and not layout_issues:
         issue = training_memory_issue(job, train_gpus or job.cluster.train_gpus, uses_reference(cfg))
         issues.extend([issue] if issue is not None else [])
     return issues
@@ -61,30 +63,86 @@ def uses_reference(cfg: RunConfig) -> bool:
 
 
 def training_memory_issue(job: JobSection, gpus: int, reference: bool) -> ConfigIssue | None:
-    """The training state and activations (:func:`~groupwise.sim.job_model.train_memory_bytes`) fit in
-    ``TRAIN_MEMORY_FRACTION`` of each of the ``gpus`` training GPUs; if not, the issue names the GPU count, and
-    the GPUs of the table, that would hold them."""
+    """The training state and activations (:func:`~groupwise.sim.job_model.train_memory_bytes`, at the layout's
+    tensor-parallel size) fit in ``TRAIN_MEMORY_FRACTION`` of each of the ``gpus`` training GPUs; if not, the issue
+    names the GPU count, the tensor-parallel size and the GPUs of the table that would hold them."""
     m, c = job.model, job.cluster
     gpu = cluster_gpu(c)
     tokens = job.lengths.prompt_tokens + job.lengths.max_tokens
     checkpointing = job.training.gradient_checkpointing
-    need = train_memory_bytes(m.params, gpus, tokens, m.layers, m.hidden, checkpointing, reference)
+    tp = job.train_layout.tensor_parallel
+
+    def need_at(tensor_parallel: int) -> float:
+        return train_memory_bytes(m.params, gpus, tokens, m.layers, m.hidden, checkpointing, reference,
+                                  tensor_parallel)  # fmt: skip
+
+    need = need_at(tp)
     usable = TRAIN_MEMORY_FRACTION * gpu.memory_bytes
     if need <= usable:
         return None
-    activations = train_memory_bytes(0.0, 1, tokens, m.layers, m.hidden, checkpointing, False)
+    activations = train_memory_bytes(0.0, 1, tokens, m.layers, m.hidden, checkpointing, False, tp)
     fewest = train_gpus_needed(m.params, usable, activations, reference)
-    bigger = [g.name for g in GPUS.values() if need <= TRAIN_MEMORY_FRACTION * g.memory_bytes]
     fixes = [f"train on at least {fewest} {c.gpu} GPUs" if fewest is not None else
              "shorten lengths.max_tokens (one longest sequence's activations do not fit)"]  # fmt: skip
+    wider = [t for t in (2, 4, 8) if t > tp and gpus % (t * job.train_layout.pipeline_parallel) == 0
+             and need_at(t) <= usable]  # fmt: skip
+    if wider:
+        fixes.append(f"set sim.job.train_layout.tensor_parallel: {wider[0]} (the activations split {wider[0]} ways)")
+    bigger = [g.name for g in GPUS.values() if need <= TRAIN_MEMORY_FRACTION * g.memory_bytes]
     fixes.append(f"a GPU with more memory ({', '.join(bigger)} at {gpus})" if bigger else "a smaller model")
     return ConfigIssue(
         "sim.job.cluster.train_gpus", gpus, f"{gpus} {c.gpu} GPUs ({gpu.memory_bytes / 1e9:.0f} GB, "
         f"{TRAIN_MEMORY_FRACTION:.0%} usable) cannot train a {m.params / 1e9:.1f}B-parameter model: its weights, "
         f"gradients and Adam state{' and a reference model' if reference else ''} sharded over {gpus} GPUs and the "
-        f"activations of one {tokens:,}-token sequence need {need / 1e9:.0f} GB on each",
-        " or ".join(fixes),
+        f"activations of one {tokens:,}-token sequence (split over tensor_parallel = {tp}) need {need / 1e9:.0f} GB "
+        "on each", " or ".join(fixes),
     )  # fmt: skip
+
+
+def check_layout(job: JobSection, gpus: int) -> list[ConfigIssue]:
+    """``sim.job.train_layout`` on ``gpus`` training GPUs: ``tensor × pipeline`` divides them (times
+    ``data_parallel`` equals them when given), at most one stage per layer, expert parallelism on an MoE only and
+    dividing the data-parallel size, micro-batches only with a pipeline."""
+    layout, m, issues = job.train_layout, job.model, []
+    model_parallel = layout.tensor_parallel * layout.pipeline_parallel
+    key = "sim.job.train_layout"
+    if gpus % model_parallel:
+        issues.append(ConfigIssue(
+            f"{key}.tensor_parallel", layout.tensor_parallel, f"tensor_parallel × pipeline_parallel = "
+            f"{layout.tensor_parallel} × {layout.pipeline_parallel} = {model_parallel} must divide the {gpus} "
+            "training GPUs (each data-parallel replica is one tensor × pipeline grid)",
+            f"choose sizes whose product divides {gpus}, or train on a multiple of {model_parallel} GPUs",
+        ))  # fmt: skip
+    elif layout.data_parallel is not None and layout.data_parallel * model_parallel != gpus:
+        issues.append(ConfigIssue(
+            f"{key}.data_parallel", layout.data_parallel, f"data × tensor × pipeline parallel = "
+            f"{layout.data_parallel} × {layout.tensor_parallel} × {layout.pipeline_parallel} must equal "
+            f"sim.job.cluster.train_gpus = {gpus}",
+            f"set data_parallel: {gpus // model_parallel}, or leave it null (derived)",
+        ))  # fmt: skip
+    if layout.pipeline_parallel > m.layers:
+        issues.append(ConfigIssue(f"{key}.pipeline_parallel", layout.pipeline_parallel, f"a pipeline stage holds at "
+                                  f"least one of the model's {m.layers} layers", f"use at most {m.layers} stages"))
+    if layout.micro_batches is not None and layout.pipeline_parallel == 1:
+        issues.append(ConfigIssue(f"{key}.micro_batches", layout.micro_batches, "micro-batches only size the "
+                                  "pipeline's idle share; at pipeline_parallel 1 the key has no effect (a key with no "
+                                  "effect is an error)", "remove it, or set pipeline_parallel above 1"))  # fmt: skip
+    if m.experts_per_token is not None and m.active_params is None:
+        issues.append(ConfigIssue("sim.job.model.experts_per_token", m.experts_per_token, "experts_per_token "
+                                  "describes a mixture of experts, but active_params is not set (a dense model)",
+                                  "set sim.job.model.active_params, or remove experts_per_token"))  # fmt: skip
+    if layout.expert_parallel > 1:
+        data_parallel = layout.data_parallel or max(1, gpus // model_parallel)
+        if m.active_params is None or m.experts_per_token is None:
+            issues.append(ConfigIssue(f"{key}.expert_parallel", layout.expert_parallel, "expert parallelism spreads "
+                                      "an MoE's experts, and its all-to-all sends each token to its top-k experts: "
+                                      "it needs sim.job.model.active_params and experts_per_token",
+                                      "set both for an MoE, or expert_parallel: 1 for a dense model"))  # fmt: skip
+        elif data_parallel % layout.expert_parallel:
+            issues.append(ConfigIssue(f"{key}.expert_parallel", layout.expert_parallel, f"the experts are spread "
+                                      f"within a data-parallel group, so expert_parallel must divide data_parallel "
+                                      f"= {data_parallel}", "choose a divisor of data_parallel"))  # fmt: skip
+    return issues
 
 
 def check_lengths(job: JobSection) -> list[ConfigIssue]:

@@ -15,9 +15,9 @@ Weight syncs (:func:`~groupwise.sim.job_model.weight_sync_seconds`; the trainer 
 * partial rollouts off, ``sim.weight_sync_drains``: the sync first waits until no completion runs or waits;
 * otherwise the engine keeps decoding the completions it holds under their old weights while the sync goes on.
 
-`JobTrainer` charges a chunk the training FLOPs of its sequences (:meth:`JobCosts.chunk_train_seconds`: update
-passes over every prompt + completion, and the old-logprob forward when recomputed) and a step its optimizer
-updates (``K × E`` × :func:`~groupwise.sim.job_model.update_seconds`).
+`JobTrainer` charges a chunk the training FLOPs of its sequences and the training layout's communication per
+token (:meth:`JobCosts.chunk_train_seconds`: update passes over every prompt + completion, and the old-logprob
+forward when recomputed) and a step its optimizer updates (``K × E`` × :func:`~groupwise.sim.job_model.update_seconds`).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class JobGroup(SimulatedGroup):
     """A simulated group that also carries its training FLOPs (one forward over every prompt + completion)."""
 
     forward_flops: float = 0.0
+    sequence_tokens: int = 0  # prompt + completion tokens of its G sequences: the training communication
 
 
 class JobRollouts:
@@ -122,6 +123,7 @@ class JobRollouts:
             end_version=self.weight_version, epoch=prompt.epoch, attempt=attempt, completion_tokens=tokens,
             gen_seconds=ticket.occupied / self.engine.num_slots, version_tokens=version_tokens,
             forward_flops=self.costs.sequences_forward_flops(lengths),
+            sequence_tokens=G * self.costs.prompt_tokens + tokens,
         )  # fmt: skip
 
     def _mixed_logit(self, mix: dict[int, float], start_version: int) -> float:
@@ -174,8 +176,10 @@ class JobTrainer(SimulatedTrainer):
         self.costs = JobCosts.from_job(workload.job)
 
     def chunk_seconds(self, groups: Sequence[Group], tokens: int) -> float:
-        flops = sum(_job_group(g).forward_flops for g in groups)
-        return self.costs.chunk_train_seconds(flops, self.workload.epochs_per_step)
+        job_groups = [_job_group(g) for g in groups]
+        flops = sum(g.forward_flops for g in job_groups)
+        sequence_tokens = sum(g.sequence_tokens for g in job_groups)
+        return self.costs.chunk_train_seconds(flops, sequence_tokens, self.workload.epochs_per_step)
 
     def update_seconds(self) -> float:
         return self.workload.updates_per_step * self.costs.update_s

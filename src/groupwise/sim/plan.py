@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from groupwise.config import ConfigError, ConfigIssue, config_from_dict
 from groupwise.config.job_schema import default_plan
 from groupwise.controller.settings import ControllerSettings
-from groupwise.sim.job_checks import check_cluster, check_job, training_memory_issue, uses_reference
+from groupwise.sim.job_checks import check_cluster, check_job, check_layout, training_memory_issue, uses_reference
 from groupwise.sim.plan_verdict import VERL_H20, error_band, star
 from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
 from groupwise.sim.summary import summarize
@@ -165,6 +165,8 @@ def point_config(cfg: RunConfig, point: PlanPoint, steps: int | None | Literal["
             cluster["tensor_parallel"] = grid.sync_tensor_parallel
         if grid.sync_memory_fraction is not None:
             cluster["memory_fraction"] = grid.sync_memory_fraction
+        if grid.sync_train_layout is not None:
+            sim["job"]["train_layout"] = grid.sync_train_layout.model_dump(mode="json")
         data.pop("async", None)
         sim["weight_sync_drains"] = False
         return config_from_dict(data)
@@ -207,9 +209,13 @@ def simulate_point(cfg: RunConfig) -> tuple[SimRun, dict[str, Any]]:
 
 def point_row(cfg: RunConfig, point: PlanPoint, steps: int | None | Literal["plan"] = "plan") -> PlanRow:
     """Simulate ``point`` of ``cfg`` for ``steps`` steps (as :func:`point_config`) and read its row; a point whose
-    trainer cannot hold the model is a failed row, not simulated."""
+    trainer cannot hold the model, or whose training GPUs the layout does not divide, is a failed row, not
+    simulated."""
     at_point = point_config(cfg, point, steps)
     assert at_point.sim.job is not None  # plan_points refuses a config without one
+    layout = check_layout(at_point.sim.job, point.train_gpus)
+    if layout:
+        return PlanRow(point, error=f"the training layout does not fit this split ({layout[0].rule})")
     memory = training_memory_issue(at_point.sim.job, point.train_gpus, uses_reference(cfg))
     if memory is not None:
         return PlanRow(point, error=f"training does not fit ({memory.rule}; {memory.fix})")
@@ -268,6 +274,13 @@ def plan_issues(cfg: RunConfig) -> list[ConfigIssue]:
     issues = check_job(cfg, train_gpus=None if job is None else all_gpus(job))  # the sync point trains on all
     if job is None:
         return issues or plan_points_issues(cfg)
+    sync_layout = (cfg.sim.plan or default_plan()).sync_train_layout
+    for key, layout in (("sim.job.train_layout", job.train_layout), ("sim.plan.sync_train_layout", sync_layout)):
+        if layout is not None and layout.data_parallel is not None:
+            issues.append(ConfigIssue(f"{key}.data_parallel", layout.data_parallel, "groupwise plan trains on a "
+                                      "different number of GPUs at each point (all of them for sync, each split's "
+                                      "share for async), so the data-parallel size is derived there: train_gpus / "
+                                      "(tensor_parallel · pipeline_parallel)", f"leave {key}.data_parallel null"))
     job_ok = not issues  # a point of a refused job would repeat the job's issues
     more = f"raise sim.num_prompts (now {cfg.sim.num_prompts})"
     issues.extend(prompt_count_issues(cfg, cfg.sim.num_prompts, more))

@@ -162,9 +162,19 @@ class LearningCurve:
 
 def resolved_job(cfg: RunConfig) -> JobSection | None:
     """``cfg.sim.job`` with what it leaves to the run filled in: ``training.reference_forward`` (``null``) from
-    ``loss.kl_coef > 0``."""
+    ``loss.kl_coef > 0``, and a pipelined ``train_layout.micro_batches`` (``null``) as one sequence per
+    micro-batch, ``⌈P · G / (K · data_parallel)⌉``."""
     job = cfg.sim.job
-    if job is None or job.training.reference_forward is not None:
-        return job
-    training = job.training.model_copy(update={"reference_forward": cfg.loss.kl_coef > 0})
-    return job.model_copy(update={"training": training})
+    if job is None:
+        return None
+    if job.training.reference_forward is None:
+        training = job.training.model_copy(update={"reference_forward": cfg.loss.kl_coef > 0})
+        job = job.model_copy(update={"training": training})
+    layout = job.train_layout
+    if layout.pipeline_parallel > 1 and layout.micro_batches is None:
+        model_parallel = layout.tensor_parallel * layout.pipeline_parallel
+        data_parallel = layout.data_parallel or max(1, job.cluster.train_gpus // model_parallel)
+        sequences = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
+        micro_batches = math.ceil(sequences / (cfg.optimizer.mini_batches_per_step * data_parallel))
+        job = job.model_copy(update={"train_layout": layout.model_copy(update={"micro_batches": micro_batches})})
+    return job
