@@ -22,6 +22,8 @@ How a call runs:
    bucket (:mod:`groupwise.generation.step_graphs`); rows leave the batch by moving down to a smaller bucket.
    Prefill stays eager. ``cuda_graphs``: ``auto`` (graphs on CUDA), ``on`` (an error where they cannot run),
    ``off``, or ``eager`` (the slot path with every replay a plain call, on any device: the check mode).
+   Where no graph runs, ``compile_step`` runs the slot path's steps compiled by torch's compiler instead
+   (:mod:`groupwise.generation.compiled_step`).
 
 With ``continuous_batching`` (or for requests that continue earlier rows) a call runs as one
 :class:`~groupwise.generation.stream.GenerationStream` on the static slots instead of chunks: rows join the decode
@@ -106,6 +108,7 @@ class Engine:
         fast_decode: bool = True,
         cuda_graphs: str = "auto",
         continuous_batching: bool = False,
+        compile_step: bool = False,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("eos_token_ids is empty; pass groupwise.model.eos_token_ids(tokenizer, model)")
@@ -118,6 +121,7 @@ class Engine:
         self.max_batch_rows = max_batch_rows
         self.cuda_graphs = cuda_graphs
         self.continuous_batching = continuous_batching
+        self.compile_step = compile_step
         self._version = int(version)
         # transformers 5.24 renamed the cache kwarg to `cache` (old name deprecated); 5.17 knows only
         # `past_key_values`. We own the cache object and never read it back from the output.
@@ -148,6 +152,8 @@ class Engine:
         buckets = f"row buckets 1..{row_bucket(self.max_batch_rows)}, each captured on first use"
         if graphs.use_graphs:
             return f"fast Llama decode step under cuda graphs ({buckets})"
+        if graphs.compile_steps:
+            return f"fast Llama decode step in static slots, compiled by torch.compile ({buckets})"
         why = graphs.fallback_reason or "cuda_graphs='eager'"
         return f"fast Llama decode step in static slots, replayed eagerly ({buckets}; {why})"
 
@@ -200,7 +206,7 @@ class Engine:
             raise ValueError(f"this engine cannot run a generation stream: {support.reason}")
         return GenerationStream(
             self, self._decoder, sampling, max_rows=max_rows or self.max_batch_rows, partial=partial, kv=kv,
-            slots=StreamSlots(self._stream_graphs()), prefix_tokens=prefix_tokens,
+            slots=StreamSlots(self._stream_graphs(), self.compile_step), prefix_tokens=prefix_tokens,
         )  # fmt: skip
 
     def _stream_graphs(self) -> bool:
@@ -256,7 +262,7 @@ class Engine:
     ) -> list[list[Completion]]:
         """Every request through one stream on this engine's own slots, in this thread, until all are done."""
         if self._stream_slots is None:
-            self._stream_slots = StreamSlots(self._stream_graphs())
+            self._stream_slots = StreamSlots(self._stream_graphs(), self.compile_step)
         stream = GenerationStream(  # one call's stream: nothing outlives it to reuse a prefix
             self, self._decoder, sampling, max_rows=self.max_batch_rows, slots=self._stream_slots, prefix_tokens=0
         )
@@ -291,6 +297,8 @@ class Engine:
                 self._module_reason = why + ("; cuda graphs capture only the fast step" if graphs_wanted else "")
             elif self.cuda_graphs == "off":
                 self._no_slots_reason = "cuda graphs off"
+            elif self.cuda_graphs == "auto" and device.type != "cuda" and self.compile_step:
+                self._slot_loop = SlotLoop(use_graphs=False, compile_steps=True)
             elif self.cuda_graphs == "auto" and device.type != "cuda":
                 self._no_slots_reason = f"no cuda graphs: the model is on {device.type}"
             else:
