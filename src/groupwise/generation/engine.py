@@ -96,6 +96,8 @@ class Engine:
     :data:`CUDA_GRAPH_MODES` (module docstring); with graphs the engine keeps its static slots (KV cache
     included) between calls, so a call of the same shape allocates nothing. ``continuous_batching`` runs every
     call as a stream on the static slots (module docstring), where the fast step can take the model.
+    ``compile_step``: where no CUDA graph runs, the fast step runs on the static slots compiled by torch's compiler
+    (:mod:`groupwise.generation.compiled_step`; ``generation.compile`` decides it for a run).
     """
 
     def __init__(
