@@ -94,7 +94,7 @@ class GenerationSection(Section):
     """Compile the fast decode step with torch's compiler where it is not a CUDA graph (a CPU; docs/generation.md,
     "A compiled decode step"): ``on`` = compile (each compile's seconds are logged), ``off`` = never, ``auto`` =
     only a run planning at least 100,000 decode steps (``run.max_steps × max_new_tokens``), since on a CPU the
-    compiled step saved a few per cent of a step and two compiles cost minutes. YAML reads a bare on/off as
+    compiled step was no faster beyond the noise and its compiles cost minutes. YAML reads a bare on/off as
     true/false; those mean on/off here."""
     continuous_batching: bool = False
     """Decode with continuous batching (docs/generation.md): requests join a running decode loop as rows finish,

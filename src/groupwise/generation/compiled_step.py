@@ -18,11 +18,12 @@ eager step pays nothing for them.
 **When a run compiles** (``generation.compile``): ``on`` always, ``off`` never, ``auto`` when the run plans at
 least :data:`AUTO_MIN_DECODE_STEPS` decode steps (``run.max_steps × generation.max_new_tokens``). The first row
 bucket compiles with its shapes fixed; the next one compiles again with the row count symbolic, and that program
-serves every later bucket (torch's automatic dynamic shapes): two compiles of about 40–70 s each for SmolLM2-135M
-on one loaded AMD EPYC core (inductor's on-disk cache makes a later process's first one ~6 s). The compiled step
-saved only a few per cent of a step on a CPU (``bench/RESULTS.md``, "A compiled decode step"): a shorter run does
-not repay its compiles. The cost is logged once per compile, with the
-run's total so far (:attr:`~groupwise.generation.step_graphs.StepGraphs.compile_seconds`).
+serves every later bucket but the one-row one (torch's automatic dynamic shapes; a size of 1 is specialised): two
+or three compiles of 30–90 s each for SmolLM2-135M on one loaded AMD EPYC core (inductor's on-disk cache makes a
+later process's first one ~6 s). On a CPU the compiled step was no faster than the eager one beyond the machine's
+noise (``bench/RESULTS.md``, "A compiled decode step"): a shorter run does not repay its compiles. The cost is
+logged once per compile, with the run's total so far
+(:attr:`~groupwise.generation.step_graphs.StepGraphs.compile_seconds`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ import torch
 from torch import Tensor
 
 COMPILE_MODES = ("auto", "on", "off")
-# Decode steps a run must plan before ``auto`` compiles: ~2 × 60 s of compiling, repaid at a saving of a few ms per
-# step (measured, bench/RESULTS.md "A compiled decode step"), needs some 10⁵ steps.
+# Decode steps a run must plan before ``auto`` compiles: 2-3 compiles of 30-90 s, repaid at a saving of a few ms per
+# step at best (measured: none beyond the noise, bench/RESULTS.md "A compiled decode step"), need some 10⁵ steps.
 AUTO_MIN_DECODE_STEPS = 100_000
 
 
