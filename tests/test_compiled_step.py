@@ -55,7 +55,7 @@ def test_the_compiled_step_samples_what_the_eager_step_samples(tokenizer) -> Non
     before = compiled.generate(requests, sampling)
     assert compiled.decode_path.startswith(COMPILED)
     assert len({c.num_tokens for per in before for c in per}) > 1, "rows should finish at different steps"
-    assert compiled.decode_graphs.captures >= 3, "rows finishing at different steps should use several buckets"
+    assert compiled.decode_graphs.captures >= 2, "rows finishing at different steps should use several buckets"
     assert compiled.decode_graphs.compile_seconds > 0
     assert_same_completions(before, eager.generate(requests, sampling), TOLERANCE)
     with torch.no_grad():  # what an optimizer step does to the shared model in sync mode
