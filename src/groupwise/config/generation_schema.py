@@ -15,7 +15,7 @@ from groupwise.plugins import is_plugin_target
 
 GENERATION_BACKENDS = ("builtin", "vllm")
 """The generation backends that ship with groupwise (each is one line of :mod:`groupwise.generation.factory`)."""
-BUILTIN_ENGINE_KEYS = ("fast_decode", "cuda_graphs")
+BUILTIN_ENGINE_KEYS = ("fast_decode", "cuda_graphs", "compile")
 """``generation`` keys only the built-in engine reads; under another backend they keep their defaults."""
 VLLM_OWN_ENGINE_ARGS = (
     "model", "tokenizer", "dtype", "seed", "enforce_eager", "max_num_seqs", "max_model_len", "logprobs_mode",
@@ -90,6 +90,12 @@ class GenerationSection(Section):
     ``auto`` = when the model is on a CUDA device and the fast step takes it; ``on`` = the same, and an error
     where graphs cannot run (no CUDA device, or a model the fast step refuses); ``off`` = no graphs on CUDA.
     YAML reads a bare on/off as true/false; those mean on/off here."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """Compile the fast decode step with torch's compiler where it is not a CUDA graph (a CPU; docs/generation.md,
+    "A compiled decode step"): ``on`` = compile (each compile's seconds are logged), ``off`` = never, ``auto`` =
+    only a run planning at least 100,000 decode steps (``run.max_steps × max_new_tokens``), since on a CPU the
+    compiled step was no faster beyond the noise and its compiles cost minutes. YAML reads a bare on/off as
+    true/false; those mean on/off here."""
     continuous_batching: bool = False
     """Decode with continuous batching (docs/generation.md): requests join a running decode loop as rows finish,
     each handed back as soon as its own G completions are done, instead of one batch per engine call that only
@@ -111,7 +117,7 @@ class GenerationSection(Section):
             "pick a shipped backend, or name your backend's factory as package.module:function",
         )
 
-    @field_validator("cuda_graphs", mode="before")
+    @field_validator("cuda_graphs", "compile", mode="before")
     @classmethod
     def _yaml_on_off(cls, value: Any) -> Any:  # Any: pydantic's raw input, before validation
         return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value

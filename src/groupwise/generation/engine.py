@@ -21,6 +21,8 @@ How a call runs:
    bucket (:mod:`groupwise.generation.step_graphs`); rows leave the batch by moving down to a smaller bucket.
    Prefill stays eager. ``cuda_graphs``: ``auto`` (graphs on CUDA), ``on`` (an error where they cannot run),
    ``off``, or ``eager`` (the slot path with every replay a plain call, on any device: the check mode).
+   Where no graph runs, ``compile_step`` runs the slot path's steps compiled by torch's compiler instead
+   (:mod:`groupwise.generation.compiled_step`).
 
 With ``continuous_batching`` (or for requests that continue earlier rows) a call runs as one
 :class:`~groupwise.generation.stream.GenerationStream` on the static slots instead of chunks: rows join the decode
@@ -72,6 +74,8 @@ class Engine:
     :data:`CUDA_GRAPH_MODES` (module docstring); with graphs the engine keeps its static slots (KV cache
     included) between calls, so a call of the same shape allocates nothing. ``continuous_batching`` runs every
     call as a stream on the static slots (module docstring), where the fast step can take the model.
+    ``compile_step``: where no CUDA graph runs, the fast step runs on the static slots compiled by torch's compiler
+    (:mod:`groupwise.generation.compiled_step`; ``generation.compile`` decides it for a run).
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class Engine:
         fast_decode: bool = True,
         cuda_graphs: str = "auto",
         continuous_batching: bool = False,
+        compile_step: bool = False,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("eos_token_ids is empty; pass groupwise.model.eos_token_ids(tokenizer, model)")
@@ -96,6 +101,7 @@ class Engine:
         self.max_batch_rows = max_batch_rows
         self.cuda_graphs = cuda_graphs
         self.continuous_batching = continuous_batching
+        self.compile_step = compile_step
         self._version = int(version)
         self._model_calls = ModelForward(model)
         # Decided at the first generate (the probe runs the model): the fast step or why not.
@@ -123,6 +129,8 @@ class Engine:
         buckets = f"row buckets 1..{row_bucket(self.max_batch_rows)}, each captured on first use"
         if graphs.use_graphs:
             return f"fast Llama decode step under cuda graphs ({buckets})"
+        if graphs.compile_steps:
+            return f"fast Llama decode step in static slots, compiled by torch.compile ({buckets})"
         why = graphs.fallback_reason or "cuda_graphs='eager'"
         return f"fast Llama decode step in static slots, replayed eagerly ({buckets}; {why})"
 
@@ -175,7 +183,7 @@ class Engine:
             raise ValueError(f"this engine cannot run a generation stream: {support.reason}")
         return GenerationStream(
             self, self._decoder, sampling, max_rows=max_rows or self.max_batch_rows, partial=partial, kv=kv,
-            slots=StreamSlots(self._stream_graphs()), prefix_tokens=prefix_tokens,
+            slots=StreamSlots(self._stream_graphs(), self.compile_step), prefix_tokens=prefix_tokens,
         )  # fmt: skip
 
     def _stream_graphs(self) -> bool:
@@ -231,7 +239,7 @@ class Engine:
     ) -> list[list[Completion]]:
         """Every request through one stream on this engine's own slots, in this thread, until all are done."""
         if self._stream_slots is None:
-            self._stream_slots = StreamSlots(self._stream_graphs())
+            self._stream_slots = StreamSlots(self._stream_graphs(), self.compile_step)
         stream = GenerationStream(  # one call's stream: nothing outlives it to reuse a prefix
             self, self._decoder, sampling, max_rows=self.max_batch_rows, slots=self._stream_slots, prefix_tokens=0
         )
@@ -267,6 +275,8 @@ class Engine:
                 self._module_reason = why + ("; cuda graphs capture only the fast step" if graphs_wanted else "")
             elif self.cuda_graphs == "off":
                 self._no_slots_reason = "cuda graphs off"
+            elif self.cuda_graphs == "auto" and device.type != "cuda" and self.compile_step:
+                self._slot_loop = SlotLoop(use_graphs=False, compile_steps=True)
             elif self.cuda_graphs == "auto" and device.type != "cuda":
                 self._no_slots_reason = f"no cuda graphs: the model is on {device.type}"
             else:

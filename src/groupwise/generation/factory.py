@@ -35,15 +35,20 @@ class GeneratorSpec:
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
     eos_token_ids: Sequence[int]
+    planned_decode_steps: int | None = None
+    """Decode steps the run plans (``run.max_steps × generation.max_new_tokens``; None: unknown), for
+    ``generation.compile: auto``."""
 
 
 def _builtin(spec: GeneratorSpec) -> Generator:
-    from groupwise.generation.engine import Engine  # torch and transformers: only when a generator is built
+    from groupwise.generation.compiled_step import compile_wanted  # torch: only when a generator is built
+    from groupwise.generation.engine import Engine
 
     gen = spec.generation
     return Engine(
         spec.model, spec.tokenizer, spec.eos_token_ids, fast_decode=gen.fast_decode, cuda_graphs=gen.cuda_graphs,
         continuous_batching=gen.continuous_batching,
+        compile_step=compile_wanted(gen.compile, spec.planned_decode_steps),
     )  # fmt: skip
 
 

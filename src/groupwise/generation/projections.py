@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from groupwise.generation.compiled_step import onednn_linear
+
 # Rows the oneDNN weight layout is chosen for; any other row count runs on it as well (measured: 1–256 rows).
 _ONEDNN_ROWS_HINT = 128
 
@@ -96,6 +98,8 @@ class OneDnnProjection:
         self.bias = None if bias is None else bias.detach().clone()
 
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        if torch.compiler.is_compiling():  # an opaque call inside a compiled step (groupwise.generation.compiled_step)
+            return onednn_linear(x, self.weight, self.bias, residual)
         if residual is None:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, self.bias, "add")

@@ -28,8 +28,8 @@ from groupwise.types import SamplingParams
 class SlotLoop:
     """Owns the slots (kept between calls, so a call of the same shape allocates nothing) and the captured steps."""
 
-    def __init__(self, use_graphs: bool) -> None:
-        self.graphs = StepGraphs(use_graphs)
+    def __init__(self, use_graphs: bool, compile_steps: bool = False) -> None:
+        self.graphs = StepGraphs(use_graphs, compile_steps)
         self._slots: DecodeSlots | None = None
         self._generation = -1  # the decoder weights' generation the captured steps read
 

@@ -30,6 +30,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from groupwise.generation.chunk import Prefill
+from groupwise.generation.compiled_step import slot_cache_write
 from groupwise.generation.sampling import keyed_uniforms, sample_with_logprobs
 from groupwise.types import SamplingParams
 
@@ -65,6 +66,9 @@ class _SlotLayer:
         self.keys, self.values, self.column_index = keys, values, column_index
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        if torch.compiler.is_compiling():  # in place inside a compiled step (groupwise.generation.compiled_step)
+            slot_cache_write(self.keys, self.values, self.column_index, key, value)
+            return self.keys, self.values
         self.keys.scatter_(2, self.column_index, key)
         self.values.scatter_(2, self.column_index, value)
         return self.keys, self.values

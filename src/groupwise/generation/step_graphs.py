@@ -12,20 +12,26 @@ On CUDA it warms the step up on a side stream (lazy library initialisation must 
 captures it into a memory pool shared by all of its graphs (they never run concurrently, so their
 temporaries can share memory) and replays it. With ``use_graphs=False`` — any CPU model, and the check mode
 on CUDA — a "capture" keeps the step function itself and a replay calls it: the same static buffers, the same
-buckets, the same bound weights, only without the graph. That is how the CPU tests exercise this path.
+buckets, the same bound weights, only without the graph. That is how the CPU tests exercise this path. With
+``compile_steps`` as well, a "capture" compiles the step with torch's compiler
+(:mod:`groupwise.generation.compiled_step`) and a replay calls the compiled program; each compile's seconds are
+logged with the total so far (:attr:`StepGraphs.compile_seconds`).
 
 A step must be idempotent for a given state (running it twice in a row writes the same values), because the
 warm-up and the first replay both run it. If a capture fails, the error is logged and every later step of
-this object runs eagerly; :attr:`fallback_reason` says why.
+this object runs eagerly (a failed compile likewise); :attr:`fallback_reason` says why.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
 import torch
+
+from groupwise.generation.compiled_step import compiled
 
 if TYPE_CHECKING:
     from torch.cuda.graphs import _POOL_HANDLE  # torch names its pool handle type only privately
@@ -38,8 +44,10 @@ Step = Callable[[], None]
 class StepGraphs:
     """Captured steps by key, replayed with :meth:`run`; :meth:`reset` drops them all (their buffers moved)."""
 
-    def __init__(self, use_graphs: bool) -> None:
+    def __init__(self, use_graphs: bool, compile_steps: bool = False) -> None:
         self.use_graphs = use_graphs
+        self.compile_steps = compile_steps and not use_graphs  # a CUDA graph already is one launch per step
+        self.compile_seconds = 0.0  # time spent in the first call of each compiled step (compiling it)
         self.fallback_reason: str | None = None
         self.captures = 0  # how many steps were captured (each key once, again after a reset)
         self.resets = 0  # how many times the captured steps were dropped (their buffers or weights moved)
@@ -61,13 +69,13 @@ class StepGraphs:
         """Run the step for ``key``: replay it, or first capture ``build()`` (then run it)."""
         replay = self._steps.get(key)
         if replay is None:
-            replay = self._steps[key] = self._capture(build())
+            replay = self._steps[key] = self._capture(key, build())
             self.captures += 1
         replay()
 
-    def _capture(self, step: Step) -> Callable[[], None]:
+    def _capture(self, key: Hashable, step: Step) -> Callable[[], None]:
         if not self.use_graphs:
-            return step
+            return self._compiled(key, step) if self.compile_steps else step
         try:
             return self._cuda_graph(step)
         except Exception as error:  # any capture failure: the same step runs eagerly instead
@@ -76,6 +84,21 @@ class StepGraphs:
             log.warning("%s; decode steps run eagerly from now on", self.fallback_reason)
             self.reset()
             return step
+
+    def _compiled(self, key: Hashable, step: Step) -> Callable[[], None]:
+        program = compiled(step)
+        start = time.perf_counter()
+        try:
+            program()  # compiles now: a step run twice writes the same values (module docstring)
+        except Exception as error:  # any compile failure: the same step runs eagerly instead
+            self.compile_steps = False
+            self.fallback_reason = f"torch.compile failed: {type(error).__name__}: {error}"
+            log.warning("%s; decode steps run eagerly from now on", self.fallback_reason)
+            return step
+        seconds = time.perf_counter() - start
+        self.compile_seconds += seconds
+        log.info("decode step %s compiled in %.1f s (%.1f s compiling so far)", key, seconds, self.compile_seconds)
+        return program
 
     def _cuda_graph(self, step: Step) -> Callable[[], None]:
         side = torch.cuda.Stream()

@@ -42,8 +42,8 @@ def _occupant(row: StreamRow | None) -> StreamRow:
 class StreamSlots:
     """The slots a stream decodes in and their captured steps; an engine keeps one for its own calls."""
 
-    def __init__(self, use_graphs: bool) -> None:
-        self.graphs = StepGraphs(use_graphs)
+    def __init__(self, use_graphs: bool, compile_steps: bool = False) -> None:
+        self.graphs = StepGraphs(use_graphs, compile_steps)
         self.slots: DecodeSlots | None = None
         self.generation = -1  # the decoder weights' generation the captured steps read
 

@@ -196,7 +196,8 @@ def build_components(
     else:
         engine_model = policy.model
     engine = _build_engine(GeneratorSpec(
-        cfg.generation, cfg.model, engine_model, policy.tokenizer, eos_token_ids(policy.tokenizer, policy.model)
+        cfg.generation, cfg.model, engine_model, policy.tokenizer, eos_token_ids(policy.tokenizer, policy.model),
+        planned_decode_steps=cfg.run.max_steps * cfg.generation.max_new_tokens,
     ))  # fmt: skip
     reward_fn = with_timeout(inputs.reward_fn, cfg.reward.timeout_s)  # bounded per call when configured
     positions = getattr(pretrained(policy.model).config, "max_position_embeddings", None)  # a config may lack it
