@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from groupwise.algo.advantages import (
     batch_normalized_advantages,
     clip_advantages,
-    flat_group_advantages,
     group_advantages,
     group_baselines,
     group_std,
@@ -79,11 +78,6 @@ def test_identical_rewards_give_exactly_zero(baseline, value):
 
 def test_without_normalisation_advantage_is_reward_minus_baseline():
     assert group_advantages([2.0, 0.0, 1.0], "mean", normalize=False) == pytest.approx([1.0, -1.0, 0.0])
-
-
-def test_flat_group_advantages_concatenates_in_group_order():
-    flat = flat_group_advantages([[1.0, 0.0], [5.0, 5.0, 5.0]], "mean", normalize=False)
-    assert flat == pytest.approx([0.5, -0.5, 0.0, 0.0, 0.0])
 
 
 rewards_lists = st.lists(st.floats(-10, 10, allow_nan=False), min_size=2, max_size=16)

@@ -11,7 +11,7 @@ Invariants pinned:
   formula itself is pinned in test_algo_step_size);
 - close asserts selected + charged == P; close_short needs selected ≥ floor and records the unfilled rest;
   closing prunes only the closed step, later steps' charges are carried;
-- SparePool: FIFO, low-water mark, whole-step drain leaves the partial rest, state round trip;
+- SparePool: FIFO, low-water mark, take_many takes the oldest and leaves the rest, state round trip;
 - failures: infra vs data classification through __cause__ chains (depth 8), registered runtime types,
   backoff min(base·2^(k−1), max), per-prompt budgets, skip and consecutive-drop run budgets.
 """
@@ -99,7 +99,7 @@ def test_close_short_requires_the_floor():
     assert (rec.selected, rec.unfilled) == (3, 1)
 
 
-def test_spare_pool_fifo_mark_drain_and_state():
+def test_spare_pool_fifo_mark_take_and_state():
     pool: SparePool[str] = SparePool(low_water_mark=3)
     assert pool.needs_refill()
     pool.add_batch(["a", "b"])
@@ -107,10 +107,10 @@ def test_spare_pool_fifo_mark_drain_and_state():
     pool.add_batch(["c", "d", "e"])
     assert not pool.needs_refill()
     assert pool.take() == "a"
-    assert pool.drain_whole_steps(2) == [["b", "c"], ["d", "e"]]
+    assert pool.take_many(4) == ["b", "c", "d", "e"]
     assert pool.take() is None
     pool.add_batch(["x", "y", "z"])
-    assert pool.drain_whole_steps(2) == [["x", "y"]]
+    assert pool.take_many(2) == ["x", "y"]
     restored: SparePool[str] = SparePool(3)
     restored.load_state_dict(pool.state_dict())
     assert restored.discard_leftover() == ["z"] and len(restored) == 0

@@ -80,13 +80,6 @@ def group_advantages(
     return advantages
 
 
-def flat_group_advantages(
-    groups_rewards: Sequence[Sequence[float]], baseline: BaselineKind, normalize: bool, eps: float = 1e-6
-) -> list[float]:
-    """``group_advantages`` of each group, concatenated in group order (one value per row)."""
-    return [a for rewards in groups_rewards for a in group_advantages(rewards, baseline, normalize, eps)]
-
-
 def batch_normalized_advantages(
     groups_rewards: Sequence[Sequence[float]], baseline: BaselineKind, eps: float = 1e-6
 ) -> list[list[float]]:

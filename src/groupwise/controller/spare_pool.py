@@ -49,15 +49,6 @@ class SparePool(Generic[Item]):
         self.taken += count
         return [self._items.popleft() for _ in range(count)]
 
-    def drain_whole_steps(self, prompts_per_step: int) -> list[list[Item]]:
-        """Remove and return as many whole batches of ``prompts_per_step`` spares as the pool holds."""
-        if prompts_per_step < 1:
-            raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
-        batches = []
-        while len(self._items) >= prompts_per_step:
-            batches.append([self._items.popleft() for _ in range(prompts_per_step)])
-        return batches
-
     def discard_leftover(self) -> list[Item]:
         """Empty the pool (a partial step at the end of data is not trained) and return what was left."""
         leftover = list(self._items)
