@@ -4,8 +4,8 @@ Each item is one game: the user turn says the range (1 to ``high``, ``high`` in 
 secret. Every (high, secret) pair is made, shuffled with ``random.Random(0)``; the games of the ranges 1–7, 1–11
 and 1–15 (33 games) are the held-out split, the rest the training split, so no held-out question is asked in
 training. The ranges are small on purpose: four guesses that halve the range find any secret of a range up to
-1–15 (and all but one of 1–16), so a model that reads the answers can solve almost every game, and a 135M model that guesses blindly still wins often enough for
-the group to carry a signal from the first step.
+1–15 (and all but one of 1–16), so a model that reads the answers can solve almost every game, and a 135M model
+that guesses blindly still wins often enough for the group to carry a signal from the first step.
 
     python examples/data/make_guess_number.py     # rewrites both files (deterministic)
 """
