@@ -109,6 +109,7 @@ def test_a_sync_run_trains_episodes_and_records_what_each_did(tmp_path, capsys):
         assert record.get("episode/solved_turns_mean") == (sum(solved) / len(solved) if solved else None)
     evals = [r for r in read_metrics(session.run_dir.metrics_path) if "eval/accuracy" in r]
     assert [r["step"] for r in evals] == [0, 2]
+    assert all(("eval/solved_turns_mean" in r) == (r["eval/accuracy"] > 0) for r in evals)
     # groupwise audit --replay-episodes: every trained episode replays into a fresh environment...
     run_dir = str(session.run_dir.path)
     assert main(["audit", "--replay-episodes", run_dir]) == 0

@@ -16,6 +16,14 @@ FinishReason = Literal["stop", "length"]
 
 
 @dataclass(frozen=True)
+class SampleOutcome:
+    """One evaluation sample: its raw reward and how many model turns it took (1 for a single completion)."""
+
+    reward: float
+    turns: int = 1
+
+
+@dataclass(frozen=True)
 class Prompt:
     """One dataset item. ``uid`` is stable across runs (``"<task>/<split>/<index>"``).
 

@@ -75,6 +75,7 @@ METRIC_KEYS: tuple[str, ...] = (
     # evaluation
     "eval/accuracy",
     "eval/pass_at_k",
+    "eval/solved_turns_mean",
     # async accounting
     "accounting/dropped_groups",
     "accounting/replaced_groups",

@@ -28,7 +28,7 @@ from groupwise.runtime.ray_actors import (
 )
 from groupwise.runtime.ray_cluster import ActorHandle, generation_worker_resources, ray, wait_until_started
 from groupwise.trainer.rollout import RolloutWorker
-from groupwise.types import Completion, GenerationRequest, Group, LoaderItem, Prompt, SamplingParams
+from groupwise.types import Completion, GenerationRequest, Group, LoaderItem, Prompt, SampleOutcome, SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -244,10 +244,10 @@ class RaySyncRollouts:
     def encode(self, prompt: Prompt) -> tuple[int, ...]:
         return self.local.encode(prompt)
 
-    def sample_rewards(
+    def sample_outcomes(
         self, generator: Generator, prompts: Sequence[Prompt], sampling: SamplingParams, k: int, seeds: Sequence[int]
-    ) -> list[list[float]]:
-        return self.local.sample_rewards(generator, prompts, sampling, k, seeds)
+    ) -> list[list[SampleOutcome]]:
+        return self.local.sample_outcomes(generator, prompts, sampling, k, seeds)
 
     def generate_groups(
         self, items: Sequence[LoaderItem], group_ids: Sequence[int], attempts: Sequence[int] | None = None,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from groupwise.batch import RowBatch
 from groupwise.data.loader import LoadedPrompt
 from groupwise.model.weights import ModelWeights
-from groupwise.types import Group, Prompt, SamplingParams
+from groupwise.types import Group, Prompt, SampleOutcome, SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -64,9 +64,9 @@ class GroupRollouts(Protocol):
 
     def encode(self, prompt: Prompt) -> tuple[int, ...]: ...
 
-    def sample_rewards(
+    def sample_outcomes(
         self, generator: Generator, prompts: Sequence[Prompt], sampling: SamplingParams, k: int, seeds: Sequence[int]
-    ) -> list[list[float]]: ...
+    ) -> list[list[SampleOutcome]]: ...
 
     def generate_groups(
         self, items: Sequence[LoadedPrompt], group_ids: Sequence[int], attempts: Sequence[int] | None = None,

@@ -27,6 +27,7 @@ from groupwise.types import (
     LoaderItem,
     Prompt,
     RowPrefix,
+    SampleOutcome,
     SamplingParams,
     attach_cost,
 )
@@ -151,20 +152,22 @@ class RolloutWorker:
             )
         ]
 
-    def sample_rewards(
+    def sample_outcomes(
         self, generator: Generator, prompts: Sequence[Prompt], sampling: SamplingParams, k: int, seeds: Sequence[int]
-    ) -> list[list[float]]:
-        """The raw rewards of ``k`` samples per prompt from ``generator`` (evaluation): single completions scored
-        by ``reward_fn``, or whole episodes scored by their environment. A reward failure is raised."""
+    ) -> list[list[SampleOutcome]]:
+        """The raw rewards (and model turns) of ``k`` samples per prompt from ``generator`` (evaluation): single
+        completions scored by ``reward_fn``, or whole episodes scored by their environment. A reward failure is
+        raised."""
         if self.episodes is not None:
             results = run_episode_groups(generator, sampling, self.episodes, prompts, seeds, k)
             for result in results:
                 if isinstance(result, RewardError):
                     raise result
-            return [[sum(e.step_rewards) for e in result] for result in results if not isinstance(result, RewardError)]
+            return [[SampleOutcome(sum(e.step_rewards), e.turns) for e in result]
+                    for result in results if not isinstance(result, RewardError)]  # fmt: skip
         requests = [GenerationRequest(self.encode(p), k, seed) for p, seed in zip(prompts, seeds, strict=True)]
         outputs = checked_outputs(generator, requests, generator.generate(requests, sampling))
-        return [score_completions(self.reward_fn, prompt, completions, self.reward_kwargs)
+        return [[SampleOutcome(r) for r in score_completions(self.reward_fn, prompt, completions, self.reward_kwargs)]
                 for prompt, completions in zip(prompts, outputs, strict=True)]  # fmt: skip
 
     def _episode_outcomes(
