@@ -293,13 +293,23 @@ def test_lora_trains_only_the_adapter(model):
     assert any(float(p.detach().abs().max()) > 0 for n, p in adapted.named_parameters() if "lora_B" in n)
 
 
-def test_cuda_precision_plan_and_fused_adamw():
+def test_precision_plans_use_fused_adamw_and_it_updates_as_the_loop_does():
     assert learner_precision(torch.device("cuda"), "bfloat16") == LearnerPrecision(torch.float32, torch.bfloat16, True)
     assert learner_precision(torch.device("cuda"), "float32") == LearnerPrecision(torch.float32, None, True)
-    assert learner_precision(torch.device("cpu"), "bfloat16") == LearnerPrecision(torch.bfloat16, None, False)
-    weight = torch.nn.Parameter(torch.ones(3))
-    optimizer = adamw([weight], LearnerPrecision(fused_adamw=True), lr=0.1)
-    assert optimizer.defaults["fused"] is True
-    weight.grad = torch.ones(3)
-    optimizer.step()
-    assert torch.all(weight < 1)
+    assert learner_precision(torch.device("cpu"), "bfloat16") == LearnerPrecision(torch.bfloat16, None, True)
+    assert learner_precision(torch.device("cpu"), "float32") == LearnerPrecision(torch.float32, None, True)
+    gen = torch.Generator().manual_seed(5)
+    start = [torch.randn(shape, generator=gen) for shape in ((64, 32), (32,))]
+    weights = {fused: [torch.nn.Parameter(w.clone()) for w in start] for fused in (True, False)}
+    optimizers = {fused: adamw(weights[fused], LearnerPrecision(fused_adamw=fused), lr=0.01, weight_decay=0.1)
+                  for fused in (True, False)}  # fmt: skip
+    assert optimizers[True].defaults["fused"] is True and optimizers[False].defaults["fused"] is None
+    for _ in range(4):  # the CPU's fused kernel takes the same AdamW steps as the per-parameter loop
+        grads = [torch.randn(w.shape, generator=gen) for w in start]
+        for fused in (True, False):
+            for weight, grad in zip(weights[fused], grads, strict=True):
+                weight.grad = grad.clone()
+            optimizers[fused].step()
+    for fused_weight, loop_weight, first in zip(weights[True], weights[False], start, strict=True):
+        torch.testing.assert_close(fused_weight, loop_weight, rtol=1e-6, atol=1e-7)
+        assert not torch.equal(fused_weight, first)
