@@ -1,12 +1,13 @@
-"""Does SmolLM2 learn to play guess-the-number faster? Reward, games solved and guesses per solved game, per step.
+"""Does SmolLM2 learn to win a game with feedback sooner? Reward, games solved and guesses per solved game, per step.
 
     .venv/bin/python bench/guess_number.py RUN_DIR [RUN_DIR ...] [--window 5]
 
-Reads a finished (or running) ``groupwise train examples/guess_number.yaml`` run: ``metrics.jsonl`` for the
-held-out greedy evaluations (``eval/accuracy``, ``eval/solved_turns_mean``) and ``train_data/step_<N>.jsonl``
-for the trained games. Per window of steps: the sampled reward, the share of games solved and the guesses a
-solved game took — overall and per range (the prompt uid ``guess/<high>/<secret>``), since a policy that starts
-to solve the wider ranges raises the overall mean even while it gets faster on each. Prints markdown tables.
+Reads a finished (or running) run of ``examples/guess_number.yaml`` or ``examples/times_tables_retry.yaml``:
+``metrics.jsonl`` for the held-out greedy evaluations (``eval/accuracy``, ``eval/solved_turns_mean``) and
+``train_data/step_<N>.jsonl`` for the trained games. Per window of steps: the sampled reward, the share of games
+solved and the guesses a solved game took, with the share solved on the first try — overall and, for
+guess-the-number, per range (the prompt uid ``guess/<high>/<secret>``), since a policy that starts to solve the
+wider ranges raises the overall mean even while it gets faster on each. Prints markdown tables.
 """
 
 from __future__ import annotations
@@ -21,33 +22,47 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def trained_games(run_dir: Path) -> dict[int, list[tuple[int, float, int]]]:
-    """Per step: ``(range high, raw reward, model turns)`` of every trained game."""
-    steps: dict[int, list[tuple[int, float, int]]] = {}
+def trained_games(run_dir: Path) -> dict[int, list[tuple[int | None, float, int]]]:
+    """Per step: ``(range high or None, raw reward, model turns)`` of every trained game.
+
+    The range is read from a ``guess/<high>/<secret>`` prompt uid; other games (``times_tables_retry``) have none.
+    """
+    steps: dict[int, list[tuple[int | None, float, int]]] = {}
     for path in sorted((run_dir / "train_data").glob("step_*.jsonl")):
         step = int(path.stem.split("_")[1])
-        steps[step] = [(int(row["prompt_uid"].split("/")[1]), row["raw_reward"], len(row["episode"]["assistant"]))
+        steps[step] = [(range_high(row["prompt_uid"]), row["raw_reward"], len(row["episode"]["assistant"]))
                        for row in read_jsonl(path)]  # fmt: skip
     return steps
+
+
+def range_high(prompt_uid: str) -> int | None:
+    parts = prompt_uid.split("/")
+    return int(parts[1]) if parts[0] == "guess" and len(parts) == 3 else None
 
 
 def mean(values: list[float]) -> str:
     return f"{sum(values) / len(values):.2f}" if values else "–"
 
 
-def window_table(steps: dict[int, list[tuple[int, float, int]]], window: int) -> list[str]:
-    lines = ["| steps | games | sampled reward | solved | guesses per solved game | by range: 5–8 | 9–12 | 13–16 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+def window_table(steps: dict[int, list[tuple[int | None, float, int]]], window: int) -> list[str]:
+    """Rows of ``window`` steps; the per-range columns only for guess-the-number games."""
+    ranged = any(g[0] is not None for games in steps.values() for g in games)
+    lines = ["| steps | games | sampled reward | solved | solved on the first try | guesses per solved game |"
+             + (" by range: 5–8 | 9–12 | 13–16 |" if ranged else ""),
+             "|---|---:|---:|---:|---:|---:|" + ("---:|" * 3 if ranged else "")]  # fmt: skip
     last = max(steps, default=0)
     for first in range(1, last + 1, window):
         games = [g for s in range(first, min(first + window, last + 1)) for g in steps.get(s, [])]
         solved = [g for g in games if g[1] >= 1.0]
         by_range = defaultdict(list)
         for high, _, turns in solved:
-            by_range[(high - 5) // 4].append(turns)
-        lines.append(f"| {first}–{min(first + window - 1, last)} | {len(games)} | {mean([g[1] for g in games])} | "
-                     f"{mean([float(g[1] >= 1.0) for g in games])} | {mean([g[2] for g in solved])} | "
-                     + " | ".join(mean(by_range[k]) for k in range(3)) + " |")  # fmt: skip
+            if high is not None:
+                by_range[(high - 5) // 4].append(turns)
+        first_try = [float(g[1] >= 1.0 and g[2] == 1) for g in games]
+        solved_share = [float(g[1] >= 1.0) for g in games]
+        row = (f"| {first}–{min(first + window - 1, last)} | {len(games)} | {mean([g[1] for g in games])} | "
+               f"{mean(solved_share)} | {mean(first_try)} | {mean([g[2] for g in solved])} |")  # fmt: skip
+        lines.append(row + ("".join(f" {mean(by_range[k])} |" for k in range(3)) if ranged else ""))
     return lines
 
 

@@ -17,7 +17,9 @@ Invariants pinned:
 - a group whose episodes open differently keeps the shared part as its prompt and the rest as environment tokens;
 - an episode group (trainable flags, episode records) comes back from its checkpoint form unchanged;
 - weights loaded between turns: each sampled token keeps the version it was sampled under, and each environment
-  token the version of the turn before it.
+  token the version of the turn before it;
+- the shipped guess-the-number game answers "Higher."/"Lower." with the guesses left, pays 1 + bonus × guesses left
+  for the secret and nothing when the guesses run out; with ``remind`` each answer ends with the opening question.
 """
 
 from __future__ import annotations
@@ -319,3 +321,17 @@ def test_weights_loaded_between_turns_keep_each_tokens_version():
             expected.append(turn)
         assert list(completion.token_versions) == expected
         assert completion.weight_version == 2 and set(expected) == {0, 1, 2}
+
+
+def test_guess_number_answers_each_guess_and_with_remind_repeats_the_question():
+    plain, reminding = GuessNumberEnvironment(max_guesses=3), GuessNumberEnvironment(max_guesses=3, remind=True)
+    for env in (plain, reminding):
+        env.reset(game("p", 9), 0)
+    assert plain.step({"role": "assistant", "content": "5"}).messages == [
+        {"role": "user", "content": "Higher. 2 guesses left."}]  # fmt: skip
+    assert reminding.step({"role": "assistant", "content": "12"}).messages == [
+        {"role": "user", "content": "Lower. 2 guesses left. Guess 1 to 20."}]  # fmt: skip
+    found = reminding.step({"role": "assistant", "content": "It is 9"})
+    assert found.done and not found.messages and found.reward == pytest.approx(1.0 + 0.1 * 1)
+    assert plain.step({"role": "assistant", "content": "no idea"}).messages[0]["content"].startswith("Please answer")
+    assert plain.step({"role": "assistant", "content": "3"}) == StepResult(done=True)  # out of guesses: no reward
