@@ -5,9 +5,10 @@
 Reads a finished (or running) run of ``examples/guess_number.yaml`` or ``examples/times_tables_retry.yaml``:
 ``metrics.jsonl`` for the held-out greedy evaluations (``eval/accuracy``, ``eval/solved_turns_mean``) and
 ``train_data/step_<N>.jsonl`` for the trained games. Per window of steps: the sampled reward, the share of games
-solved and the guesses a solved game took, with the share solved on the first try — overall and, for
-guess-the-number, per range (the prompt uid ``guess/<high>/<secret>``), since a policy that starts to solve the
-wider ranges raises the overall mean even while it gets faster on each. Prints markdown tables.
+solved, the guesses a game took (a lost game takes them all) and those a solved game took, with the share solved on
+the first try — overall and, for guess-the-number, per range (the prompt uid ``guess/<high>/<secret>``), since a
+policy that starts to solve the wider ranges raises the overall mean even while it gets faster on each. Prints
+markdown tables.
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ def mean(values: list[float]) -> str:
 def window_table(steps: dict[int, list[tuple[int | None, float, int]]], window: int) -> list[str]:
     """Rows of ``window`` steps; the per-range columns only for guess-the-number games."""
     ranged = any(g[0] is not None for games in steps.values() for g in games)
-    lines = ["| steps | games | sampled reward | solved | solved on the first try | guesses per solved game |"
-             + (" by range: 5–8 | 9–12 | 13–16 |" if ranged else ""),
-             "|---|---:|---:|---:|---:|---:|" + ("---:|" * 3 if ranged else "")]  # fmt: skip
+    lines = ["| steps | games | sampled reward | solved | solved on the first try | guesses per game "
+             "| guesses per solved game |" + (" by range: 5–8 | 9–12 | 13–16 |" if ranged else ""),
+             "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" * 3 if ranged else "")]  # fmt: skip
     last = max(steps, default=0)
     for first in range(1, last + 1, window):
         games = [g for s in range(first, min(first + window, last + 1)) for g in steps.get(s, [])]
@@ -61,7 +62,8 @@ def window_table(steps: dict[int, list[tuple[int | None, float, int]]], window: 
         first_try = [float(g[1] >= 1.0 and g[2] == 1) for g in games]
         solved_share = [float(g[1] >= 1.0) for g in games]
         row = (f"| {first}–{min(first + window - 1, last)} | {len(games)} | {mean([g[1] for g in games])} | "
-               f"{mean(solved_share)} | {mean(first_try)} | {mean([g[2] for g in solved])} |")  # fmt: skip
+               f"{mean(solved_share)} | {mean(first_try)} | {mean([g[2] for g in games])} | "
+               f"{mean([g[2] for g in solved])} |")  # fmt: skip
         lines.append(row + ("".join(f" {mean(by_range[k])} |" for k in range(3)) if ranged else ""))
     return lines
 
