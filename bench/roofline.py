@@ -57,6 +57,7 @@ from groupwise.config.algorithm import LossSection, OptimizerSection
 from groupwise.generation.engine import Engine
 from groupwise.model.loading import Policy, load_policy
 from groupwise.trainer.learner import Learner, LearnerSettings
+from groupwise.trainer.precision import LearnerPrecision
 from groupwise.types import GenerationRequest, SamplingParams
 
 QUESTIONS = [
@@ -330,10 +331,11 @@ def measure_decode(policy: Policy, rows: int, new: int, rates: tuple[float, floa
 
 
 def measure_learner(
-    policy: Policy, rows: int, prompt: int, completion: int, rates: tuple[float, float], args
+    policy: Policy, rows: int, prompt: int, completion: int, rates: tuple[float, float], args, adamw: str
 ) -> tuple[Row, str]:
     settings = LearnerSettings(LossSection(), OptimizerSection(lr=1e-6), total_steps=1000, temperature=1.0)
-    learner = Learner(policy.model, settings)
+    dtype = next(policy.model.parameters()).dtype
+    learner = Learner(policy.model, settings, precision=LearnerPrecision(dtype, fused_adamw=adamw == "fused"))
     policy.model.train()
     batch = learner_rows(rows, prompt, completion, policy.model.config.vocab_size)
     seconds = best_seconds(lambda: learner.train_step(batch), args.learner_repeats)
@@ -351,7 +353,7 @@ def measure_learner(
         seconds,
         LEARNER_TARGET,
         rates,
-        f"{learner.logprob_path.split(':')[0]} LM head",
+        f"{learner.logprob_path.split(':')[0]} LM head, {adamw} AdamW",
     )
     profile = ""
     if args.profile:
@@ -365,12 +367,19 @@ def measure_learner(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
-    parser.add_argument("--rows", type=int, nargs="+", default=[16, 128], help="decode batch sizes")
+    parser.add_argument("--rows", type=int, nargs="*", default=[16, 128], help="decode batch sizes (none: skip)")
     parser.add_argument("--new-tokens", type=int, default=48, help="decode steps timed per call")
     parser.add_argument("--learner-rows", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=45)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--learner-repeats", type=int, default=2)
+    parser.add_argument(
+        "--adamw",
+        nargs="+",
+        choices=["fused", "loop"],
+        default=["fused"],
+        help="AdamW per learner row: fused (what a CPU run uses) and/or loop (one op at a time)",
+    )
     parser.add_argument("--profile", action="store_true", help="a torch profiler table for each row")
     parser.add_argument("--top", type=int, default=10, help="operators per profile table")
     parser.add_argument("--smoke", action="store_true", help="a small random Llama and few steps")
@@ -390,8 +399,10 @@ def main() -> None:
     else:
         policy = load_policy("gguf", "smollm2", device="cpu")
     results = [measure_decode(policy, rows, args.new_tokens, machine_rates(args), args) for rows in args.rows]
-    learner_rates = machine_rates(args)
-    results.append(measure_learner(policy, args.learner_rows, args.prompt_tokens, args.new_tokens, learner_rates, args))
+    for adamw in args.adamw:
+        learner_rates = machine_rates(args)
+        shape = (args.learner_rows, args.prompt_tokens, args.new_tokens)
+        results.append(measure_learner(policy, *shape, learner_rates, args, adamw))
     print("| step | rates | GFLOP | GB moved | bound ms (by) | measured ms | ratio | target | MFU | note |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row, _ in results:

@@ -1,8 +1,8 @@
 """How the learner holds its weights and computes, per device: the one place that knows about CUDA.
 
 * CPU: the weights are held in ``model.dtype`` and computed in it; AdamW is torch's fused CPU kernel (one pass
-  over each parameter's weight, gradient and moments instead of a pass per operation: on SmolLM2-135M, 3.2× faster
-  than the per-parameter loop, the same numbers; ``bench/RESULTS.md``).
+  over each parameter's weight, gradient and moments instead of a pass per operation: on SmolLM2-135M the learner
+  step is 5–7 % faster, the same updates; ``bench/RESULTS.md``).
 * CUDA: float32 master weights and float32 AdamW state always; with ``model.dtype: bfloat16`` the forward runs
   under ``torch.autocast(bfloat16)`` (the LM-head logits too, reduced in float32 by the chunked logprobs), so
   the learner gets bfloat16 speed without bfloat16 rounding of its updates. The generator then gets its own
