@@ -7,7 +7,9 @@ TRL lives in its own environment (``scripts/install_trl.sh``, default ``.venv-tr
 dependency. Each round runs TRL (``bench/trl_runner.py`` in ``.venv-trl``), then ``groupwise train``, each in a fresh
 process pinned with ``taskset -c CORE`` to one core, with ``OMP_NUM_THREADS=1`` (one torch thread). Each run trains
 ``--warmup`` + ``--steps`` optimizer steps; the table is the median over every round's steps after the warm-up:
-seconds per step, generation seconds, learner seconds, completion tokens per step, and groupwise ÷ TRL.
+seconds per step, generation seconds, learner seconds, completion tokens per step, and groupwise ÷ TRL. A second
+table gives each round's median step seconds and the load average when each run started: on a shared machine a
+change of load during the benchmark shows there, and pooled medians that straddle it mean little.
 
 The job is ``examples/smollm2_countdown.yaml`` with P = ``--prompts`` (2), G = ``--generations`` (8), 48 new
 tokens at temperature 1.0, no dynamic sampling (TRL's GRPOTrainer has none), one optimizer step per batch, fp32 on
@@ -240,6 +242,22 @@ def format_table(summary: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def format_rounds(records: dict[str, list[dict[str, Any]]], warmup: int) -> str:
+    """Each round's median step seconds per side (after the warm-up), the 1-minute load average when each run
+    started, and the round's ratio: a machine whose load changed during the benchmark shows here."""
+    lines = ["| round | TRL step s | load at start | groupwise step s | load at start | groupwise / TRL |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for index in sorted({r["round"] for r in records["TRL"]}):
+        cells: list[str] = []
+        medians = []
+        for side in SIDES:
+            rows = [r for r in records[side] if r["round"] == index and r["step"] >= warmup]
+            medians.append(float(statistics.median(r["step_s"] for r in rows)))
+            cells += [f"{medians[-1]:.2f}", f"{rows[0]['load']:.2f}"]
+        lines.append(f"| {index + 1} | " + " | ".join(cells) + f" | {medians[1] / medians[0]:.2f}× |")
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="the groupwise job (the SmolLM2 countdown example)")
@@ -273,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(result["header"])
         print(format_table(result["summary"]))
+        print()
+        print(format_rounds(result["records"], args.warmup))
     return 0
 
 
@@ -300,8 +320,10 @@ def bench(args: argparse.Namespace, python: Path) -> dict[str, Any]:
     for round_index in range(args.rounds):
         with tempfile.TemporaryDirectory() as tmp:
             print(f"round {round_index + 1}/{args.rounds}: TRL", file=sys.stderr, flush=True)
+            trl_load = os.getloadavg()[0]
             trl = run_trl(python, job, args.core, Path(tmp))
             print(f"round {round_index + 1}/{args.rounds}: groupwise", file=sys.stderr, flush=True)
+            our_load = os.getloadavg()[0]
             ours, trained = run_groupwise(args.config, overrides, args.core, Path(tmp))
         check_same_prompts(
             plan,
@@ -310,8 +332,9 @@ def bench(args: argparse.Namespace, python: Path) -> dict[str, Any]:
             lambda p: encode_prompt(tokenizer, p, cfg.data.system_prompt),
         )
         versions = trl["versions"]
-        records["TRL"] += [{k: r[k] for k in ("step", *KEYS)} | {"round": round_index} for r in trl["records"]]
-        records["groupwise"] += [r | {"round": round_index} for r in ours]
+        tags = {"round": round_index}
+        records["TRL"] += [{k: r[k] for k in ("step", *KEYS)} | tags | {"load": trl_load} for r in trl["records"]]
+        records["groupwise"] += [r | tags | {"load": our_load} for r in ours]
     header = (
         f"SmolLM2-135M countdown, P={cfg.grpo.num_prompts_per_step} G={cfg.grpo.num_generations_per_prompt} "
         f"{cfg.generation.max_new_tokens} new tokens, lr {cfg.optimizer.lr:g}, clip {cfg.loss.epsilon_low}/"

@@ -12,7 +12,7 @@ Invariants pinned:
 - the runs are checked for sameness: TRL's prompt token ids must equal groupwise's encoding of the planned prompts,
   and groupwise's trained uids the planned ones, step by step;
 - the table's numbers: per side the median over the steps after the warm-up, of every round; the ratio is
-  groupwise ÷ TRL;
+  groupwise ÷ TRL; the per-round table has each round's own medians, ratio and load;
 - without TRL's environment the driver stops with one message naming how to build it: exit 2, no traceback.
 """
 
@@ -133,12 +133,13 @@ def test_the_runs_are_checked_for_the_same_prompts():
         matched.check_same_prompts(plan, [[[7, 97], [7, 98]]], [["a", "c"]], encode)
 
 
-def records(values: list[tuple[int, int, float]]) -> list[dict]:
+def records(values: list[tuple[int, int, float]], load: float = 1.0) -> list[dict]:
     """(round, step, seconds) → records whose gen and learner columns are fixed fractions of the step."""
     return [
-        {"round": r, "step": s, "step_s": x, "gen_s": x / 4, "learner_s": 3 * x / 4, "completion_tokens": 100 + s}
+        {"round": r, "step": s, "step_s": x, "gen_s": x / 4, "learner_s": 3 * x / 4, "completion_tokens": 100 + s,
+         "load": load + r}
         for r, s, x in values
-    ]
+    ]  # fmt: skip
 
 
 def test_medians_leave_out_the_warm_up_and_pool_the_rounds_and_the_ratio_is_groupwise_over_trl():
@@ -152,6 +153,13 @@ def test_medians_leave_out_the_warm_up_and_pool_the_rounds_and_the_ratio_is_grou
     table = matched.format_table(summary).splitlines()
     assert table[2] == "| TRL | 46.00 | 11.50 | 34.50 | 102 |"
     assert table[4] == "| groupwise / TRL | 0.52× | 0.52× | 0.52× | 1.00× |"
+
+
+def test_each_round_gets_its_own_medians_and_ratio():
+    trl = records([(0, 0, 900.0), (0, 1, 40.0), (0, 2, 44.0), (1, 0, 800.0), (1, 1, 48.0), (1, 2, 60.0)], load=2.0)
+    ours = records([(0, 0, 500.0), (0, 1, 20.0), (0, 2, 22.0), (1, 0, 400.0), (1, 1, 26.0), (1, 2, 30.0)])
+    rows = matched.format_rounds({"TRL": trl, "groupwise": ours}, warmup=1).splitlines()
+    assert rows[2:] == ["| 1 | 42.00 | 2.00 | 21.00 | 1.00 | 0.50× |", "| 2 | 54.00 | 3.00 | 28.00 | 2.00 | 0.52× |"]
 
 
 def test_a_side_with_only_warm_up_steps_is_an_error_not_a_number():
