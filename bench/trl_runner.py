@@ -109,15 +109,13 @@ def countdown_reward(job: dict[str, Any], tokenizer: Any, eos_ids: set[int]) -> 
     return reward
 
 
-def timed_trainer(job: dict[str, Any], output_dir: str) -> tuple[Any, list[dict[str, Any]]]:
-    """A ``GRPOTrainer`` for ``job`` that records each step's timings, and the list they are appended to."""
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+def timed_classes(records: list[dict[str, Any]]) -> tuple[type, type]:
+    """A ``GRPOTrainer`` subclass and a Trainer callback that, together, append one timing record per optimizer
+    step to ``records``."""
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
 
-    records: list[dict[str, Any]] = []
-    current: dict[str, Any] = {}
+    current: dict[str, Any] = {}  # the open step's clocks and counts, shared by the trainer and the callback
 
     class TimedGRPOTrainer(GRPOTrainer):
         def _generate_single_turn(self, prompt_ids: list, *args: Any, **kwargs: Any) -> Any:
@@ -156,6 +154,18 @@ def timed_trainer(job: dict[str, Any], output_dir: str) -> tuple[Any, list[dict[
                 "prompt_ids": current["prompt_ids"],
             })  # fmt: skip
 
+    return TimedGRPOTrainer, StepTimer
+
+
+def timed_trainer(job: dict[str, Any], output_dir: str) -> tuple[Any, list[dict[str, Any]]]:
+    """A ``GRPOTrainer`` for ``job`` that records each step's timings, and the list they are appended to."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+
+    records: list[dict[str, Any]] = []
+    trainer_class, step_timer = timed_classes(records)
     tokenizer = AutoTokenizer.from_pretrained(job["model_dir"], local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32, local_files_only=True)
     eos = model.generation_config.eos_token_id
@@ -163,13 +173,13 @@ def timed_trainer(job: dict[str, Any], output_dir: str) -> tuple[Any, list[dict[
     config_kwargs = grpo_config_kwargs(job, output_dir)
     if "activation_checkpointing" in {f.name for f in dataclasses.fields(GRPOConfig)}:
         config_kwargs["activation_checkpointing"] = False  # newer transformers' name; the old one only warns
-    trainer = TimedGRPOTrainer(
+    trainer = trainer_class(
         model=model,
         reward_funcs=[countdown_reward(job, tokenizer, eos_ids)],
         args=GRPOConfig(**config_kwargs),
         train_dataset=Dataset.from_list(dataset_rows(job)),
         processing_class=tokenizer,
-        callbacks=[StepTimer()],
+        callbacks=[step_timer()],
     )
     return trainer, records
 
