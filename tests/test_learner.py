@@ -239,8 +239,9 @@ def test_mini_batches_hold_whole_groups_in_order_and_near_equal():
 
 def test_packing_by_tokens_reports_less_padding(model):
     rows = make_rows(9, groups=6)
-    _, by_rows, _ = run_step(model, [rows], micro_batch_rows=6)
-    _, by_tokens, _ = run_step(model, [rows], micro_batch_tokens=60, micro_batch_rows=6)
+    one_pass = {"share_prompts": False}  # rows × width per micro-batch (shared prompts: test_shared_prompts.py)
+    _, by_rows, _ = run_step(model, [rows], micro_batch_rows=6, **one_pass)
+    _, by_tokens, _ = run_step(model, [rows], micro_batch_tokens=60, micro_batch_rows=6, **one_pass)
     totals = [len(p) + len(c) for p, c in zip(rows["prompt_ids"], rows["completion_ids"], strict=True)]
     padded = sum(6 * max(totals[i : i + 6]) for i in range(0, len(totals), 6))
     assert by_rows["perf/padding_fraction"] == pytest.approx(1 - sum(totals) / padded)
@@ -265,7 +266,8 @@ def test_gradient_checkpointing_recomputes_layers_and_keeps_gradients(model):
         # A pre-hook inside the layer: the recomputation re-enters the layer's modules, not the layer's own hooks,
         # and stops early, before a forward hook would run. deepcopy keeps the hook.
         policy.model.layers[0].self_attn.register_forward_pre_hook(lambda *_: calls.append(1))
-        (grads,), _, _ = run_step(policy, [rows])
+        # One pass per micro-batch on both sides: checkpointing keeps no cache, so it never shares prompts.
+        (grads,), _, _ = run_step(policy, [rows], share_prompts=False)
         return len(calls), grads
 
     plain_calls, plain = layer_calls_and_gradient(copy.deepcopy(model))

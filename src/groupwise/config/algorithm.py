@@ -219,6 +219,12 @@ class OptimizerSection(Section):
     O(chunk × vocabulary) instead of O(rows × length × vocabulary), and padding never reaches the head.
     ``null`` = the model's own forward with full logits. Models whose logits are not ``lm_head(hidden)`` (logit
     soft-capping or scaling) always use the full-logits path; the run's events.log says which path scores."""
+    share_prompts: bool = True
+    """Score the completions of one prompt against one pass over it (its keys and values reused by every row that
+    shares it) instead of running the prompt once per row: the same logprobs and gradients within float
+    rounding, and with G completions per prompt far fewer positions through the model. Used on the chunked path
+    (``logprob_chunk_tokens`` set) when it feeds fewer positions than one pass; models with sliding-window or
+    non-attention layers, and gradient checkpointing, run every row's own prompt. events.log says which."""
     mini_batches_per_step: int = Field(1, ge=1)
     """K: optimizer updates per RL step per epoch, each on a mini-batch of whole groups (≥ 1, ≤
     ``grpo.num_prompts_per_step``). The old-policy logprobs are computed once before the first update, so from

@@ -7,6 +7,8 @@ Two paths, same numbers (within float rounding; a test pins 1e-5):
   completion token are kept (padding and prompt positions never reach the LM head), and
   :func:`~groupwise.model.chunked_logprobs.head_logprobs` projects them through the head ``chunk_tokens`` at a
   time, so peak memory is O(chunk × V) instead of O(rows × T × V).
+  Rows that share a prompt (a group's G completions) read it from one pass over the prompt
+  (:mod:`groupwise.model.shared_prompts`) when that feeds fewer positions, unless ``share_prompts`` is off.
 * **plain** (``chunk_tokens`` null, or a model the chunked path cannot score exactly):
   :func:`~groupwise.model.logprobs.completion_logprobs`, the model's own forward with full logits.
 
@@ -31,6 +33,7 @@ from groupwise.model.chunked_logprobs import head_logprobs
 from groupwise.model.loading import pretrained
 from groupwise.model.logprobs import completion_logprobs, logprob_temperature, position_ids_from_mask
 from groupwise.model.lora import is_adapted
+from groupwise.model.shared_prompts import PromptSharing, SharedHidden, shared_prompt_hidden, sharing_refusal
 
 # Max |chunked − forward| logit difference on the probe, relative to the logits' scale.
 _PROBE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
@@ -91,25 +94,37 @@ class CompletionScorer:
 
     ``temperature`` is the sampling temperature (greedy scores at 1, as the engine records); ``chunk_tokens``
     the positions per LM-head chunk (None = plain path); ``compute_dtype`` runs the forward under autocast
-    (CUDA mixed precision), None = the weights' dtype.
+    (CUDA mixed precision), None = the weights' dtype; ``share_prompts`` lets the chunked path run each distinct
+    prompt once for the rows that share it.
     """
 
-    def __init__(self, temperature: float, chunk_tokens: int | None, compute_dtype: torch.dtype | None = None):
+    def __init__(
+        self, temperature: float, chunk_tokens: int | None, compute_dtype: torch.dtype | None = None,
+        share_prompts: bool = True,
+    ):  # fmt: skip
         if chunk_tokens is not None and chunk_tokens < 1:
             raise ValueError(f"chunk_tokens={chunk_tokens} must be >= 1 (or None for the plain path)")
         self.temperature = temperature
         self.chunk_tokens = chunk_tokens
         self.compute_dtype = compute_dtype
+        self.share_prompts = share_prompts
         self._refusals: dict[int, str | None] = {}  # id(model) -> why not chunked (None = chunked)
+        self._sharing_refusals: dict[int, str | None] = {}  # id(model) -> why prompts are not shared
 
     def describe(self, model: torch.nn.Module) -> str:
         """Which path scores ``model`` and, for the plain path, why."""
         if self.chunk_tokens is None:
             return "plain: full [rows, T, V] logits (optimizer.logprob_chunk_tokens is null)"
         refusal = self._refusal(model)
-        if refusal is None:
-            return f"chunked: {self.chunk_tokens} positions per LM-head chunk, padding dropped"
-        return f"plain: full [rows, T, V] logits ({refusal})"
+        if refusal is not None:
+            return f"plain: full [rows, T, V] logits ({refusal})"
+        chunked = f"chunked: {self.chunk_tokens} positions per LM-head chunk, padding dropped"
+        if not self.share_prompts:
+            return f"{chunked}; every row runs its own prompt (optimizer.share_prompts is off)"
+        sharing = self._sharing_refusal(model)
+        if sharing is not None:
+            return f"{chunked}; every row runs its own prompt ({sharing})"
+        return f"{chunked}; one pass per distinct prompt"
 
     def score(
         self,
@@ -140,24 +155,21 @@ class CompletionScorer:
         chunk_tokens: int,
     ) -> ScoredRows:
         decoder, head = decoder_and_head(model)
-        device = head.weight.device
-        input_ids, attention_mask, scored, mask = right_padded_rows(prompt_ids, completion_ids, device)
+        sharing = PromptSharing.of(prompt_ids)
+        share = self.share_prompts and sharing.pays(completion_ids) and self._sharing_refusal(model) is None
         with self._autocast(model):
-            hidden = decoder(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids_from_mask(attention_mask),
-                use_cache=False,
-            ).last_hidden_state
-        # Position t predicts token t + 1: shift the targets left by one.
-        targets = input_ids[:, 1:][scored[:, :-1]]
+            if share:
+                rows = shared_prompt_hidden(decoder, sharing, completion_ids, head.weight.device)
+            else:
+                rows = one_pass_hidden(decoder, prompt_ids, completion_ids, head.weight.device)
         logprobs, entropy = head_logprobs(
-            hidden[scored], head.weight, targets, logprob_temperature(self.temperature), chunk_tokens,
+            rows.hidden, head.weight, rows.targets, logprob_temperature(self.temperature), chunk_tokens,
             bias=head.bias, compute_dtype=self.compute_dtype,
         )  # fmt: skip
+        mask = rows.mask
         out_logprobs = logprobs.new_zeros(mask.shape).masked_scatter(mask, logprobs)
         out_entropy = entropy.new_zeros(mask.shape).masked_scatter(mask, entropy) if with_entropy else None
-        return ScoredRows(out_logprobs, out_entropy, mask, input_ids.numel(), int(attention_mask.sum()))
+        return ScoredRows(out_logprobs, out_entropy, mask, rows.padded, rows.real)
 
     @contextlib.contextmanager
     def _autocast(self, model: torch.nn.Module) -> Iterator[None]:
@@ -173,6 +185,39 @@ class CompletionScorer:
         if key not in self._refusals:
             self._refusals[key] = chunked_path_refusal(model) or self._probe(model)
         return self._refusals[key]
+
+    def _sharing_refusal(self, model: torch.nn.Module) -> str | None:
+        base = pretrained(unwrap_adapter(model))
+        known = sharing_refusal(base)
+        if known is not None:
+            return known  # not cached: gradient checkpointing can be switched on after the first call
+        key = id(model)
+        if key not in self._sharing_refusals:
+            self._sharing_refusals[key] = self._probe_sharing(model)
+        return self._sharing_refusals[key]
+
+    def _probe_sharing(self, model: torch.nn.Module) -> str | None:
+        """Score a few rows with and without the shared prompt pass; a reason when their hidden states differ."""
+        decoder, head = decoder_and_head(model)
+        vocab = head.weight.shape[0]
+        prompts = [[t % vocab for t in p] for p in ([1, 2, 3], [1, 2, 3], [4, 5])]
+        completions = [[t % vocab for t in c] for c in ([6], [7, 8, 9], [10, 11])]
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                shared = shared_prompt_hidden(decoder, PromptSharing.of(prompts), completions, head.weight.device)
+                plain = one_pass_hidden(decoder, prompts, completions, head.weight.device)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            return f"the prompt pass's cache could not be reused ({type(exc).__name__}: {exc})"
+        finally:
+            model.train(was_training)
+        difference = float((shared.hidden.float() - plain.hidden.float()).abs().max())
+        scale = max(1.0, float(plain.hidden.abs().max()))
+        tolerance = _PROBE_TOLERANCE.get(head.weight.dtype, _PROBE_TOLERANCE_LOW_PRECISION)
+        if difference > tolerance * scale:
+            return f"the shared prompt pass's hidden states differ from one pass's by {difference:.3g}"
+        return None
 
     def _probe(self, model: torch.nn.Module) -> str | None:
         """Compare ``head(decoder(x))`` with the model's own logits on a few tokens; a reason when they differ."""
@@ -220,3 +265,18 @@ def right_padded_rows(
         scored[row, p - 1 : p + c - 1] = True
         mask[row, :c] = True
     return input_ids.to(device), attention_mask.to(device), scored.to(device), mask.to(device)
+
+
+def one_pass_hidden(
+    decoder: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
+    device: torch.device,
+) -> SharedHidden:  # fmt: skip
+    """One decoder pass over right-padded ``prompt ++ completion`` rows: the hidden states at the positions that
+    predict a completion token (position t predicts token t + 1), in the completion mask's order."""
+    input_ids, attention_mask, scored, mask = right_padded_rows(prompt_ids, completion_ids, device)
+    hidden = decoder(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+    ).last_hidden_state  # fmt: skip
+    targets = input_ids[:, 1:][scored[:, :-1]]
+    return SharedHidden(hidden[scored], targets, mask, input_ids.numel(), int(attention_mask.sum()))

@@ -141,7 +141,9 @@ class Learner:
         self.loss = resolve_loss(settings.loss.type)
         precision = precision or LearnerPrecision(master_dtype=next(model.parameters()).dtype)
         chunk_tokens = settings.optimizer.logprob_chunk_tokens
-        self.scorer = CompletionScorer(settings.temperature, chunk_tokens, precision.compute_dtype)
+        self.scorer = CompletionScorer(
+            settings.temperature, chunk_tokens, precision.compute_dtype, settings.optimizer.share_prompts
+        )
         self.optimizer = adamw(
             [p for p in model.parameters() if p.requires_grad],
             precision,
