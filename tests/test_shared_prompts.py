@@ -9,6 +9,9 @@ Invariants pinned:
 - the passes feed ``U·Lp + R·Lc`` positions (each distinct prompt once) and count each shared prompt's tokens
   once as real tokens; rows whose prompts all differ, where sharing would feed more, run one pass as before;
 - a learner step with ``optimizer.share_prompts`` on updates the weights as one with it off (float32 rounding);
+- token-budget packing under sharing keeps each prompt's rows together and every micro-batch's positions fed
+  (the cheaper layout's) within the budget and the row cap, every row exactly once (hypothesis); a group whose
+  rows one by one would need several micro-batches fits one, and the learner step equals the one-pass step;
 - refused, with the reason in the scorer's description, for gradient checkpointing and for models with
   sliding-window or non-attention layers; ``share_prompts: false`` turns it off.
 """
@@ -19,6 +22,8 @@ import copy
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from test_learner import learner_settings, make_rows
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
@@ -28,6 +33,7 @@ from groupwise.model.lora import apply_lora, lora_config
 from groupwise.model.shared_prompts import PromptSharing, sharing_refusal
 from groupwise.trainer.builder import enable_gradient_checkpointing
 from groupwise.trainer.learner import Learner
+from groupwise.trainer.micro_batches import micro_batches_by_shared_tokens, micro_batches_by_tokens
 
 pytestmark = pytest.mark.numerics
 
@@ -142,3 +148,43 @@ def test_refusals_say_why_and_score_one_pass(model):
     windowed = copy.deepcopy(model)
     windowed.config.sliding_window = 4
     assert "sliding window (4 positions)" in sharing_refusal(windowed)
+
+
+def cheaper_layout_positions(prompts, completions) -> int:
+    sharing = PromptSharing.of(prompts)
+    return min(sharing.shared_positions(completions), sharing.plain_positions(completions))
+
+
+@given(
+    groups=st.lists(
+        st.tuples(st.integers(1, 30), st.lists(st.integers(0, 20), min_size=1, max_size=6)), min_size=1, max_size=8
+    ),
+    max_tokens=st.integers(1, 200),
+    max_rows=st.integers(1, 8),
+)
+def test_shared_packing_keeps_groups_together_within_budget_and_cap(groups, max_tokens, max_rows):
+    prompts = [[group] * length for group, (length, rows) in enumerate(groups) for _ in rows]
+    completions = [[7] * c for _, rows in groups for c in rows]
+    batches = micro_batches_by_shared_tokens(prompts, [len(c) for c in completions], max_tokens, max_rows)
+    order = [row for batch in batches for row in batch]
+    assert sorted(order) == list(range(len(prompts)))
+    owners = [prompts[row][0] for row in order]
+    assert all(owners.index(o) == i or owners[i - 1] == o for i, o in enumerate(owners))  # each prompt contiguous
+    for batch in batches:
+        assert len(batch) <= max_rows
+        cost = cheaper_layout_positions([prompts[r] for r in batch], [completions[r] for r in batch])
+        assert len(batch) == 1 or cost <= max_tokens
+
+
+def test_a_group_fits_the_budget_its_rows_alone_would_not(model):
+    prompts, completions = [[1] + [9] * 39] * 8, [[20 + i] * 10 for i in range(8)]
+    assert len(micro_batches_by_tokens([50] * 8, 200, 64)) == 2  # 4 rows × 50 positions per pass
+    assert micro_batches_by_shared_tokens(prompts, [10] * 8, 200, 64) == [list(range(8))]  # 40 + 8 × 10 = 120
+    steps = {}
+    for share in (False, True):
+        learner = Learner(copy.deepcopy(model), learner_settings(micro_batch_tokens=200, share_prompts=share))
+        rows = make_rows(4, groups=2, size=8)
+        steps[share] = learner.train_step(rows), [p.detach().clone() for p in learner.model.parameters()]
+    assert steps[True][0]["loss/policy"] == pytest.approx(steps[False][0]["loss/policy"], abs=1e-6)
+    for shared, one in zip(steps[True][1], steps[False][1], strict=True):
+        torch.testing.assert_close(shared, one, rtol=0, atol=1e-5)

@@ -213,7 +213,9 @@ class OptimizerSection(Section):
     micro_batch_tokens: int | None = Field(None, ge=1)
     """Token budget of a micro-batch (≥ 1); ``null`` = cut by rows only. Rows are sorted longest first and packed
     whole while rows × the longest row (prompt + completion) stays within the budget; a longer row gets a
-    micro-batch of its own. The result does not depend on the split (the normaliser covers the update)."""
+    micro-batch of its own. With ``share_prompts`` each prompt's rows are packed together and the cost is the
+    positions the passes feed (docs/learner.md). The result does not depend on the split (the normaliser covers
+    the update)."""
     logprob_chunk_tokens: int | None = Field(512, ge=1)
     """Positions projected through the LM head at once when scoring completions (≥ 1): peak memory is
     O(chunk × vocabulary) instead of O(rows × length × vocabulary), and padding never reaches the head.

@@ -126,6 +126,12 @@ class CompletionScorer:
             return f"{chunked}; every row runs its own prompt ({sharing})"
         return f"{chunked}; one pass per distinct prompt"
 
+    def shares_prompts(self, model: torch.nn.Module) -> bool:
+        """Whether rows of one prompt are scored against one pass over it (where that feeds fewer positions)."""
+        if not self.share_prompts or self.chunk_tokens is None or self._refusal(model) is not None:
+            return False
+        return self._sharing_refusal(model) is None
+
     def score(
         self,
         model: torch.nn.Module,

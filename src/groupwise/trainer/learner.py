@@ -43,6 +43,7 @@ from groupwise.rows import pad_right, span_versions, trainable_mask
 from groupwise.trainer.finite import NonFiniteTrainingError, check_finite_step
 from groupwise.trainer.micro_batches import (
     micro_batches_by_rows,
+    micro_batches_by_shared_tokens,
     micro_batches_by_tokens,
     mini_batch_groups,
     padding_fraction,
@@ -237,12 +238,18 @@ class Learner:
 
     # --- the passes -------------------------------------------------------------------------------------------
     def _micro_batches(self, rows: RowBatch) -> list[MicroBatch]:
-        """``rows`` cut into micro-batches: by rows, or packed under the token budget (micro_batches module)."""
+        """``rows`` cut into micro-batches: by rows, or packed under the token budget, each prompt's rows together
+        when the scorer shares prompts (micro_batches module)."""
         optimizer = self.settings.optimizer
         if optimizer.micro_batch_tokens is None:
             plan = micro_batches_by_rows(rows.num_rows, optimizer.micro_batch_rows)
             if len(plan) == 1:
                 return [rows]
+        elif self.scorer.shares_prompts(self.model):
+            completions = [len(c) for c in rows.sequence("completion_ids")]
+            plan = micro_batches_by_shared_tokens(
+                rows.sequence("prompt_ids"), completions, optimizer.micro_batch_tokens, optimizer.micro_batch_rows
+            )
         else:
             pairs = zip(rows.sequence("prompt_ids"), rows.sequence("completion_ids"), strict=True)
             lengths = [len(p) + len(c) for p, c in pairs]

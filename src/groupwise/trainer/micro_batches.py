@@ -16,6 +16,11 @@
     whole rows whose *padded cost* — rows × the longest row — stays within ``micro_batch_tokens``, with at most
     ``micro_batch_rows`` rows. Sorting puts rows of similar length together, so little of each pass is padding;
     a row longer than the budget gets a micro-batch of its own.
+  - by tokens, when the learner scores rows of one prompt against one pass over it (``optimizer.share_prompts``):
+    the rows of each prompt kept together (prompts in descending order of their longest row, each prompt's rows
+    longest first) and packed greedily while the positions the scorer will feed stay within the budget:
+    ``min(U·Lp + R·Lc, R·max(p + c))`` for U distinct prompts (longest ``Lp``) and R rows (longest completion
+    ``Lc``), the cheaper of its two layouts. A group then fits a budget that its rows one by one would not.
 """
 
 from __future__ import annotations
@@ -88,6 +93,54 @@ def micro_batches_by_tokens(lengths: Sequence[int], max_tokens: int, max_rows: i
         else:
             batches.append([row])
     return batches
+
+
+def micro_batches_by_shared_tokens(
+    prompt_ids: Sequence[Sequence[int]], completion_lengths: Sequence[int], max_tokens: int, max_rows: int
+) -> list[list[int]]:
+    """Row indices with each prompt's rows together, packed greedily under the shared-layout cost (module
+    docstring): a row joins the open micro-batch while the cost with it stays ≤ ``max_tokens`` and the rows ≤
+    ``max_rows``; otherwise it opens the next one (so a row dearer than the budget is alone)."""
+    if max_tokens < 1 or max_rows < 1:
+        raise ValueError(f"max_tokens={max_tokens} and max_rows={max_rows} must be >= 1")
+    keys = [tuple(prompt) for prompt in prompt_ids]
+    totals = [len(p) + c for p, c in zip(prompt_ids, completion_lengths, strict=True)]
+    longest_of: dict[tuple[int, ...], int] = {}
+    for key, total in zip(keys, totals, strict=True):
+        longest_of[key] = max(longest_of.get(key, 0), total)
+    first_seen = {key: index for index, key in reversed(list(enumerate(keys)))}
+    order = sorted(range(len(keys)), key=lambda r: (-longest_of[keys[r]], first_seen[keys[r]], -totals[r]))
+    batches: list[list[int]] = []
+    packed = _SharedCost()
+    for row in order:
+        grown = packed.plus(keys[row], completion_lengths[row])
+        if batches and len(batches[-1]) < max_rows and grown.cost <= max_tokens:
+            batches[-1].append(row)
+            packed = grown
+        else:
+            batches.append([row])
+            packed = _SharedCost().plus(keys[row], completion_lengths[row])
+    return batches
+
+
+class _SharedCost:
+    """The positions a micro-batch's passes feed, kept as rows are added: ``min(U·Lp + R·Lc, R·max(p + c))``."""
+
+    def __init__(self, prompts: frozenset[tuple[int, ...]] = frozenset(), longest_prompt: int = 0,
+                 longest_completion: int = 0, widest: int = 0, rows: int = 0):  # fmt: skip
+        self.prompts, self.rows = prompts, rows
+        self.longest_prompt, self.longest_completion, self.widest = longest_prompt, longest_completion, widest
+
+    def plus(self, prompt: tuple[int, ...], completion: int) -> _SharedCost:
+        return _SharedCost(
+            self.prompts | {prompt}, max(self.longest_prompt, len(prompt)),
+            max(self.longest_completion, completion), max(self.widest, len(prompt) + completion), self.rows + 1,
+        )  # fmt: skip
+
+    @property
+    def cost(self) -> int:
+        shared = len(self.prompts) * self.longest_prompt + self.rows * self.longest_completion
+        return min(shared, self.rows * self.widest)
 
 
 def padding_fraction(padded_tokens: int, real_tokens: int) -> float:
