@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from test_learner import learner_settings, make_rows
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from groupwise.batch import RowBatch
 from groupwise.model import load_policy
 from groupwise.model.completion_scorer import CompletionScorer
 from groupwise.model.lora import apply_lora, lora_config
@@ -180,11 +181,17 @@ def test_a_group_fits_the_budget_its_rows_alone_would_not(model):
     prompts, completions = [[1] + [9] * 39] * 8, [[20 + i] * 10 for i in range(8)]
     assert len(micro_batches_by_tokens([50] * 8, 200, 64)) == 2  # 4 rows × 50 positions per pass
     assert micro_batches_by_shared_tokens(prompts, [10] * 8, 200, 64) == [list(range(8))]  # 40 + 8 × 10 = 120
+    rows = RowBatch({
+        "group_id": [0] * 8, "prompt_ids": prompts, "completion_ids": completions,
+        "generation_logprobs": [[-3.0] * 10] * 8, "version_spans": [((0, 10),)] * 8, "env_spans": [()] * 8,
+        "advantage": torch.linspace(-1.0, 1.0, 8),
+    })  # fmt: skip
     steps = {}
     for share in (False, True):
         learner = Learner(copy.deepcopy(model), learner_settings(micro_batch_tokens=200, share_prompts=share))
-        rows = make_rows(4, groups=2, size=8)
-        steps[share] = learner.train_step(rows), [p.detach().clone() for p in learner.model.parameters()]
-    assert steps[True][0]["loss/policy"] == pytest.approx(steps[False][0]["loss/policy"], abs=1e-6)
-    for shared, one in zip(steps[True][1], steps[False][1], strict=True):
+        passes = len(learner._micro_batches(rows))
+        steps[share] = passes, learner.train_step(rows), [p.detach().clone() for p in learner.model.parameters()]
+    assert (steps[False][0], steps[True][0]) == (2, 1)
+    assert steps[True][1]["loss/policy"] == pytest.approx(steps[False][1]["loss/policy"], abs=1e-6)
+    for shared, one in zip(steps[True][2], steps[False][2], strict=True):
         torch.testing.assert_close(shared, one, rtol=0, atol=1e-5)
