@@ -13,7 +13,9 @@ Invariants pinned:
   (the cheaper layout's) within the budget and the row cap, every row exactly once (hypothesis); a group whose
   rows one by one would need several micro-batches fits one, and the learner step equals the one-pass step;
 - refused, with the reason in the scorer's description, for gradient checkpointing and for models with
-  sliding-window or non-attention layers; ``share_prompts: false`` turns it off.
+  sliding-window or non-attention layers; ``share_prompts: false`` turns it off; and when the two layouts
+  disagree at first use (a cache gather that hands rows the wrong prompt), the probe refuses and the scores are
+  the one-pass scores.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from test_learner import learner_settings, make_rows
+from transformers import Cache
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from groupwise.batch import RowBatch
@@ -195,3 +198,18 @@ def test_a_group_fits_the_budget_its_rows_alone_would_not(model):
     assert steps[True][1]["loss/policy"] == pytest.approx(steps[False][1]["loss/policy"], abs=1e-6)
     for shared, one in zip(steps[True][2], steps[False][2], strict=True):
         torch.testing.assert_close(shared, one, rtol=0, atol=1e-5)
+
+
+def test_the_probe_refuses_a_cache_that_gives_rows_the_wrong_prompt(model, monkeypatch):
+    original = Cache.reorder_cache
+
+    def reversed_rows(self, owner):
+        original(self, owner.flip(0))
+
+    monkeypatch.setattr(Cache, "reorder_cache", reversed_rows)
+    probed = copy.deepcopy(model)
+    scorer = CompletionScorer(1.0, 4)
+    assert "differ from one pass's" in scorer.describe(probed)
+    one = CompletionScorer(1.0, 4, share_prompts=False).score(probed, PROMPTS, COMPLETIONS)
+    got = scorer.score(probed, PROMPTS, COMPLETIONS)
+    assert torch.equal(got.logprobs, one.logprobs) and got.padded_tokens == one.padded_tokens
