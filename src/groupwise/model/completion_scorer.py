@@ -33,7 +33,7 @@ from groupwise.model.chunked_logprobs import head_logprobs
 from groupwise.model.loading import pretrained
 from groupwise.model.logprobs import completion_logprobs, logprob_temperature, position_ids_from_mask
 from groupwise.model.lora import is_adapted
-from groupwise.model.shared_prompts import PromptSharing, SharedHidden, shared_prompt_hidden, sharing_refusal
+from groupwise.model.shared_prompts import HeadInputs, PromptSharing, shared_prompt_hidden, sharing_refusal
 
 # Max |chunked − forward| logit difference on the probe, relative to the logits' scale.
 _PROBE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
@@ -276,7 +276,7 @@ def right_padded_rows(
 def one_pass_hidden(
     decoder: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
     device: torch.device,
-) -> SharedHidden:  # fmt: skip
+) -> HeadInputs:  # fmt: skip
     """One decoder pass over right-padded ``prompt ++ completion`` rows: the hidden states at the positions that
     predict a completion token (position t predicts token t + 1), in the completion mask's order."""
     input_ids, attention_mask, scored, mask = right_padded_rows(prompt_ids, completion_ids, device)
@@ -285,4 +285,4 @@ def one_pass_hidden(
         use_cache=False,
     ).last_hidden_state  # fmt: skip
     targets = input_ids[:, 1:][scored[:, :-1]]
-    return SharedHidden(hidden[scored], targets, mask, input_ids.numel(), int(attention_mask.sum()))
+    return HeadInputs(hidden[scored], targets, mask, input_ids.numel(), int(attention_mask.sum()))

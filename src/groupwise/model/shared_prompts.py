@@ -73,8 +73,8 @@ class PromptSharing:
 
 
 @dataclass
-class SharedHidden:
-    """What the two passes give the LM head: ``hidden`` ``[N, H]`` at the positions that predict the ``N``
+class HeadInputs:
+    """What a layout's decoder passes give the LM head (this module's two passes, or the scorer's one pass): ``hidden`` ``[N, H]`` at the positions that predict the ``N``
     completion tokens (row-major, as ``mask`` lists them), ``targets`` ``[N]``, the completion ``mask``
     ``[R, Lc]``, and the positions fed (``padded``) of which real tokens (``real``: each shared prompt once)."""
 
@@ -130,7 +130,7 @@ def shared_prompt_hidden(
     sharing: PromptSharing,
     completion_ids: Sequence[Sequence[int]],
     device: torch.device,
-) -> SharedHidden:
+) -> HeadInputs:
     """Run each distinct prompt once and every completion against its prompt's cache (module docstring)."""
     for index, prompt in enumerate(sharing.prompts):
         if len(prompt) == 0:
@@ -150,7 +150,7 @@ def shared_prompt_hidden(
     padded = prompt_ids.numel()
     if completion_width == 0:
         empty = last[:0]
-        return SharedHidden(empty, completions[mask], mask, padded, real)
+        return HeadInputs(empty, completions[mask], mask, padded, real)
     cache = _cache_of(prompt_pass)
     # Every layer's keys and values gathered to the rows, [R, heads, Lp, d] (``owner`` is a long tensor; the
     # annotation asks for the legacy LongTensor type).
@@ -165,4 +165,4 @@ def shared_prompt_hidden(
         use_cache=True,
     )
     predicting = torch.cat([last[owner][:, None], completion_pass.last_hidden_state[:, :-1]], dim=1)
-    return SharedHidden(predicting[mask], completions[mask], mask, padded + completions.numel(), real)
+    return HeadInputs(predicting[mask], completions[mask], mask, padded + completions.numel(), real)
