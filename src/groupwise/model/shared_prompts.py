@@ -74,9 +74,10 @@ class PromptSharing:
 
 @dataclass
 class HeadInputs:
-    """What a layout's decoder passes give the LM head (this module's two passes, or the scorer's one pass): ``hidden`` ``[N, H]`` at the positions that predict the ``N``
-    completion tokens (row-major, as ``mask`` lists them), ``targets`` ``[N]``, the completion ``mask``
-    ``[R, Lc]``, and the positions fed (``padded``) of which real tokens (``real``: each shared prompt once)."""
+    """What a layout's decoder passes give the LM head (this module's two passes, or the scorer's one pass):
+    ``hidden`` ``[N, H]`` at the positions that predict the ``N`` completion tokens (row-major, as ``mask`` lists
+    them), ``targets`` ``[N]``, the completion ``mask`` ``[R, Lc]``, and the positions fed (``padded``) of which
+    real tokens (``real``: each shared prompt once)."""
 
     hidden: Tensor
     targets: Tensor
@@ -155,8 +156,9 @@ def shared_prompt_hidden(
     # Every layer's keys and values gathered to the rows, [R, heads, Lp, d] (``owner`` is a long tensor; the
     # annotation asks for the legacy LongTensor type).
     cache.reorder_cache(owner)  # type: ignore[arg-type]
-    # The cache is the decoder's fourth positional parameter in every transformers 5 release (its keyword was
-    # renamed from past_key_values to cache within 5.x).
+    # The cache goes in as the decoder's fourth positional parameter: its keyword was renamed within
+    # transformers 5 (past_key_values, then cache), its place was not. A model whose decoder differs is refused
+    # by the scorer's probe, which runs this function before first use.
     completion_pass = decoder(
         completions,
         torch.cat([prompt_mask[owner], completion_mask], dim=1),
