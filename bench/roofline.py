@@ -170,8 +170,8 @@ def main() -> None:
         "--share",
         nargs="+",
         choices=["on", "off"],
-        default=["on", "off"],
-        help="prompt layout per learner row: on (one pass per distinct prompt, the default) and/or off (per row)",
+        default=["on"],
+        help="prompt layout per learner row: on (one pass per distinct prompt, what a run uses) and/or off (per row)",
     )
     parser.add_argument("--no-learner", action="store_true", help="decode rows only")
     parser.add_argument("--profile", action="store_true", help="a torch profiler table for each row")
