@@ -214,7 +214,7 @@ class CompletionScorer:
             with torch.no_grad():
                 shared = shared_prompt_hidden(decoder, PromptSharing.of(prompts), completions, head.weight.device)
                 plain = one_pass_hidden(decoder, prompts, completions, head.weight.device)
-        except (TypeError, ValueError, RuntimeError) as exc:
+        except (AttributeError, TypeError, ValueError, RuntimeError) as exc:  # a cache or decoder of another shape
             return f"the prompt pass's cache could not be reused ({type(exc).__name__}: {exc})"
         finally:
             model.train(was_training)
