@@ -35,6 +35,16 @@ from transformers.utils import ModelOutput
 from groupwise.model.logprobs import position_ids_from_mask
 
 
+def shared_positions(prompts: int, longest_prompt: int, rows: int, longest_completion: int) -> int:
+    """Positions the two passes feed: ``U·Lp + R·Lc`` (U distinct prompts, R rows)."""
+    return prompts * longest_prompt + rows * longest_completion
+
+
+def one_pass_positions(rows: int, widest: int) -> int:
+    """Positions one pass over right-padded ``prompt ++ completion`` rows feeds: ``R·max(len p + len c)``."""
+    return rows * widest
+
+
 @dataclass(frozen=True)
 class PromptSharing:
     """Which distinct prompt each row reads: ``prompts[owner[r]]`` is row r's prompt."""
@@ -57,14 +67,15 @@ class PromptSharing:
         return cls(prompts, owner)
 
     def shared_positions(self, completion_ids: Sequence[Sequence[int]]) -> int:
-        """Positions the two passes feed: ``U·Lp + R·Lc``."""
+        """:func:`shared_positions` of these rows."""
         longest_completion = max((len(c) for c in completion_ids), default=0)
-        return len(self.prompts) * max(len(p) for p in self.prompts) + len(self.owner) * longest_completion
+        longest_prompt = max(len(p) for p in self.prompts)
+        return shared_positions(len(self.prompts), longest_prompt, len(self.owner), longest_completion)
 
     def plain_positions(self, completion_ids: Sequence[Sequence[int]]) -> int:
-        """Positions one pass over right-padded ``prompt ++ completion`` rows feeds: ``R·max(len p + len c)``."""
+        """:func:`one_pass_positions` of these rows."""
         widths = [len(self.prompts[u]) + len(c) for u, c in zip(self.owner, completion_ids, strict=True)]
-        return len(widths) * max(widths)
+        return one_pass_positions(len(widths), max(widths))
 
     def pays(self, completion_ids: Sequence[Sequence[int]]) -> bool:
         """Share when the two passes feed fewer positions than one plain pass (some prompt is read twice or

@@ -26,6 +26,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+from groupwise.model.shared_prompts import one_pass_positions, shared_positions
 
 
 def mini_batch_groups(group_ids: Sequence[int], parts: int) -> list[list[int]]:
@@ -123,13 +126,16 @@ def micro_batches_by_shared_tokens(
     return batches
 
 
+@dataclass(frozen=True)
 class _SharedCost:
-    """The positions a micro-batch's passes feed, kept as rows are added: ``min(U·Lp + R·Lc, R·max(p + c))``."""
+    """What a micro-batch's cost is made of, kept as rows are added; :attr:`cost` is the cheaper layout's
+    positions (``shared_positions`` or ``one_pass_positions`` of :mod:`groupwise.model.shared_prompts`)."""
 
-    def __init__(self, prompts: frozenset[tuple[int, ...]] = frozenset(), longest_prompt: int = 0,
-                 longest_completion: int = 0, widest: int = 0, rows: int = 0):  # fmt: skip
-        self.prompts, self.rows = prompts, rows
-        self.longest_prompt, self.longest_completion, self.widest = longest_prompt, longest_completion, widest
+    prompts: frozenset[tuple[int, ...]] = frozenset()
+    longest_prompt: int = 0
+    longest_completion: int = 0
+    widest: int = 0
+    rows: int = 0
 
     def plus(self, prompt: tuple[int, ...], completion: int) -> _SharedCost:
         return _SharedCost(
@@ -139,8 +145,8 @@ class _SharedCost:
 
     @property
     def cost(self) -> int:
-        shared = len(self.prompts) * self.longest_prompt + self.rows * self.longest_completion
-        return min(shared, self.rows * self.widest)
+        shared = shared_positions(len(self.prompts), self.longest_prompt, self.rows, self.longest_completion)
+        return min(shared, one_pass_positions(self.rows, self.widest))
 
 
 def padding_fraction(padded_tokens: int, real_tokens: int) -> float:
