@@ -31,7 +31,12 @@ from transformers import PreTrainedModel
 
 from groupwise.model.chunked_logprobs import head_logprobs
 from groupwise.model.loading import pretrained
-from groupwise.model.logprobs import completion_logprobs, logprob_temperature, position_ids_from_mask
+from groupwise.model.logprobs import (
+    completion_logprobs,
+    logprob_temperature,
+    position_ids_from_mask,
+    right_padded_ids,
+)
 from groupwise.model.lora import is_adapted
 from groupwise.model.shared_prompts import HeadInputs, PromptSharing, shared_prompt_hidden, sharing_refusal
 
@@ -162,7 +167,7 @@ class CompletionScorer:
     ) -> ScoredRows:
         decoder, head = decoder_and_head(model)
         sharing = PromptSharing.of(prompt_ids)
-        share = self.share_prompts and sharing.pays(completion_ids) and self._sharing_refusal(model) is None
+        share = sharing.pays(completion_ids) and self.shares_prompts(model)
         with self._autocast(model):
             if share:
                 rows = shared_prompt_hidden(decoder, sharing, completion_ids, head.weight.device)
@@ -261,16 +266,14 @@ def right_padded_rows(
     lengths = [(len(p), len(c)) for p, c in zip(prompt_ids, completion_ids, strict=True)]
     width = max(p + c for p, c in lengths)
     completion_width = max(c for _, c in lengths)
-    input_ids = torch.zeros((len(lengths), width), dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
+    rows = [[*prompt, *completion] for prompt, completion in zip(prompt_ids, completion_ids, strict=True)]
+    input_ids, attention_mask = right_padded_ids(rows, width, device)
     scored = torch.zeros((len(lengths), width), dtype=torch.bool)
     mask = torch.zeros((len(lengths), completion_width), dtype=torch.bool)
-    for row, ((p, c), prompt, completion) in enumerate(zip(lengths, prompt_ids, completion_ids, strict=True)):
-        input_ids[row, : p + c] = torch.as_tensor([*prompt, *completion], dtype=torch.long)
-        attention_mask[row, : p + c] = 1
+    for row, (p, c) in enumerate(lengths):
         scored[row, p - 1 : p + c - 1] = True
         mask[row, :c] = True
-    return input_ids.to(device), attention_mask.to(device), scored.to(device), mask.to(device)
+    return input_ids, attention_mask, scored.to(device), mask.to(device)
 
 
 def one_pass_hidden(

@@ -25,6 +25,16 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(dim=-1) - 1).clamp_(min=0)
 
 
+def right_padded_ids(rows: Sequence[Sequence[int]], width: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Token-id ``rows`` as ``[R, width]`` ids, right-padded with 0, and their attention mask (1 on real tokens)."""
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, tokens in enumerate(rows):
+        ids[row, : len(tokens)] = torch.as_tensor(list(tokens), dtype=torch.long)
+        mask[row, : len(tokens)] = 1
+    return ids.to(device), mask.to(device)
+
+
 def token_logprobs(
     model: torch.nn.Module,
     input_ids: Tensor,

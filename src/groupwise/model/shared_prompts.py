@@ -32,7 +32,7 @@ from torch import Tensor
 from transformers import Cache, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from groupwise.model.logprobs import position_ids_from_mask
+from groupwise.model.logprobs import position_ids_from_mask, right_padded_ids
 
 
 def shared_positions(prompts: int, longest_prompt: int, rows: int, longest_completion: int) -> int:
@@ -101,6 +101,8 @@ def sharing_refusal(model: PreTrainedModel) -> str | None:
     """Why the prompt's cache cannot be reused exactly for ``model`` (a known departure), or None."""
     if _activation_checkpointing(model):
         return "gradient checkpointing is on (the model keeps no cache under it)"
+    # Fields only some families' configs have (Qwen2, Mistral, Gemma): read as data, absent means "not used",
+    # as the chunked path reads the logit-transform fields.
     config = model.config
     layer_types = getattr(config, "layer_types", None) or ()
     others = sorted({kind for kind in layer_types if kind != "full_attention"})
@@ -117,15 +119,6 @@ def _activation_checkpointing(model: PreTrainedModel) -> bool:
     if hasattr(type(model), "is_activation_checkpointing"):
         return bool(model.is_activation_checkpointing)
     return bool(model.is_gradient_checkpointing)
-
-
-def _right_padded(rows: Sequence[Sequence[int]], width: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, tokens in enumerate(rows):
-        ids[row, : len(tokens)] = torch.as_tensor(list(tokens), dtype=torch.long)
-        mask[row, : len(tokens)] = 1
-    return ids.to(device), mask.to(device)
 
 
 def _cache_of(output: object) -> Cache:
@@ -148,9 +141,9 @@ def shared_prompt_hidden(
         if len(prompt) == 0:
             raise ValueError(f"distinct prompt {index} is empty; the first completion token needs a prompt token")
     prompt_lengths = torch.tensor([len(p) for p in sharing.prompts], device=device)
-    prompt_ids, prompt_mask = _right_padded(sharing.prompts, int(prompt_lengths.max()), device)
+    prompt_ids, prompt_mask = right_padded_ids(sharing.prompts, int(prompt_lengths.max()), device)
     completion_width = max((len(c) for c in completion_ids), default=0)
-    completions, completion_mask = _right_padded(completion_ids, completion_width, device)
+    completions, completion_mask = right_padded_ids(completion_ids, completion_width, device)
     mask = completion_mask.bool()
     real = int(prompt_mask.sum()) + int(completion_mask.sum())
     prompt_pass = decoder(
