@@ -33,8 +33,8 @@ test: $(STAMP)
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest tests/backend_vllm -m vllm
 
-# groupwise against TRL's GRPOTrainer on the same SmolLM2 countdown job, pinned to one core (bench/trl_matched.py);
-# flags through TRL_BENCH_ARGS, e.g. make bench-trl TRL_BENCH_ARGS="--warmup 1 --steps 2".
+# groupwise against TRL's GRPOTrainer on the same job (SmolLM2 countdown; --job tiny: the default addition job),
+# pinned to one core (bench/trl_matched.py); flags through TRL_BENCH_ARGS, e.g. TRL_BENCH_ARGS="--warmup 1 --steps 2".
 bench-trl: $(STAMP) $(TRL_STAMP)
 	$(PY) bench/trl_matched.py --trl-venv $(TRL_VENV) $(TRL_BENCH_ARGS)
 

@@ -1,7 +1,8 @@
-"""groupwise against TRL's GRPOTrainer on the same SmolLM2-135M countdown job, alternating runs, one table.
+"""groupwise against TRL's GRPOTrainer on the same job, alternating runs, one table.
 
     make bench-trl                                            # builds .venv-trl once, then runs this
-    .venv/bin/python bench/trl_matched.py [--rounds 2] [--warmup 1] [--steps 3] [--core 1] [--json] [KEY=VALUE ...]
+    .venv/bin/python bench/trl_matched.py [--job smollm2|tiny] [--rounds 2] [--warmup 1] [--steps 3] [--core 1]
+                                          [--json] [KEY=VALUE ...]
 
 TRL lives in its own environment (``scripts/install_trl.sh``, default ``.venv-trl``); it is not a groupwise
 dependency. Each round runs TRL (``bench/trl_runner.py`` in ``.venv-trl``), then ``groupwise train``, each in a fresh
@@ -11,18 +12,26 @@ seconds per step, generation seconds, learner seconds, completion tokens per ste
 table gives each round's median step seconds and the load average when each run started: on a shared machine a
 change of load during the benchmark shows there, and pooled medians that straddle it mean little.
 
-The job is ``examples/smollm2_countdown.yaml`` with P = ``--prompts`` (2), G = ``--generations`` (8), 48 new
-tokens at temperature 1.0, no dynamic sampling (TRL's GRPOTrainer has none), one optimizer step per batch, fp32 on
-the CPU, no LR warm-up, no KL term. KEY=VALUE overrides change the groupwise config, and everything TRL is given is
-read from that config: the same learning rate, AdamW settings, gradient clipping, clip ε (low/high), sampling
-settings, seed and reward kwargs. What guarantees the rest is the same:
+Two jobs (``--job``), each a shipped example made matchable: temperature 1.0, no dynamic sampling (TRL's
+GRPOTrainer has none), one optimizer step per batch, fp32 on the CPU, no LR warm-up, no KL or entropy term.
 
-- **weights**: TRL loads groupwise's dequantised float copy of the GGUF file (its cache entry, ``model.gguf_cache``;
-  made here first when missing), the directory groupwise itself loads;
+- ``smollm2`` (default): ``examples/smollm2_countdown.yaml``, SmolLM2-135M-Instruct, P = 2, G = 8, 48 new tokens;
+- ``tiny``: the default job ``examples/addition.yaml``, the shipped 2-layer ``models/addition-tiny``, P = 16,
+  G = 8, 6 new tokens, its entropy bonus (0.01) off.
+
+``--config``, ``--prompts`` and ``--generations`` change a job's example, P and G. KEY=VALUE overrides change the
+groupwise config, and everything TRL is given is read from that config: the same learning rate, AdamW settings,
+gradient clipping, clip ε (low/high), sampling settings, seed, reward function and its kwargs. What guarantees the
+rest is the same:
+
+- **weights**: TRL loads the directory groupwise loads: the model directory of a Hugging Face config, or
+  groupwise's dequantised float copy of a GGUF file (its cache entry, ``model.gguf_cache``; made here first when
+  missing);
 - **prompts**: the driver draws every step's prompts with groupwise's own task and loader for the config, and TRL
   reads them in that order; after each run the driver checks TRL's prompt token ids against groupwise's encoding
   of them, and groupwise's trained prompt uids (``fates.jsonl``) against the same list;
-- **reward**: TRL calls groupwise's ``countdown`` function, imported from the source tree this driver imports.
+- **reward**: TRL calls the config's groupwise reward function (``reward.function``, resolved by groupwise's own
+  ``load_reward_fn``), imported from the source tree this driver imports.
 
 Sampling draws differ between the two (two RNGs), so completion lengths, and with them the time, differ a little
 from step to step: compare the completion-token column before reading a time ratio. Definitions: groupwise's
@@ -40,12 +49,31 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "bench" / "trl_runner.py"
-DEFAULT_CONFIG = "examples/smollm2_countdown.yaml"
+
+
+@dataclass(frozen=True)
+class Job:
+    """A shipped example and what makes it the matched job: P, G, the new-token limit, and overrides."""
+
+    title: str
+    config: str
+    prompts: int
+    generations: int
+    max_new_tokens: int
+    overrides: tuple[str, ...] = ()
+
+
+JOBS = {
+    "smollm2": Job("SmolLM2-135M countdown", "examples/smollm2_countdown.yaml", 2, 8, 48),
+    "tiny": Job("tiny default job (addition)", "examples/addition.yaml", 16, 8, 6, ("loss.entropy_coef=0.0",)),
+}
+DEFAULT_CONFIG = JOBS["smollm2"].config
 SIDES = ("TRL", "groupwise")
 KEYS = ("step_s", "gen_s", "learner_s", "completion_tokens")
 HEADERS = ("step s", "gen s", "learner s", "completion tokens")
@@ -67,12 +95,15 @@ def trl_python(venv: Path) -> Path:
     return python
 
 
-def groupwise_overrides(prompts: int, generations: int, total_steps: int, extra: list[str]) -> list[str]:
+def groupwise_overrides(
+    prompts: int, generations: int, total_steps: int, extra: list[str], max_new_tokens: int = 48
+) -> list[str]:
     """The config overrides that turn the example into the matched job (``extra`` last, so it wins); no
     evaluation, checkpoint or tracker, so a run is only its training steps."""
     matched = [
         f"grpo.num_prompts_per_step={prompts}", f"grpo.num_generations_per_prompt={generations}",
-        "generation.max_new_tokens=48", "generation.temperature=1.0", "grpo.dynamic_sampling.enabled=false",
+        f"generation.max_new_tokens={max_new_tokens}", "generation.temperature=1.0",
+        "grpo.dynamic_sampling.enabled=false",
         f"optimizer.micro_batch_rows={prompts * generations}", "optimizer.warmup_steps=0", "model.device=cpu",
         "model.dtype=float32", f"run.max_steps={total_steps}", "eval.at_start=false", "eval.every=0",
         "eval.at_end=false", "checkpoint.every=0", "checkpoint.save_final=false", "logging.progress=false",
@@ -86,9 +117,7 @@ def unmatched(cfg: Any) -> list[str]:
     """What in the groupwise config TRL's side cannot reproduce (empty when the job is matched)."""
     wanted: list[tuple[str, object, object]] = [
         ("mode", cfg.mode, "sync"),
-        ("data.task", cfg.data.task, "countdown"),
         ("data.system_prompt", cfg.data.system_prompt, None),
-        ("reward.function", cfg.reward.function, "countdown"),
         ("model.device", cfg.model.device, "cpu"),
         ("model.dtype", cfg.model.dtype, "float32"),
         ("model.lora.enabled", cfg.model.lora.enabled, False),
@@ -104,7 +133,13 @@ def unmatched(cfg: Any) -> list[str]:
         ("optimizer.epochs_per_step", cfg.optimizer.epochs_per_step, 1),
         ("optimizer.mini_batches_per_step", cfg.optimizer.mini_batches_per_step, 1),
     ]
-    return [f"{key}={got!r} (TRL's side runs {want!r})" for key, got, want in wanted if got != want]
+    problems = [f"{key}={got!r} (TRL's side runs {want!r})" for key, got, want in wanted if got != want]
+    if cfg.data.task not in MATCHED_TASKS:
+        problems.append(f"data.task={cfg.data.task!r} (TRL's side runs the tasks {', '.join(MATCHED_TASKS)})")
+    return problems
+
+
+MATCHED_TASKS = ("addition", "countdown")  # text or chat prompts whose metadata is JSON: what the runner rebuilds
 
 
 def plan_prompts(cfg: Any, total_steps: int) -> list[list[Any]]:
@@ -127,21 +162,32 @@ def trl_job(cfg: Any, plan: list[list[Any]], warmup: int, steps: int, model_dir:
         "lr": cfg.optimizer.lr, "betas": list(cfg.optimizer.betas), "adam_eps": cfg.optimizer.eps,
         "weight_decay": cfg.optimizer.weight_decay, "max_grad_norm": cfg.optimizer.max_grad_norm,
         "epsilon_low": cfg.loss.epsilon_low, "epsilon_high": cfg.loss.epsilon_high,
-        "reward_kwargs": dict(cfg.reward.kwargs),
+        "reward": cfg.reward.function, "task_reward": task_reward(cfg), "reward_kwargs": dict(cfg.reward.kwargs),
         "prompts": [
-            [{"uid": p.uid, "answer": p.answer, "messages": [dict(m) for m in p.messages or ()],
-              "numbers": list(p.metadata["numbers"])} for p in step]
+            [{"uid": p.uid, "answer": p.answer, "text": p.text,
+              "messages": None if p.messages is None else [dict(m) for m in p.messages],
+              "metadata": dict(p.metadata)} for p in step]
             for step in plan
         ],
     }  # fmt: skip
 
 
+def task_reward(cfg: Any) -> str:
+    """The reward ``reward.function: auto`` stands for with the config's task."""
+    from groupwise.data.registry import build_task
+
+    return str(build_task(cfg.data.task, cfg.data, cfg.run.seed).default_reward)
+
+
 def model_directory(cfg: Any) -> Path:
-    """groupwise's float copy of the config's GGUF model (dequantised and cached here when missing)."""
+    """The model directory groupwise loads: a Hugging Face config's ``model.path``, or groupwise's float copy of
+    the config's GGUF model (dequantised and cached here when missing)."""
     from groupwise.model.gguf_files import cache_entry, cache_root, resolve_gguf
 
+    if cfg.model.source == "hf":
+        return Path(cfg.model.path).resolve()
     if cfg.model.source != "gguf":
-        raise BenchError(f"model.source={cfg.model.source!r}: this benchmark runs the GGUF SmolLM2 job")
+        raise BenchError(f"model.source={cfg.model.source!r}: TRL loads a Hugging Face directory or a GGUF file")
     root = cache_root(cfg.model.gguf_cache)
     if root is None:
         raise BenchError("model.gguf_cache=off: TRL loads groupwise's cached float copy; leave the cache on")
@@ -260,19 +306,26 @@ def format_rounds(records: dict[str, list[dict[str, Any]]], warmup: int) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="the groupwise job (the SmolLM2 countdown example)")
+    parser.add_argument("--job", choices=sorted(JOBS), default="smollm2", help="the matched job (see above)")
+    parser.add_argument("--config", help="the groupwise example the job starts from (default: the job's)")
     parser.add_argument("--trl-venv", type=Path, default=ROOT / ".venv-trl", help="TRL's environment")
     parser.add_argument("--rounds", type=int, default=2, help="TRL run then groupwise run, this many times")
     parser.add_argument("--warmup", type=int, default=1, help="first steps of each run left out of the medians")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per run")
     parser.add_argument("--core", type=int, default=1, help="the CPU core both sides are pinned to (taskset -c)")
-    parser.add_argument("--prompts", type=int, default=2, help="P: prompts per step")
-    parser.add_argument("--generations", type=int, default=8, help="G: completions per prompt")
+    parser.add_argument("--prompts", type=int, help="P: prompts per step (default: the job's)")
+    parser.add_argument("--generations", type=int, help="G: completions per prompt (default: the job's)")
     parser.add_argument("--json", action="store_true", help="print the summary and every record as JSON")
     parser.add_argument("overrides", nargs="*", help="groupwise config overrides (TRL follows them or it refuses)")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
         parser.error("--rounds and --steps must be >= 1, --warmup >= 0")
+    job = JOBS[args.job]
+    args.config = args.config or job.config
+    args.prompts = args.prompts or job.prompts
+    args.generations = args.generations or job.generations
+    args.overrides = [*job.overrides, *args.overrides]
+    args.title, args.max_new_tokens = job.title, job.max_new_tokens
     return args
 
 
@@ -305,7 +358,7 @@ def bench(args: argparse.Namespace, python: Path) -> dict[str, Any]:
     from groupwise.model.encode import encode_prompt
 
     total = args.warmup + args.steps
-    overrides = groupwise_overrides(args.prompts, args.generations, total, args.overrides)
+    overrides = groupwise_overrides(args.prompts, args.generations, total, args.overrides, args.max_new_tokens)
     cfg = load_config(ROOT / args.config, overrides)
     problems = unmatched(cfg)
     if problems:
@@ -336,7 +389,7 @@ def bench(args: argparse.Namespace, python: Path) -> dict[str, Any]:
         records["TRL"] += [{k: r[k] for k in ("step", *KEYS)} | tags | {"load": trl_load} for r in trl["records"]]
         records["groupwise"] += [r | tags | {"load": our_load} for r in ours]
     header = (
-        f"SmolLM2-135M countdown, P={cfg.grpo.num_prompts_per_step} G={cfg.grpo.num_generations_per_prompt} "
+        f"{args.title}, P={cfg.grpo.num_prompts_per_step} G={cfg.grpo.num_generations_per_prompt} "
         f"{cfg.generation.max_new_tokens} new tokens, lr {cfg.optimizer.lr:g}, clip {cfg.loss.epsilon_low}/"
         f"{cfg.loss.epsilon_high}, seed {cfg.run.seed}; core {args.core}, {THREADS} thread; {args.rounds} rounds × "
         f"({args.warmup} warm-up + {args.steps} timed steps), medians; TRL {versions['trl']}, transformers "

@@ -5,10 +5,11 @@
 Runs in TRL's own environment (``scripts/install_trl.sh``), never in groupwise's. The job file, written by the
 driver, holds everything that defines the job: the float model directory (groupwise's dequantised SmolLM2 cache
 entry), the prompts of every step in the order groupwise's loader draws them, the sampling and optimizer settings,
-and the directory of the groupwise source tree the driver runs. The reward is groupwise's own ``countdown``
-function imported from that tree, called on a ``Prompt`` and ``Completion`` built the way groupwise's engine builds
-them (text decoded with special tokens kept and a final EOS dropped; ``finish_reason`` "stop" when it ended on EOS),
-so both sides score completions with the same code.
+and the directory of the groupwise source tree the driver runs. The reward is the config's groupwise reward
+function (``countdown``, ``exact_numeric``, ...) resolved by groupwise's ``load_reward_fn`` from that tree, called
+on a ``Prompt`` and ``Completion`` built the way groupwise's engine builds them (text decoded with special tokens
+kept and a final EOS dropped; ``finish_reason`` "stop" when it ended on EOS), so both sides score completions with
+the same code.
 
 The result file holds one record per optimizer step: ``step_s`` (``on_step_begin`` to ``on_step_end`` of the
 Trainer loop: the whole step), ``gen_s`` (TRL's ``_generate_and_score_completions``: prompt rendering, sampling,
@@ -78,34 +79,39 @@ def grpo_config_kwargs(job: dict[str, Any], output_dir: str) -> dict[str, Any]:
 
 
 def dataset_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per prompt, every step's prompts in order: TRL's ``prompt`` (chat messages) plus the columns the
-    reward needs (TRL passes extra columns to reward functions by name)."""
+    """One row per prompt, every step's prompts in order: TRL's ``prompt`` (the text, or the chat messages) plus
+    the columns the reward needs (TRL passes extra columns to reward functions by name); the metadata as JSON, so
+    one column type holds any task's."""
     return [
-        {"prompt": p["messages"], "uid": p["uid"], "answer": p["answer"], "numbers": p["numbers"]}
+        {"prompt": p["text"] if p["messages"] is None else p["messages"], "uid": p["uid"], "answer": p["answer"],
+         "metadata": json.dumps(p["metadata"])}
         for step in job["prompts"]
         for p in step
-    ]
+    ]  # fmt: skip
 
 
-def countdown_reward(job: dict[str, Any], tokenizer: Any, eos_ids: set[int]) -> Any:
-    """A TRL reward function that scores with groupwise's ``countdown`` (imported from ``job["src"]``)."""
+def groupwise_reward(job: dict[str, Any], tokenizer: Any, eos_ids: set[int]) -> Any:
+    """A TRL reward function that scores with the job's groupwise reward function (imported from ``job["src"]``)."""
     sys.path.insert(0, job["src"])
-    from groupwise.data.rewards import countdown
+    from groupwise.data.rewards import load_reward_fn
     from groupwise.types import Completion, Prompt
 
+    reward_fn = load_reward_fn(job["reward"], job["task_reward"])
     kwargs = job["reward_kwargs"]
 
-    def reward(prompts: list, completion_ids: list, uid: list, answer: list, numbers: list, **_: Any) -> list[float]:
+    def reward(prompts: list, completion_ids: list, uid: list, answer: list, metadata: list, **_: Any) -> list[float]:
         scores = []
-        for messages, ids, prompt_uid, target, given in zip(prompts, completion_ids, uid, answer, numbers, strict=True):
+        for shown, ids, prompt_uid, target, meta in zip(prompts, completion_ids, uid, answer, metadata, strict=True):
             stopped = bool(ids) and ids[-1] in eos_ids
             text = tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=False)
-            prompt = Prompt(uid=prompt_uid, answer=target, messages=tuple(messages), metadata={"numbers": list(given)})
+            chat = not isinstance(shown, str)
+            prompt = Prompt(uid=prompt_uid, answer=target, text=None if chat else shown,
+                            messages=tuple(shown) if chat else None, metadata=json.loads(meta))  # fmt: skip
             completion = Completion(tuple(ids), (0.0,) * len(ids), text, "stop" if stopped else "length", 0)
-            scores.append(countdown(prompt, completion, **kwargs))
+            scores.append(reward_fn(prompt, completion, **kwargs))
         return scores
 
-    reward.__name__ = "countdown"
+    reward.__name__ = job["reward"]
     return reward
 
 
@@ -175,7 +181,7 @@ def timed_trainer(job: dict[str, Any], output_dir: str) -> tuple[Any, list[dict[
         config_kwargs["activation_checkpointing"] = False  # newer transformers' name; the old one only warns
     trainer = trainer_class(
         model=model,
-        reward_funcs=[countdown_reward(job, tokenizer, eos_ids)],
+        reward_funcs=[groupwise_reward(job, tokenizer, eos_ids)],
         args=GRPOConfig(**config_kwargs),
         train_dataset=Dataset.from_list(dataset_rows(job)),
         processing_class=tokenizer,

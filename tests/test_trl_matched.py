@@ -7,8 +7,11 @@ Invariants pinned:
   groupwise config the groupwise run trains with, and follows that config when it changes;
 - a groupwise setting TRL's side cannot reproduce (another loss, a KL term, dynamic sampling, LR warm-up) is refused
   by name rather than benchmarked as if matched;
-- TRL's reward is groupwise's ``countdown`` on the completion groupwise's engine would hand it (a final EOS ends it
-  and is not in the text; no EOS means cut at the limit, which scores 0);
+- TRL's reward is the config's groupwise reward (``countdown``, or the task's default ``exact_numeric`` for the tiny
+  job's text prompts) on the completion groupwise's engine would hand it (a final EOS ends it and is not in the
+  text; no EOS means cut at the limit, which scores 0);
+- the tiny job is the default example made matchable: P = 16, G = 8, 6 new tokens, the shipped model directory
+  loaded by both sides, its entropy bonus off (TRL has none), nothing else refused;
 - the runs are checked for sameness: TRL's prompt token ids must equal groupwise's encoding of the planned prompts,
   and groupwise's trained uids the planned ones, step by step;
 - the table's numbers: per side the median over the steps after the warm-up, of every round; the ratio is
@@ -18,6 +21,7 @@ Invariants pinned:
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +30,7 @@ import pytest
 from bench_modules import REPO, load_bench_module
 
 from groupwise.config import load_config
-from groupwise.data.rewards import countdown
+from groupwise.data.rewards import countdown, exact_numeric
 from groupwise.types import Completion, Prompt
 
 matched = load_bench_module("trl_matched.py")
@@ -86,7 +90,8 @@ def test_trl_reads_every_steps_prompts_in_groupwise_order():
     job = matched.trl_job(cfg, plan, 1, 2, Path("/model"), REPO / "src")
     rows = runner.dataset_rows(job)
     assert [row["uid"] for row in rows] == [p.uid for step in plan for p in step]
-    assert rows[3]["numbers"] == plan[1][1].metadata["numbers"] and rows[3]["answer"] == plan[1][1].answer
+    assert json.loads(rows[3]["metadata"]) == plan[1][1].metadata and rows[3]["answer"] == plan[1][1].answer
+    assert rows[3]["prompt"] == [dict(m) for m in plan[1][1].messages]
     assert len({row["uid"] for row in rows}) == 6  # the loader's epoch order: no prompt twice in these steps
 
 
@@ -105,21 +110,52 @@ class CharTokenizer:
 
 def test_trl_scores_with_groupwise_countdown_on_the_completion_groupwise_would_build():
     tokenizer = CharTokenizer()
-    reward = runner.countdown_reward(
-        {"src": str(REPO / "src"), "reward_kwargs": {"format_reward": 0.1}}, tokenizer, {0}
-    )
+    reward = runner.groupwise_reward(
+        {"src": str(REPO / "src"), "reward": "countdown", "task_reward": "countdown",
+         "reward_kwargs": {"format_reward": 0.1}}, tokenizer, {0}
+    )  # fmt: skip
     messages = [{"role": "user", "content": "reach 8"}]
     prompt = Prompt(uid="u", answer="8", messages=tuple(messages), metadata={"numbers": [3, 5, 9]})
     cases = [("3+5", True), ("9-3", True), ("3*5", False), ("3+5", False)]  # ended on EOS, or cut at the limit
     ids = [tokenizer.encode(text) + ([0] if stopped else []) for text, stopped in cases]
     got = reward(prompts=[messages] * 4, completions=None, completion_ids=ids, uid=["u"] * 4, answer=["8"] * 4,
-                 numbers=[[3, 5, 9]] * 4, trainer_state=None)  # fmt: skip
+                 metadata=['{"numbers": [3, 5, 9]}'] * 4, trainer_state=None)  # fmt: skip
     expected = [
         countdown(prompt, Completion(tuple(i), (0.0,) * len(i), text, "stop" if stopped else "length", 0),
                   format_reward=0.1)
         for i, (text, stopped) in zip(ids, cases, strict=True)
     ]  # fmt: skip
     assert got == expected == [1.0, 0.1, 0.0, 0.0]
+
+
+def test_the_tiny_job_is_the_default_example_made_matchable_and_scored_with_its_tasks_reward():
+    tiny = matched.JOBS["tiny"]
+    overrides = matched.groupwise_overrides(
+        tiny.prompts, tiny.generations, 3, list(tiny.overrides), tiny.max_new_tokens
+    )
+    cfg = load_config(REPO / tiny.config, overrides)
+    assert matched.unmatched(cfg) == []
+    assert (cfg.grpo.num_prompts_per_step, cfg.grpo.num_generations_per_prompt) == (16, 8)
+    assert cfg.generation.max_new_tokens == 6 and cfg.loss.entropy_coef == 0.0
+    assert load_config(REPO / tiny.config).loss.entropy_coef == 0.01  # what the override turns off
+    assert matched.model_directory(cfg) == (REPO / "models" / "addition-tiny").resolve()
+    plan = matched.plan_prompts(cfg, 3)
+    job = matched.trl_job(cfg, plan, 1, 2, Path("/model"), REPO / "src")
+    assert (job["reward"], job["task_reward"]) == ("auto", "exact_numeric")
+    rows = runner.dataset_rows(job)
+    assert [row["prompt"] for row in rows] == [p.text for step in plan for p in step]
+    tokenizer = CharTokenizer()
+    reward = runner.groupwise_reward(job, tokenizer, {0})
+    first = plan[0][0]
+    cases = [(first.answer, True), (first.answer + "1", True), (first.answer, False)]
+    ids = [tokenizer.encode(text) + ([0] if stopped else []) for text, stopped in cases]
+    got = reward(prompts=[first.text] * 3, completion_ids=ids, uid=[first.uid] * 3, answer=[first.answer] * 3,
+                 metadata=[rows[0]["metadata"]] * 3)  # fmt: skip
+    expected = [
+        exact_numeric(first, Completion(tuple(i), (0.0,) * len(i), text, "stop" if stopped else "length", 0))
+        for i, (text, stopped) in zip(ids, cases, strict=True)
+    ]
+    assert got == expected == [1.0, 0.0, 0.0]
 
 
 def test_the_runs_are_checked_for_the_same_prompts():
