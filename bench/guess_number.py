@@ -2,13 +2,16 @@
 
     .venv/bin/python bench/guess_number.py RUN_DIR [RUN_DIR ...] [--window 5]
 
-Reads a finished (or running) run of ``examples/guess_number.yaml`` or ``examples/times_tables_retry.yaml``:
+Reads a finished (or running) run of ``examples/guess_number.yaml``, ``examples/times_tables_retry.yaml`` or
+``examples/number_walk.yaml``:
 ``metrics.jsonl`` for the held-out greedy evaluations (``eval/accuracy``, ``eval/solved_turns_mean``) and
 ``train_data/step_<N>.jsonl`` for the trained games. Per window of steps: the sampled reward, the share of games
 solved, the guesses a game took (a lost game takes them all) and those a solved game took, with the share solved on
 the first try — overall and, for guess-the-number, per range (the prompt uid ``guess/<high>/<secret>``), since a
-policy that starts to solve the wider ranges raises the overall mean even while it gets faster on each. Prints
-markdown tables.
+policy that starts to solve the wider ranges raises the overall mean even while it gets faster on each; for the
+number walk, per distance to the goal (``walk/<start>/<goal>``), whose shortest solution is that many moves, and a
+table of the walk's turns replayed through the environment: the share of turns that moved, and of moves that went
+toward the goal (a random walker's is ½). Prints markdown tables.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -23,48 +27,88 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def trained_games(run_dir: Path) -> dict[int, list[tuple[int | None, float, int]]]:
-    """Per step: ``(range high or None, raw reward, model turns)`` of every trained game.
+def trained_games(run_dir: Path) -> dict[int, list[tuple[str | None, float, int]]]:
+    """Per step: ``(kind or None, raw reward, model turns)`` of every trained game.
 
-    The range is read from a ``guess/<high>/<secret>`` prompt uid; other games (``times_tables_retry``) have none.
+    The kind is read from the prompt uid (:func:`game_kind`); other games (``times_tables_retry``) have none.
     """
-    steps: dict[int, list[tuple[int | None, float, int]]] = {}
+    steps: dict[int, list[tuple[str | None, float, int]]] = {}
     for path in sorted((run_dir / "train_data").glob("step_*.jsonl")):
         step = int(path.stem.split("_")[1])
-        steps[step] = [(range_high(row["prompt_uid"]), row["raw_reward"], len(row["episode"]["assistant"]))
+        steps[step] = [(game_kind(row["prompt_uid"]), row["raw_reward"], len(row["episode"]["assistant"]))
                        for row in read_jsonl(path)]  # fmt: skip
     return steps
 
 
-def range_high(prompt_uid: str) -> int | None:
+def game_kind(prompt_uid: str) -> str | None:
+    """``range 5–8`` (9–12, 13–16) for a ``guess/<high>/<secret>`` game, ``distance d`` for a
+    ``walk/<start>/<goal>`` walk, None for any other uid."""
     parts = prompt_uid.split("/")
-    return int(parts[1]) if parts[0] == "guess" and len(parts) == 3 else None
+    if len(parts) != 3 or parts[0] not in ("guess", "walk"):
+        return None
+    if parts[0] == "walk":
+        return f"distance {abs(int(parts[2]) - int(parts[1]))}"
+    low = 5 + (int(parts[1]) - 5) // 4 * 4
+    return f"range {low}–{low + 3}"
 
 
-def mean(values: list[float]) -> str:
+def mean(values: Sequence[float]) -> str:
     return f"{sum(values) / len(values):.2f}" if values else "–"
 
 
-def window_table(steps: dict[int, list[tuple[int | None, float, int]]], window: int) -> list[str]:
-    """Rows of ``window`` steps; the per-range columns only for guess-the-number games."""
-    ranged = any(g[0] is not None for games in steps.values() for g in games)
+def window_table(steps: dict[int, list[tuple[str | None, float, int]]], window: int) -> list[str]:
+    """Rows of ``window`` steps; a column of guesses per solved game for each kind of game (:func:`game_kind`)."""
+    kinds = sorted({g[0] for games in steps.values() for g in games if g[0] is not None})
     lines = ["| steps | games | sampled reward | solved | solved on the first try | guesses per game "
-             "| guesses per solved game |" + (" by range: 5–8 | 9–12 | 13–16 |" if ranged else ""),
-             "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" * 3 if ranged else "")]  # fmt: skip
+             "| guesses per solved game |" + "".join(f" {kind} |" for kind in kinds),
+             "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds)]  # fmt: skip
     last = max(steps, default=0)
     for first in range(1, last + 1, window):
         games = [g for s in range(first, min(first + window, last + 1)) for g in steps.get(s, [])]
         solved = [g for g in games if g[1] >= 1.0]
-        by_range = defaultdict(list)
-        for high, _, turns in solved:
-            if high is not None:
-                by_range[(high - 5) // 4].append(turns)
+        by_kind = defaultdict(list)
+        for kind, _, turns in solved:
+            if kind is not None:
+                by_kind[kind].append(turns)
         first_try = [float(g[1] >= 1.0 and g[2] == 1) for g in games]
         solved_share = [float(g[1] >= 1.0) for g in games]
         row = (f"| {first}–{min(first + window - 1, last)} | {len(games)} | {mean([g[1] for g in games])} | "
                f"{mean(solved_share)} | {mean(first_try)} | {mean([g[2] for g in games])} | "
                f"{mean([g[2] for g in solved])} |")  # fmt: skip
-        lines.append(row + ("".join(f" {mean(by_range[k])} |" for k in range(3)) if ranged else ""))
+        lines.append(row + "".join(f" {mean(by_kind[kind])} |" for kind in kinds))
+    return lines
+
+
+def walk_turns(run_dir: Path) -> dict[int, list[int]]:
+    """Per step, each trained walk's turns replayed through ``number_walk``: +1 a step toward the goal, −1 away,
+    0 a turn that did not move."""
+    from groupwise.environments.number_walk import next_move
+
+    steps: dict[int, list[int]] = {}
+    for path in sorted((run_dir / "train_data").glob("step_*.jsonl")):
+        turns: list[int] = []
+        for row in read_jsonl(path):
+            kind, start, goal = row["prompt_uid"].split("/")
+            if kind != "walk":
+                return {}
+            position, goal_at = int(start), int(goal)
+            for text in row["episode"]["assistant"]:
+                move = next_move(text, position)
+                toward = abs(goal_at - position - move) < abs(goal_at - position)
+                turns.append(0 if move == 0 else (1 if toward else -1))
+                position += move
+        steps[int(path.stem.split("_")[1])] = turns
+    return steps
+
+
+def walk_table(steps: dict[int, list[int]], window: int) -> list[str]:
+    lines = ["| steps | turns | turns that moved | moves toward the goal |", "|---|---:|---:|---:|"]
+    last = max(steps, default=0)
+    for first in range(1, last + 1, window):
+        turns = [t for s in range(first, min(first + window, last + 1)) for t in steps.get(s, [])]
+        moves = [float(t > 0) for t in turns if t != 0]
+        lines.append(f"| {first}–{min(first + window - 1, last)} | {len(turns)} | "
+                     f"{mean([float(t != 0) for t in turns])} | {mean(moves)} |")  # fmt: skip
     return lines
 
 
@@ -86,6 +130,10 @@ def main() -> None:
     for run_dir in args.run_dirs:
         print(f"\n### {run_dir}\n")
         print("\n".join(window_table(trained_games(run_dir), args.window)))
+        walks = walk_turns(run_dir)
+        if walks:
+            print()
+            print("\n".join(walk_table(walks, args.window)))
         print()
         print("\n".join(eval_table(run_dir)))
 

@@ -13,6 +13,7 @@ from groupwise.config.base import Section, invalid
 BUILTIN_ENVIRONMENTS = {
     "calculator": "groupwise.environments.calculator:CalculatorEnvironment",
     "guess_number": "groupwise.environments.guess_number:GuessNumberEnvironment",
+    "number_walk": "groupwise.environments.number_walk:NumberWalkEnvironment",
 }
 
 
@@ -22,7 +23,7 @@ class EpisodeSection(Section):
 
     environment: str | None = None
     """``null`` = single-turn (a completion scored by ``reward``); a built-in environment (``calculator``,
-    ``guess_number``) or ``module:Class`` (any callable making one environment per episode, called with
+    ``guess_number``, ``number_walk``) or ``module:Class`` (any callable making one environment per episode, called with
     ``episode.kwargs``)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to the environment factory."""

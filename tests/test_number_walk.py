@@ -1,0 +1,142 @@
+"""The shipped ``number_walk`` environment and its data: a walk to the goal, one step per turn.
+
+Invariants pinned:
+- a turn moves to the reply's last number when that is a neighbour of the position, else by its last ``up`` or
+  ``down``; a reply with neither uses a move and stays put, and the answer says how to reply;
+- reaching the goal ends the episode with ``1 + bonus × moves left``; running out of moves ends it with nothing;
+- a walker that always steps toward the goal wins every walk in ``|goal − start|`` moves, and each step away costs
+  two more: the moves a solved walk takes measure how well the policy walks, whatever share it solves;
+- the two numbers offered are in an order that does not tell which is nearer (the nearer first in about half of
+  the states) and is the same in another process (a replayed episode reads the same answers);
+- the data: every walk 2 or 3 steps, the held-out walks (starts that are multiples of 5) never in training, each
+  opening offering the numbers the environment would offer, and a random walker's chance of winning what the
+  data's docstring says (45 % and 22 %), computed exactly;
+- the name ``number_walk`` is a built-in environment, and a prompt without ``start`` is refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from groupwise.config.episode_schema import BUILTIN_ENVIRONMENTS
+from groupwise.environments.number_walk import NumberWalkEnvironment, choices, next_move
+from groupwise.episodes.environment import StepResult
+from groupwise.types import Prompt
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "examples" / "data" / "number_walk"
+
+
+def walk(start: int, goal: int) -> Prompt:
+    return Prompt(uid=f"walk/{start}/{goal}", answer=str(goal), text="walk", metadata={"start": start})
+
+
+def reply(env: NumberWalkEnvironment, text: str) -> StepResult:
+    return env.step({"role": "assistant", "content": text})
+
+
+@pytest.mark.parametrize(
+    "text, position, move",
+    [("16", 15, 1), ("I'm on the 14.", 15, -1), ("Up (to 11", 10, 1), ("down", 10, -1), ("UP, then down", 3, -1),
+     ("I'm on 15", 15, 0), ("20 is too far, so up", 15, 1), ("The best way to solve this", 4, 0), ("-1", 0, -1)],
+)  # fmt: skip
+def test_a_turn_moves_to_a_neighbour_number_else_by_up_or_down(text, position, move):
+    assert next_move(text, position) == move
+
+
+def test_the_goal_pays_the_moves_left_and_running_out_pays_nothing():
+    env = NumberWalkEnvironment(max_moves=4, bonus=0.2)
+    env.reset(walk(5, 7), 0)
+    first = reply(env, "6")
+    assert not first.done and first.reward == 0.0
+    [message] = first.messages
+    assert message["role"] == "user" and message["content"].startswith("You are on 6; the goal is 7. 3 moves left.")
+    low_high = choices(6, 7, 3)
+    assert message["content"].endswith(f"Move to {low_high[0]} or {low_high[1]}?") and sorted(low_high) == [5, 7]
+    done = reply(env, "7")
+    assert done.done and not done.messages and done.reward == pytest.approx(1.0 + 0.2 * 2)
+    assert done.info == {"solved": 1}
+
+    env.reset(walk(5, 7), 1)
+    stay = reply(env, "no idea")
+    assert env.position == 5 and stay.messages[0]["content"].startswith("Reply with the number you move to.")
+    assert [reply(env, "down").done for _ in range(3)] == [False, False, True]
+    assert env.position == 2 and env.moves == 4
+    env.reset(walk(5, 7), 2)
+    assert (env.position, env.moves) == (5, 0)  # a reset starts the walk again
+
+
+def play(env: NumberWalkEnvironment, start: int, goal: int, toward: list[bool]) -> tuple[float, int]:
+    """Walk with one step toward (True) or away from (False) the goal per move: (reward, moves used)."""
+    env.reset(walk(start, goal), 0)
+    for index, right in enumerate(toward):
+        direction = 1 if (goal > env.position) == right else -1
+        result = reply(env, str(env.position + direction))
+        if result.done:
+            return result.reward, index + 1
+    raise AssertionError("the walk did not end")
+
+
+@pytest.mark.parametrize("start, goal", [(5, 8), (5, 2), (1, -2), (30, 32)])
+def test_each_step_away_costs_two_moves(start, goal):
+    env = NumberWalkEnvironment(max_moves=6, bonus=0.2)
+    distance = abs(goal - start)
+    assert play(env, start, goal, [True] * 6) == (pytest.approx(1.0 + 0.2 * (6 - distance)), distance)
+    _, moves = play(env, start, goal, [False] + [True] * 5)
+    assert moves == distance + 2
+    assert play(env, start, goal, [False] * 6) == (0.0, 6)
+
+
+def test_the_order_offered_does_not_tell_which_is_nearer_and_is_the_same_in_another_process():
+    states = [(position, goal, left) for position in range(-5, 40) for goal in range(-5, 40) if goal != position
+              for left in range(1, 7)]  # fmt: skip
+    nearer_first = sum(abs(choices(*state)[0] - state[1]) < abs(choices(*state)[1] - state[1]) for state in states)
+    assert 0.45 < nearer_first / len(states) < 0.55
+    sample = states[::97]
+    code = "import json, sys; from groupwise.environments.number_walk import choices; " \
+           "print(json.dumps([choices(*s) for s in json.loads(sys.argv[1])]))"  # fmt: skip
+    other = subprocess.run([sys.executable, "-c", code, json.dumps(sample)], capture_output=True, text=True, check=True)
+    assert json.loads(other.stdout) == [list(choices(*state)) for state in sample]
+
+
+def random_walk_wins(distance: int, moves: int) -> Fraction:
+    """The exact chance that a walker stepping up or down with probability ½ each reaches ``+distance``."""
+    alive = {0: Fraction(1)}
+    won = Fraction(0)
+    for _ in range(moves):
+        after: dict[int, Fraction] = {}
+        for position, chance in alive.items():
+            for step in (1, -1):
+                if position + step == distance:
+                    won += chance / 2
+                else:
+                    after[position + step] = after.get(position + step, Fraction(0)) + chance / 2
+        alive = after
+    return won
+
+
+def test_the_data_holds_out_whole_starts_and_offers_what_the_environment_offers():
+    splits = {name: [json.loads(line) for line in (DATA / f"{name}.jsonl").read_text().splitlines()]
+              for name in ("train", "eval")}  # fmt: skip
+    assert (len(splits["train"]), len(splits["eval"])) == (96, 24)
+    assert {r["start"] % 5 == 0 for r in splits["eval"]} == {True}
+    assert {r["start"] % 5 == 0 for r in splits["train"]} == {False}
+    for record in splits["train"] + splits["eval"]:
+        assert abs(record["answer"] - record["start"]) in (2, 3)
+        first, second = choices(record["start"], record["answer"], 6)
+        assert record["messages"][0]["content"].endswith(f"reply with the number you move to, {first} or {second}.")
+    assert round(float(random_walk_wins(2, 6)), 2) == 0.45 and round(float(random_walk_wins(3, 6)), 2) == 0.22
+
+
+def test_number_walk_is_built_in_and_needs_a_start():
+    assert BUILTIN_ENVIRONMENTS["number_walk"] == "groupwise.environments.number_walk:NumberWalkEnvironment"
+    with pytest.raises(ValueError, match="has no 'start' field"):
+        NumberWalkEnvironment().reset(Prompt(uid="w", answer="3", text="walk"), 0)
+    with pytest.raises(ValueError, match="max_moves must be"):
+        NumberWalkEnvironment(max_moves=0)
