@@ -2,8 +2,9 @@
 
 Pins: exactly max_gen_rounds rounds (no off-by-one); every generated group is tallied before filtering;
 kept groups are whole and in round order, carried-in groups first; the exhaustion error names rounds,
-groups generated, the all-max / all-min split and the fixes; train_short trains a short step only at or
-above ceil(P × min_step_batch_fraction); surplus is carried (counted as carried out, then as carried in and
+groups generated, the all-max / all-min split (and the groups sharing another reward) and the fixes;
+train_short trains a short step only at or above ceil(P × min_step_batch_fraction); surplus is carried
+(counted as carried out, then as carried in and
 trained next step) or discarded (counted); the conservation identity
 `generated + carried_in == filtered + trained + discarded + carried_out` holds over random rounds; the
 filter never drops a lone correct answer, and G = 2 with leave-one-out trains with non-zero advantages.
@@ -69,6 +70,7 @@ def test_exhaustion_message_gives_rounds_counts_split_and_fixes():
     assert "kept 2 of 4 groups after 2 of max_gen_rounds=2" in message
     assert "8 groups generated, 6 zero-variance (75%)" in message
     assert "4 all-max (50%" in message and "1 all-min (12%" in message
+    assert "1 (12%) with another reward shared by the whole group" in message  # the [0.5, 0.5] group
     for fix in ("max_gen_rounds", "batch_multiplier", "on_exhausted=train_short", "entropy_coef", "data"):
         assert fix in message
 

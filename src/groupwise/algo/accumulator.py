@@ -177,6 +177,15 @@ class DynamicSamplingAccumulator:
         self._tally.check_balance()
         return StepSelection(trained, surplus, self.surplus == "carry", list(self._filtered), self._tally)
 
+    def _shared_other_reward(self, generated: int) -> str:
+        """The zero-variance groups whose one reward is neither end of the range (a shaped reward: every episode
+        of the group won in the same number of moves), when there are any."""
+        t = self._tally
+        other = t.zero_variance_groups - t.zero_variance_max - t.zero_variance_min
+        if other <= 0:
+            return ""
+        return f", {other} ({other / generated:.0%}) with another reward shared by the whole group"
+
     def _exhausted_message(self, kept: int) -> str:
         t = self._tally
         generated = max(t.groups_generated, 1)
@@ -193,7 +202,8 @@ class DynamicSamplingAccumulator:
             f"{t.zero_variance_groups} zero-variance ({t.zero_variance_groups / generated:.0%}): "
             f"{t.zero_variance_max} all-max ({t.zero_variance_max / generated:.0%}, every completion got "
             f"{high}), {t.zero_variance_min} all-min ({t.zero_variance_min / generated:.0%}, every "
-            f"completion got {low}). To fix: raise max_gen_rounds or batch_multiplier (more groups per "
-            f"round), {short_rule}; if the policy collapsed (mostly all-max or all-min) add an entropy bonus "
-            "(entropy_coef); or use data of a difficulty the policy can sometimes but not always solve."
+            f"completion got {low}){self._shared_other_reward(generated)}. To fix: raise max_gen_rounds or "
+            f"batch_multiplier (more groups per round), {short_rule}; if the policy collapsed (mostly all-max or "
+            "all-min) add an entropy bonus (entropy_coef); or use data of a difficulty the policy can sometimes "
+            "but not always solve."
         )
