@@ -5,12 +5,13 @@ Each model turn moves one step: to the reply's last number when that is a neighb
 down by the reply's last ``up`` or ``down``; a reply with neither uses a move and stays put. The environment
 answers with the new position and the two numbers it can move to (in an order drawn from the position, the goal
 and the moves left, so that the first is the nearer one half of the time: taking the first is a random walk), or
-ends the episode at the goal. Reward
-``1 + bonus × (max_moves − moves used)`` at the goal, 0 when the moves run out.
+ends the episode at the goal. Reward ``1 + bonus × (max_moves − moves used)`` at the goal, 0 when the moves run
+out.
 
 Unlike a secret to guess, every game here has one shortest solution, ``|goal − start|`` moves, and every move in
-the wrong direction costs two more: the moves a solved game takes fall exactly as the policy stops stepping away
-from the goal, whatever the share of games it solves.
+the wrong direction (or that does not move) costs two more (one): a won walk's moves are its distance plus what the
+policy wasted on the way. The mean over won walks still depends on which walks are won within the moves allowed: a
+policy that starts to answer with a number wins walks with a detour it used to lose.
 """
 
 from __future__ import annotations
