@@ -74,6 +74,7 @@ JOBS = {
     "tiny": Job("tiny default job (addition)", "examples/addition.yaml", 16, 8, 6, ("loss.entropy_coef=0.0",)),
 }
 DEFAULT_CONFIG = JOBS["smollm2"].config
+MATCHED_TASKS = ("addition", "countdown")  # text or chat prompts whose metadata is JSON: what the runner rebuilds
 SIDES = ("TRL", "groupwise")
 KEYS = ("step_s", "gen_s", "learner_s", "completion_tokens")
 HEADERS = ("step s", "gen s", "learner s", "completion tokens")
@@ -137,9 +138,6 @@ def unmatched(cfg: Any) -> list[str]:
     if cfg.data.task not in MATCHED_TASKS:
         problems.append(f"data.task={cfg.data.task!r} (TRL's side runs the tasks {', '.join(MATCHED_TASKS)})")
     return problems
-
-
-MATCHED_TASKS = ("addition", "countdown")  # text or chat prompts whose metadata is JSON: what the runner rebuilds
 
 
 def plan_prompts(cfg: Any, total_steps: int) -> list[list[Any]]:
