@@ -16,8 +16,7 @@ Two jobs (``--job``), each a shipped example made matchable: temperature 1.0, no
 GRPOTrainer has none), one optimizer step per batch, fp32 on the CPU, no LR warm-up, no KL or entropy term.
 
 - ``smollm2`` (default): ``examples/smollm2_countdown.yaml``, SmolLM2-135M-Instruct, P = 2, G = 8, 48 new tokens;
-- ``tiny``: the default job ``examples/addition.yaml``, the shipped 2-layer ``models/addition-tiny``, P = 16,
-  G = 8, 6 new tokens, its entropy bonus (0.01) off.
+- ``tiny``: the default job ``examples/addition.yaml`` (``models/addition-tiny``), P = 16, G = 8, 6 new tokens.
 
 ``--config``, ``--prompts`` and ``--generations`` change a job's example, P and G. KEY=VALUE overrides change the
 groupwise config, and everything TRL is given is read from that config: the same learning rate, AdamW settings,
