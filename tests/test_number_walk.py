@@ -129,9 +129,9 @@ def test_the_data_holds_out_whole_starts_and_offers_what_the_environment_offers(
     assert {r["start"] % 5 == 0 for r in splits["train"]} == {False}
     for record in splits["train"] + splits["eval"]:
         assert abs(record["answer"] - record["start"]) in (2, 3)
-        first, second = choices(record["start"], record["answer"], 6)
+        first, second = choices(record["start"], record["answer"], 10)
         assert record["messages"][0]["content"].endswith(f"reply with the number you move to, {first} or {second}.")
-    assert round(float(random_walk_wins(2, 6)), 2) == 0.45 and round(float(random_walk_wins(3, 6)), 2) == 0.22
+    assert round(float(random_walk_wins(2, 10)), 2) == 0.55 and round(float(random_walk_wins(3, 10)), 2) == 0.34
 
 
 def test_number_walk_is_built_in_and_needs_a_start():
