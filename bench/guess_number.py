@@ -1,4 +1,4 @@
-"""Does SmolLM2 learn to win a game with feedback sooner? Reward, games solved and guesses per solved game, per step.
+"""Does SmolLM2 learn to win a game with feedback sooner? Reward, games solved and turns per solved game, per step.
 
     .venv/bin/python bench/guess_number.py RUN_DIR [RUN_DIR ...] [--window 5]
 
@@ -6,12 +6,12 @@ Reads a finished (or running) run of ``examples/guess_number.yaml``, ``examples/
 ``examples/number_walk.yaml``:
 ``metrics.jsonl`` for the held-out greedy evaluations (``eval/accuracy``, ``eval/solved_turns_mean``) and
 ``train_data/step_<N>.jsonl`` for the trained games. Per window of steps: the sampled reward, the share of games
-solved, the guesses a game took (a lost game takes them all) and those a solved game took, with the share solved on
-the first try — overall and, for guess-the-number, per range (the prompt uid ``guess/<high>/<secret>``), since a
-policy that starts to solve the wider ranges raises the overall mean even while it gets faster on each; for the
-number walk, per distance to the goal (``walk/<start>/<goal>``), whose shortest solution is that many moves, and a
-table of the walk's turns replayed through the environment: the share of turns that moved, and of moves that went
-toward the goal (a random walker's is ½). Prints markdown tables.
+solved, the model turns a game took (a guess or a move each; a lost game takes them all) and those a solved game
+took, with the share solved on the first try — overall and, for guess-the-number, per range (the prompt uid
+``guess/<high>/<secret>``), since a policy that starts to solve the wider ranges raises the overall mean even while
+it gets faster on each; for the number walk, per distance to the goal (``walk/<start>/<goal>``), whose shortest
+solution is that many moves, and a table of the walk's turns replayed through the environment: the share of turns
+that moved, and of moves that went toward the goal (a random walker's is ½). Prints markdown tables.
 """
 
 from __future__ import annotations
@@ -57,10 +57,10 @@ def mean(values: Sequence[float]) -> str:
 
 
 def window_table(steps: dict[int, list[tuple[str | None, float, int]]], window: int) -> list[str]:
-    """Rows of ``window`` steps; a column of guesses per solved game for each kind of game (:func:`game_kind`)."""
+    """Rows of ``window`` steps; a column of turns per solved game for each kind of game (:func:`game_kind`)."""
     kinds = sorted({g[0] for games in steps.values() for g in games if g[0] is not None})
-    lines = ["| steps | games | sampled reward | solved | solved on the first try | guesses per game "
-             "| guesses per solved game |" + "".join(f" {kind} |" for kind in kinds),
+    lines = ["| steps | games | sampled reward | solved | solved on the first try | turns per game "
+             "| turns per solved game |" + "".join(f" {kind} |" for kind in kinds),
              "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds)]  # fmt: skip
     last = max(steps, default=0)
     for first in range(1, last + 1, window):
@@ -113,7 +113,7 @@ def walk_table(steps: dict[int, list[int]], window: int) -> list[str]:
 
 
 def eval_table(run_dir: Path) -> list[str]:
-    lines = ["| step | held-out greedy accuracy | guesses per solved held-out game |", "|---:|---:|---:|"]
+    lines = ["| step | held-out greedy accuracy | turns per solved held-out game |", "|---:|---:|---:|"]
     for record in read_jsonl(run_dir / "metrics.jsonl"):
         if "eval/accuracy" in record:
             turns = record.get("eval/solved_turns_mean")
