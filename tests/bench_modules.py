@@ -11,7 +11,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def load_bench_module(filename: str) -> ModuleType:
-    """``bench/<filename>`` imported under the name ``groupwise_bench_<stem>``."""
+    """``bench/<filename>`` imported under the name ``groupwise_bench_<stem>``; ``bench/`` goes on ``sys.path``, as it
+    is for a script run from there, so a benchmark can import its sibling modules."""
+    if str(REPO / "bench") not in sys.path:
+        sys.path.append(str(REPO / "bench"))
     name = f"groupwise_bench_{Path(filename).stem}"
     spec = importlib.util.spec_from_file_location(name, REPO / "bench" / filename)
     module = importlib.util.module_from_spec(spec)
