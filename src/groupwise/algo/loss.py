@@ -195,6 +195,18 @@ def k3_kl(ref: torch.Tensor, cur: torch.Tensor, input_clamp: float, output_clamp
     return (torch.exp(x) - 1.0 - x).clamp(-output_clamp, output_clamp)
 
 
+def reduce_loss(
+    total: torch.Tensor, mask: torch.Tensor, normalization: Normalization, denominator: float
+) -> torch.Tensor:
+    """One chunk's share of the step's loss: ``token_level`` ``Σ mask·total / D``; ``sequence_level``
+    ``Σ_i (Σ_t mask·total / max(n_i, 1)) / D``, with ``n_i`` row i's valid tokens and ``D`` the step's
+    :func:`global_denominator` (so the chunks' shares sum to the one-shot loss)."""
+    if normalization == "token_level":
+        return (total * mask).sum() / denominator
+    per_sequence = (total * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+    return per_sequence.sum() / denominator
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     prev_logprobs: torch.Tensor,
@@ -253,11 +265,7 @@ def policy_loss(
         total = total + kl_coef * kl
     if entropy is not None and entropy_coef != 0.0:
         total = total - entropy_coef * clean(entropy)
-    if normalization == "token_level":
-        loss = (total * mask_f).sum() / denominator
-    else:
-        per_sequence = (total * mask_f).sum(dim=1) / mask_f.sum(dim=1).clamp(min=1.0)
-        loss = per_sequence.sum() / denominator
+    loss = reduce_loss(total, mask_f, normalization, denominator)
     stats = chunk_stats(valid, per_token, ratio, flags, raw_weight, oob, kl, entropy)
     return loss, stats
 
