@@ -37,7 +37,7 @@ through :meth:`SimulatedRollouts.spent` when the controller asks (it does for ab
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from groupwise.controller.failures import InfraError
@@ -142,7 +142,8 @@ class SimulatedRollouts:
         lengths = self.variates.lengths(G)
         draws = self.variates.uniforms(G + FATE_DRAWS)
         infra, fail_at, data, straggler = draws[G:]
-        scale = w.straggler_factor if straggler < w.straggler_rate else 1.0
+        straggling = straggler < w.straggler_rate
+        scale = w.straggler_factor if straggling else 1.0
         counters.stragglers += scale != 1.0
         failing = infra < w.infra_failure_rate
         if failing:
@@ -153,13 +154,7 @@ class SimulatedRollouts:
         starts: list[float] | None = [] if failing or self.partial_rollouts else None
         end = self.slots.book(loop.time(), durations, starts)
         switched = len(self._switches)
-        tokens = sum(lengths)
-        if failing:  # the failure stopped every completion part-way: what each had made by then, at its own pace
-            assert starts is not None
-            pace = w.straggler_factor if straggler < w.straggler_rate else 1.0
-            full_prefill, full_token = w.prefill_s * pace, w.per_token_s * pace
-            tokens = sum(tokens_by(t + d, t, full_prefill, full_token, n)
-                         for t, d, n in zip(starts, durations, lengths, strict=True))  # fmt: skip
+        tokens = self._tokens_before_failure(starts, durations, lengths, straggling) if failing else sum(lengths)
         cost = GenerationCost(tokens, sum(durations) / self.slots.num_slots)
         # asyncio.sleep without its extra coroutine frame: one timer, one future (cheaper per simulated group).
         done = loop.create_future()
@@ -181,18 +176,9 @@ class SimulatedRollouts:
             counters.data_failures += 1
             raise attach_cost(SimulatedDataFailure(
                 f"simulated data failure of {uid!r} attempt {attempt} (scoring raised)"), cost)  # fmt: skip
-        version_tokens: tuple[tuple[int, int], ...] = ()
-        if self.partial_rollouts and len(self._switches) > switched:
-            assert starts is not None
-            mixes = [version_counts(t, prefill, per_token, n, start_version, self._switches[switched:])
-                     for t, n in zip(starts, lengths, strict=True)]  # fmt: skip
-            logits = [sum(n * self._logit(v) for v, n in mix) / max(1, sum(n for _, n in mix)) for mix in mixes]
-            difficulty = self.difficulty[uid]
-            rewards = [1.0 if u < sigmoid(x - difficulty) else 0.0 for u, x in zip(draws[:G], logits, strict=True)]
-            version_tokens = _merged(mixes)
-        else:
-            p = sigmoid(self._logit(start_version) - self.difficulty[uid])
-            rewards = [1.0 if u < p else 0.0 for u in draws[:G]]
+        switches = self._switches[switched:]
+        rewards, version_tokens = self._draw_rewards(uid, draws[:G], start_version, starts, lengths, prefill,
+                                                     per_token, switches)  # fmt: skip
         correct = sum(rewards)
         counters.zero_variance_groups += correct == 0 or correct == G
         counters.returned_groups += 1
@@ -213,6 +199,43 @@ class SimulatedRollouts:
             gen_seconds=cost.seconds,
             version_tokens=version_tokens,
         )
+
+    def _tokens_before_failure(
+        self, starts: list[float] | None, durations: Sequence[float], lengths: Sequence[int], straggling: bool
+    ) -> int:
+        """The tokens a failed attempt made: the failure stopped every completion part-way (its booking shortened by
+        the failure's fraction), and each had made what its own pace allows by then."""
+        assert starts is not None
+        w = self.workload
+        pace = w.straggler_factor if straggling else 1.0
+        prefill, per_token = w.prefill_s * pace, w.per_token_s * pace
+        spans = zip(starts, durations, lengths, strict=True)
+        return sum(tokens_by(t + d, t, prefill, per_token, n) for t, d, n in spans)
+
+    def _draw_rewards(
+        self,
+        uid: str,
+        uniforms: Sequence[float],
+        start_version: int,
+        starts: list[float] | None,
+        lengths: Sequence[int],
+        prefill: float,
+        per_token: float,
+        switches: list[tuple[float, int]],
+    ) -> tuple[list[float], tuple[tuple[int, int], ...]]:
+        """Each completion's 0/1 reward, 1 when its uniform draw is below ``sigmoid(logit − difficulty)``, and the
+        tokens per weight version. Without a weight load during the attempt the logit is the start version's; with
+        partial rollouts and loads (``switches``) it is the token-weighted mean of the versions that made it."""
+        difficulty = self.difficulty[uid]
+        if self.partial_rollouts and switches:
+            assert starts is not None
+            mixes = [version_counts(t, prefill, per_token, n, start_version, switches)
+                     for t, n in zip(starts, lengths, strict=True)]  # fmt: skip
+            logits = [sum(n * self._logit(v) for v, n in mix) / max(1, sum(n for _, n in mix)) for mix in mixes]
+            rewards = [1.0 if u < sigmoid(x - difficulty) else 0.0 for u, x in zip(uniforms, logits, strict=True)]
+            return rewards, _merged(mixes)
+        p = sigmoid(self._logit(start_version) - difficulty)
+        return [1.0 if u < p else 0.0 for u in uniforms], ()
 
     async def spent(self, group_id: int) -> GenerationCost:
         """What the engine spent on a cancelled attempt (its whole booking; nothing if it never was booked)."""
