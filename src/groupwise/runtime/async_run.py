@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, NoReturn
 
 import torch
 
 from groupwise.algo.waste import describe_totals
 from groupwise.chunks import TrainChunk
-from groupwise.controller.controller import ControllerSummary, build_controller
+from groupwise.controller.controller import Controller, ControllerSummary, build_controller
 from groupwise.controller.failures import FailureBudgets
 from groupwise.controller.interfaces import ResumableRollouts
 from groupwise.controller.settings import ControllerSettings
@@ -105,25 +106,11 @@ async def _run_controller(session: Session, progress: RunProgress, clients: Asyn
         state=_resume_state(session),
         decode=ItemDecoder(session.task.train_prompts()),
     )
-    for note in controller.resume_notes:
-        session.events.event(note)
-    continued = controller.continued_attempts()
-    if continued:
-        session.events.event(
-            f"resume: {len(continued)} in-flight attempt(s) continue from the checkpoint with "
-            f"{sum(kept_tokens(data) for data in continued)} generated token(s) kept, not generated again"
-        )
+    _log_resume(session, controller)
     faults = _FaultMeter(controller.ctx.budgets, rollouts)
     step_end = DaemonWorker("groupwise-step-end")  # metrics, evaluation, checkpoints
 
-    def progress_marker() -> tuple[int, ...]:
-        return (*controller.progress_marker(), rollouts.calls_returned)
-
-    stall_s = cfg.runtime.stall_timeout_s
-    watchdog = watch_progress(progress_marker, stall_s, controller.describe_state, session.events.event)
-    if isinstance(rollouts, WatchedRollouts):  # a lost answer of the stream: stop within seconds, not stall_s
-        liveness = watch_liveness(rollouts.idle_waits, IDLE_STALL_S, controller.describe_state, session.events.event)
-        watchdog = first_to_fail(watchdog, liveness)
+    watchdog = _watchdog(session, controller, rollouts)
     grace_s = 60.0  # a run that ends lets the calls in progress finish; a stalled one leaves them to their threads
     try:
         return await run_watched(controller.run(), watchdog)
@@ -137,6 +124,35 @@ async def _run_controller(session: Session, progress: RunProgress, clients: Asyn
         await rollouts.close(grace_s)
         await asyncio.to_thread(trainer.close, grace_s)
         await asyncio.to_thread(step_end.close, grace_s)
+
+
+def _log_resume(session: Session, controller: Controller) -> None:
+    """What a resume took over from the checkpoint, in ``events.log``: the controller's notes and the running
+    attempts that continue with their tokens so far."""
+    for note in controller.resume_notes:
+        session.events.event(note)
+    continued = controller.continued_attempts()
+    if continued:
+        session.events.event(
+            f"resume: {len(continued)} in-flight attempt(s) continue from the checkpoint with "
+            f"{sum(kept_tokens(data) for data in continued)} generated token(s) kept, not generated again"
+        )
+
+
+def _watchdog(
+    session: Session, controller: Controller, rollouts: RuntimeRollouts
+) -> Coroutine[Any, Any, NoReturn]:
+    """What stops a run that makes no progress: nothing committed, trained or returned for
+    ``runtime.stall_timeout_s``; on a stream that can lose an answer, also an idle wait past ``IDLE_STALL_S``."""
+
+    def progress_marker() -> tuple[int, ...]:
+        return (*controller.progress_marker(), rollouts.calls_returned)
+
+    describe, log = controller.describe_state, session.events.event
+    watchdog = watch_progress(progress_marker, session.cfg.runtime.stall_timeout_s, describe, log)
+    if isinstance(rollouts, WatchedRollouts):  # a lost answer of the stream: stop within seconds, not stall_s
+        watchdog = first_to_fail(watchdog, watch_liveness(rollouts.idle_waits, IDLE_STALL_S, describe, log))
+    return watchdog
 
 
 def token_staleness_mean(version: int, groups: list[Group]) -> float:
