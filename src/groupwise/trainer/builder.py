@@ -221,22 +221,30 @@ def build_components(
     if report.issues:
         raise ConfigError(report.issues)
     notes = list(report.notes) + ([warning_line(w) for w in inputs.warnings] if checked_here else [])
+    streaming = _stream_support(cfg, engine, multi_turn=episodes is not None, notes=notes)
+    for note in notes:
+        logger.warning(note)
+    return Components(policy=policy, engine=engine, streaming=streaming, task=inputs.task, reward_fn=reward_fn,
+                      rollouts=rollouts, notes=notes)
+
+
+def _stream_support(cfg: RunConfig, engine: Generator, *, multi_turn: bool, notes: list[str]) -> StreamSupport:
+    """Whether generation runs on the stream (continuous batching): asked for, and the engine (and, for episodes,
+    the backend and runtime) can. A stream asked for and unavailable is a note, or an error where partial rollouts
+    need it (they would silently do nothing)."""
     off = StreamSupport(False, "generation.continuous_batching is off")
     streaming = stream_support(engine) if cfg.generation.continuous_batching else off
-    if episodes is not None and streaming.available and not _streams_episodes(cfg):
+    if multi_turn and streaming.available and not _streams_episodes(cfg):
         streaming = StreamSupport(False, "multi-turn episodes on this backend and runtime run in rounds of turns")
     if cfg.generation.continuous_batching and not streaming.available:
         why = streaming.reason
-        if cfg.mode == "async" and cfg.async_.partial_rollouts == "continue":  # it would silently do nothing
+        if cfg.mode == "async" and cfg.async_.partial_rollouts == "continue":
             raise ConfigError([ConfigIssue(
                 "async.partial_rollouts", "continue", f"partial rollouts need the generation stream, but {why}",
                 "set async.partial_rollouts: off for this model (a Llama or Qwen2 architecture has the fast step)",
             )])  # fmt: skip
         notes.append(f"generation.continuous_batching is on, but {why}: generation runs one batch per engine call")
-    for note in notes:
-        logger.warning(note)
-    return Components(policy=policy, engine=engine, streaming=streaming, task=inputs.task, reward_fn=reward_fn,
-                      rollouts=rollouts, notes=notes)
+    return streaming
 
 
 def _streams_episodes(cfg: RunConfig) -> bool:
