@@ -3,15 +3,16 @@
     .venv/bin/python bench/guess_number.py RUN_DIR [RUN_DIR ...] [--window 5]
 
 Reads a finished (or running) run of ``examples/guess_number.yaml``, ``examples/times_tables_retry.yaml`` or
-``examples/number_walk.yaml``:
-``metrics.jsonl`` for the held-out greedy evaluations (``eval/accuracy``, ``eval/solved_turns_mean``) and
-``train_data/step_<N>.jsonl`` for the trained games. Per window of steps: the sampled reward, the share of games
-solved, the model turns a game took (a guess or a move each; a lost game takes them all) and those a solved game
-took, with the share solved on the first try — overall and, for guess-the-number, per range (the prompt uid
-``guess/<high>/<secret>``), since a policy that starts to solve the wider ranges raises the overall mean even while
-it gets faster on each; for the number walk, per distance to the goal (``walk/<start>/<goal>``), whose shortest
-solution is that many moves, and a table of the walk's turns replayed through the environment: the share of turns
-that moved, and of moves that went toward the goal (a random walker's is ½). Prints markdown tables.
+``examples/number_walk.yaml``: ``metrics.jsonl`` for the held-out greedy evaluations (``eval/accuracy``,
+``eval/solved_turns_mean``) and ``train_data/step_<N>.jsonl`` for the trained games. Per window of steps: the sampled
+reward, the share of games solved, the model turns a game took (a guess or a move each; a lost game takes them all)
+and those a solved game took, with the share solved in the fewest turns possible (the first try; for a walk, as many
+moves as the distance: a selection-free measure of playing well, since a mean over solved games rises when longer
+games start to be won) — overall and, for guess-the-number, per range (the prompt uid ``guess/<high>/<secret>``),
+since a policy that starts to solve the wider ranges raises the overall mean even while it gets faster on each; for
+the number walk, per distance to the goal (``walk/<start>/<goal>``), whose shortest solution is that many moves, and a
+table of the walk's turns replayed through the environment: the share of turns that moved, and of moves that went
+toward the goal (a random walker's is ½). Prints markdown tables.
 """
 
 from __future__ import annotations
@@ -27,17 +28,28 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def trained_games(run_dir: Path) -> dict[int, list[tuple[str | None, float, int]]]:
-    """Per step: ``(kind or None, raw reward, model turns)`` of every trained game.
+Game = tuple[str | None, float, int, int]  # kind (or None), raw reward, model turns, the fewest turns that solve it
 
-    The kind is read from the prompt uid (:func:`game_kind`); other games (``times_tables_retry``) have none.
+
+def trained_games(run_dir: Path) -> dict[int, list[Game]]:
+    """Per step: ``(kind or None, raw reward, model turns, fewest turns)`` of every trained game.
+
+    The kind is read from the prompt uid (:func:`game_kind`); other games (``times_tables_retry``) have none. The
+    fewest turns that solve a game: a walk's distance, else 1 (a first guess can be right).
     """
-    steps: dict[int, list[tuple[str | None, float, int]]] = {}
+    steps: dict[int, list[Game]] = {}
     for path in sorted((run_dir / "train_data").glob("step_*.jsonl")):
         step = int(path.stem.split("_")[1])
-        steps[step] = [(game_kind(row["prompt_uid"]), row["raw_reward"], len(row["episode"]["assistant"]))
-                       for row in read_jsonl(path)]  # fmt: skip
+        steps[step] = [(game_kind(row["prompt_uid"]), row["raw_reward"], len(row["episode"]["assistant"]),
+                        fewest_turns(row["prompt_uid"])) for row in read_jsonl(path)]  # fmt: skip
     return steps
+
+
+def fewest_turns(prompt_uid: str) -> int:
+    """The fewest model turns that solve the game: ``walk/<start>/<goal>`` needs one move per step of the distance,
+    any other game can be solved by its first reply."""
+    parts = prompt_uid.split("/")
+    return abs(int(parts[2]) - int(parts[1])) if len(parts) == 3 and parts[0] == "walk" else 1
 
 
 def game_kind(prompt_uid: str) -> str | None:
@@ -56,10 +68,10 @@ def mean(values: Sequence[float]) -> str:
     return f"{sum(values) / len(values):.2f}" if values else "–"
 
 
-def window_table(steps: dict[int, list[tuple[str | None, float, int]]], window: int) -> list[str]:
+def window_table(steps: dict[int, list[Game]], window: int) -> list[str]:
     """Rows of ``window`` steps; a column of turns per solved game for each kind of game (:func:`game_kind`)."""
     kinds = sorted({g[0] for games in steps.values() for g in games if g[0] is not None})
-    lines = ["| steps | games | sampled reward | solved | solved on the first try | turns per game "
+    lines = ["| steps | games | sampled reward | solved | solved in the fewest turns | turns per game "
              "| turns per solved game |" + "".join(f" {kind} |" for kind in kinds),
              "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds)]  # fmt: skip
     last = max(steps, default=0)
@@ -67,13 +79,13 @@ def window_table(steps: dict[int, list[tuple[str | None, float, int]]], window: 
         games = [g for s in range(first, min(first + window, last + 1)) for g in steps.get(s, [])]
         solved = [g for g in games if g[1] >= 1.0]
         by_kind = defaultdict(list)
-        for kind, _, turns in solved:
+        for kind, _, turns, _ in solved:
             if kind is not None:
                 by_kind[kind].append(turns)
-        first_try = [float(g[1] >= 1.0 and g[2] == 1) for g in games]
+        fewest = [float(g[1] >= 1.0 and g[2] == g[3]) for g in games]
         solved_share = [float(g[1] >= 1.0) for g in games]
         row = (f"| {first}–{min(first + window - 1, last)} | {len(games)} | {mean([g[1] for g in games])} | "
-               f"{mean(solved_share)} | {mean(first_try)} | {mean([g[2] for g in games])} | "
+               f"{mean(solved_share)} | {mean(fewest)} | {mean([g[2] for g in games])} | "
                f"{mean([g[2] for g in solved])} |")  # fmt: skip
         lines.append(row + "".join(f" {mean(by_kind[kind])} |" for kind in kinds))
     return lines
