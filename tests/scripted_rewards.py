@@ -6,6 +6,8 @@ groups zero-variance on purpose, and record every call so a test can recompute t
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -65,3 +67,23 @@ def waits_forever(prompt: Prompt, completion: Completion) -> float:
     """Never returns (a wedged verifier): the stall watchdog must stop the run. Blocks without busy-waiting."""
     threading.Event().wait()
     return 0.0
+
+
+def kill_once_reward(prompt: Prompt, completion: Completion, kill_flag: str = "") -> float:
+    """``marker_reward``, except that the first call to find ``kill_flag`` claims it and kills its
+    own process (SIGKILL): a generation worker lost mid-group, while scoring a batch it has generated."""
+    if kill_flag:
+        try:
+            os.rename(kill_flag, kill_flag + ".claimed")
+        except FileNotFoundError:
+            pass
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return marker_reward(prompt, completion)
+
+
+def slow_marker_reward(prompt: Prompt, completion: Completion) -> float:
+    """``marker_reward`` after 50 ms: groups are still being scored on the workers (their rows done,
+    their calls running) whenever a step ends, so every checkpoint finds attempts to keep."""
+    time.sleep(0.05)
+    return marker_reward(prompt, completion)
