@@ -32,7 +32,12 @@ from groupwise.model.lora import generator_state_dict, load_trained_state_dict, 
 from groupwise.runtime.learner_ranks import LearnerRankDied, RankCommands, build_rank_learner, free_port
 from groupwise.runtime.ray_cluster import ActorHandle, ActorResources, ray
 from groupwise.runtime.ray_stream import StreamedWorker
-from groupwise.trainer.builder import build_components, build_learner, load_policy_from_config
+from groupwise.trainer.builder import (
+    build_components,
+    build_learner,
+    load_policy_from_config,
+    weights_shared_with_engine,
+)
 from groupwise.types import Completion, GenerationRequest, Group, LoaderItem, SamplingParams
 
 if TYPE_CHECKING:
@@ -71,6 +76,10 @@ class GenerationWorker:
     def __init__(self, cfg: RunConfig, index: int):
         torch.manual_seed(cfg.run.seed)
         parts = build_components(cfg)
+        if cfg.model.lora.enabled:  # freeze what an embedded engine's copy shares with the policy LoRA freezes: on
+            # CPU frozen weights take another prefill kernel, and the worker must sample as the embedded engine does
+            for parameter in weights_shared_with_engine(cfg, parts.policy.model):
+                parameter.requires_grad_(False)
         self.index = index
         self.engine = parts.engine
         self.rollouts = parts.rollouts

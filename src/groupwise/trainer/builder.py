@@ -195,10 +195,6 @@ def build_components(
         engine_model = generator_copy(policy.model, weights_shared_with_engine(cfg, policy.model))
     else:
         engine_model = policy.model
-        if cfg.model.lora.enabled:  # a generation worker, which never trains: freeze what an embedded engine's copy
-            # shares with the policy that LoRA freezes, so both prefill with the same kernels (see generator_copy)
-            for parameter in weights_shared_with_engine(cfg, engine_model):
-                parameter.requires_grad_(False)
     engine = _build_engine(GeneratorSpec(
         cfg.generation, cfg.model, engine_model, policy.tokenizer, eos_token_ids(policy.tokenizer, policy.model),
         planned_decode_steps=cfg.run.max_steps * cfg.generation.max_new_tokens,
