@@ -207,6 +207,16 @@ def reduce_loss(
     return per_sequence.sum() / denominator
 
 
+def _check_optional_terms(
+    kl_coef: float, ref_logprobs: torch.Tensor | None, entropy_coef: float, entropy: torch.Tensor | None
+) -> None:
+    """A non-zero KL or entropy coefficient needs the tensor its term is computed from."""
+    if kl_coef != 0.0 and ref_logprobs is None:
+        raise ValueError(f"kl_coef={kl_coef} needs ref_logprobs (reference-policy logprobs); pass them or set 0")
+    if entropy_coef != 0.0 and entropy is None:
+        raise ValueError(f"entropy_coef={entropy_coef} needs the per-token entropy tensor; pass it or set 0")
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     prev_logprobs: torch.Tensor,
@@ -240,10 +250,7 @@ def policy_loss(
     check_loss_inputs(logprobs, advantages, mask, {"prev_logprobs": prev_logprobs,
                   "generation_logprobs": generation_logprobs, "ref_logprobs": ref_logprobs, "entropy": entropy})
     _check_options(normalization, denominator, epsilon_low, epsilon_high, dual_clip_c, is_ratio_min, is_ratio_max)
-    if kl_coef != 0.0 and ref_logprobs is None:
-        raise ValueError(f"kl_coef={kl_coef} needs ref_logprobs (reference-policy logprobs); pass them or set 0")
-    if entropy_coef != 0.0 and entropy is None:
-        raise ValueError(f"entropy_coef={entropy_coef} needs the per-token entropy tensor; pass it or set 0")
+    _check_optional_terms(kl_coef, ref_logprobs, entropy_coef, entropy)
 
     valid = mask > 0
     mask_f = valid.to(logprobs.dtype)

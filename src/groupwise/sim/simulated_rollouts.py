@@ -168,14 +168,7 @@ class SimulatedRollouts:
             raise
         counters.generated_tokens += cost.tokens
         uid = prompt.prompt.uid
-        if failing:
-            counters.infra_failures += 1
-            raise attach_cost(SimulatedInfraFailure(f"simulated infrastructure failure of {uid!r} attempt {attempt}"),
-                              cost)  # fmt: skip
-        if data < w.data_failure_rate:
-            counters.data_failures += 1
-            raise attach_cost(SimulatedDataFailure(
-                f"simulated data failure of {uid!r} attempt {attempt} (scoring raised)"), cost)  # fmt: skip
+        self._raise_drawn_failure(uid, attempt, cost, failing, data < w.data_failure_rate)
         switches = self._switches[switched:]
         rewards, version_tokens = self._draw_rewards(uid, draws[:G], start_version, starts, lengths, prefill,
                                                      per_token, switches)  # fmt: skip
@@ -199,6 +192,20 @@ class SimulatedRollouts:
             gen_seconds=cost.seconds,
             version_tokens=version_tokens,
         )
+
+    def _raise_drawn_failure(
+        self, uid: str, attempt: int, cost: GenerationCost, infra_failed: bool, data_failed: bool
+    ) -> None:
+        """Raise the failure the attempt drew (infrastructure first: it ends generation before scoring), carrying
+        the tokens it spent; return when it drew none."""
+        if infra_failed:
+            self.counters.infra_failures += 1
+            raise attach_cost(SimulatedInfraFailure(f"simulated infrastructure failure of {uid!r} attempt {attempt}"),
+                              cost)  # fmt: skip
+        if data_failed:
+            self.counters.data_failures += 1
+            raise attach_cost(SimulatedDataFailure(
+                f"simulated data failure of {uid!r} attempt {attempt} (scoring raised)"), cost)  # fmt: skip
 
     def _tokens_before_failure(
         self, starts: list[float] | None, durations: Sequence[float], lengths: Sequence[int], straggling: bool
