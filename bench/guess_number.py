@@ -12,7 +12,7 @@ games start to be won) — overall and, for guess-the-number, per range (the pro
 since a policy that starts to solve the wider ranges raises the overall mean even while it gets faster on each; for
 the number walk, per distance to the goal (``walk/<start>/<goal>``), whose shortest solution is that many moves, and a
 table of the walk's turns replayed through the environment: the share of turns that moved, and of moves that went
-toward the goal (a random walker's is ½). Prints markdown tables.
+toward the goal (a random walker's is ½), and of walks whose first reply moved. Prints markdown tables.
 """
 
 from __future__ import annotations
@@ -91,36 +91,43 @@ def window_table(steps: dict[int, list[Game]], window: int) -> list[str]:
     return lines
 
 
-def walk_turns(run_dir: Path) -> dict[int, list[int]]:
+def walk_turns(run_dir: Path) -> dict[int, list[list[int]]]:
     """Per step, each trained walk's turns replayed through ``number_walk``: +1 a step toward the goal, −1 away,
     0 a turn that did not move."""
     from groupwise.environments.number_walk import next_move
 
-    steps: dict[int, list[int]] = {}
+    steps: dict[int, list[list[int]]] = {}
     for path in sorted((run_dir / "train_data").glob("step_*.jsonl")):
-        turns: list[int] = []
+        walks: list[list[int]] = []
         for row in read_jsonl(path):
             kind, start, goal = row["prompt_uid"].split("/")
             if kind != "walk":
                 return {}
-            position, goal_at = int(start), int(goal)
+            position, goal_at, turns = int(start), int(goal), []
             for text in row["episode"]["assistant"]:
                 move = next_move(text, position)
                 toward = abs(goal_at - position - move) < abs(goal_at - position)
                 turns.append(0 if move == 0 else (1 if toward else -1))
                 position += move
-        steps[int(path.stem.split("_")[1])] = turns
+            walks.append(turns)
+        steps[int(path.stem.split("_")[1])] = walks
     return steps
 
 
-def walk_table(steps: dict[int, list[int]], window: int) -> list[str]:
-    lines = ["| steps | turns | turns that moved | moves toward the goal |", "|---|---:|---:|---:|"]
+def walk_table(steps: dict[int, list[list[int]]], window: int) -> list[str]:
+    """Rows of ``window`` steps: the turns that moved, the moves toward the goal, and the walks whose first reply
+    moved (a habit of opening with a reply that names no neighbour, such as restating the position, costs every
+    walk a move, so no walk can be won in the fewest moves)."""
+    lines = ["| steps | turns | turns that moved | moves toward the goal | walks whose first reply moved |",
+             "|---|---:|---:|---:|---:|"]  # fmt: skip
     last = max(steps, default=0)
     for first in range(1, last + 1, window):
-        turns = [t for s in range(first, min(first + window, last + 1)) for t in steps.get(s, [])]
+        walks = [w for s in range(first, min(first + window, last + 1)) for w in steps.get(s, [])]
+        turns = [t for walk in walks for t in walk]
         moves = [float(t > 0) for t in turns if t != 0]
+        first_moved = [float(walk[0] != 0) for walk in walks if walk]
         lines.append(f"| {first}–{min(first + window - 1, last)} | {len(turns)} | "
-                     f"{mean([float(t != 0) for t in turns])} | {mean(moves)} |")  # fmt: skip
+                     f"{mean([float(t != 0) for t in turns])} | {mean(moves)} | {mean(first_moved)} |")  # fmt: skip
     return lines
 
 
