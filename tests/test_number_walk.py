@@ -4,6 +4,9 @@ Invariants pinned:
 - a turn moves to the reply's last number when that is a neighbour of the position, else by its last ``up`` or
   ``down``; a reply with neither uses a move and stays put, and the answer says how to reply;
 - reaching the goal ends the episode with ``1 + bonus × moves left``; running out of moves ends it with nothing;
+- with ``progress_reward`` r each move pays r × the distance it gained (−r away, 0 for no move): a won walk gets
+  r × its distance whatever its path, lost walks that moved differently get different rewards, and an r at which a
+  lost walk could count as solved (r × distance ≥ 1) is refused, as is r < 0;
 - a walker that always steps toward the goal wins every walk in ``|goal − start|`` moves, and each step away costs
   two more: the moves a solved walk takes measure how well the policy walks, whatever share it solves;
 - the two numbers offered are in an order that does not tell which is nearer (the nearer first in about half of
@@ -73,13 +76,16 @@ def test_the_goal_pays_the_moves_left_and_running_out_pays_nothing():
 
 
 def play(env: NumberWalkEnvironment, start: int, goal: int, toward: list[bool]) -> tuple[float, int]:
-    """Walk with one step toward (True) or away from (False) the goal per move: (reward, moves used)."""
+    """Walk with one step toward (True) or away from (False) the goal per move: (the episode's reward, the sum of
+    its turns' rewards; moves used)."""
     env.reset(walk(start, goal), 0)
+    total = 0.0
     for index, right in enumerate(toward):
         direction = 1 if (goal > env.position) == right else -1
         result = reply(env, str(env.position + direction))
+        total += result.reward
         if result.done:
-            return result.reward, index + 1
+            return total, index + 1
     raise AssertionError("the walk did not end")
 
 
@@ -91,6 +97,33 @@ def test_each_step_away_costs_two_moves(start, goal):
     _, moves = play(env, start, goal, [False] + [True] * 5)
     assert moves == distance + 2
     assert play(env, start, goal, [False] * 6) == (0.0, 6)
+
+
+@pytest.mark.parametrize("start, goal", [(5, 8), (5, 2)])
+def test_the_progress_reward_pays_the_distance_gained_so_lost_walks_differ_and_won_ones_keep_their_ranking(start, goal):
+    env = NumberWalkEnvironment(max_moves=6, bonus=0.2, progress_reward=0.1)
+    distance = abs(goal - start)
+    straight, _ = play(env, start, goal, [True] * 6)
+    detour, _ = play(env, start, goal, [False] + [True] * 5)
+    assert straight == pytest.approx(1.0 + 0.2 * (6 - distance) + 0.1 * distance)
+    assert detour == pytest.approx(1.0 + 0.2 * (6 - distance - 2) + 0.1 * distance)  # the path does not matter
+    lost_away, moves = play(env, start, goal, [False] * 6)
+    assert (lost_away, moves) == (pytest.approx(-0.6), 6)
+    lost_both = play(env, start, goal, [True, False] * 3)[0]
+    assert lost_both == pytest.approx(0.0) and lost_both > lost_away  # two lost walks, two rewards: a signal
+    env.reset(walk(start, goal), 0)
+    toward = 1 if goal > start else -1
+    steps = [reply(env, text) for text in ("no idea", str(start + toward), str(start))]
+    assert [s.reward for s in steps] == [0.0, pytest.approx(0.1), pytest.approx(-0.1)]
+
+
+def test_a_progress_reward_that_could_make_a_lost_walk_count_as_solved_is_refused():
+    with pytest.raises(ValueError, match="progress_reward must be ≥ 0"):
+        NumberWalkEnvironment(progress_reward=-0.1)
+    env = NumberWalkEnvironment(max_moves=10, progress_reward=0.4)
+    env.reset(walk(5, 7), 0)  # 0.4 × 2 < 1: a lost walk stays below the solved reward
+    with pytest.raises(ValueError, match=r"progress_reward 0.4 × distance 3 ≥ 1"):
+        env.reset(walk(5, 8), 0)
 
 
 def test_the_order_offered_does_not_tell_which_is_nearer_and_is_the_same_in_another_process():

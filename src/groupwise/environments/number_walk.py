@@ -6,7 +6,16 @@ down by the reply's last ``up`` or ``down``; a reply with neither uses a move an
 answers with the new position and the two numbers it can move to (in an order drawn from the position, the goal
 and the moves left, so that the first is the nearer one half of the time: taking the first is a random walk), or
 ends the episode at the goal. Reward ``1 + bonus × (max_moves − moves used)`` at the goal, 0 when the moves run
-out.
+out; with ``progress_reward`` r > 0 each move also pays ``r × (distance before − distance after)``: +r toward the
+goal, −r away.
+
+Why the progress term: without it a group whose walks all lose carries no signal (every reward 0), so a policy that
+always moves the same way (up, say) wins the walks that go that way in the fewest moves, loses every other walk,
+and nothing trains against it: its moves per won walk fall while it never learns to read the goal. With it, a lost
+walk's reward is ``r × (distance at the start − distance at the end)``, which differs between the walks of a group
+that moved differently. A won walk's progress is its whole distance whatever its path (the term is a potential
+difference), so the ranking of won walks stays the bonus's. ``r × distance`` must stay below 1 so that a lost walk
+never reaches the reward that counts a walk as solved.
 
 Unlike a secret to guess, every game here has one shortest solution, ``|goal − start|`` moves, and every move in
 the wrong direction (or that does not move) costs two more (one): a won walk's moves are its distance plus what the
@@ -54,30 +63,38 @@ def position_message(position: int, goal: int, moves_left: int) -> str:
 class NumberWalkEnvironment:
     """One walk per episode: from ``prompt.metadata["start"]`` to ``int(prompt.answer)``."""
 
-    def __init__(self, max_moves: int = 8, bonus: float = 0.1) -> None:
+    def __init__(self, max_moves: int = 8, bonus: float = 0.1, progress_reward: float = 0.0) -> None:
         if max_moves < 1:
             raise ValueError(f"max_moves must be ≥ 1, got {max_moves}")
-        self.max_moves, self.bonus = max_moves, bonus
+        if progress_reward < 0:
+            raise ValueError(f"progress_reward must be ≥ 0, got {progress_reward}")
+        self.max_moves, self.bonus, self.progress_reward = max_moves, bonus, progress_reward
         self.position = self.goal = self.moves = 0
 
     def reset(self, prompt: Prompt, sample_index: int) -> list[Message]:
         if "start" not in prompt.metadata:
             raise ValueError(f"prompt {prompt.uid!r} has no 'start' field: number_walk needs where the walk begins")
         self.position, self.goal, self.moves = int(prompt.metadata["start"]), int(prompt.answer), 0
+        distance = abs(self.goal - self.position)
+        if self.progress_reward * distance >= 1.0:
+            raise ValueError(f"prompt {prompt.uid!r}: progress_reward {self.progress_reward} × distance {distance} "
+                             "≥ 1 would count a lost walk as solved; lower progress_reward")  # fmt: skip
         if prompt.messages is not None:
             return [dict(m) for m in prompt.messages]
         return [{"role": "user", "content": prompt.text or ""}]
 
     def step(self, assistant_message: Message) -> StepResult:
         move = next_move(assistant_message["content"], self.position)
+        before = abs(self.goal - self.position)
         self.position += move
         self.moves += 1
         left = self.max_moves - self.moves
+        progress = self.progress_reward * (before - abs(self.goal - self.position))
         if self.position == self.goal:
-            return StepResult(reward=1.0 + self.bonus * left, done=True, info={"solved": 1})
+            return StepResult(reward=1.0 + self.bonus * left + progress, done=True, info={"solved": 1})
         if left <= 0:
-            return StepResult(done=True)
+            return StepResult(reward=progress, done=True)
         text = position_message(self.position, self.goal, left)
         if move == 0:
             text = "Reply with the number you move to. " + text
-        return StepResult(messages=[{"role": "user", "content": text}])
+        return StepResult(messages=[{"role": "user", "content": text}], reward=progress)
