@@ -12,7 +12,8 @@ games start to be won) — overall and, for guess-the-number, per range (the pro
 since a policy that starts to solve the wider ranges raises the overall mean even while it gets faster on each; for
 the number walk, per distance to the goal (``walk/<start>/<goal>``), whose shortest solution is that many moves, and a
 table of the walk's turns replayed through the environment: the share of turns that moved, and of moves that went
-toward the goal (a random walker's is ½), and of walks whose first reply moved. Prints markdown tables.
+toward the goal (a random walker's is ½) and that went up, the walks won by the goal's direction, and the walks whose
+first reply moved. Prints markdown tables.
 """
 
 from __future__ import annotations
@@ -91,43 +92,52 @@ def window_table(steps: dict[int, list[Game]], window: int) -> list[str]:
     return lines
 
 
-def walk_turns(run_dir: Path) -> dict[int, list[list[int]]]:
-    """Per step, each trained walk's turns replayed through ``number_walk``: +1 a step toward the goal, −1 away,
-    0 a turn that did not move."""
+Walk = tuple[int, bool, list[int]]  # the goal's direction (+1 up, −1 down), won, each turn's move (+1 up, −1, 0)
+
+
+def walk_turns(run_dir: Path) -> dict[int, list[Walk]]:
+    """Per step, each trained walk replayed through ``number_walk``: the goal's direction, whether it was won, and
+    each turn's move (+1 up, −1 down, 0 a turn that did not move)."""
     from groupwise.environments.number_walk import next_move
 
-    steps: dict[int, list[list[int]]] = {}
+    steps: dict[int, list[Walk]] = {}
     for path in sorted((run_dir / "train_data").glob("step_*.jsonl")):
-        walks: list[list[int]] = []
+        walks: list[Walk] = []
         for row in read_jsonl(path):
             kind, start, goal = row["prompt_uid"].split("/")
             if kind != "walk":
                 return {}
-            position, goal_at, turns = int(start), int(goal), []
+            position, moves = int(start), []
             for text in row["episode"]["assistant"]:
-                move = next_move(text, position)
-                toward = abs(goal_at - position - move) < abs(goal_at - position)
-                turns.append(0 if move == 0 else (1 if toward else -1))
-                position += move
-            walks.append(turns)
+                moves.append(next_move(text, position))
+                position += moves[-1]
+            walks.append((1 if int(goal) > int(start) else -1, row["raw_reward"] >= 1.0, moves))
         steps[int(path.stem.split("_")[1])] = walks
     return steps
 
 
-def walk_table(steps: dict[int, list[list[int]]], window: int) -> list[str]:
-    """Rows of ``window`` steps: the turns that moved, the moves toward the goal, and the walks whose first reply
-    moved (a habit of opening with a reply that names no neighbour, such as restating the position, costs every
-    walk a move, so no walk can be won in the fewest moves)."""
-    lines = ["| steps | turns | turns that moved | moves toward the goal | walks whose first reply moved |",
-             "|---|---:|---:|---:|---:|"]  # fmt: skip
+def walk_table(steps: dict[int, list[Walk]], window: int) -> list[str]:
+    """Rows of ``window`` steps: the turns that moved, the moves toward the goal, the moves that went up, the walks
+    won among those whose goal is up and down, and the walks whose first reply moved.
+
+    A policy that always moves up wins every walk up in the fewest moves and loses every walk down (moves up near
+    1, walks down near 0 won): its moves per won walk fall while it never reads the goal. A habit of opening with a
+    reply that moves nothing (such as restating the position) costs every walk a move, so no walk can be won in the
+    fewest moves. Both show here and not in the table of turns.
+    """
+    lines = ["| steps | turns | turns that moved | moves toward the goal | moves up | won: goal up | won: goal down "
+             "| walks whose first reply moved |", "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     last = max(steps, default=0)
     for first in range(1, last + 1, window):
         walks = [w for s in range(first, min(first + window, last + 1)) for w in steps.get(s, [])]
-        turns = [t for walk in walks for t in walk]
-        moves = [float(t > 0) for t in turns if t != 0]
-        first_moved = [float(walk[0] != 0) for walk in walks if walk]
-        lines.append(f"| {first}–{min(first + window - 1, last)} | {len(turns)} | "
-                     f"{mean([float(t != 0) for t in turns])} | {mean(moves)} | {mean(first_moved)} |")  # fmt: skip
+        moves = [(goal, move) for goal, _, turns in walks for move in turns]
+        made = [(goal, move) for goal, move in moves if move != 0]
+        won = {side: [float(w) for goal, w, _ in walks if goal == side] for side in (1, -1)}
+        lines.append(f"| {first}–{min(first + window - 1, last)} | {len(moves)} | "
+                     f"{mean([float(move != 0) for _, move in moves])} | "
+                     f"{mean([float(goal == move) for goal, move in made])} | "
+                     f"{mean([float(move > 0) for _, move in made])} | {mean(won[1])} | {mean(won[-1])} | "
+                     f"{mean([float(turns[0] != 0) for _, _, turns in walks if turns])} |")  # fmt: skip
     return lines
 
 
