@@ -72,9 +72,8 @@ def run_train(args: argparse.Namespace) -> int:
 
     inputs = check_train_start(cfg, resume=args.resume, resume_from=args.resume_from)
     warnings += print_warnings(inputs.warnings)
-    from groupwise.cli.run_summary import run_summary_text
+    from groupwise.cli.run_summary import kept_after_failure, run_summary_text
     from groupwise.run.async_checkpoint import ResumeError
-    from groupwise.run.checkpoint import latest_checkpoint
     from groupwise.run.disk_full import DiskFullError, is_disk_full
     from groupwise.run.rundir import RunDirError
     from groupwise.runtime.ray_errors import RayNotInstalledError, RaySetupError
@@ -105,12 +104,11 @@ def run_train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         raise
     except BaseException as err:  # a SystemExit raised by user code (a sampler, a task) is a failure, not exit 0
-        kept = latest_checkpoint(session.run_dir.path)
         session.events.event(f"run failed: {type(err).__name__}: {err}")
         print(f"groupwise train: the run failed: {type(err).__name__}: {err}", file=sys.stderr)
         if is_disk_full(err) and not isinstance(err, DiskFullError):  # a metrics or fates line, say
             print("the disk is full: free space, then continue with --resume", file=sys.stderr)
-        print(f"kept: {kept or 'no complete checkpoint'} (resume with --resume)", file=sys.stderr)
+        print(kept_after_failure(session.run_dir.path), file=sys.stderr)
         return EXIT_RUN_FAILED
     finally:
         session.close()  # stop the learner ranks or Ray actors (and the local cluster this run started)

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from groupwise.run.checkpoint import latest_checkpoint
+from groupwise.run.checkpoint import checkpoint_step, latest_checkpoint
+from groupwise.run.metrics import read_metrics
 from groupwise.run.report import fmt_duration
 from groupwise.run.run_stats import RunSummary, Smoothed, load_run, summarize_run
+from groupwise.run.rundir import RunDir
 
 LABEL_WIDTH = 18
 
@@ -85,3 +87,22 @@ def _smoothed(value: Smoothed | None, every_row: bool = False) -> str:
 
 def _count(value: int | float) -> str:
     return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+def kept_after_failure(run_dir: Path) -> str:
+    """What a failed run kept: its newest complete checkpoint, and the steps ``metrics.jsonl`` records after it,
+    which a resume trains again (a run saves every ``checkpoint.every`` steps, 0 = only at the end)."""
+    kept = latest_checkpoint(run_dir)
+    line = f"kept: {kept or 'no complete checkpoint'} (resume with --resume)"
+    try:
+        last = max((record["step"] for record in read_metrics(RunDir(run_dir).metrics_path)), default=0)
+    except (OSError, ValueError):  # no metrics yet, or a damaged file: say what is known
+        return line
+    since = (checkpoint_step(kept) or 0) if kept is not None else 0
+    if last <= since:
+        return line
+    one = last == since + 1
+    steps = f"step {last}" if one else f"steps {since + 1}–{last}"
+    after = "trained after it" if kept is not None else "trained"
+    return (f"{line}; {steps} {after} {'is' if one else 'are'} not kept: a resume trains {'it' if one else 'them'} "
+            "again (checkpoint.every saves more often)")
