@@ -69,15 +69,28 @@ def mean(values: Sequence[float]) -> str:
     return f"{sum(values) / len(values):.2f}" if values else "–"
 
 
-def window_table(steps: dict[int, list[Game]], window: int) -> list[str]:
-    """Rows of ``window`` steps; a column of turns per solved game for each kind of game (:func:`game_kind`)."""
+def unfiltered_rewards(run_dir: Path) -> dict[int, float]:
+    """Per step, ``reward/unfiltered_mean``: the mean reward of every game generated for it, groups that dynamic
+    sampling filtered included (``train_data`` holds the trained groups only)."""
+    return {r["step"]: r["reward/unfiltered_mean"] for r in read_jsonl(run_dir / "metrics.jsonl")
+            if r.get("reward/unfiltered_mean") is not None}  # fmt: skip
+
+
+def window_table(steps: dict[int, list[Game]], unfiltered: dict[int, float], window: int) -> list[str]:
+    """Rows of ``window`` steps; a column of turns per solved game for each kind of game (:func:`game_kind`).
+
+    Every column but the first reward counts the trained games only: a group whose games all got one reward (all
+    won, or all lost) is filtered by dynamic sampling and is not in ``train_data``, so a policy that wins some
+    prompts always and others never looks better here than it plays. The first reward is every generated game's.
+    """
     kinds = sorted({g[0] for games in steps.values() for g in games if g[0] is not None})
-    lines = ["| steps | games | sampled reward | solved | solved in the fewest turns | turns per game "
-             "| turns per solved game |" + "".join(f" {kind} |" for kind in kinds),
-             "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds)]  # fmt: skip
+    lines = ["| steps | games | reward, every game generated | sampled reward | solved | solved in the fewest turns "
+             "| turns per game | turns per solved game |" + "".join(f" {kind} |" for kind in kinds),
+             "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds)]  # fmt: skip
     last = max(steps, default=0)
     for first in range(1, last + 1, window):
-        games = [g for s in range(first, min(first + window, last + 1)) for g in steps.get(s, [])]
+        window_steps = range(first, min(first + window, last + 1))
+        games = [g for s in window_steps for g in steps.get(s, [])]
         solved = [g for g in games if g[1] >= 1.0]
         by_kind = defaultdict(list)
         for kind, _, turns, _ in solved:
@@ -85,9 +98,10 @@ def window_table(steps: dict[int, list[Game]], window: int) -> list[str]:
                 by_kind[kind].append(turns)
         fewest = [float(g[1] >= 1.0 and g[2] == g[3]) for g in games]
         solved_share = [float(g[1] >= 1.0) for g in games]
-        row = (f"| {first}–{min(first + window - 1, last)} | {len(games)} | {mean([g[1] for g in games])} | "
-               f"{mean(solved_share)} | {mean(fewest)} | {mean([g[2] for g in games])} | "
-               f"{mean([g[2] for g in solved])} |")  # fmt: skip
+        generated = [unfiltered[s] for s in window_steps if s in unfiltered]
+        row = (f"| {first}–{min(first + window - 1, last)} | {len(games)} | {mean(generated)} | "
+               f"{mean([g[1] for g in games])} | {mean(solved_share)} | {mean(fewest)} | "
+               f"{mean([g[2] for g in games])} | {mean([g[2] for g in solved])} |")  # fmt: skip
         lines.append(row + "".join(f" {mean(by_kind[kind])} |" for kind in kinds))
     return lines
 
@@ -158,7 +172,7 @@ def main() -> None:
     args = parser.parse_args()
     for run_dir in args.run_dirs:
         print(f"\n### {run_dir}\n")
-        print("\n".join(window_table(trained_games(run_dir), args.window)))
+        print("\n".join(window_table(trained_games(run_dir), unfiltered_rewards(run_dir), args.window)))
         walks = walk_turns(run_dir)
         if walks:
             print()
