@@ -76,8 +76,8 @@ def test_the_goal_pays_the_moves_left_and_running_out_pays_nothing():
 
 
 def play(env: NumberWalkEnvironment, start: int, goal: int, toward: list[bool]) -> tuple[float, int]:
-    """Walk with one step toward (True) or away from (False) the goal per move: (the episode's reward, the sum of
-    its turns' rewards; moves used)."""
+    """Walk with one step toward (True) or away from (False) the goal per move: (the episode's reward, which is the
+    sum of its turns' rewards, and the moves used)."""
     env.reset(walk(start, goal), 0)
     total = 0.0
     for index, right in enumerate(toward):
