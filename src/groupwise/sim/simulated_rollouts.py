@@ -169,9 +169,8 @@ class SimulatedRollouts:
         counters.generated_tokens += cost.tokens
         uid = prompt.prompt.uid
         self._raise_drawn_failure(uid, attempt, cost, failing, data < w.data_failure_rate)
-        switches = self._switches[switched:]
         rewards, version_tokens = self._draw_rewards(uid, draws[:G], start_version, starts, lengths, prefill,
-                                                     per_token, switches)  # fmt: skip
+                                                     per_token, switched)  # fmt: skip
         correct = sum(rewards)
         counters.zero_variance_groups += correct == 0 or correct == G
         counters.returned_groups += 1
@@ -228,13 +227,15 @@ class SimulatedRollouts:
         lengths: Sequence[int],
         prefill: float,
         per_token: float,
-        switches: list[tuple[float, int]],
+        switched: int,
     ) -> tuple[list[float], tuple[tuple[int, int], ...]]:
         """Each completion's 0/1 reward, 1 when its uniform draw is below ``sigmoid(logit − difficulty)``, and the
         tokens per weight version. Without a weight load during the attempt the logit is the start version's; with
-        partial rollouts and loads (``switches``) it is the token-weighted mean of the versions that made it."""
+        partial rollouts and loads (the switches recorded after the first ``switched``) it is the token-weighted
+        mean of the versions that made it."""
         difficulty = self.difficulty[uid]
-        if self.partial_rollouts and switches:
+        if self.partial_rollouts and len(self._switches) > switched:
+            switches = self._switches[switched:]
             assert starts is not None
             mixes = [version_counts(t, prefill, per_token, n, start_version, switches)
                      for t, n in zip(starts, lengths, strict=True)]  # fmt: skip
