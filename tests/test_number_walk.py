@@ -14,12 +14,17 @@ Invariants pinned:
 - the data: every walk 2 or 3 steps, the held-out walks (starts that are multiples of 5) never in training, each
   opening offering the numbers the environment would offer, and a random walker's chance of winning what the
   data's docstring says (45 % and 22 %), computed exactly;
+- with ``nearer_first`` the move toward the goal is always offered first, so a policy that takes the first number
+  offered (in the opening and in every answer) wins every walk in ``|goal − start|`` moves, and a reply that moves
+  nothing costs exactly one move; the guided data asks the same walks, split the same way, each opening offering
+  the nearer move first within 6 moves;
 - the name ``number_walk`` is a built-in environment, and a prompt without ``start`` is refused by name.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from fractions import Fraction
@@ -34,6 +39,7 @@ from groupwise.types import Prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "examples" / "data" / "number_walk"
+GUIDED_DATA = ROOT / "examples" / "data" / "number_walk_guided"
 
 
 def walk(start: int, goal: int) -> Prompt:
@@ -173,3 +179,49 @@ def test_number_walk_is_built_in_and_needs_a_start():
         NumberWalkEnvironment().reset(Prompt(uid="w", answer="3", text="walk"), 0)
     with pytest.raises(ValueError, match="max_moves must be"):
         NumberWalkEnvironment(max_moves=0)
+
+
+def read_split(folder: Path, name: str) -> list[dict]:
+    return [json.loads(line) for line in (folder / f"{name}.jsonl").read_text().splitlines()]
+
+
+def play_first_offered(record: dict, stand_still_turns: int) -> tuple[int, float]:
+    """Play a guided walk replying with its own position for ``stand_still_turns`` turns, then always with the first
+    number offered; return the moves used and the reward."""
+    env = NumberWalkEnvironment(max_moves=6, bonus=0.2, nearer_first=True)
+    text = env.reset(walk_prompt(record), 0)[0]["content"]
+    for moves in range(1, 7):
+        offered = [int(n) for n in re.findall(r"-?\d+", text)[-2:]]  # "... to 14 or 16." / "Move to 14 or 16?"
+        answer = str(env.position) if moves <= stand_still_turns else str(offered[0])
+        result = reply(env, answer)
+        if result.done:
+            return moves, result.reward
+        text = result.messages[0]["content"]
+    raise AssertionError("the walk did not end within its moves")
+
+
+def walk_prompt(record: dict) -> Prompt:
+    return Prompt(uid=record["id"], answer=str(record["answer"]), messages=tuple(record["messages"]),
+                  metadata={"start": record["start"]})  # fmt: skip
+
+
+def test_nearer_first_offers_the_move_toward_the_goal_and_taking_it_wins_in_the_distance():
+    for position in range(-5, 40):
+        for goal in (position - 3, position - 1, position + 2):
+            first, second = choices(position, goal, 4, nearer_first=True)
+            assert abs(goal - first) < abs(goal - second) and {first, second} == {position - 1, position + 1}
+    for record in read_split(GUIDED_DATA, "eval"):
+        distance = abs(record["answer"] - record["start"])
+        for stand_still in (0, 1):
+            moves, reward = play_first_offered(record, stand_still_turns=stand_still)
+            assert (moves, reward) == (distance + stand_still, pytest.approx(1 + 0.2 * (6 - distance - stand_still)))
+
+
+def test_the_guided_data_is_the_same_walks_with_the_nearer_move_offered_first():
+    for name in ("train", "eval"):
+        guided, plain = read_split(GUIDED_DATA, name), read_split(DATA, name)
+        assert [r["id"] for r in guided] == [r["id"] for r in plain]
+        for record in guided:
+            first, second = choices(record["start"], record["answer"], 6, nearer_first=True)
+            assert "You have 6 moves." in record["messages"][0]["content"]
+            assert record["messages"][0]["content"].endswith(f"you move to, {first} or {second}.")

@@ -8,7 +8,10 @@ walker that steps up or down at random still reaches one 2 or 3 steps away in 55
 5.3 moves on average where it does), so a group carries a signal from the first step and the moves of a won walk
 have room to fall to the distance.
 
-    python examples/data/make_number_walk.py     # rewrites both files (deterministic)
+The guided walk (``examples/data/number_walk_guided/``, for ``number_walk`` with ``nearer_first``) asks the same
+walks with 6 moves and the move toward the goal offered first, as the environment's answers offer it.
+
+    python examples/data/make_number_walk.py     # rewrites all four files (deterministic)
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ QUESTION = (
 )
 STARTS = range(1, 31)
 DISTANCES = (2, 3)
-MOVES = 10
 SHUFFLE_SEED = 0
-OUT_DIR = Path(__file__).resolve().parent / "number_walk"
+HERE = Path(__file__).resolve().parent
+# (folder, moves per walk, whether the move toward the goal is offered first)
+DATASETS = ((HERE / "number_walk", 10, False), (HERE / "number_walk_guided", 6, True))
 
 
 def walks() -> list[tuple[int, int]]:
@@ -37,9 +41,9 @@ def walks() -> list[tuple[int, int]]:
     return items
 
 
-def record(start: int, goal: int) -> dict[str, object]:
-    first, second = choices(start, goal, MOVES)
-    question = QUESTION.format(start=start, goal=goal, moves=MOVES, first=first, second=second)
+def record(start: int, goal: int, moves: int, nearer_first: bool) -> dict[str, object]:
+    first, second = choices(start, goal, moves, nearer_first)
+    question = QUESTION.format(start=start, goal=goal, moves=moves, first=first, second=second)
     return {
         "id": f"walk/{start}/{goal}",
         "messages": [{"role": "user", "content": question}],
@@ -50,14 +54,15 @@ def record(start: int, goal: int) -> dict[str, object]:
 
 def main() -> None:
     items = walks()
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
     held_out = [walk for walk in items if walk[0] % 5 == 0]
     training = [walk for walk in items if walk[0] % 5 != 0]
-    for name, part in (("eval", held_out), ("train", training)):
-        with open(OUT_DIR / f"{name}.jsonl", "w") as f:
-            for start, goal in part:
-                f.write(json.dumps(record(start, goal)) + "\n")
-        print(f"{OUT_DIR / name}.jsonl: {len(part)} walks")
+    for out_dir, moves, nearer_first in DATASETS:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, part in (("eval", held_out), ("train", training)):
+            with open(out_dir / f"{name}.jsonl", "w") as f:
+                for start, goal in part:
+                    f.write(json.dumps(record(start, goal, moves, nearer_first)) + "\n")
+            print(f"{out_dir / name}.jsonl: {len(part)} walks")
 
 
 if __name__ == "__main__":

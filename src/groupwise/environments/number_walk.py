@@ -5,9 +5,10 @@ Each model turn moves one step: to the reply's last number when that is a neighb
 down by the reply's last ``up`` or ``down``; a reply with neither uses a move and stays put. The environment
 answers with the new position and the two numbers it can move to (in an order drawn from the position, the goal
 and the moves left, so that the first is the nearer one half of the time: taking the first is a random walk), or
-ends the episode at the goal. Reward ``1 + bonus × (max_moves − moves used)`` at the goal, 0 when the moves run
-out; with ``progress_reward`` r > 0 each move also pays ``r × (distance before − distance after)``: +r toward the
-goal, −r away.
+ends the episode at the goal. With ``nearer_first`` the move toward the goal is always offered first, a guide: the
+direction is given, and what is left to learn is to take a move every turn. Reward ``1 + bonus × (max_moves − moves
+used)`` at the goal, 0 when the moves run out; with ``progress_reward`` r > 0 each move also pays ``r × (distance
+before − distance after)``: +r toward the goal, −r away.
 
 Why the progress term: without it a group whose walks all lose carries no signal (every reward 0), so a policy that
 always moves the same way (up, say) wins the walks that go that way in the fewest moves, loses every other walk,
@@ -47,28 +48,33 @@ def next_move(reply: str, position: int) -> int:
     return 1 if words[-1].lower() == "up" else -1
 
 
-def choices(position: int, goal: int, moves_left: int) -> tuple[int, int]:
-    """The two numbers ``position`` can move to, in an order drawn from the three arguments (the same in every
-    process, so a replayed episode reads the same answers): it never tells which is nearer the goal."""
+def choices(position: int, goal: int, moves_left: int, nearer_first: bool = False) -> tuple[int, int]:
+    """The two numbers ``position`` can move to: the one toward ``goal`` first when ``nearer_first``, else in an
+    order drawn from the three arguments (the same in every process, so a replayed episode reads the same answers)
+    that never tells which is nearer the goal."""
     low, high = position - 1, position + 1
+    if nearer_first:
+        return (high, low) if goal > position else (low, high)
     return (low, high) if random.Random(f"{position}/{goal}/{moves_left}").random() < 0.5 else (high, low)
 
 
-def position_message(position: int, goal: int, moves_left: int) -> str:
+def position_message(position: int, goal: int, moves_left: int, nearer_first: bool = False) -> str:
     """What the model reads after a move that did not reach the goal."""
-    first, second = choices(position, goal, moves_left)
+    first, second = choices(position, goal, moves_left, nearer_first)
     return f"You are on {position}; the goal is {goal}. {moves_left} moves left. Move to {first} or {second}?"
 
 
 class NumberWalkEnvironment:
     """One walk per episode: from ``prompt.metadata["start"]`` to ``int(prompt.answer)``."""
 
-    def __init__(self, max_moves: int = 8, bonus: float = 0.1, progress_reward: float = 0.0) -> None:
+    def __init__(self, max_moves: int = 8, bonus: float = 0.1, progress_reward: float = 0.0,
+                 nearer_first: bool = False) -> None:
         if max_moves < 1:
             raise ValueError(f"max_moves must be ≥ 1, got {max_moves}")
         if progress_reward < 0:
             raise ValueError(f"progress_reward must be ≥ 0, got {progress_reward}")
         self.max_moves, self.bonus, self.progress_reward = max_moves, bonus, progress_reward
+        self.nearer_first = nearer_first
         self.position = self.goal = self.moves = 0
 
     def reset(self, prompt: Prompt, sample_index: int) -> list[Message]:
@@ -94,7 +100,7 @@ class NumberWalkEnvironment:
             return StepResult(reward=1.0 + self.bonus * left + progress, done=True, info={"solved": 1})
         if left <= 0:
             return StepResult(reward=progress, done=True)
-        text = position_message(self.position, self.goal, left)
+        text = position_message(self.position, self.goal, left, self.nearer_first)
         if move == 0:
             text = "Reply with the number you move to. " + text
         return StepResult(messages=[{"role": "user", "content": text}], reward=progress)
