@@ -6,10 +6,14 @@ Invariants pinned (slow tier, ``make test-slow``; each run is its example's own 
   more at the last step than at the first.
 - guess-the-number (``examples/guess_number.yaml``, 6 steps, evaluated at steps 0 and 6): held-out greedy accuracy
   rises, and the sampled episodes' mean reward over the last three steps is above the first three's.
+- the guided number walk (``examples/number_walk_guided.yaml``, 6 steps): the sampled episodes' mean reward over
+  the last three steps is above the first three's, and so is the share of trained walks won in the fewest moves
+  (the measure of how short a won walk is that does not move with which walks are won).
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +52,23 @@ def test_guess_number_reward_rises(tmp_path):
     rewards = [r["reward/unfiltered_mean"] for r in records if "reward/unfiltered_mean" in r]
     assert accuracy[-1] > accuracy[0], f"held-out accuracy should rise: {accuracy}"
     assert sum(rewards[-3:]) > sum(rewards[:3]), f"sampled reward should rise: {rewards}"
+
+
+def won_in_the_fewest_moves(train_data: Path) -> float:
+    """The share of a step's trained walks that reached the goal in as many moves as its distance."""
+    rows = [json.loads(line) for line in train_data.read_text().splitlines() if line.strip()]
+    straight = 0
+    for row in rows:
+        start, goal = (int(n) for n in row["prompt_uid"].split("/")[1:])  # "walk/<start>/<goal>"
+        straight += row["raw_reward"] >= 1 and row["episode"]["turns"] == abs(goal - start)
+    return straight / len(rows)
+
+
+def test_guided_walk_reward_rises_and_won_walks_get_shorter(tmp_path):
+    groupwise("train", "examples/number_walk_guided.yaml", f"run.output_dir={tmp_path}", "run.name=rl",
+              "run.max_steps=6", "eval.every=0", "checkpoint.every=0", "model.device=cpu", *QUIET)  # fmt: skip
+    rewards = [r["reward/unfiltered_mean"] for r in read_metrics(tmp_path / "rl" / "metrics.jsonl")
+               if "reward/unfiltered_mean" in r]  # fmt: skip
+    straight = [won_in_the_fewest_moves(tmp_path / "rl" / "train_data" / f"step_{step}.jsonl") for step in range(1, 7)]
+    assert sum(rewards[-3:]) > sum(rewards[:3]), f"sampled reward should rise: {rewards}"
+    assert sum(straight[-3:]) > sum(straight[:3]), f"walks won in the fewest moves should rise: {straight}"
