@@ -8,7 +8,7 @@ Invariants pinned (slow tier, ``make test-slow``; each run is its example's own 
   rises, and the sampled episodes' mean reward over the last three steps is above the first three's.
 - the guided number walk (``examples/number_walk_guided.yaml``, 6 steps): the sampled episodes' mean reward over
   the last three steps is above the first three's, and so is the share of trained walks won in the fewest moves
-  (the measure of how short a won walk is that does not move with which walks are won).
+  (unlike the moves per won walk, a share of all walks: longer walks joining the won ones cannot lower it).
 """
 
 from __future__ import annotations

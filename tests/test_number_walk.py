@@ -185,6 +185,11 @@ def read_split(folder: Path, name: str) -> list[dict]:
     return [json.loads(line) for line in (folder / f"{name}.jsonl").read_text().splitlines()]
 
 
+def walk_prompt(record: dict) -> Prompt:
+    return Prompt(uid=record["id"], answer=str(record["answer"]), messages=tuple(record["messages"]),
+                  metadata={"start": record["start"]})  # fmt: skip
+
+
 def play_first_offered(record: dict, stand_still_turns: int) -> tuple[int, float]:
     """Play a guided walk replying with its own position for ``stand_still_turns`` turns, then always with the first
     number offered; return the moves used and the reward."""
@@ -198,11 +203,6 @@ def play_first_offered(record: dict, stand_still_turns: int) -> tuple[int, float
             return moves, result.reward
         text = result.messages[0]["content"]
     raise AssertionError("the walk did not end within its moves")
-
-
-def walk_prompt(record: dict) -> Prompt:
-    return Prompt(uid=record["id"], answer=str(record["answer"]), messages=tuple(record["messages"]),
-                  metadata={"start": record["start"]})  # fmt: skip
 
 
 def test_nearer_first_offers_the_move_toward_the_goal_and_taking_it_wins_in_the_distance():
