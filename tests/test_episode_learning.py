@@ -13,12 +13,12 @@ Invariants pinned (slow tier, ``make test-slow``; each run is its example's own 
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from bench_modules import load_bench_module
 
 from groupwise.run.metrics import read_metrics
 
@@ -54,14 +54,12 @@ def test_guess_number_reward_rises(tmp_path):
     assert sum(rewards[-3:]) > sum(rewards[:3]), f"sampled reward should rise: {rewards}"
 
 
-def won_in_the_fewest_moves(train_data: Path) -> float:
-    """The share of a step's trained walks that reached the goal in as many moves as its distance."""
-    rows = [json.loads(line) for line in train_data.read_text().splitlines() if line.strip()]
-    straight = 0
-    for row in rows:
-        start, goal = (int(n) for n in row["prompt_uid"].split("/")[1:])  # "walk/<start>/<goal>"
-        straight += row["raw_reward"] >= 1 and row["episode"]["turns"] == abs(goal - start)
-    return straight / len(rows)
+def won_in_the_fewest_moves(run_dir: Path) -> list[float]:
+    """Per step, the share of its trained walks that reached the goal in as many moves as their distance, from
+    ``bench/guess_number.py``'s reading of ``train_data``."""
+    steps = load_bench_module("guess_number.py").trained_games(run_dir)
+    return [sum(reward >= 1 and turns == fewest for _, reward, turns, fewest in steps[step]) / len(steps[step])
+            for step in sorted(steps)]  # fmt: skip
 
 
 def test_guided_walk_reward_rises_and_won_walks_get_shorter(tmp_path):
@@ -69,6 +67,7 @@ def test_guided_walk_reward_rises_and_won_walks_get_shorter(tmp_path):
               "run.max_steps=6", "eval.every=0", "checkpoint.every=0", "model.device=cpu", *QUIET)  # fmt: skip
     rewards = [r["reward/unfiltered_mean"] for r in read_metrics(tmp_path / "rl" / "metrics.jsonl")
                if "reward/unfiltered_mean" in r]  # fmt: skip
-    straight = [won_in_the_fewest_moves(tmp_path / "rl" / "train_data" / f"step_{step}.jsonl") for step in range(1, 7)]
+    straight = won_in_the_fewest_moves(tmp_path / "rl")
+    assert len(straight) == 6, f"one share per trained step: {straight}"
     assert sum(rewards[-3:]) > sum(rewards[:3]), f"sampled reward should rise: {rewards}"
     assert sum(straight[-3:]) > sum(straight[:3]), f"walks won in the fewest moves should rise: {straight}"

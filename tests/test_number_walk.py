@@ -161,8 +161,7 @@ def random_walk_wins(distance: int, moves: int) -> Fraction:
 
 
 def test_the_data_holds_out_whole_starts_and_offers_what_the_environment_offers():
-    splits = {name: [json.loads(line) for line in (DATA / f"{name}.jsonl").read_text().splitlines()]
-              for name in ("train", "eval")}  # fmt: skip
+    splits = {name: read_split(DATA, name) for name in ("train", "eval")}
     assert (len(splits["train"]), len(splits["eval"])) == (96, 24)
     assert {r["start"] % 5 == 0 for r in splits["eval"]} == {True}
     assert {r["start"] % 5 == 0 for r in splits["train"]} == {False}
