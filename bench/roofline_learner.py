@@ -3,10 +3,12 @@
 R rows in groups of 8 (one prompt of p tokens each, U = R / 8 distinct prompts), completions of n tokens. The
 model FLOPs, as MFU counts them (a backward pass costs twice its forward), per layout the learner runs:
 
-    one pass per row (optimizer.share_prompts off), T = p + n positions a row:
+    one pass per row (optimizer.share_prompts off), T = p + n − 1 positions a row fed (the last token predicts
+    nothing scored):
         FLOPs = 3·(2·R·T·P_layers + 2·R·n·P_head + 2·R·L·H·D·T²)      (causal attention: half of T² computed)
-    one pass per distinct prompt, then the completions against its keys and values (share_prompts on):
-        FLOPs = 3·(2·(U·p + R·n)·P_layers + 2·R·n·P_head + 2·L·H·D·(U·p² + R·(2·n·p + n²)))
+    one pass per distinct prompt, then the completions but their last token (m = n − 1) against its keys and values
+    (share_prompts on):
+        FLOPs = 3·(2·(U·p + R·m)·P_layers + 2·R·n·P_head + 2·L·H·D·(U·p² + R·(2·m·p + m²)))
     bound = FLOPs / matmul rate + AdamW's bytes / copy rate,  AdamW bytes = 28 · trained parameters
 
 (AdamW reads weight, gradient and two moments and writes three: 7 float32 tensors.) MFU = FLOPs / seconds /
@@ -37,11 +39,12 @@ def learner_flops(shape: Shape, rows: int, prompt: int, completion: int, prompts
     """The step's model FLOPs (module docstring): one pass per row when ``prompts`` is None, else one pass over
     each of ``prompts`` distinct prompts and the completions against them."""
     attention = 2 * shape.layers * shape.heads * shape.head_dim
+    fed = completion - 1  # a completion's last token predicts nothing scored: the learner does not feed it
     if prompts is None:
-        positions, pairs = rows * (prompt + completion), rows * (prompt + completion) ** 2
+        positions, pairs = rows * (prompt + fed), rows * (prompt + fed) ** 2
     else:
-        positions = prompts * prompt + rows * completion
-        pairs = prompts * prompt**2 + rows * (2 * completion * prompt + completion**2)
+        positions = prompts * prompt + rows * fed
+        pairs = prompts * prompt**2 + rows * (2 * fed * prompt + fed**2)
     forward = 2 * positions * shape.layer_params + 2 * rows * completion * shape.head_params + attention * pairs
     return 3 * forward
 

@@ -1,7 +1,8 @@
 """The decode step compiled by torch's compiler (``generation.compile``), against the same step run eagerly.
 
-- exactness (slow tier: compiling takes minutes here): on a tiny random model the compiled slot step samples the
-  same tokens as the eager slot step (``cuda_graphs='eager'``) and records logprobs within 1e-4 (float32) —
+- exactness (slow tier: compiling takes minutes here), with dense and with oneDNN projections: on a tiny random
+  model the compiled slot step samples the same tokens as the eager slot step (``cuda_graphs='eager'``) and
+  records logprobs within 1e-4 (float32) —
   sampled at temperature 1 with rows finishing at different steps (several row buckets), after the weights
   changed in place (an optimizer step on the shared model: the compiled step reads the new weights), and greedy;
   ``decode_path`` names the compiled step and ``compile_seconds`` counts the compile's cost;
@@ -21,6 +22,7 @@ from fakes.decoder_models import assert_same_completions, char_tokenizer, peaked
 from groupwise.config import ConfigError, config_from_dict, load_config
 from groupwise.generation import Engine, compiled_step, step_graphs
 from groupwise.generation.compiled_step import AUTO_MIN_DECODE_STEPS, compile_wanted
+from groupwise.generation.projections import onednn_available
 from groupwise.trainer.builder import build_components
 from groupwise.types import SamplingParams
 
@@ -41,19 +43,22 @@ def _tokens(completions) -> list[list[tuple[int, ...]]]:
     return [[c.token_ids for c in per] for per in completions]
 
 
-def _compiled_and_eager(model, tokenizer) -> tuple[Engine, Engine]:
-    compiled = Engine(model, tokenizer, STOPS, compile_step=True)
-    return compiled, Engine(model, tokenizer, STOPS, cuda_graphs="eager")
+def _compiled_and_eager(model, tokenizer, projections: str = "auto") -> tuple[Engine, Engine]:
+    compiled = Engine(model, tokenizer, STOPS, compile_step=True, projections=projections)
+    return compiled, Engine(model, tokenizer, STOPS, cuda_graphs="eager", projections=projections)
 
 
 @pytest.mark.slow  # its compiles: ~4 min on a loaded 2-core CPU, ~15 s once inductor's disk cache holds them
-def test_the_compiled_step_samples_what_the_eager_step_samples(tokenizer) -> None:
+@pytest.mark.parametrize("projections", ["dense", "onednn"])
+def test_the_compiled_step_samples_what_the_eager_step_samples(tokenizer, projections) -> None:
+    if projections == "onednn" and not onednn_available():
+        pytest.skip("this torch build has no oneDNN")
     model = peaked_model(len(tokenizer), seed=3)
-    compiled, eager = _compiled_and_eager(model, tokenizer)
+    compiled, eager = _compiled_and_eager(model, tokenizer, projections)
     sampling = SamplingParams(max_new_tokens=16, temperature=1.0)
     requests = text_requests(tokenizer, TEXTS, 2)
     before = compiled.generate(requests, sampling)
-    assert compiled.decode_path.startswith(COMPILED)
+    assert compiled.decode_path.startswith(COMPILED) and compiled.projection_kind == projections
     assert len({c.num_tokens for per in before for c in per}) > 1, "rows should finish at different steps"
     assert compiled.decode_graphs.captures >= 2, "rows finishing at different steps should use several buckets"
     assert compiled.decode_graphs.compile_seconds > 0

@@ -7,6 +7,9 @@
   multi-head and grouped-query attention, ragged prompts, several samples per prompt, top-p, and rows
   compacted mid-loop; also for biased projections (Llama ``attention_bias``/``mlp_bias``) and Qwen2 (q/k/v
   biases);
+- both projection kinds (dense, oneDNN) give this equivalence and freshness; ``auto`` takes oneDNN for float32
+  on a CPU only from a hidden size of ``ONEDNN_MIN_HIDDEN``, and an unknown kind is refused when the engine is
+  made;
 - freshness: weights changed in place after the first call (an optimizer step in sync mode, where
   the engine shares the learner's model) are used by the next call — no stale packed copy;
 - refusal: a model outside its scope (another architecture, sliding-window layers) or one whose probe
@@ -26,6 +29,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from groupwise.config import config_from_dict
 from groupwise.generation import Engine
+from groupwise.generation.projections import ONEDNN_MIN_HIDDEN, onednn_available, projection_kind
 from groupwise.trainer.builder import build_components
 from groupwise.types import GenerationRequest, SamplingParams
 
@@ -46,8 +50,9 @@ def _requests(tokenizer) -> list[GenerationRequest]:
     return text_requests(tokenizer, ["1+2=", "a much longer prompt: 81*7=", "9", "12+30="], 3)
 
 
-def _both_paths(model, tokenizer, sampling: SamplingParams):
-    fast, module = Engine(model, tokenizer, STOPS), Engine(model, tokenizer, STOPS, fast_decode=False)
+def _both_paths(model, tokenizer, sampling: SamplingParams, projections: str = "auto"):
+    fast = Engine(model, tokenizer, STOPS, projections=projections)
+    module = Engine(model, tokenizer, STOPS, fast_decode=False)
     return fast, fast.generate(_requests(tokenizer), sampling), module, module.generate(_requests(tokenizer), sampling)
 
 
@@ -59,11 +64,14 @@ def _logprob_tolerance(model, tokenizer) -> float:
 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(6, 6), (6, 2), (6, 1)])
-def test_fast_step_samples_what_the_module_path_samples(tokenizer, heads, kv_heads) -> None:
+@pytest.mark.parametrize("projections", ["dense", "onednn"])
+def test_fast_step_samples_what_the_module_path_samples(tokenizer, heads, kv_heads, projections) -> None:
+    if projections == "onednn" and not onednn_available():
+        pytest.skip("this torch build has no oneDNN")
     model = peaked_model(len(tokenizer), seed=heads + kv_heads, num_attention_heads=heads, num_key_value_heads=kv_heads)
     sampling = SamplingParams(max_new_tokens=24, temperature=1.0, top_p=0.95)
-    fast, got, module, expected = _both_paths(model, tokenizer, sampling)
-    assert fast.decode_path == FAST
+    fast, got, module, expected = _both_paths(model, tokenizer, sampling, projections)
+    assert fast.decode_path == FAST and fast.projection_kind == projections
     assert module.decode_path.startswith("transformers forward")
     lengths = {c.num_tokens for per in got for c in per}
     assert len(lengths) > 1, "rows should finish at different steps, so the batch is compacted mid-loop"
@@ -82,10 +90,14 @@ def test_biased_projections_and_qwen2_take_the_fast_step(tokenizer, family, over
     assert_same_completions(got, expected, _logprob_tolerance(model, tokenizer))
 
 
-def test_fast_step_uses_weights_changed_in_place(tokenizer) -> None:
+@pytest.mark.parametrize("projections", ["dense", "onednn"])
+def test_fast_step_uses_weights_changed_in_place(tokenizer, projections) -> None:
+    if projections == "onednn" and not onednn_available():
+        pytest.skip("this torch build has no oneDNN")
     model = peaked_model(len(tokenizer), seed=3)
     sampling = SamplingParams(max_new_tokens=16, temperature=1.0)
-    fast, before, module, _ = _both_paths(model, tokenizer, sampling)
+    fast, before, module, _ = _both_paths(model, tokenizer, sampling, projections)
+    assert fast.projection_kind == projections
     with torch.no_grad():  # what an optimizer step does to the shared model in sync mode
         generator = torch.Generator().manual_seed(0)
         for parameter in model.parameters():
@@ -93,6 +105,22 @@ def test_fast_step_uses_weights_changed_in_place(tokenizer) -> None:
     after, expected = fast.generate(_requests(tokenizer), sampling), module.generate(_requests(tokenizer), sampling)
     assert [[c.token_ids for c in per] for per in after] != [[c.token_ids for c in per] for per in before]
     assert_same_completions(after, expected, _logprob_tolerance(model, tokenizer))
+
+
+def test_auto_takes_onednn_from_its_hidden_size_and_unknown_kinds_are_refused(tokenizer) -> None:
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    wanted = "onednn" if onednn_available() else "dense"
+    assert projection_kind(cpu, torch.float32, ONEDNN_MIN_HIDDEN) == wanted
+    assert projection_kind(cpu, torch.float32, ONEDNN_MIN_HIDDEN - 1) == "dense"
+    assert projection_kind(cpu, torch.bfloat16, 4096) == "dense"
+    assert projection_kind(gpu, torch.float32, 4096) == "dense"
+    if onednn_available():
+        assert projection_kind(cpu, torch.float32, 64, "onednn") == "onednn"
+    small = Engine(peaked_model(len(tokenizer), seed=1), tokenizer, STOPS)
+    small.generate(_requests(tokenizer), SamplingParams(max_new_tokens=2, temperature=1.0))
+    assert small.decode_path == FAST and small.projection_kind == "dense"  # hidden size below ONEDNN_MIN_HIDDEN
+    with pytest.raises(ValueError, match="projections='blocked' must be one of auto, dense, onednn"):
+        Engine(peaked_model(len(tokenizer), seed=1), tokenizer, STOPS, projections="blocked")
 
 
 def test_models_outside_the_scope_keep_the_module_path(tokenizer) -> None:

@@ -122,9 +122,11 @@ def test_only_completion_positions_reach_the_head(model, monkeypatch):
                         or real(hidden, *a, **k))
     scored = CompletionScorer(1.0, 1024).score(model, PROMPTS, COMPLETIONS)
     assert seen == [sum(len(c) for c in COMPLETIONS)]
-    assert scored.real_tokens == sum(len(p) + len(c) for p, c in zip(PROMPTS, COMPLETIONS, strict=True))
-    assert scored.padded_tokens == len(PROMPTS) * max(len(p) + len(c) for p, c in zip(PROMPTS, COMPLETIONS,
-                                                                                      strict=True))
+    widest = max(len(p) + len(c) for p, c in zip(PROMPTS, COMPLETIONS, strict=True))
+    # the last column predicts nothing scored and is not fed
+    fed = [min(len(p) + len(c), widest - 1) for p, c in zip(PROMPTS, COMPLETIONS, strict=True)]
+    assert scored.real_tokens == sum(fed)
+    assert scored.padded_tokens == len(PROMPTS) * (widest - 1)
 
 
 def test_models_with_other_logits_fall_back_to_the_plain_path_with_a_reason(model, monkeypatch):

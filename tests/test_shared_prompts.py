@@ -6,8 +6,10 @@ Invariants pinned:
   the float64 case runs it in float64) and 1e-5 in float32, on ragged rows (prompts of several lengths, each
   shared by several rows, completions from one token long, a sampled pad id, temperature);
 - the same with a LoRA adapter on the attention and MLP projections (its gradient reaches the adapter only);
-- the passes feed ``U·Lp + R·Lc`` positions (each distinct prompt once) and count each shared prompt's tokens
-  once as real tokens; rows whose prompts all differ, where sharing would feed more, run one pass as before;
+- the passes feed ``U·Lp + R·(Lc − 1)`` positions (each distinct prompt once; a row's last token predicts nothing
+  scored and is not fed, in either layout) and count each shared prompt's tokens once as real tokens; one-token
+  completions need only the prompt pass; rows whose prompts all differ, where sharing would feed more, run one
+  pass as before;
 - a learner step with ``optimizer.share_prompts`` on updates the weights as one with it off (float32 rounding);
 - token-budget packing under sharing keeps each prompt's rows together and every micro-batch's positions fed
   (the cheaper layout's) within the budget and the row cap, every row exactly once (hypothesis); a group whose
@@ -105,18 +107,31 @@ def test_positions_fed_count_each_shared_prompt_once(model):
     one, _ = scored_with_gradients(model, share=False)
     prompts, rows = [list(p) for p in GROUPS], len(COMPLETIONS)
     longest_prompt, longest_completion = max(map(len, prompts)), max(map(len, COMPLETIONS))
-    assert shared.padded_tokens == len(prompts) * longest_prompt + rows * longest_completion
-    assert shared.real_tokens == sum(map(len, prompts)) + sum(map(len, COMPLETIONS))
-    assert one.padded_tokens == rows * max(len(p) + len(c) for p, c in zip(PROMPTS, COMPLETIONS, strict=True))
-    assert one.real_tokens == sum(len(p) + len(c) for p, c in zip(PROMPTS, COMPLETIONS, strict=True))
+    # The last column of either layout predicts nothing scored and is not fed.
+    assert shared.padded_tokens == len(prompts) * longest_prompt + rows * (longest_completion - 1)
+    fed_completion_tokens = sum(min(len(c), longest_completion - 1) for c in COMPLETIONS)
+    assert shared.real_tokens == sum(map(len, prompts)) + fed_completion_tokens
+    widest = max(len(p) + len(c) for p, c in zip(PROMPTS, COMPLETIONS, strict=True))
+    assert one.padded_tokens == rows * (widest - 1)
+    assert one.real_tokens == sum(min(len(p) + len(c), widest - 1) for p, c in zip(PROMPTS, COMPLETIONS, strict=True))
     assert shared.padded_tokens < one.padded_tokens
+
+
+def test_one_token_completions_need_no_completion_pass(model):
+    """Each completion is predicted by its prompt's last position: the prompt pass alone is fed."""
+    completions = [[c[0]] if i % 3 else [] for i, c in enumerate(COMPLETIONS)]
+    shared = CompletionScorer(0.7, 4).score(model, PROMPTS, completions)
+    one = CompletionScorer(0.7, 4, share_prompts=False).score(model, PROMPTS, completions)
+    assert torch.equal(shared.mask, one.mask) and int(shared.mask.sum()) == sum(map(len, completions))
+    torch.testing.assert_close(shared.logprobs, one.logprobs, rtol=0, atol=1e-5)
+    assert shared.padded_tokens == len(GROUPS) * max(map(len, GROUPS))
 
 
 def test_distinct_prompts_run_one_pass(model):
     prompts, completions = [[1, 5, 6], [1, 7, 8], [1, 9, 10]], [[20, 21], [22], [23, 24, 25]]
     assert not PromptSharing.of(prompts).pays(completions)
     scored = CompletionScorer(1.0, 4).score(model, prompts, completions)
-    assert scored.padded_tokens == 3 * 6  # one pass: rows × the longest prompt + completion
+    assert scored.padded_tokens == 3 * 5  # one pass: rows × (the longest prompt + completion − 1)
     assert PromptSharing.of(prompts + prompts).pays(completions + completions)
 
 
@@ -142,7 +157,7 @@ def test_refusals_say_why_and_score_one_pass(model):
     assert "gradient checkpointing" in scorer.describe(checkpointed)
     scored = scorer.score(checkpointed, PROMPTS, COMPLETIONS)
     widest = max(len(p) + len(c) for p, c in zip(PROMPTS, COMPLETIONS, strict=True))
-    assert scored.padded_tokens == len(PROMPTS) * widest
+    assert scored.padded_tokens == len(PROMPTS) * (widest - 1)
     assert scorer.describe(model).endswith("one pass per distinct prompt")
     assert "share_prompts is off" in CompletionScorer(1.0, 4, share_prompts=False).describe(model)
 

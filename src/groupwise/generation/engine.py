@@ -49,6 +49,7 @@ from groupwise.generation.compacting import decode_compacting
 from groupwise.generation.kv_cache import new_kv_cache
 from groupwise.generation.llama_decode import LlamaDecoder, fast_decoder_for
 from groupwise.generation.model_forward import ModelForward, PromptRow
+from groupwise.generation.projections import PROJECTION_KINDS
 from groupwise.generation.request_limits import generate_by_limit, has_own_limits
 from groupwise.generation.sampling import check_sampling_params
 from groupwise.generation.slot_loop import SlotLoop
@@ -75,7 +76,8 @@ class Engine:
     included) between calls, so a call of the same shape allocates nothing. ``continuous_batching`` runs every
     call as a stream on the static slots (module docstring), where the fast step can take the model.
     ``compile_step``: where no CUDA graph runs, the fast step runs on the static slots compiled by torch's compiler
-    (:mod:`groupwise.generation.compiled_step`; ``generation.compile`` decides it for a run).
+    (:mod:`groupwise.generation.compiled_step`; ``generation.compile`` decides it for a run). ``projections``: the
+    fast step's projection kind (:func:`~groupwise.generation.projections.projection_kind`; ``"auto"`` chooses).
     """
 
     def __init__(
@@ -89,12 +91,15 @@ class Engine:
         cuda_graphs: str = "auto",
         continuous_batching: bool = False,
         compile_step: bool = False,
+        projections: str = "auto",
     ) -> None:
         if not eos_token_ids:
             raise ValueError("eos_token_ids is empty; pass groupwise.model.eos_token_ids(tokenizer, model)")
         if max_batch_rows < 1:
             raise ValueError(f"max_batch_rows={max_batch_rows} must be >= 1")
         _check_cuda_graphs(cuda_graphs, fast_decode, next(model.parameters()).device)
+        if projections not in PROJECTION_KINDS:
+            raise ValueError(f"projections={projections!r} must be one of {', '.join(PROJECTION_KINDS)}")
         self.model = model
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(int(token_id) for token_id in eos_token_ids)
@@ -102,6 +107,7 @@ class Engine:
         self.cuda_graphs = cuda_graphs
         self.continuous_batching = continuous_batching
         self.compile_step = compile_step
+        self.projections = projections
         self._version = int(version)
         self._model_calls = ModelForward(model)
         # Decided at the first generate (the probe runs the model): the fast step or why not.
@@ -133,6 +139,12 @@ class Engine:
             return f"fast Llama decode step in static slots, compiled by torch.compile ({buckets})"
         why = graphs.fallback_reason or "cuda_graphs='eager'"
         return f"fast Llama decode step in static slots, replayed eagerly ({buckets}; {why})"
+
+    @property
+    def projection_kind(self) -> str | None:
+        """The fast step's projection kind, ``"dense"`` or ``"onednn"``; None before the first generate or when the
+        model's forward decodes."""
+        return None if self._decoder is None else self._decoder.projection_kind
 
     @property
     def decode_graphs(self) -> StepGraphs | None:
@@ -267,7 +279,9 @@ class Engine:
         """The fast decode step for this model, probed once against the module path (see llama_decode)."""
         if self._decode_path_pending:
             calls = self._model_calls
-            self._decoder, why = fast_decoder_for(self.model, calls.forward, new_kv_cache, calls.as_model_mask)
+            self._decoder, why = fast_decoder_for(
+                self.model, calls.forward, new_kv_cache, calls.as_model_mask, self.projections
+            )
             self._decode_path_pending = False
             device = next(self.model.parameters()).device
             if self._decoder is None:

@@ -116,7 +116,7 @@ class LlamaDecoder:
         config = model.config
         self.model = model
         weight = model.lm_head.weight
-        self.projection_kind = projection_kind(weight.device, weight.dtype, projections)
+        self.projection_kind = projection_kind(weight.device, weight.dtype, config.hidden_size, projections)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -351,19 +351,21 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
 
 
 def fast_decoder_for(
-    model: Any, forward: ModuleForward, new_cache: Callable[[int], Cache], as_mask: Callable[[Tensor], Tensor]
+    model: Any, forward: ModuleForward, new_cache: Callable[[int], Cache], as_mask: Callable[[Tensor], Tensor],
+    projections: str = "auto",
 ) -> tuple[LlamaDecoder | None, str]:  # Any: as in LlamaDecoder
     """The fast decoder if the model is supported and agrees with its own forward on a probe; else why not.
 
     The probe: two left-padded prompts of different lengths, prefilled through ``forward`` (the
     engine's module path), then one decode step both ways; the logits must agree within
     :func:`probe_tolerance` of their scale (float32: 1e-4). ``new_cache(capacity)`` builds the engine's
-    cache, ``as_mask(allowed)`` turns a boolean mask into the one the model's attention takes.
+    cache, ``as_mask(allowed)`` turns a boolean mask into the one the model's attention takes; ``projections``
+    is :class:`LlamaDecoder`'s.
     """
     reason = unsupported_reason(model)
     if reason is not None:
         return None, reason
-    decoder = LlamaDecoder(model)
+    decoder = LlamaDecoder(model, projections)
     difference, scale = _probe_difference(model, decoder, forward, new_cache, as_mask)
     tolerance = probe_tolerance(model.dtype, len(model.model.layers))
     if not difference <= tolerance * max(1.0, scale):  # also catches NaN

@@ -1,6 +1,7 @@
 """The decode step's linear projections ``y = x Wᵀ + b (+ r)``, each weight kept in the layout its kernel reads fastest.
 
-Two kinds, chosen once per decoder by :func:`projection_kind`:
+Two kinds, chosen once per decoder by :func:`projection_kind` (oneDNN for float32 on a CPU from a hidden size of
+:data:`ONEDNN_MIN_HIDDEN`, dense otherwise):
 
 * **dense** (:class:`DenseProjection`): ``W`` as a contiguous ``[in, out]`` copy multiplied with ``torch.addmm``.
   A refresh copies new values into the same storage, so a CUDA graph captured from a step stays valid.
@@ -10,6 +11,11 @@ Two kinds, chosen once per decoder by :func:`projection_kind`:
   ``_linear_pointwise``). On a 2-core AMD EPYC (Zen 4), one thread, SmolLM2-135M's projections streamed over its
   30 layers ran at 62 GFLOP/s at 16 rows and 99 at 128 where ``torch.mm`` (MKL) ran at 35 and 71; its LM head
   at 16 rows 55–60 against 23–33. A refresh reorders again (a new storage: fine on the CPU, which has no graphs).
+
+Below that hidden size oneDNN's per-call cost outweighs its kernel: on an Intel Xeon (AVX-512), one thread, the
+engine's generate with a weight change before each call (as in a sync loop) took 1.06–1.44× the dense kind's time
+at hidden 128 and 256, 0.91× at 384 (16 and 128 rows, 6 and 48 new tokens), and SmolLM2's decode step at 16 rows
+0.73× (`bench/RESULTS.md`, "Dense projections for small models").
 
 Both compute the same product to float rounding (different blocking), so the decoder's probe against the model's
 own forward covers either kind.
@@ -27,6 +33,9 @@ from groupwise.generation.compiled_step import onednn_linear
 
 # Rows the oneDNN weight layout is chosen for; any other row count runs on it as well (measured: 1–256 rows).
 _ONEDNN_ROWS_HINT = 128
+PROJECTION_KINDS = ("auto", "dense", "onednn")
+# The smallest hidden size "auto" gives oneDNN projections (module docstring).
+ONEDNN_MIN_HIDDEN = 384
 
 
 class Projection(Protocol):
@@ -45,16 +54,17 @@ def onednn_available() -> bool:
     )
 
 
-def projection_kind(device: torch.device, dtype: torch.dtype, requested: str = "auto") -> str:
-    """``"onednn"`` for float32 on a CPU with oneDNN, else ``"dense"``; ``requested`` forces one (``"auto"``:
-    choose). A forced ``"onednn"`` where it cannot run is an error naming why."""
-    if requested not in ("auto", "dense", "onednn"):
+def projection_kind(device: torch.device, dtype: torch.dtype, hidden_size: int, requested: str = "auto") -> str:
+    """``"onednn"`` for float32 on a CPU with oneDNN and a hidden size of at least :data:`ONEDNN_MIN_HIDDEN`, else
+    ``"dense"``; ``requested`` forces one (``"auto"``: choose). A forced ``"onednn"`` where it cannot run is an
+    error naming why."""
+    if requested not in PROJECTION_KINDS:
         raise ValueError(f"projections={requested!r} must be 'auto', 'dense' or 'onednn'")
     fits = device.type == "cpu" and dtype == torch.float32 and onednn_available()
     if requested == "onednn" and not fits:
         raise ValueError(f"oneDNN projections need float32 weights on a CPU torch with oneDNN, not {dtype} on {device}")
     if requested == "auto":
-        return "onednn" if fits else "dense"
+        return "onednn" if fits and hidden_size >= ONEDNN_MIN_HIDDEN else "dense"
     return requested
 
 

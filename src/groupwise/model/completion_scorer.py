@@ -38,7 +38,13 @@ from groupwise.model.logprobs import (
     right_padded_ids,
 )
 from groupwise.model.lora import is_adapted
-from groupwise.model.shared_prompts import HeadInputs, PromptSharing, shared_prompt_hidden, sharing_refusal
+from groupwise.model.shared_prompts import (
+    HeadInputs,
+    PromptSharing,
+    fed_width,
+    shared_prompt_hidden,
+    sharing_refusal,
+)
 
 # Max |chunked − forward| logit difference on the probe, relative to the logits' scale.
 _PROBE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
@@ -283,9 +289,11 @@ def one_pass_hidden(
     """One decoder pass over right-padded ``prompt ++ completion`` rows: the hidden states at the positions that
     predict a completion token (position t predicts token t + 1), in the completion mask's order."""
     input_ids, attention_mask, scored, mask = right_padded_rows(prompt_ids, completion_ids, device)
+    # The last column predicts no token (``scored`` is False there), so it is not fed.
+    fed = fed_width(input_ids.shape[1])
+    fed_ids, fed_mask = input_ids[:, :fed], attention_mask[:, :fed]
     hidden = decoder(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-    ).last_hidden_state  # fmt: skip
+        input_ids=fed_ids, attention_mask=fed_mask, position_ids=position_ids_from_mask(fed_mask), use_cache=False
+    ).last_hidden_state
     targets = input_ids[:, 1:][scored[:, :-1]]
-    return HeadInputs(hidden[scored], targets, mask, input_ids.numel(), int(attention_mask.sum()))
+    return HeadInputs(hidden[scored[:, :fed]], targets, mask, fed_ids.numel(), int(fed_mask.sum()))

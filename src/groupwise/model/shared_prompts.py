@@ -6,7 +6,9 @@ those keys and values are gathered to the rows that share the prompt, and a seco
 completions, attending to them. For a step of U distinct prompts (longest ``Lp``) and R rows (longest
 completion ``Lc``) the passes feed ::
 
-    shared:  U·Lp + R·Lc     positions          plain:  R·max_r(len p_r + len c_r)
+    shared:  U·Lp + R·(Lc − 1)     positions          plain:  R·(max_r(len p_r + len c_r) − 1)
+
+(a row's last token predicts nothing that is scored, so the last column of either layout is never fed).
 
 The gradient is the same function's: each prompt position's activations receive the sum of the gradients of
 every row that attends to them (the gather's backward adds them up), which is what the plain pass computes
@@ -36,13 +38,20 @@ from groupwise.model.logprobs import position_ids_from_mask, right_padded_ids
 
 
 def shared_positions(prompts: int, longest_prompt: int, rows: int, longest_completion: int) -> int:
-    """Positions the two passes feed: ``U·Lp + R·Lc`` (U distinct prompts, R rows)."""
-    return prompts * longest_prompt + rows * longest_completion
+    """Positions the two passes feed: ``U·Lp + R·(Lc − 1)`` (U distinct prompts, R rows; a completion's last
+    token is not fed, its hidden state would predict nothing scored)."""
+    return prompts * longest_prompt + rows * max(longest_completion - 1, 0)
 
 
 def one_pass_positions(rows: int, widest: int) -> int:
-    """Positions one pass over right-padded ``prompt ++ completion`` rows feeds: ``R·max(len p + len c)``."""
-    return rows * widest
+    """Positions one pass over right-padded ``prompt ++ completion`` rows feeds: ``R·(max(len p + len c) − 1)``,
+    the last column predicting nothing scored (one column is fed when the rows are one token wide)."""
+    return rows * fed_width(widest)
+
+
+def fed_width(widest: int) -> int:
+    """Columns of a ``widest``-wide right-padded layout that are fed: all but the last, which predicts no token."""
+    return max(widest - 1, 1)
 
 
 @dataclass(frozen=True)
@@ -145,7 +154,9 @@ def shared_prompt_hidden(
     completion_width = max((len(c) for c in completion_ids), default=0)
     completions, completion_mask = right_padded_ids(completion_ids, completion_width, device)
     mask = completion_mask.bool()
-    real = int(prompt_mask.sum()) + int(completion_mask.sum())
+    # The completions' last column is not fed: its hidden states would predict tokens after the completions.
+    fed_ids, fed_mask = completions[:, :-1], completion_mask[:, :-1]
+    real = int(prompt_mask.sum()) + int(fed_mask.sum())
     prompt_pass = decoder(
         input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
         use_cache=True,
@@ -153,9 +164,9 @@ def shared_prompt_hidden(
     owner = torch.tensor(sharing.owner, device=device)
     last = prompt_pass.last_hidden_state[torch.arange(len(sharing.prompts), device=device), prompt_lengths - 1]
     padded = prompt_ids.numel()
-    if completion_width == 0:
-        empty = last[:0]
-        return HeadInputs(empty, completions[mask], mask, padded, real)
+    if completion_width <= 1:  # no completion pass: a one-token completion is predicted by its prompt's last
+        predicting = last[owner][:, None][:, :completion_width]
+        return HeadInputs(predicting[mask], completions[mask], mask, padded, real)
     cache = _cache_of(prompt_pass)
     # Every layer's keys and values gathered to the rows, [R, heads, Lp, d] (``owner`` is a long tensor; the
     # annotation asks for the legacy LongTensor type).
@@ -164,11 +175,11 @@ def shared_prompt_hidden(
     # transformers 5 (past_key_values, then cache), its place was not. A model whose decoder differs is refused
     # by the scorer's probe, which runs this function before first use.
     completion_pass = decoder(
-        completions,
-        torch.cat([prompt_mask[owner], completion_mask], dim=1),
-        prompt_lengths[owner][:, None] + torch.arange(completion_width, device=device)[None],
+        fed_ids,
+        torch.cat([prompt_mask[owner], fed_mask], dim=1),
+        prompt_lengths[owner][:, None] + torch.arange(completion_width - 1, device=device)[None],
         cache,
         use_cache=True,
     )
-    predicting = torch.cat([last[owner][:, None], completion_pass.last_hidden_state[:, :-1]], dim=1)
-    return HeadInputs(predicting[mask], completions[mask], mask, padded + completions.numel(), real)
+    predicting = torch.cat([last[owner][:, None], completion_pass.last_hidden_state], dim=1)
+    return HeadInputs(predicting[mask], completions[mask], mask, padded + fed_ids.numel(), real)

@@ -19,8 +19,8 @@
   - by tokens, when the learner scores rows of one prompt against one pass over it (``optimizer.share_prompts``):
     the rows of each prompt kept together (prompts in descending order of their longest row, each prompt's rows
     longest first) and packed greedily while the positions the scorer will feed stay within the budget:
-    ``min(U·Lp + R·Lc, R·max(p + c))`` for U distinct prompts (longest ``Lp``) and R rows (longest completion
-    ``Lc``), the cheaper of its two layouts. A group then fits a budget that its rows one by one would not.
+    ``min(U·Lp + R·(Lc − 1), R·(max(p + c) − 1))`` for U distinct prompts (longest ``Lp``) and R rows (longest
+    completion ``Lc``), the cheaper of its two layouts. A group then fits a budget that its rows one by one would not.
 """
 
 from __future__ import annotations
