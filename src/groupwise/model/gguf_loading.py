@@ -22,6 +22,10 @@ from groupwise.model.gguf_files import SOURCE_FILE, cache_entry, recorded_identi
 Note = Callable[[str], None]
 # transformers passes local_files_only on to everything but its adapter lookup, which needs it in adapter_kwargs
 OFFLINE: dict[str, Any] = {"local_files_only": True, "adapter_kwargs": {"local_files_only": True}}
+# transformers 5 turns Hub kernels on by default: layers may be swapped for code fetched from the Hub, and every
+# train/eval switch (two a step: generation runs in eval mode) kernelizes the model again (0.7 ms a switch pair on
+# the tiny model). A policy computes with torch's own layers, whatever the Hub serves.
+TORCH_LAYERS: dict[str, Any] = {"use_kernels": False}
 
 
 def dequantise_gguf(gguf: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -33,7 +37,7 @@ def dequantise_gguf(gguf: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, Pr
     directory, filename = gguf.parent, gguf.name
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=filename, local_files_only=True,
                                               trust_remote_code=False)
-    loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=dtype, **OFFLINE,
+    loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=dtype, **OFFLINE, **TORCH_LAYERS,
                                                   trust_remote_code=False)
     config_dict = loaded.config.to_dict()
     config_dict.pop("quantization_config", None)
@@ -77,7 +81,7 @@ def load_gguf(
 
 
 def _load_entry(entry: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    model = AutoModelForCausalLM.from_pretrained(entry, dtype=dtype, **OFFLINE, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(entry, dtype=dtype, **OFFLINE, **TORCH_LAYERS, trust_remote_code=False)
     return model, AutoTokenizer.from_pretrained(entry, local_files_only=True, trust_remote_code=False)
 
 

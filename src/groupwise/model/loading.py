@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from groupwise.model.gguf_files import resolve_gguf
-from groupwise.model.gguf_loading import OFFLINE, load_gguf
+from groupwise.model.gguf_loading import OFFLINE, TORCH_LAYERS, load_gguf
 from groupwise.model.lora import is_adapted, save_adapted_policy
 from groupwise.model.tiny import build_tiny_model
 from groupwise.model.tokenizer import build_char_tokenizer
@@ -127,7 +127,9 @@ def load_policy(
         # On CUDA, PyTorch SDPA attention explicitly (the learner's CUDA plan, groupwise.trainer.precision).
         attention = {"attn_implementation": "sdpa"} if torch_device.type == "cuda" else {}
         remote = {"trust_remote_code": trust_remote_code}
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **OFFLINE, **attention, **remote)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch_dtype, **OFFLINE, **TORCH_LAYERS, **attention, **remote
+        )
         policy = Policy(model, AutoTokenizer.from_pretrained(path, local_files_only=True, **remote))
     elif source == "gguf":
         policy = Policy(*load_gguf(resolve_gguf(path, gguf_file), torch_dtype, gguf_cache, note or _silent))
