@@ -13,9 +13,9 @@ Two kinds, chosen once per decoder by :func:`projection_kind` (oneDNN for float3
   at 16 rows 55–60 against 23–33. A refresh reorders again (a new storage: fine on the CPU, which has no graphs).
 
 Below that hidden size oneDNN's per-call cost outweighs its kernel: on an Intel Xeon (AVX-512), one thread, the
-engine's generate with a weight change before each call (as in a sync loop) took 1.06–1.44× the dense kind's time
-at hidden 128 and 256, 0.91× at 384 (16 and 128 rows, 6 and 48 new tokens), and SmolLM2's decode step at 16 rows
-0.73× (`bench/RESULTS.md`, "Dense projections for small models").
+engine's generate with a weight change before each call (as in a sync loop) took 1.08–1.39× the dense kind's time
+at hidden 128 and 256, 0.89–0.94× at 384 (16 and 128 rows, 6 and 48 new tokens; ``bench/projections.py``), and
+SmolLM2's decode step 0.73× at 16 rows, 0.96× at 128 (``bench/RESULTS.md``, "Dense projections for small models").
 
 Both compute the same product to float rounding (different blocking), so the decoder's probe against the model's
 own forward covers either kind.
