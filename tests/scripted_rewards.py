@@ -53,6 +53,15 @@ def fails_after_calls(prompt: Prompt, completion: Completion, calls: int = 48) -
     return marker_reward(prompt, completion)
 
 
+def constant_after_calls(prompt: Prompt, completion: Completion, calls: int = 32) -> float:
+    """``marker_reward`` until ``CALLS`` holds ``calls`` entries, then 1.0 for every completion: a policy that has
+    mastered its data, every group all right (clear ``CALLS`` before the run). Records ``(uid, text, reward)``."""
+    if len(CALLS) < calls:
+        return marker_reward(prompt, completion)
+    CALLS.append((prompt.uid, completion.text, 1.0))
+    return 1.0
+
+
 def spins_in_torch(prompt: Prompt, completion: Completion) -> float:
     """Never returns, busy in torch kernels (a verifier stuck in native code): the thread cannot be stopped, and
     the process must still exit with the run's code."""

@@ -92,11 +92,12 @@ def run_train(args: argparse.Namespace) -> int:
         policy = session.policy  # with learner ranks, the driver's own copy (the engine's) is the model here
         local = policy.local.model if isinstance(policy, RemotePolicy) else policy.model
         session.events.event(apply_cpu_threads(local))
+    stop_reason = "max_steps"
     try:
         if cfg.mode == "sync":
             from groupwise.runtime.sync_run import run_sync
 
-            run_sync(session)
+            stop_reason = run_sync(session)
         else:
             from groupwise.runtime.async_run import run_async
 
@@ -113,7 +114,16 @@ def run_train(args: argparse.Namespace) -> int:
     finally:
         session.close()  # stop the learner ranks or Ray actors (and the local cluster this run started)
     print(run_summary_text(session.run_dir.path, time.monotonic() - started))
+    if stop_reason != "max_steps":
+        print(f"stopped before run.max_steps={cfg.run.max_steps}: {STOP_REASONS[stop_reason]} (events.log says more)")
     return EXIT_OK
+
+
+# Why a sync run stopped before run.max_steps (groupwise.trainer.sync_loop.SyncLoop.run), as the command says it.
+STOP_REASONS = {
+    "exhausted": "the training data ran out (data.max_epochs)",
+    "no_signal": "dynamic sampling found too few groups with a learning signal (stop_when_exhausted)",
+}
 
 
 def _build_train_session(cfg: RunConfig, args: argparse.Namespace, inputs: Inputs) -> Session:

@@ -74,6 +74,11 @@ class DynamicSamplingSection(Section):
     min_step_batch_fraction: float = Field(0.25, gt=0, le=1)
     """Sync, ``train_short``: a short step needs at least ``ceil(P × fraction)`` groups, else the run stops
     (0 < f ≤ 1)."""
+    stop_when_exhausted: bool = False
+    """Sync: a step that ``on_exhausted`` cannot train (``raise``, or ``train_short`` under its floor) ends the run
+    as finished instead of failing it — for a policy that has outgrown its data, answering every prompt the same
+    way G times. The last trained step's policy is evaluated and saved (a checkpoint, ``final/``), the step's
+    groups keep their fates (filtered, or pending with the reason), and the command exits 0."""
     surplus: Literal["discard", "carry"] = "discard"
     """Sync: kept groups beyond P in the last round are ``discard``-ed (counted) or ``carry``-ed into the next step
     (one version off-policy, corrected by importance sampling)."""

@@ -14,7 +14,9 @@ if TYPE_CHECKING:
     from groupwise.config.schema import RunConfig
 
 # Dynamic-sampling knobs of the sync loop; the async controller replaces filtered groups one by one instead.
-SYNC_ONLY_DS_KEYS = ("batch_multiplier", "max_gen_rounds", "on_exhausted", "min_step_batch_fraction", "surplus")
+SYNC_ONLY_DS_KEYS = (
+    "batch_multiplier", "max_gen_rounds", "on_exhausted", "min_step_batch_fraction", "stop_when_exhausted", "surplus"
+)
 
 WEIGHT_FIFO_DS_RULE = (
     "grpo.dynamic_sampling.enabled cannot be combined with async.sampler.name='weight_fifo': weight_fifo builds "
@@ -36,8 +38,8 @@ def async_keys_need_async_mode(cfg: RunConfig) -> Iterator[ConfigIssue]:
 
 @rule("mode", "grpo")
 def async_ignores_sync_ds_keys(cfg: RunConfig) -> Iterator[ConfigIssue]:
-    """Async mode: grpo.dynamic_sampling batch_multiplier, max_gen_rounds, on_exhausted, min_step_batch_fraction
-    and surplus keep their defaults (they belong to the sync loop)."""
+    """Async mode: grpo.dynamic_sampling batch_multiplier, max_gen_rounds, on_exhausted, min_step_batch_fraction,
+    stop_when_exhausted and surplus keep their defaults (they belong to the sync loop)."""
     if cfg.mode != "async":
         return
     ds, default = cfg.grpo.dynamic_sampling, DynamicSamplingSection()

@@ -150,17 +150,23 @@ def train_steps(session: Session, max_steps: int, on_step: Callable[[], None] | 
         session.events.event(
             f"step {session.state.step}: the data ran out (max_epochs reached) before the step filled; stopping"
         )
+    if stop_reason == "no_signal":
+        session.events.event(
+            f"step {session.state.step + 1} not trained: {loop.no_signal} Stopping here "
+            f"(grpo.dynamic_sampling.stop_when_exhausted): the run ends after step {session.state.step}"
+        )
     return stop_reason
 
 
-def run_sync(session: Session) -> None:
-    """Train from ``session.state.step`` to ``run.max_steps`` (or until the data runs out)."""
+def run_sync(session: Session) -> str:
+    """Train from ``session.state.step`` to ``run.max_steps`` (or until the data runs out, or dynamic sampling does
+    under ``stop_when_exhausted``); returns why it stopped, as :meth:`SyncLoop.run` says."""
     if session.state.step == 0 and session.cfg.eval.at_start:
         session.evaluate(step=0)
     try:
         with session.progress() as progress:
             on_step = lambda: progress.update(session.state.step, session.last_metrics)  # noqa: E731
-            train_steps(session, session.cfg.run.max_steps, on_step)
+            stop_reason = train_steps(session, session.cfg.run.max_steps, on_step)
         session.finish()
     except BaseException:
         session.events.event(describe_totals(session.state.generation.totals()))  # what the failed run spent
@@ -168,3 +174,4 @@ def run_sync(session: Session) -> None:
     # After the last checkpoint (a resume rolls these lines back and trains the carried groups after all).
     record_carried_at_end(session.fates, session.state)
     session.events.event(describe_totals(session.state.generation.totals()))
+    return stop_reason

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 DATA_RAN_OUT = "the data ran out (max_epochs) before the step filled"
 DS_GAVE_UP = "dynamic sampling exhausted its rounds; the run failed"
+DS_STOPPED = "dynamic sampling exhausted its rounds; the run stopped there (stop_when_exhausted)"
 
 
 @dataclass
@@ -148,18 +149,21 @@ class SyncLoop:
         self._skipping = loader if isinstance(loader, SkipsNoSignal) else None
         ds = grpo.dynamic_sampling
         self.round_size = round_size(grpo.num_prompts_per_step, ds.batch_multiplier, ds.enabled)
+        self.no_signal: str | None = None  # why dynamic sampling could not fill the step that stopped the run
 
     async def run(self, max_steps: int) -> str:
-        """Train from ``state.step`` to ``max_steps``: ``"max_steps"``, or ``"exhausted"`` when the data ran out
-        first. :class:`DynamicSamplingExhausted` (``on_exhausted: raise``) propagates after the step's fates."""
+        """Train from ``state.step`` to ``max_steps``: ``"max_steps"``, ``"exhausted"`` when the data ran out first,
+        or ``"no_signal"`` when a step could not be filled and ``stop_when_exhausted`` is on (:attr:`no_signal` says
+        why). Otherwise :class:`DynamicSamplingExhausted` propagates, after the step's fates."""
         await self.rollouts.sync_weights(self.state.step)  # the generator holds the weights it generates for
         while self.state.step < max_steps:
             if not await self.train_step():
-                return "exhausted"
+                return "exhausted" if self.no_signal is None else "no_signal"
         return "max_steps"
 
     async def train_step(self) -> bool:
-        """One RL step = one optimizer step. Returns False when the data ran out before the step could fill."""
+        """One RL step = one optimizer step. Returns False when the step could not fill and the run stops: the
+        data ran out, or dynamic sampling did and ``stop_when_exhausted`` is on."""
         clock = asyncio.get_running_loop().time
         step, started = self.state.step, clock()
         collected = await self._collect(step)
@@ -225,10 +229,14 @@ class SyncLoop:
             accumulator.add_round(groups)
         try:
             selection = accumulator.finish()
-        except DynamicSamplingExhausted:
-            groups = [*self.state.carried, *generated]
-            write_untrained_step_fates(self._lines, step, groups, accumulator.filtered, DS_GAVE_UP)
-            raise
+        except DynamicSamplingExhausted as err:
+            groups, stop = [*self.state.carried, *generated], self.grpo.dynamic_sampling.stop_when_exhausted
+            reason = DS_STOPPED if stop else DS_GAVE_UP
+            write_untrained_step_fates(self._lines, step, groups, accumulator.filtered, reason)
+            if not stop:
+                raise
+            self.no_signal = str(err)
+            return None
         return _Collected(selection, generated, gen_seconds, gen_tokens)
 
     async def _generate_round(self, step: int, items: Sequence[LoaderItem]) -> list[Group]:
