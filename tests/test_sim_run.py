@@ -9,7 +9,9 @@ Invariants pinned:
   async overlaps them and trains the same groups in less virtual time;
 - in_order with lookahead 0, full batches and dynamic sampling off trains the same prompts per step as sync
   (invariant 9 in docs/design.md, here under simulated timing);
-- the learning curve moves the zero-variance mix: mostly all-wrong groups early, all-right groups late;
+- the learning curve moves the zero-variance mix: mostly all-wrong groups early, all-right groups late; once
+  too few groups carry a signal, a sync run under ``stop_when_exhausted`` ends completed (``no_signal``) where
+  the same run without it fails at the same step with ``DynamicSamplingExhausted``;
 - a run that stops with a named error still writes its summary (outcome failed, the error named) and the CLI
   exits 1; failures injected into a sync simulation are a config error (exit 2) naming the key;
 - a simulated dataset smaller than one generation round (``sim.num_prompts`` 3 for 16 prompts per step, sync
@@ -203,3 +205,16 @@ def test_compare_reads_the_simulator_idle_fractions(tmp_path):
         assert column["trainer idle fraction"] == result.summary["trainer_idle_fraction"]
         assert column["groups trained"] == result.summary["trained_groups"]
     assert main(["compare", *(str(r.run_dir.path) for r in runs)]) == 0
+
+
+def test_a_sync_run_without_signal_left_stops_as_finished_under_stop_when_exhausted(tmp_path):
+    ds = {"batch_multiplier": 2.0, "max_gen_rounds": 2, "min_step_batch_fraction": 0.5}
+    learns_fast = {"learning_rate_groups": 10.0, "initial_success_logit": 0.0}
+    stops = simulate(sim_config(tmp_path, "stops", mode="sync", run={"max_steps": 200}, sim=learns_fast,
+                                grpo={"dynamic_sampling": {**ds, "stop_when_exhausted": True}})).summary  # fmt: skip
+    assert stops["outcome"] == "completed" and stops["stop_reason"] == "no_signal"
+    assert 0 < stops["steps"] < 200 and stops["error"] is None
+    fails = simulate(sim_config(tmp_path, "fails", mode="sync", run={"max_steps": 200}, sim=learns_fast,
+                                grpo={"dynamic_sampling": ds})).summary  # fmt: skip
+    assert fails["outcome"] == "failed" and fails["error"].startswith("DynamicSamplingExhausted")
+    assert fails["steps"] == stops["steps"]  # the same run up to the step that could not be filled

@@ -1,7 +1,8 @@
 """``sim/summary.json``: what one simulated run did, in one flat JSON object (deterministic for a config + seed).
 
 Identity: ``mode``, ``sampler``, ``sampler_knobs``, ``seed``, ``prompts_per_step``, ``group_size``.
-Outcome: ``outcome`` (``completed`` | ``failed``), ``stop_reason`` (``max_steps`` | ``exhausted`` | null),
+Outcome: ``outcome`` (``completed`` | ``failed``), ``stop_reason`` (``max_steps`` | ``exhausted`` | ``no_signal``: a
+sync step dynamic sampling could not fill under ``stop_when_exhausted`` | null),
 ``error`` (``"<ErrorType>: <message>"`` | null), ``steps``, ``wall_seconds`` (virtual).
 
 Groups (async: from the fate records, one per dispatched attempt; sync: from the step tallies):
