@@ -10,6 +10,9 @@ step. Invariants pinned:
   prompts again, and stops the same way while the reward stays constant; the audit still holds;
 - without it (the default) the same run fails (exit 1, the error named) and saves no ``final/``; its unfilled
   step's groups are ``filtered`` there too;
+- a group carried into the step that stops stays carried: after its ``carried`` line, one ``pending`` line,
+  "carried at the end", written after the last checkpoint (so a resume trains it), and no line from the unfilled
+  step (scripted rewards on the sync loop itself);
 - the key belongs to the sync loop: async mode refuses it, naming it.
 """
 
@@ -20,9 +23,12 @@ from pathlib import Path
 
 import pytest
 import scripted_rewards
+from fakes import Outcome, RecordingTrainer, ScriptedRollouts, make_loader, run_virtual
 
 from groupwise.cli.main import main
 from groupwise.config import ConfigError, config_from_dict
+from groupwise.run.fates_file import FatesWriter, read_fates
+from groupwise.trainer.sync_loop import DS_STOPPED, SyncLoop, TrainerState, record_carried_at_end
 
 pytestmark = pytest.mark.numerics
 
@@ -100,3 +106,28 @@ def test_without_it_the_same_run_fails(tmp_path, capsys):
 def test_async_mode_refuses_it_by_name():
     with pytest.raises(ConfigError, match="grpo.dynamic_sampling.stop_when_exhausted has no effect in mode async"):
         config_from_dict({"mode": "async", "grpo": {"dynamic_sampling": {"stop_when_exhausted": True}}})
+
+
+def test_a_group_carried_into_the_stopped_step_stays_carried(tmp_path):
+    cfg = config_from_dict({
+        "model": {"source": "tiny"}, "loss": {"importance_sampling": True},
+        "grpo": {"num_prompts_per_step": 2, "num_generations_per_prompt": 2,
+                 "dynamic_sampling": {"batch_multiplier": 2.0, "max_gen_rounds": 1, "surplus": "carry",
+                                      "min_step_batch_fraction": 1.0, "stop_when_exhausted": True}},
+    })  # fmt: skip
+    # Step 1 keeps p0, p1 and p2 (one more than P: p2 is carried), filters p3; step 2's round is all right, so
+    # its pool holds only the carried p2, under the floor of 2.
+    rewards = {"p0": (0.0, 1.0), "p1": (1.0, 0.0), "p2": (0.0, 1.0), **{f"p{i}": (1.0, 1.0) for i in range(3, 8)}}
+    rollouts = ScriptedRollouts(group_size=2, script={uid: [Outcome(rewards=r)] for uid, r in rewards.items()})
+    fates, state = FatesWriter(tmp_path / "fates.jsonl"), TrainerState()
+    loop = SyncLoop(cfg.grpo, make_loader(8), rollouts, RecordingTrainer(), state, fates=fates)
+    assert run_virtual(lambda: loop.run(5)) == "no_signal" and state.step == 1
+    assert "kept 1 of 2 groups" in loop.no_signal
+    record_carried_at_end(fates, state)  # what run_sync does after the final checkpoint
+    lines: dict[str, list[tuple]] = {}
+    for line in read_fates(fates.path):
+        lines.setdefault(line["prompt_uid"], []).append((line["fate"], line["step"], line.get("detail")))
+    assert lines["p2"] == [("carried", 0, ""), ("pending", 1, "carried at the end")]  # nothing from step 2
+    assert all(len(lines[f"p{i}"]) == 1 and lines[f"p{i}"][0][0] == "filtered" for i in range(3, 8))
+    assert lines["p0"] == lines["p1"] == [("trained", 0, "")]
+    assert DS_STOPPED not in {detail for per in lines.values() for _, _, detail in per}

@@ -77,8 +77,9 @@ class DynamicSamplingSection(Section):
     stop_when_exhausted: bool = False
     """Sync: a step that ``on_exhausted`` cannot train (``raise``, or ``train_short`` under its floor) ends the run
     as finished instead of failing it — for a policy that has outgrown its data, answering every prompt the same
-    way G times. The last trained step's policy is evaluated and saved (a checkpoint, ``final/``), the step's
-    groups keep their fates (filtered, or pending with the reason), and the command exits 0."""
+    way G times. The last trained step's policy is evaluated and saved (a checkpoint, ``final/``), the step's new
+    groups keep their fates (filtered, or pending with the reason), groups carried into it stay carried (a resume
+    trains them), and the command exits 0."""
     surplus: Literal["discard", "carry"] = "discard"
     """Sync: kept groups beyond P in the last round are ``discard``-ed (counted) or ``carry``-ed into the next step
     (one version off-policy, corrected by importance sampling)."""

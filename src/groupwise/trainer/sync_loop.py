@@ -230,11 +230,13 @@ class SyncLoop:
         try:
             selection = accumulator.finish()
         except DynamicSamplingExhausted as err:
-            groups, stop = [*self.state.carried, *generated], self.grpo.dynamic_sampling.stop_when_exhausted
-            reason = DS_STOPPED if stop else DS_GAVE_UP
-            write_untrained_step_fates(self._lines, step, groups, accumulator.filtered, reason)
-            if not stop:
+            if not self.grpo.dynamic_sampling.stop_when_exhausted:
+                groups = [*self.state.carried, *generated]
+                write_untrained_step_fates(self._lines, step, groups, accumulator.filtered, DS_GAVE_UP)
                 raise
+            # The run ends as finished: carried groups stay carried (record_carried_at_end writes their line after
+            # the last checkpoint, and a resume trains them), as when the data runs out.
+            write_untrained_step_fates(self._lines, step, generated, accumulator.filtered, DS_STOPPED)
             self.no_signal = str(err)
             return None
         return _Collected(selection, generated, gen_seconds, gen_tokens)
