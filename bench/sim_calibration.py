@@ -93,10 +93,12 @@ SPEEDUP_128_AT_100 = 2.67
 ABLATION = {0.0: 25 + 53 / 60, 0.1: 19 + 59 / 60, 0.3: 17 + 20 / 60, 0.5: 17 + 22 / 60}
 
 
-def config_data(mode: str, gpus: int, efficiency: dict[str, float], steps: int, staleness: float = 0.5) -> dict:
-    """The run config of one published row."""
+def config_data(mode: str, gpus: int, efficiency: dict[str, float], steps: int, staleness: float = 0.5,
+                median_scale: float = 1.0) -> dict:
+    """The run config of one published row (``median_scale``: the completion median's factor, for the length scan)."""
     job = copy.deepcopy(JOB)
     job["efficiency"] = dict(efficiency)
+    job["lengths"]["median_tokens"] *= median_scale
     data: dict[str, Any] = {
         "mode": mode, "run": {"name": f"cal-{mode}-{gpus}", "max_steps": steps, "seed": 0},
         "model": {"source": "tiny"}, "logging": {"tensorboard": False},
@@ -127,13 +129,15 @@ def config_data(mode: str, gpus: int, efficiency: dict[str, float], steps: int, 
     return data
 
 
-# The published update_actor of the async 64:64 row (staleness 0.5): what the diagnostic reads the trainer's speed off.
-ASYNC_128_UPDATE = 113.16
+# The published update_actor of the async rows (staleness 0.5); the diagnostic reads the trainer's speed off 64:64's.
+ASYNC_UPDATE = {32: 269.80, 64: 156.98, 128: 113.16}
+ASYNC_128_UPDATE = ASYNC_UPDATE[128]
 
 
-def simulate_row(mode: str, gpus: int, efficiency: dict[str, float], steps: int, staleness: float = 0.5) -> dict:
+def simulate_row(mode: str, gpus: int, efficiency: dict[str, float], steps: int, staleness: float = 0.5,
+                 median_scale: float = 1.0) -> dict:
     """Seconds per step (mean over the run) of one row: step, and for sync its generation and training."""
-    cfg = config_from_dict(config_data(mode, gpus, efficiency, steps, staleness))
+    cfg = config_from_dict(config_data(mode, gpus, efficiency, steps, staleness, median_scale))
     run, summary = simulate_point(cfg)
     if run.error is not None:
         raise RuntimeError(f"{mode} {gpus} GPUs: {summary['error']}")
@@ -261,6 +265,27 @@ def diagnostic(efficiency: dict[str, float], steps: int) -> tuple[float, list[di
     return mfu, rows
 
 
+def length_scan(efficiency: dict[str, float], steps: int) -> list[str]:
+    """Per async row, the completion-median factor at which the sync-fitted model gives the published step.
+
+    Not a calibration: it asks whether one length difference between the modes could explain every async row
+    (the page publishes no lengths). Bisection on the factor; the step time grows with it.
+    """
+    lines = ["| row | median factor | s/step (published) | trainer s/step (published update_actor) |",
+             "|---|---:|---:|---:|"]  # fmt: skip
+    for g, (step, _) in ASYNC.items():
+        lo, hi = 0.05, 1.5
+        for _ in range(12):
+            mid = (lo + hi) / 2
+            fast = simulate_row("async", g, efficiency, steps, median_scale=mid)["step"] < step
+            lo, hi = (mid, hi) if fast else (lo, mid)
+        factor = (lo + hi) / 2
+        ours = simulate_row("async", g, efficiency, steps, median_scale=factor)
+        lines.append(f"| async {g // 2}:{g // 2} | {factor:.2f} | {ours['step']:.1f} ({step:.1f}) | "
+                     f"{ours['train']:.1f} ({ASYNC_UPDATE[g]:.1f}) |")  # fmt: skip
+    return lines
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| figure | published | predicted | error |", "|---|---:|---:|---:|"]
     for r in rows:
@@ -276,8 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-fit", action="store_true", help="use the committed constants (FITTED)")
     parser.add_argument("--steps", type=int, default=60, help="steps simulated per row (default 60)")
     parser.add_argument("--rounds", type=int, default=6, help="engine rounds per generation estimate in the fit")
+    parser.add_argument("--length-scan", action="store_true",
+                        help="only the completion-median factor that reproduces each async row (committed constants)")
     args = parser.parse_args(argv)
     started = time.process_time()
+    if args.length_scan:
+        print("\n".join(length_scan(dict(FITTED), args.steps)))
+        print(f"\n{args.steps} simulated steps per row; {time.process_time() - started:.0f} s of CPU")
+        return 0
     efficiency = dict(FITTED)
     if not args.no_fit:
         efficiency = fit_generation(args.rounds)

@@ -4,7 +4,9 @@ Invariants pinned:
 - with the committed constants, every predicted figure is the documented one within 2 % (the simulation is
   deterministic; a model change that moves a figure more must update the docs);
 - the figures documented within the 15 % target stay within it, and those documented outside it stay outside (a
-  table whose misses silently became hits, or the reverse, is not the documented table).
+  table whose misses silently became hits, or the reverse, is not the documented table);
+- the length scan finds the documented completion-median factor per async row (0.33, 0.42, 0.68), each
+  reproducing its row's published step, and no one factor serves all three (the docs' argument rests on that).
 """
 
 from __future__ import annotations
@@ -64,3 +66,20 @@ def test_the_calibration_table_is_the_documented_one():
     mfu, rows = cal.diagnostic(dict(cal.FITTED), steps=60)
     assert mfu == pytest.approx(0.979, abs=0.01)
     _check(rows, DIAGNOSTIC, cal.TOLERANCE)
+
+
+# async row → the documented completion-median factor (docs/simulator.md, "Nor does one length difference")
+LENGTH_FACTORS = {"async 16:16": 0.33, "async 32:32": 0.42, "async 64:64": 0.68}
+
+
+def test_the_length_scan_needs_a_different_factor_per_async_row():
+    cal = load_bench_module("sim_calibration.py")
+    lines = cal.length_scan(dict(cal.FITTED), steps=10)[2:]
+    factors = {}
+    for line in lines:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        factors[cells[0]] = float(cells[1])
+        ours, published = cells[2].rstrip(")").split(" (")
+        assert float(ours) == pytest.approx(float(published), rel=0.01), cells[0]
+    assert factors == pytest.approx(LENGTH_FACTORS, abs=0.02)
+    assert max(factors.values()) - min(factors.values()) > 0.3
