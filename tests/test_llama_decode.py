@@ -17,7 +17,9 @@
   run the very same module-path computation, so their logprobs agree bit for bit);
 - the CPU attention (two batched matmuls, the mask as an additive bias) equals torch's fused attention to float
   rounding, for grouped queries, a boolean and an additive mask, and keys cut short of the cache's capacity;
-- the config key ``generation.fast_decode`` reaches the engine the builder makes (false: the module path).
+- the config key ``generation.fast_decode`` reaches the engine the builder makes (false: the module path), and
+  ``generation.projections`` the kind its fast step runs; a forced kind its step cannot take is refused in the
+  config, each problem named at once.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 from fakes.decoder_models import assert_same_completions, char_tokenizer, peaked_model, text_requests
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from groupwise.config import config_from_dict
+from groupwise.config import ConfigError, config_from_dict
 from groupwise.generation import Engine
 from groupwise.generation.projections import ONEDNN_MIN_HIDDEN, onednn_available, projection_kind
 from groupwise.trainer.builder import build_components
@@ -158,6 +160,36 @@ def test_the_config_key_reaches_the_built_engine(fast_decode) -> None:
     engine = build_components(cfg).engine
     engine.generate([GenerationRequest((5, 6, 7), 2, seed=0)], SamplingParams(max_new_tokens=4))
     assert engine.decode_path == (FAST if fast_decode else "transformers forward (off)")
+
+
+@pytest.mark.parametrize("projections", ["auto", "dense", "onednn"])
+def test_the_projections_key_reaches_the_built_engine(projections) -> None:
+    if projections == "onednn" and not onednn_available():
+        pytest.skip("this torch build has no oneDNN")
+    cfg = config_from_dict({
+        "model": {"source": "tiny", "device": "cpu", "tiny": {"num_layers": 1, "hidden_size": 32, "num_heads": 2}},
+        "generation": {"max_new_tokens": 4, "projections": projections},
+    })  # fmt: skip
+    engine = build_components(cfg).engine
+    engine.generate([GenerationRequest((5, 6, 7), 2, seed=0)], SamplingParams(max_new_tokens=4))
+    # hidden 32 is below ONEDNN_MIN_HIDDEN: auto decodes on dense projections, a forced kind on its own
+    assert engine.decode_path == FAST and engine.projection_kind == ("dense" if projections == "auto" else projections)
+
+
+def test_a_forced_projection_kind_its_step_cannot_take_is_refused() -> None:
+    with pytest.raises(ConfigError) as error:
+        config_from_dict({
+            "model": {"source": "tiny", "dtype": "bfloat16", "device": "cuda"},
+            "generation": {"projections": "onednn", "fast_decode": False},
+        })  # fmt: skip
+    text = str(error.value)
+    assert "generation.fast_decode: false turns off" in text
+    assert "not model.dtype 'bfloat16'" in text and "not model.device 'cuda'" in text
+    dense = config_from_dict({"model": {"source": "tiny", "device": "cuda"}, "generation": {"projections": "dense"}})
+    assert dense.generation.projections == "dense"
+    with pytest.raises(ConfigError) as error:
+        config_from_dict({"model": {"source": "tiny"}, "generation": {"backend": "vllm", "projections": "dense"}})
+    assert "generation.projections is a setting of the built-in engine" in str(error.value)
 
 
 @pytest.mark.parametrize("additive", [False, True])

@@ -15,7 +15,7 @@ from groupwise.plugins import is_plugin_target
 
 GENERATION_BACKENDS = ("builtin", "vllm")
 """The generation backends that ship with groupwise (each is one line of :mod:`groupwise.generation.factory`)."""
-BUILTIN_ENGINE_KEYS = ("fast_decode", "cuda_graphs", "compile")
+BUILTIN_ENGINE_KEYS = ("fast_decode", "cuda_graphs", "compile", "projections")
 """``generation`` keys only the built-in engine reads; under another backend they keep their defaults."""
 VLLM_OWN_ENGINE_ARGS = (
     "model", "tokenizer", "dtype", "seed", "enforce_eager", "max_num_seqs", "max_model_len", "logprobs_mode",
@@ -96,6 +96,12 @@ class GenerationSection(Section):
     only a run planning at least 100,000 decode steps (``run.max_steps × max_new_tokens``), since on a CPU the
     compiled step was no faster beyond the noise and its compiles cost minutes. YAML reads a bare on/off as
     true/false; those mean on/off here."""
+    projections: Literal["auto", "dense", "onednn"] = "auto"
+    """The fast decode step's linear projections (docs/generation.md, "oneDNN or dense"): ``auto`` = oneDNN's packed
+    weights for a float32 model on a CPU from a hidden size of 384, dense ``addmm`` on a plain copy otherwise (below
+    that size oneDNN's per-call cost outweighs its kernel); ``dense`` or ``onednn`` forces one, to measure or to
+    override the rule on a machine where it measures otherwise. ``onednn`` needs ``model.dtype: float32`` on a
+    CPU."""
     continuous_batching: bool = False
     """Decode with continuous batching (docs/generation.md): requests join a running decode loop as rows finish,
     each handed back as soon as its own G completions are done, instead of one batch per engine call that only

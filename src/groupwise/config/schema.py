@@ -11,6 +11,7 @@ from pydantic import ConfigDict, Field, model_validator
 # Importing the rule modules registers their rules (they are used only through the registry).
 import groupwise.config.async_rules
 import groupwise.config.backend_rules
+import groupwise.config.engine_rules
 import groupwise.config.episode_rules
 import groupwise.config.hazards
 import groupwise.config.loss_rules

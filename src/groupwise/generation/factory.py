@@ -48,7 +48,7 @@ def _builtin(spec: GeneratorSpec) -> Generator:
     return Engine(
         spec.model, spec.tokenizer, spec.eos_token_ids, fast_decode=gen.fast_decode, cuda_graphs=gen.cuda_graphs,
         continuous_batching=gen.continuous_batching,
-        compile_step=compile_wanted(gen.compile, spec.planned_decode_steps),
+        compile_step=compile_wanted(gen.compile, spec.planned_decode_steps), projections=gen.projections,
     )  # fmt: skip
 
 
