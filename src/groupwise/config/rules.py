@@ -76,8 +76,8 @@ def continuous_batching_needs_the_fast_step(cfg: RunConfig) -> Iterator[ConfigIs
 
 @rule("generation")
 def builtin_engine_keys_need_the_builtin_backend(cfg: RunConfig) -> Iterator[ConfigIssue]:
-    """generation.fast_decode and generation.cuda_graphs are the built-in engine's; another backend leaves them at
-    their defaults."""
+    """generation.fast_decode, cuda_graphs, compile and projections are the built-in engine's; another backend
+    leaves them at their defaults."""
     gen = cfg.generation
     if gen.backend == "builtin":
         return
