@@ -131,7 +131,6 @@ def config_data(mode: str, gpus: int, efficiency: dict[str, float], steps: int, 
 
 # The published update_actor of the async rows (staleness 0.5); the diagnostic reads the trainer's speed off 64:64's.
 ASYNC_UPDATE = {32: 269.80, 64: 156.98, 128: 113.16}
-ASYNC_128_UPDATE = ASYNC_UPDATE[128]
 
 
 def simulate_row(mode: str, gpus: int, efficiency: dict[str, float], steps: int, staleness: float = 0.5,
@@ -251,7 +250,7 @@ def table(efficiency: dict[str, float], steps: int) -> list[dict[str, Any]]:
 def diagnostic(efficiency: dict[str, float], steps: int) -> tuple[float, list[dict[str, Any]]]:
     """The async rows with ``train_mfu`` read off the 64:64 row's published ``update_actor`` (not a calibration)."""
     compute, updates = training_parts("async", 128, efficiency, steps)
-    mfu = round(compute / (ASYNC_128_UPDATE - updates), 3)
+    mfu = round(compute / (ASYNC_UPDATE[128] - updates), 3)
     trainer = {**efficiency, "train_mfu": min(1.0, mfu)}
     rows: list[dict[str, Any]] = []
     for g, (step, _) in ASYNC.items():
@@ -265,25 +264,34 @@ def diagnostic(efficiency: dict[str, float], steps: int) -> tuple[float, list[di
     return mfu, rows
 
 
-def length_scan(efficiency: dict[str, float], steps: int) -> list[str]:
-    """Per async row, the completion-median factor at which the sync-fitted model gives the published step.
+def length_scan(efficiency: dict[str, float], steps: int) -> list[dict[str, Any]]:
+    """Per async row, the completion-median factor at which the sync-fitted model gives the published step:
+    ``{"row", "factor", "step", "published", "train", "update_actor"}`` (ours and the published figures).
 
     Not a calibration: it asks whether one length difference between the modes could explain every async row
     (the page publishes no lengths). Bisection on the factor; the step time grows with it.
     """
-    lines = ["| row | median factor | s/step (published) | trainer s/step (published update_actor) |",
-             "|---|---:|---:|---:|"]  # fmt: skip
-    for g, (step, _) in ASYNC.items():
+    rows: list[dict[str, Any]] = []
+    for g, (published, _) in ASYNC.items():
         lo, hi = 0.05, 1.5
         for _ in range(12):
             mid = (lo + hi) / 2
-            fast = simulate_row("async", g, efficiency, steps, median_scale=mid)["step"] < step
+            fast = simulate_row("async", g, efficiency, steps, median_scale=mid)["step"] < published
             lo, hi = (mid, hi) if fast else (lo, mid)
         factor = (lo + hi) / 2
         ours = simulate_row("async", g, efficiency, steps, median_scale=factor)
-        lines.append(f"| async {g // 2}:{g // 2} | {factor:.2f} | {ours['step']:.1f} ({step:.1f}) | "
-                     f"{ours['train']:.1f} ({ASYNC_UPDATE[g]:.1f}) |")  # fmt: skip
-    return lines
+        rows.append({"row": f"async {g // 2}:{g // 2}", "factor": factor, "step": ours["step"],
+                     "published": published, "train": ours["train"], "update_actor": ASYNC_UPDATE[g]})  # fmt: skip
+    return rows
+
+
+def format_length_scan(rows: list[dict[str, Any]]) -> str:
+    lines = ["| row | median factor | s/step (published) | trainer s/step (published update_actor) |",
+             "|---|---:|---:|---:|"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['row']} | {r['factor']:.2f} | {r['step']:.1f} ({r['published']:.1f}) | "
+                     f"{r['train']:.1f} ({r['update_actor']:.1f}) |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -306,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.process_time()
     if args.length_scan:
-        print("\n".join(length_scan(dict(FITTED), args.steps)))
+        print(format_length_scan(length_scan(dict(FITTED), args.steps)))
         print(f"\n{args.steps} simulated steps per row; {time.process_time() - started:.0f} s of CPU")
         return 0
     efficiency = dict(FITTED)

@@ -74,12 +74,9 @@ LENGTH_FACTORS = {"async 16:16": 0.33, "async 32:32": 0.42, "async 64:64": 0.68}
 
 def test_the_length_scan_needs_a_different_factor_per_async_row():
     cal = load_bench_module("sim_calibration.py")
-    lines = cal.length_scan(dict(cal.FITTED), steps=10)[2:]
-    factors = {}
-    for line in lines:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        factors[cells[0]] = float(cells[1])
-        ours, published = cells[2].rstrip(")").split(" (")
-        assert float(ours) == pytest.approx(float(published), rel=0.01), cells[0]
+    rows = cal.length_scan(dict(cal.FITTED), steps=10)
+    for row in rows:
+        assert row["step"] == pytest.approx(row["published"], rel=0.01), row["row"]
+    factors = {row["row"]: row["factor"] for row in rows}
     assert factors == pytest.approx(LENGTH_FACTORS, abs=0.02)
     assert max(factors.values()) - min(factors.values()) > 0.3
