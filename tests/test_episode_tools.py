@@ -4,7 +4,9 @@ Invariants pinned:
 - every bad tool call (not JSON, an unknown tool, arguments that do not fit, a tool that raises, one past its
   timeout, one answering megabytes) is an answer the model reads, counted in ``tool_errors``;
 - tools reach a template without tool support through the system message, and a template with it through its
-  ``tools`` argument;
+  ``tools`` argument; a template that only mentions the word "tools" does not take them;
+- each family's tool-call syntax (hermes, llama3_json, mistral) reads back what it writes, and a call nested past
+  the JSON decoder's depth or holding an integer too long to convert is an error the model reads, not a raise;
 - a tool without type hints or ``Args:`` docs is named (before any model loads, without transformers).
 """
 
@@ -14,8 +16,10 @@ import time
 
 from test_episodes import TOKENIZER, game
 
-from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE, ChatRenderer
+from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE, ChatRenderer, template_takes_tools
 from groupwise.episodes.tool_env import ToolEnvironment
+from groupwise.episodes.tool_formats import TOOL_FORMATS, detect_tool_format
+from groupwise.episodes.tools import parse_tool_calls, tool_schema
 from groupwise.types import Prompt
 
 
@@ -97,14 +101,18 @@ def test_every_bad_tool_call_is_an_answer_the_model_reads_and_is_counted():
 
 
 def test_tools_reach_a_template_without_tool_support_through_the_system_message():
-    renderer = ChatRenderer(TOKENIZER, (add,), PLAIN_CHAT_TEMPLATE)
+    renderer = ChatRenderer(TOKENIZER, (tool_schema(add),), PLAIN_CHAT_TEMPLATE)
     opening = renderer.offer_tools([{"role": "user", "content": "2 + 3?"}])
     assert opening[0]["role"] == "system" and '"name": "add"' in opening[0]["content"]
     assert "<tool_call>" in opening[0]["content"] and opening[1] == {"role": "user", "content": "2 + 3?"}
     with_tools = "{%- for t in tools -%}[{{ t['function']['name'] }}]{%- endfor -%}" + PLAIN_CHAT_TEMPLATE
-    native = ChatRenderer(TOKENIZER, (add,), with_tools)
+    native = ChatRenderer(TOKENIZER, (tool_schema(add),), with_tools)
     assert native.offer_tools([{"role": "user", "content": "hi"}]) == [{"role": "user", "content": "hi"}]
     assert native.text([{"role": "user", "content": "hi"}], generation_prompt=True).startswith("[add]user: hi")
+    mentions_tools = "{#- this template has no tools support -#}" + PLAIN_CHAT_TEMPLATE  # the word, not the feature
+    assert not template_takes_tools(TOKENIZER, mentions_tools) and template_takes_tools(TOKENIZER, with_tools)
+    named_only = ChatRenderer(TOKENIZER, (tool_schema(add),), mentions_tools)
+    assert '"name": "add"' in named_only.offer_tools([{"role": "user", "content": "hi"}])[0]["content"]
 
 
 def test_a_tool_that_cannot_be_described_to_a_model_is_named():
@@ -126,3 +134,31 @@ def test_a_tool_that_cannot_be_described_to_a_model_is_named():
     assert tool_problem(add) is None
     assert tool_problem(untyped) == "untyped: parameter 'a' has no type hint"
     assert tool_problem(undocumented) == "undocumented: its docstring has no 'Args:' entry for 'a'"
+
+
+def test_each_tool_format_reads_back_what_it_writes_and_is_found_from_its_template():
+    calls = [("multiply", {"a": 123, "b": 456}), ("add", {"a": 1, "b": 2})]
+    for name, fmt in TOOL_FORMATS.items():
+        written = fmt.write(calls[:1] if name == "llama3_json" else calls)  # Llama 3 writes one call per reply
+        parsed = fmt.parse("Let me compute. " + written if name != "llama3_json" else written)
+        expected = calls[:1] if name == "llama3_json" else calls
+        assert [(c.name, dict(c.arguments or {})) for c in parsed.calls] == expected, name
+        assert all(c.error is None for c in parsed.calls)
+        assert parsed.content == ("" if name == "llama3_json" else "Let me compute.")
+        assert fmt.parse("The answer is 42.").calls == [] and fmt.parse("The answer is 42.").content == (
+            "The answer is 42."
+        )
+    assert detect_tool_format("{{ '<tool_call>' }}") == "hermes"
+    assert detect_tool_format("{{ '[TOOL_CALLS]' }}") == "mistral"
+    assert detect_tool_format("{{ '<|python_tag|>' }}") == "llama3_json"
+    assert detect_tool_format(PLAIN_CHAT_TEMPLATE) == "hermes"
+
+
+def test_unreadable_calls_are_errors_the_model_reads_never_a_raise():
+    deep = '<tool_call>{"name": "add", "arguments": ' + "[" * 100_000 + "]" * 100_000 + "}</tool_call>"
+    huge = '<tool_call>{"name": "add", "arguments": {"a": ' + "9" * 5_000 + ', "b": 1}}</tool_call>'
+    for text in (deep, huge):
+        (call,) = parse_tool_calls(text)
+        assert call.error is not None and call.name == ""
+    (deep_mistral,) = TOOL_FORMATS["mistral"].parse("[TOOL_CALLS]" + "[" * 100_000 + "]" * 100_000).calls
+    assert deep_mistral.error is not None

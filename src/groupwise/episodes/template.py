@@ -11,11 +11,11 @@ e.g. dropping earlier reasoning): training on a sequence the model never saw is 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from groupwise.episodes.environment import Message
-from groupwise.episodes.tools import tool_instructions, tool_schema
+from groupwise.episodes.tools import tool_instructions
 from groupwise.types import Prompt
 
 if TYPE_CHECKING:
@@ -35,23 +35,46 @@ class TemplateNotAppendOnly(ValueError):
     """The chat template renders a longer conversation as something that does not extend the shorter one."""
 
 
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": "groupwise_probe_tool", "description": "A probe.", "parameters": {"type": "object",
+                                                                                          "properties": {}}},
+}  # fmt: skip
+
+
+def template_takes_tools(tokenizer: PreTrainedTokenizerBase, template: str | None) -> bool:
+    """Whether the chat template renders a ``tools`` argument: a probe tool's name appears in a rendering given it
+    (a template that only mentions the word "tools" in a comment does not take them)."""
+    probe = [{"role": "user", "content": "Hello."}]
+    try:
+        rendered = tokenizer.apply_chat_template(
+            probe, tools=[_PROBE_TOOL], chat_template=template, tokenize=False, add_generation_prompt=True
+        )
+    except Exception:  # a template that fails when given tools does not take them
+        return False
+    return isinstance(rendered, str) and "groupwise_probe_tool" in rendered
+
+
 class ChatRenderer:
     """Renders conversations with the tokenizer's chat template.
 
-    An environment's tools reach the model through the template's ``tools`` argument when the template uses it;
+    Tools (JSON schemas, :func:`~groupwise.episodes.tools.tool_schema`'s or a request's OpenAI ``tools``) reach the
+    model through the template's ``tools`` argument when the template renders it (:func:`template_takes_tools`);
     otherwise :meth:`offer_tools` writes :func:`~groupwise.episodes.tools.tool_instructions` into the system
     message (a documented text format, the same call syntax)."""
 
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, tools: Sequence[Callable[..., Any]] = (), template: str | None = None
-    ) -> None:
+        self, tokenizer: PreTrainedTokenizerBase, tools: Sequence[Mapping[str, Any]] = (), template: str | None = None,
+        takes_tools: bool | None = None,
+    ) -> None:  # fmt: skip
         self.tokenizer = tokenizer
         self.template = template  # None: the tokenizer's own
-        template_has_tools = "tools" in str(template or getattr(tokenizer, "chat_template", "") or "")
+        if tools and takes_tools is None:
+            takes_tools = template_takes_tools(tokenizer, template)
         self.tools: list[dict[Any, Any] | Callable[..., Any]] | None = (
-            [tool_schema(t) for t in tools] if tools and template_has_tools else None
+            [dict(t) for t in tools] if tools and takes_tools else None
         )
-        self.tool_text = tool_instructions(tools) if tools and not template_has_tools else None
+        self.tool_text = tool_instructions(tools) if tools and not takes_tools else None
         eos = tokenizer.eos_token_id
         if eos is None:
             raise ValueError("the tokenizer has no EOS token to end an assistant turn with")

@@ -1,6 +1,7 @@
 """A ready base for environments where the model calls tools until it answers.
 
-Each model turn either calls tools (``<tool_call>{...}</tool_call>``, :mod:`groupwise.episodes.tools`): they run
+Each model turn either calls tools (in :attr:`ToolEnvironment.tool_format`'s syntax, by default
+``<tool_call>{...}</tool_call>``; :mod:`groupwise.episodes.tool_formats`): they run
 and their answers come back as ``tool`` messages; or it does not: the episode ends and :meth:`score` rates the
 final reply. A malformed call, an unknown tool, bad arguments, a tool that raises, hangs past ``tool_timeout_s``
 or answers megabytes: each is an error message the model reads, counted in ``episode/tool_errors``.
@@ -14,15 +15,19 @@ from typing import Any
 
 from groupwise.episodes.deadline import StepTimeout, call_with_deadline
 from groupwise.episodes.environment import Message, StepResult
-from groupwise.episodes.tools import ToolAnswer, ToolCall, parse_tool_calls, run_tool_call
+from groupwise.episodes.tool_formats import TOOL_FORMATS, ToolCall
+from groupwise.episodes.tools import ToolAnswer, run_tool_call
 from groupwise.types import Prompt
 
 
 class ToolEnvironment(ABC):
     """Subclass it: set :attr:`tools` (plain functions) and :attr:`system_prompt`, write :meth:`score` (a subclass
-    without one cannot be made)."""
+    without one cannot be made). :attr:`tool_format` names the call syntax the model writes (a key of
+    :data:`~groupwise.episodes.tool_formats.TOOL_FORMATS`; ``hermes`` is what a template without tools support is
+    taught)."""
 
     system_prompt: str = ""
+    tool_format: str = "hermes"
     tool_timeout_s: float = 10.0
     max_answer_chars: int = 2000
 
@@ -41,7 +46,7 @@ class ToolEnvironment(ABC):
         return [*opening, {"role": "user", "content": prompt.text or ""}]
 
     def step(self, assistant_message: Message) -> StepResult:
-        calls = parse_tool_calls(assistant_message["content"])
+        calls = TOOL_FORMATS[self.tool_format].parse(assistant_message["content"]).calls
         if not calls:
             assert self.prompt is not None, "reset() before step()"
             return StepResult(reward=self.score(self.prompt, assistant_message["content"]), done=True)

@@ -1,10 +1,11 @@
-"""Tools as plain Python functions: their schema, the call format the model writes, running a call.
+"""Tools as plain Python functions: their schema, how a model is told about them, running a call.
 
-A model calls a tool by writing ``<tool_call>{"name": "multiply", "arguments": {"a": 3, "b": 4}}</tool_call>``
-(the format Qwen- and Hermes-style chat templates train, and the one :func:`tool_instructions` describes to a
-model whose template has no ``tools`` support). Everything that can go wrong with a call — text that is not JSON,
-an unknown tool, wrong arguments, a tool that raises or answers too much — becomes a readable error string the
-model gets back as the tool's answer, never an exception of the run.
+A model calls a tool in its family's syntax (:mod:`groupwise.episodes.tool_formats`; by default
+``<tool_call>{"name": "multiply", "arguments": {"a": 3, "b": 4}}</tool_call>``, the format Qwen- and Hermes-style
+chat templates train, and the one :func:`tool_instructions` describes to a model whose template has no ``tools``
+support). Everything that can go wrong with a call — text that is not JSON, an unknown tool, wrong arguments, a
+tool that raises or answers too much — becomes a readable error string the model gets back as the tool's answer,
+never an exception of the run.
 """
 
 from __future__ import annotations
@@ -17,16 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-CALL_PATTERN = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One call the model wrote: the tool's name and arguments, or ``error`` when it could not be read."""
-
-    name: str = ""
-    arguments: Mapping[str, Any] | None = None
-    error: str | None = None
+from groupwise.episodes.tool_formats import TOOL_FORMATS, ToolCall
 
 
 @dataclass(frozen=True)
@@ -69,11 +61,12 @@ def tool_problem(tool: Callable[..., Any]) -> str | None:
     return None
 
 
-def tool_instructions(tools: Sequence[Callable[..., Any]]) -> str:
-    """A system-prompt paragraph describing ``tools`` and the call format, for templates without ``tools``."""
-    schemas = "\n".join(json.dumps(tool_schema(t)["function"]) for t in tools)
+def tool_instructions(schemas: Sequence[Mapping[str, Any]]) -> str:
+    """A system-prompt paragraph describing the tools of ``schemas`` (:func:`tool_schema`'s, or a request's OpenAI
+    ``tools``) and the ``hermes`` call format, for templates without ``tools``."""
+    described = "\n".join(json.dumps(schema.get("function", schema)) for schema in schemas)
     return (
-        "You can call these tools:\n" + schemas + "\nTo call one, write <tool_call>{\"name\": NAME, \"arguments\": "
+        "You can call these tools:\n" + described + "\nTo call one, write <tool_call>{\"name\": NAME, \"arguments\": "
         "{...}}</tool_call> and stop; its answer comes back in the next message. When you know the answer, reply "
         "without a tool call."
     )
@@ -81,22 +74,7 @@ def tool_instructions(tools: Sequence[Callable[..., Any]]) -> str:
 
 def parse_tool_calls(text: str) -> list[ToolCall]:
     """Every ``<tool_call>…</tool_call>`` in ``text``, in order; an unreadable one is a call with ``error`` set."""
-    calls = []
-    for body in CALL_PATTERN.findall(text):
-        try:
-            data = json.loads(body)
-        except json.JSONDecodeError as exc:
-            calls.append(ToolCall(error=f"the tool call is not valid JSON ({exc.msg})"))
-            continue
-        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-            calls.append(ToolCall(error='a tool call needs {"name": ..., "arguments": {...}}'))
-            continue
-        arguments = data.get("arguments", {})
-        if not isinstance(arguments, dict):
-            calls.append(ToolCall(name=data["name"], error="the tool call's arguments must be a JSON object"))
-            continue
-        calls.append(ToolCall(name=data["name"], arguments=arguments))
-    return calls
+    return TOOL_FORMATS["hermes"].parse(text).calls
 
 
 def run_tool_call(call: ToolCall, tools: Mapping[str, Callable[..., Any]], max_chars: int) -> ToolAnswer:

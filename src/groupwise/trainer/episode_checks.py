@@ -18,7 +18,7 @@ from groupwise.episodes.environment import (
 from groupwise.episodes.episode import EpisodeLimits
 from groupwise.episodes.group import EpisodeSettings
 from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE, ChatRenderer, append_only_problem
-from groupwise.episodes.tools import tool_problem
+from groupwise.episodes.tools import tool_problem, tool_schema
 from groupwise.model.encode import has_chat_template
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ def episode_settings(
         raise ConfigError([ConfigIssue(key, None, "the tokenizer has no chat template to render an episode's turns",
                                        "set episode.chat_template: plain, or give a Jinja chat template")])
     try:
-        renderer = ChatRenderer(tokenizer, spec.tools, template)
+        renderer = ChatRenderer(tokenizer, [tool_schema(t) for t in spec.tools], template)
     except Exception as exc:  # no EOS token to end a turn with; a tool transformers cannot describe
         raise ConfigError([ConfigIssue("episode.environment", spec.name, f"its episodes cannot be rendered: "
                                        f"{type(exc).__name__}: {exc}", "see docs/environments.md, Tools")]) from exc
