@@ -269,6 +269,8 @@ def test_config_check_reports_every_episode_mistake_at_once(tmp_path, capsys):
     ({"environment": "guess_number", "kwargs": {"max_guesses": 0}}, "episode.kwargs", "max_guesses must be"),
     ({"max_turns": 2}, "episode.max_turns", "without episode.environment"),
     ({"environment": "guess_number", "chat_template": "role: text"}, "episode.chat_template", "a Jinja chat template"),
+    ({"environment": "calculator", "step_timeout_s": 10}, "episode.step_timeout_s",
+     "calculator's tools may each run 10 s (tool_timeout_s)"),
 ])  # fmt: skip
 def test_a_bad_environment_is_refused_before_any_model_loads(tmp_path, capsys, episode, key, says):
     path = tmp_path / "bad.yaml"

@@ -3,9 +3,10 @@
 A model calls a tool in its family's syntax (:mod:`groupwise.episodes.tool_formats`; by default
 ``<tool_call>{"name": "multiply", "arguments": {"a": 3, "b": 4}}</tool_call>``, the format Qwen- and Hermes-style
 chat templates train, and the one :func:`tool_instructions` describes to a model whose template has no ``tools``
-support). Everything that can go wrong with a call — text that is not JSON, an unknown tool, wrong arguments, a
-tool that raises or answers too much — becomes a readable error string the model gets back as the tool's answer,
-never an exception of the run.
+support). Everything that can go wrong with a call — text that is not JSON, an unknown tool, arguments that do not
+fit the tool's type hints (:mod:`groupwise.episodes.tool_arguments`), a tool that raises, answers too much or
+answers a value that cannot be written as text — becomes a readable error string the model gets back as the
+tool's answer, never an exception of the run.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from groupwise.episodes.tool_arguments import ArgumentMisfit, checked_arguments
 from groupwise.episodes.tool_formats import TOOL_FORMATS, ToolCall
 
 
@@ -78,20 +80,33 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
 
 
 def run_tool_call(call: ToolCall, tools: Mapping[str, Callable[..., Any]], max_chars: int) -> ToolAnswer:
-    """Run one parsed call; its answer as text cut to ``max_chars`` (an error string for a bad call or a raise)."""
+    """Run one parsed call; its answer as text cut to ``max_chars`` (an error string for a bad call, arguments that
+    do not fit the tool's type hints, a raise, or a value that cannot be written as text). Never raises."""
     if call.error is not None:
         return ToolAnswer(f"error: {call.error}", True)
     tool = tools.get(call.name)
     if tool is None:
         return ToolAnswer(f"error: unknown tool {call.name!r}; the tools are {', '.join(sorted(tools))}", True)
-    arguments = dict(call.arguments or {})
     try:
-        inspect.signature(tool).bind(**arguments)
-    except TypeError as exc:
-        return ToolAnswer(f"error: {call.name} cannot take these arguments ({exc})", True)
+        arguments = checked_arguments(tool, call.arguments or {})
+    except ArgumentMisfit as exc:
+        return ToolAnswer(f"error: {call.name} cannot take these arguments ({exc})"[:max_chars], True)
     try:
         value = tool(**arguments)
     except Exception as exc:  # the tool's own failure is the model's to read, not the run's to die of
-        return ToolAnswer(f"error: {call.name} raised {type(exc).__name__}: {exc}", True)
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
+        return ToolAnswer(f"error: {call.name} raised {_described(exc)}"[:max_chars], True)
+    try:
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+    except Exception as exc:  # tuple keys, a circular value, an int past Python's str conversion limit
+        kind = type(value).__name__
+        return ToolAnswer(f"error: {call.name}'s answer ({kind}) cannot be written as text ({_described(exc)})"[
+            :max_chars], True)  # fmt: skip
     return ToolAnswer(text[:max_chars], False)
+
+
+def _described(exc: BaseException) -> str:
+    """``exc`` as ``Class: message``, also when its message cannot be made (a ``__str__`` that raises)."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001 — the description of a failure must not fail
+        return type(exc).__name__

@@ -18,6 +18,7 @@ from groupwise.episodes.environment import (
 from groupwise.episodes.episode import EpisodeLimits
 from groupwise.episodes.group import EpisodeSettings
 from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE, ChatRenderer, append_only_problem
+from groupwise.episodes.tool_env import ToolEnvironment
 from groupwise.episodes.tools import tool_problem, tool_schema
 from groupwise.model.encode import has_chat_template
 
@@ -56,6 +57,12 @@ def episode_environment(cfg: RunConfig) -> tuple[EnvironmentSpec | None, list[Co
     if not isinstance(probe, Environment):
         return None, [ConfigIssue(key, name, f"it made a {type(probe).__name__}, which has no reset(prompt, "
                                   "sample_index) and step(assistant_message)", fix)]  # fmt: skip
+    if isinstance(probe, ToolEnvironment) and probe.tool_timeout_s >= cfg.episode.step_timeout_s:
+        return None, [ConfigIssue("episode.step_timeout_s", cfg.episode.step_timeout_s,
+                                  f"{name}'s tools may each run {probe.tool_timeout_s:g} s (tool_timeout_s), so a "
+                                  "turn of hanging tool calls would fail its group instead of answering the model",
+                                  f"set episode.step_timeout_s above {probe.tool_timeout_s:g}, or lower the "
+                                  "environment's tool_timeout_s")]  # fmt: skip
     tools = tuple(probe.tools) if isinstance(probe, OffersTools) else ()
     for tool in tools:
         problem = tool_problem(tool)
