@@ -12,7 +12,8 @@ Invariants pinned:
   to fit and counted;
 - failures: an environment that raises, answers with something that is not a StepResult, a non-finite reward or
   messages without content, or runs past ``step_timeout_s`` fails only its own group, with an error naming the
-  environment, the prompt and the sample, and the tokens its episodes had sampled charged to it;
+  environment, the prompt and the sample, and the tokens its episodes had sampled charged to it; a reward may be
+  any finite real number (``numpy.float32``, ``numpy.int64``), kept as a float;
 - an episode samples the same tokens whether its group runs alone or with others (seeds per sample and turn);
 - a group whose episodes open differently keeps the shared part as its prompt and the rest as environment tokens;
 - an episode group (trainable flags, episode records) comes back from its checkpoint form unchanged;
@@ -253,6 +254,33 @@ def test_an_environment_failure_fails_only_its_own_group(how, says):
     assert isinstance(bad, EpisodeError)
     assert "environment 'test-env'" in str(bad) and "prompt 'bad'" in str(bad) and says in str(bad)
     assert cost_of(bad).tokens == (0 if how == "reset" else 2 * 3)  # both episodes' sampled "42<eos>"
+
+
+class NumpyRewards:
+    """An environment (test only) paying each turn a numpy scalar: a float32 0.25, then an int64 1 (done)."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    def reset(self, prompt: Prompt, sample_index: int) -> list[dict[str, str]]:
+        return [{"role": "user", "content": "Go."}]
+
+    def step(self, assistant_message: dict[str, str]) -> StepResult:
+        import numpy as np
+
+        self.turn += 1
+        if self.turn == 1:
+            return StepResult(messages=[{"role": "user", "content": "Again."}], reward=np.float32(0.25))
+        return StepResult(reward=np.int64(1), done=True)
+
+
+def test_an_episode_reward_may_be_any_real_number():
+    generator = ScriptedGenerator(lambda context, seed: chars("42") + [EOS])
+    [episodes] = run(generator, settings(factory=NumpyRewards), [game("p", 1)])
+    assert not isinstance(episodes, Exception), episodes
+    for episode in episodes:
+        assert episode.step_rewards == [0.25, 1.0] and all(type(r) is float for r in episode.step_rewards)
+        assert episode.record(sum(episode.step_rewards)).reward == 1.25
 
 
 @pytest.fixture(scope="module")

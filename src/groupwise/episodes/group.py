@@ -13,6 +13,8 @@ Failures of a tool call are the model's to read (an error observation, :mod:`gro
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -149,7 +151,7 @@ def finish_step(settings: EpisodeSettings, step: TurnStep) -> None:
     """Apply the environment's answer (waiting for it up to the step deadline); a failure fails the group."""
     episode, group = step.episode, step.group
     try:
-        result = _checked_result(step.call.result(settings.step_timeout_s))
+        result = checked_result(step.call.result(settings.step_timeout_s))
         episode.env_seconds += step.call.seconds
         episode.apply(result, step.reply, step.sampled, settings.renderer)
     except Exception as exc:
@@ -174,10 +176,21 @@ def _step(env: Environment, reply: Message) -> Callable[[], StepResult]:
     return lambda: env.step(dict(reply))
 
 
-def _checked_result(result: object) -> StepResult:
+def checked_result(result: object) -> StepResult:
+    """``result`` as a :class:`StepResult` whose reward is a ``float`` (any real number: ``numpy.float32``,
+    ``numpy.int64`` too, as single-turn rewards) and whose messages are checked; ValueError or TypeError naming
+    the fault."""
     if not isinstance(result, StepResult):
         raise TypeError(f"step() returned {type(result).__name__}, not a StepResult")
     reward = result.reward
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not abs(reward) <= MAX_ABS_REWARD:
-        raise ValueError(f"step() returned the reward {reward!r}; it must be a finite number")
-    return replace(result, messages=checked_messages(result.messages, "step()"))
+    if not isinstance(reward, numbers.Real):
+        raise ValueError(f"step() returned the reward {reward!r} of type {type(reward).__name__}; it must be a "
+                         "finite real number")  # fmt: skip
+    try:
+        value = float(reward)
+    except OverflowError:  # an int too large for a float
+        value = math.inf
+    if not abs(value) <= MAX_ABS_REWARD:
+        raise ValueError(f"step() returned the reward {reward!r}; it must be a finite number within "
+                         f"±{MAX_ABS_REWARD:g}")  # fmt: skip
+    return replace(result, reward=value, messages=checked_messages(result.messages, "step()"))
