@@ -6,7 +6,9 @@ Invariants pinned:
   is asked to continue exactly the prompt plus every token before it; the environment tokens between turns are
   the chat template's rendering of the conversation (prompt + completion equals the template's own tokens);
 - a template that rewrites earlier turns is refused (by the probe, and at run start naming
-  ``episode.chat_template``), never trained on silently;
+  ``episode.chat_template``), never trained on silently; the probe appends ``episode.max_turns`` (at least four)
+  assistant turns — numeric, prose, tool-call — so a sliding window or a template that hides earlier tool calls is
+  found too, naming the first turn that broke the prefix;
 - limits: ``max_turns`` ends an episode after that many model turns; the token budget and the model's positions
   are never exceeded (a turn samples at most what is left); an observation past ``max_observation_tokens`` is cut
   to fit and counted;
@@ -140,6 +142,29 @@ def test_a_template_that_rewrites_earlier_turns_is_refused():
     assert append_only_problem(RENDERER) is None
     problem = append_only_problem(ChatRenderer(TOKENIZER, (), DROPS_EARLIER_REASONING))
     assert problem is not None and "not append-only" in problem
+
+
+# A template that renders only the last four messages (a sliding window), and one that writes earlier tool-call
+# turns as "[called]": both append-only on a three-message conversation.
+LAST_FOUR_MESSAGES = PLAIN_CHAT_TEMPLATE.replace("for m in messages", "for m in messages[-4:]")
+HIDES_EARLIER_CALLS = PLAIN_CHAT_TEMPLATE.replace(
+    "{{ m['content'] }}",
+    "{% if '<tool_call>' in m['content'] and not loop.last %}[called]{% else %}{{ m['content'] }}{% endif %}",
+)
+
+
+@pytest.mark.parametrize("template, says", [
+    (LAST_FOUR_MESSAGES, "at assistant turn 2 (a prose turn) of a 4-turn probe conversation: the chat template is "
+                         "not append-only: adding the environment's answer changes the earlier text at character 0"),
+    (HIDES_EARLIER_CALLS, "at assistant turn 3 (a tool-call turn) of a 4-turn probe conversation: the chat template "
+                          "is not append-only: adding the environment's answer changes the earlier text"),
+])  # fmt: skip
+def test_a_template_that_drops_earlier_turns_only_in_longer_conversations_is_refused_naming_the_turn(template, says):
+    problem = append_only_problem(ChatRenderer(TOKENIZER, (), template))
+    assert problem is not None and problem.startswith(says), problem
+    assert problem.endswith("(episode.chat_template)") and "model.chat_template" not in problem
+    assert append_only_problem(ChatRenderer(TOKENIZER, (), template), turns=1) is not None  # at least four turns
+    assert append_only_problem(RENDERER, turns=12) is None
 
 
 def test_run_start_refuses_a_template_that_is_not_append_only(tmp_path):

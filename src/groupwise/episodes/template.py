@@ -151,19 +151,38 @@ def _check_extends(shorter: str, longer: str, what: str) -> None:
         raise TemplateNotAppendOnly(
             f"the chat template is not append-only: {what} changes the earlier text at character {at} "
             f"({shorter[at:at + 40]!r} became {longer[at:at + 40]!r}); training on it would train on a sequence "
-            "the model never saw. Use a template that renders earlier turns unchanged (model.chat_template)"
+            "the model never saw. Use a template that renders earlier turns unchanged (episode.chat_template)"
         )
 
 
-def append_only_problem(renderer: ChatRenderer) -> str | None:
-    """Why the renderer's template cannot run episodes (probed on a two-turn conversation), or None."""
-    history = [{"role": "user", "content": "What is 2 + 2?"}]
-    reply = {"role": "assistant", "content": "<think>2 + 2 = 4</think> Let me check."}
-    try:
-        sampled = renderer.ids(reply["content"]) + [renderer.end_of_turn]
-        renderer.after_turn(history, reply, sampled, [{"role": "user", "content": "Go on."}])
-    except (TemplateNotAppendOnly, TypeError, ValueError) as exc:
-        return str(exc)
-    except Exception as exc:  # a template that raises on these messages (jinja's own errors) cannot run episodes
-        return f"the chat template failed on a two-turn conversation: {type(exc).__name__}: {exc}"
+def append_only_problem(renderer: ChatRenderer, turns: int = 4) -> str | None:
+    """Why the renderer's template cannot run episodes, or None.
+
+    Probed on a conversation of ``turns`` assistant turns (at least four, so that each kind — numeric with
+    reasoning, prose, a tool call — is answered), each appended as an episode appends it: a template that drops or
+    rewrites earlier turns only in a longer conversation (a sliding window, earlier reasoning or tool calls
+    stripped) is found, naming the first turn whose rendering broke the prefix. With tools offered, the answers
+    to tool calls are ``tool`` messages."""
+    kinds = (  # (what kind, the reply, the answer to it)
+        ("a numeric turn", "<think>2 + 2 = 4</think> 4", "Now say it in words."),
+        ("a prose turn", "Two and two make four: two things beside two things are four things.", "Multiply 17 by 23."),
+        ("a tool-call turn", '<tool_call>\n{"name": "multiply", "arguments": {"a": 17, "b": 23}}\n</tool_call>', "391"),
+    )
+    answer_role = "tool" if renderer.tools is not None or renderer.tool_text is not None else "user"
+    history: list[Message] = renderer.offer_tools([{"role": "user", "content": "What is 2 + 2?"}])
+    count = max(turns, len(kinds) + 1)  # every kind of turn followed by an answer
+    for turn in range(1, count + 1):
+        kind, content, answer = kinds[(turn - 1) % len(kinds)]
+        reply = {"role": "assistant", "content": content}
+        role = answer_role if kind == "a tool-call turn" else "user"
+        observations = [{"role": role, "content": answer}] if turn < count else []
+        where = f"at assistant turn {turn} ({kind}) of a {count}-turn probe conversation"
+        try:
+            sampled = renderer.ids(content) + [renderer.end_of_turn]
+            renderer.after_turn(history, reply, sampled, observations)
+        except (TemplateNotAppendOnly, TypeError, ValueError) as exc:
+            return f"{where}: {exc}"
+        except Exception as exc:  # a template that raises on these messages (jinja's own errors) cannot run episodes
+            return f"the chat template failed {where}: {type(exc).__name__}: {exc}"
+        history += [reply, *observations]
     return None

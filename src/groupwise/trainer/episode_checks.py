@@ -77,7 +77,8 @@ def episode_settings(
     cfg: RunConfig, spec: EnvironmentSpec, tokenizer: PreTrainedTokenizerBase, positions: int | None
 ) -> EpisodeSettings:
     """The ``episode`` section resolved against the loaded tokenizer: :class:`ConfigError` when its chat template
-    is missing or not append-only (probed on a two-turn conversation)."""
+    is missing or not append-only (probed on a conversation of ``episode.max_turns`` assistant turns, at least
+    four)."""
     section, key = cfg.episode, "episode.chat_template"
     template = PLAIN_CHAT_TEMPLATE if section.chat_template == "plain" else section.chat_template
     if template is None and not has_chat_template(tokenizer):
@@ -88,7 +89,7 @@ def episode_settings(
     except Exception as exc:  # no EOS token to end a turn with; a tool transformers cannot describe
         raise ConfigError([ConfigIssue("episode.environment", spec.name, f"its episodes cannot be rendered: "
                                        f"{type(exc).__name__}: {exc}", "see docs/environments.md, Tools")]) from exc
-    problem = append_only_problem(renderer)
+    problem = append_only_problem(renderer, section.max_turns)
     if problem is not None:
         raise ConfigError([ConfigIssue(
             key, section.chat_template, f"episodes cannot use this chat template: {problem}",
