@@ -318,7 +318,8 @@ def test_hanging_calls_of_one_turn_run_at_once_and_never_fail_the_group():
 
     started = time.perf_counter()
     # four calls past tool_timeout_s=0.2 one after another would take 0.8 s, past the step deadline of 0.5 s
-    [episodes] = run(CallsHanging(), settings(factory=MoreTools, timeout_s=0.5, max_turns=1), [game("p", 1)])
+    [episodes] = run(CallsHanging(), settings(factory=MoreTools, timeout_s=0.5, max_turns=1,
+                                                max_observation_tokens=400), [game("p", 1)])
     assert time.perf_counter() - started < 1.5
     assert not isinstance(episodes, Exception), episodes
     for episode in episodes:

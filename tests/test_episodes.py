@@ -11,7 +11,8 @@ Invariants pinned:
   found too, naming the first turn that broke the prefix;
 - limits: ``max_turns`` ends an episode after that many model turns; the token budget and the model's positions
   are never exceeded (a turn samples at most what is left); an observation past ``max_observation_tokens`` is cut
-  to fit and counted;
+  to fit and counted; an answer thousands of times the cap is cut before it is tokenized, on the step's thread,
+  and keeps its first tokens up to the cap; an answer that ends the episode is stored under the same cap;
 - failures: an environment that raises, answers with something that is not a StepResult, a non-finite reward or
   messages without content, or runs past ``step_timeout_s`` fails only its own group, with an error naming the
   environment, the prompt and the sample, and the tokens its episodes had sampled charged to it; a reward may be
@@ -28,6 +29,7 @@ Invariants pinned:
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -37,7 +39,7 @@ from groupwise.config import ConfigError
 from groupwise.data.loader import LoadedPrompt
 from groupwise.environments.guess_number import GuessNumberEnvironment
 from groupwise.episodes.environment import StepResult
-from groupwise.episodes.episode import TRUNCATION_MARK, EpisodeLimits
+from groupwise.episodes.episode import MAX_CHARS_PER_TOKEN, TRUNCATION_MARK, EpisodeLimits
 from groupwise.episodes.group import EpisodeError, EpisodeSettings
 from groupwise.episodes.lockstep import run_episode_groups
 from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE, ChatRenderer, append_only_problem
@@ -221,9 +223,9 @@ def test_an_observation_past_its_cap_is_cut_to_fit_and_counted():
     generator = ScriptedGenerator(lambda context, seed: chars("ok") + [EOS])
     [episodes] = run(generator, settings(factory=Verbose, max_turns=3, max_observation_tokens=40), [game("p", 1)])
     for episode in episodes:
-        assert episode.truncated_observations == 2  # answers to turns 1 and 2; turn 3 ends the episode
-        assert [len(obs[0]["content"]) for obs in episode.observations[:2]] != [500, 500]
-        assert all(obs[0]["content"].endswith(TRUNCATION_MARK) for obs in episode.observations[:2])
+        assert episode.truncated_observations == 3  # turns 1 and 2 shown cut; turn 3's ends the episode, kept cut
+        assert all(len(obs[0]["content"]) < 500 for obs in episode.observations)
+        assert all(obs[0]["content"].endswith(TRUNCATION_MARK) for obs in episode.observations)
         flags = episode.completion("").trainable
         runs, current = [], 0
         for flag in flags:
@@ -235,6 +237,54 @@ def test_an_observation_past_its_cap_is_cut_to_fit_and_counted():
         closing = 1  # the plain template's newline after the end of an assistant turn
         assert runs and all(run - closing <= 40 for run in runs)
         assert math.isclose(sum(episode.step_rewards), 1.5)
+
+
+class Flooding:
+    """An environment (test only) answering turn 1 with 200,000 digits and ending at turn 2 with as many."""
+
+    ANSWER = "0123456789" * 20_000
+
+    def reset(self, prompt: Prompt, sample_index: int) -> list[dict[str, str]]:
+        return [{"role": "user", "content": "Talk."}]
+
+    def step(self, assistant_message: dict[str, str]) -> StepResult:
+        done = assistant_message["content"] != "first"
+        return StepResult(messages=[{"role": "user", "content": self.ANSWER}], done=done)
+
+
+class WatchedRenderer(ChatRenderer):
+    """The plain renderer (test only), recording the longest text it tokenized and the threads it rendered
+    answers on."""
+
+    def __init__(self) -> None:
+        super().__init__(TOKENIZER, (), PLAIN_CHAT_TEMPLATE)
+        self.longest, self.threads = 0, set()
+
+    def ids(self, text: str) -> list[int]:
+        self.longest = max(self.longest, len(text))
+        return super().ids(text)
+
+    def after_turn(self, history, reply, sampled, observations):
+        self.threads.add(threading.current_thread().name.rstrip("0123456789"))
+        return super().after_turn(history, reply, sampled, observations)
+
+
+def test_a_huge_answer_is_cut_before_it_is_tokenized_off_the_callers_thread_keeping_its_first_tokens():
+    renderer = WatchedRenderer()
+    generator = ScriptedGenerator(lambda context, seed: chars("first" if len(context) < 30 else "again") + [EOS])
+    limits = EpisodeLimits(max_turns=4, max_tokens=400, max_observation_tokens=40, max_turn_tokens=8)
+    [episodes] = run(generator, EpisodeSettings("flood", Flooding, renderer, limits, 5.0), [game("p", 1)])
+    assert renderer.longest <= 40 * MAX_CHARS_PER_TOKEN + 200  # never the 200,000 characters
+    assert renderer.threads == {"groupwise-env-step-"}  # not the caller's (the controller's, the stream's loop)
+    for episode in episodes:
+        shown, last = (obs[0]["content"] for obs in episode.observations)
+        assert episode.end == "done" and episode.truncated_observations == 2
+        # shown: its first tokens, filling the cap (framing "user: …\nassistant: " included), not only the mark
+        assert shown == Flooding.ANSWER[: len(shown) - len(TRUNCATION_MARK)] + TRUNCATION_MARK
+        answer_tokens = len(episode.token_ids) - 2 * len("first") - 2 - 1  # two turns, their EOS, one closing
+        assert answer_tokens == 40
+        # the last answer (done): never shown, stored under the same cap
+        assert last == Flooding.ANSWER[: 40 - len(TRUNCATION_MARK)] + TRUNCATION_MARK
 
 
 class Failing:

@@ -297,7 +297,7 @@ def test_a_saved_group_continues_where_its_environment_answers_as_before(factory
     group_settings = settings(factory=factory, max_turns=3)
     group = open_group(group_settings, game("p", 20), 3, 2)
     for episode in group.episodes:  # one turn each, then a checkpoint with sample 1's second turn on the stream
-        finish_step(group_settings, start_step(group, episode, scripted_turn("4")))
+        finish_step(group_settings, start_step(group_settings, group, episode, scripted_turn("4")))
     on_stream = RowPrefix(tuple(chars("1")), (-0.5,), (0,), None)
     data = encode_group(group, SAMPLING, {1: on_stream})
     assert data is not None and kept_tokens(data) == 2 * 2 + 1

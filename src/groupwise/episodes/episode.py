@@ -10,8 +10,9 @@ the episode instead (``token_budget``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from groupwise.episodes.environment import Message, StepResult
 from groupwise.episodes.record import EpisodeEnd, EpisodeRecord, EpisodeResume
@@ -20,7 +21,14 @@ from groupwise.types import Completion, FinishReason
 if TYPE_CHECKING:
     from groupwise.episodes.template import ChatRenderer
 
+T = TypeVar("T")
+
 TRUNCATION_MARK = " …[truncated]"
+#: The most characters one token is taken to cover. An answer's contents are cut to ``max_observation_tokens ×
+#: MAX_CHARS_PER_TOKEN`` characters before anything renders or tokenizes them, so an answer of megabytes costs what
+#: one of that size costs; its first ``max_observation_tokens`` tokens are kept unless its tokens are longer than
+#: this on average (long runs of one character), when it keeps the characters that bound allows.
+MAX_CHARS_PER_TOKEN = 32
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,19 @@ class EpisodeLimits:
     max_observation_tokens: int
     max_turn_tokens: int
     max_context: int | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An environment's answer to one turn, made ready on the step's thread (:meth:`Episode.prepare`): the checked
+    result, its messages as kept (cut to the observation cap, marked), how the answer ends the episode (None: it
+    goes on) and, when it goes on, the tokens the model reads next."""
+
+    result: StepResult
+    observations: tuple[Message, ...]
+    truncated: bool
+    end: EpisodeEnd | None
+    env_ids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -91,52 +112,45 @@ class Episode:
         self.last_finish = completion.finish_reason
         return {"role": "assistant", "content": completion.text}
 
-    def apply(self, result: StepResult, reply: Message, sampled: list[int], renderer: ChatRenderer) -> None:
-        """Record the environment's answer to the last turn: its reward and counts, then either the end of the
-        episode or the observation tokens (cut to the observation cap; the end when the budget has no room)."""
+    def prepare(self, result: StepResult, reply: Message, sampled: list[int], renderer: ChatRenderer) -> Answer:
+        """The environment's answer to the last turn made ready for :meth:`apply`, without changing the episode:
+        its messages cut to the observation cap and, when the model reads them next, their tokens. Run on the
+        step's own thread (never the controller's or the stream's loop): an answer of megabytes costs no more
+        than ``cap × MAX_CHARS_PER_TOKEN`` characters of rendering there, and nothing anywhere else."""
+        observations = tuple(result.messages)
+        cap = self.limits.max_observation_tokens
+        if result.done or self.turns >= self.limits.max_turns:  # never shown: kept (in the record) under the cap
+            _, kept = largest_fit(observations, cap, lambda shown: _content_fits(shown, cap, renderer))
+            return Answer(result, kept, kept is not observations, "done" if result.done else "max_turns")
+        closing = len(renderer.after_turn(self.history, reply, sampled, ()))
+
+        def fitting(shown: tuple[Message, ...]) -> list[int] | None:
+            env_ids = renderer.after_turn(self.history, reply, sampled, shown)
+            return env_ids if len(env_ids) - closing <= cap else None
+
+        env_ids, kept = largest_fit(observations, cap, fitting)
+        if env_ids is None or len(env_ids) >= self.room():  # no room for the answer and one more sampled token
+            return Answer(result, kept, kept is not observations, "token_budget")
+        return Answer(result, kept, kept is not observations, None, tuple(env_ids))
+
+    def apply(self, answer: Answer, reply: Message) -> None:
+        """Record the prepared answer to the last turn: its reward and counts, then either the end of the episode
+        or the observation tokens."""
+        result = answer.result
         self.step_rewards.append(float(result.reward))
         self.tool_calls += int(result.info.get("tool_calls", 0))
         self.tool_errors += int(result.info.get("tool_errors", 0))
-        observations = tuple(result.messages)
-        self.observations.append(observations)
-        if result.done:
-            self.end = "done"
-            return
-        if self.turns >= self.limits.max_turns:
-            self.end = "max_turns"
-            return
-        env_ids, cut = self._render(reply, sampled, observations, renderer)
-        if cut != observations:
-            self.truncated_observations += 1
-            self.observations[-1] = observations = cut
-        if env_ids is None or len(env_ids) >= self.room():  # no room for the answer and one more sampled token
-            self.end = "token_budget"
+        self.observations.append(answer.observations)
+        self.truncated_observations += answer.truncated
+        if answer.end is not None:
+            self.end = answer.end
             return
         version = self.versions[-1] if self.versions else 0
-        self.token_ids += env_ids
-        self.logprobs += [0.0] * len(env_ids)
-        self.versions += [version] * len(env_ids)
-        self.trainable += [False] * len(env_ids)
-        self.history += [reply, *observations]
-
-    def _render(
-        self, reply: Message, sampled: list[int], observations: tuple[Message, ...], renderer: ChatRenderer
-    ) -> tuple[list[int] | None, tuple[Message, ...]]:
-        """The environment tokens of ``observations``, their contents cut (and marked) until the rendered answer
-        fits ``max_observation_tokens``; ``None`` when even its framing with empty contents does not fit."""
-        cap = self.limits.max_observation_tokens
-        closing_only = len(renderer.after_turn(self.history, reply, sampled, ()))
-        shown, keep = observations, 1.0
-        for _ in range(12):
-            env_ids = renderer.after_turn(self.history, reply, sampled, shown)
-            size = len(env_ids) - closing_only
-            if size <= cap:
-                return env_ids, shown
-            if keep == 0.0:
-                break
-            keep = keep * 0.9 * cap / size if keep * cap / size > 0.01 else 0.0
-            shown = tuple(_cut(m, keep) for m in observations)
-        return None, shown
+        self.token_ids += answer.env_ids
+        self.logprobs += [0.0] * len(answer.env_ids)
+        self.versions += [version] * len(answer.env_ids)
+        self.trainable += [False] * len(answer.env_ids)
+        self.history += [reply, *answer.observations]
 
     def record(self, reward: float) -> EpisodeRecord:
         assert self.end is not None, "a finished episode"
@@ -162,6 +176,42 @@ class Episode:
         )  # fmt: skip
 
 
-def _cut(message: Message, keep: float) -> Message:
-    content = message["content"]
-    return {**message, "content": content[: int(len(content) * keep)] + TRUNCATION_MARK}
+def largest_fit(
+    observations: tuple[Message, ...], cap: int, fitting: Callable[[tuple[Message, ...]], T | None]
+) -> tuple[T | None, tuple[Message, ...]]:
+    """``(fitting(kept), kept)``: ``observations`` themselves when they fit, else each content cut to the same
+    share of its length and marked, the largest share ``fitting`` accepts (bisection); ``(None, contents
+    emptied)`` when not even that fits. Contents are first cut to ``cap × MAX_CHARS_PER_TOKEN`` characters, so no
+    rendering is ever given more."""
+    bound = cap * MAX_CHARS_PER_TOKEN
+    bases = [message["content"][:bound] for message in observations]
+
+    def shown_at(keep: float) -> tuple[Message, ...]:
+        out = []
+        for message, base in zip(observations, bases, strict=True):
+            size = int(len(base) * keep)
+            whole = size >= len(message["content"])
+            out.append(message if whole else {**message, "content": base[:size] + TRUNCATION_MARK})
+        return observations if all(a is b for a, b in zip(out, observations, strict=True)) else tuple(out)
+
+    for keep in (1.0, 0.0):  # all of it (within the bound) fits; not even empty contents fit
+        shown = shown_at(keep)
+        best = (fitting(shown), shown)
+        if (best[0] is not None) == (keep == 1.0):
+            return best
+    low, high = 0.0, 1.0
+    while (high - low) * max(map(len, bases)) >= 1.0:  # one character of the longest content
+        middle = (low + high) / 2
+        shown = shown_at(middle)
+        found = fitting(shown)
+        if found is not None:
+            low, best = middle, (found, shown)
+        else:
+            high = middle
+    return best
+
+
+def _content_fits(shown: tuple[Message, ...], cap: int, renderer: ChatRenderer) -> bool | None:
+    """True when the contents of ``shown`` take at most ``cap`` tokens together (None otherwise): the cap of
+    messages no one renders (an episode's last answer)."""
+    return True if sum(len(renderer.ids(message["content"])) for message in shown) <= cap else None

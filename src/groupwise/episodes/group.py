@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from groupwise.data.scoring import MAX_ABS_REWARD, RewardError
 from groupwise.episodes.deadline import PendingCall
 from groupwise.episodes.environment import Environment, EnvironmentFactory, Message, StepResult, checked_messages
-from groupwise.episodes.episode import Episode, EpisodeLimits
+from groupwise.episodes.episode import Answer, Episode, EpisodeLimits
 from groupwise.episodes.template import ChatRenderer
 from groupwise.seeding import derive_seed
 from groupwise.types import Completion, GenerationCost, GenerationRequest, Prompt, attach_cost
@@ -127,33 +127,35 @@ def episode_opening(settings: EpisodeSettings, prompt: Prompt, sample_index: int
 
 @dataclass
 class TurnStep:
-    """One sampled turn handed to its environment: the ``call`` runs ``step()`` on its own thread."""
+    """One sampled turn handed to its environment: the ``call`` runs ``step()`` on its own thread and prepares its
+    answer there (:meth:`~groupwise.episodes.episode.Episode.prepare`: cut and rendered off the caller's thread)."""
 
     group: RunningGroup
     episode: Episode
     reply: Message
-    sampled: list[int]
-    call: PendingCall[StepResult]
+    call: PendingCall[Answer]
 
 
 def start_step(
-    group: RunningGroup, episode: Episode, completion: Completion, on_done: Callable[[], None] | None = None
-) -> TurnStep:
+    settings: EpisodeSettings, group: RunningGroup, episode: Episode, completion: Completion,
+    on_done: Callable[[], None] | None = None,
+) -> TurnStep:  # fmt: skip
     """Append the sampled turn to ``episode`` and start its environment's ``step()`` (``on_done`` is called on the
     step's thread when it returns)."""
     reply = episode.add_turn(completion)
     env = group.envs[group.episodes.index(episode)]
     name = f"groupwise-env-step-{episode.sample_index}"
-    return TurnStep(group, episode, reply, list(completion.token_ids), PendingCall(_step(env, reply), name, on_done))
+    work = _answered(env, episode, reply, list(completion.token_ids), settings.renderer)
+    return TurnStep(group, episode, reply, PendingCall(work, name, on_done))
 
 
 def finish_step(settings: EpisodeSettings, step: TurnStep) -> None:
     """Apply the environment's answer (waiting for it up to the step deadline); a failure fails the group."""
     episode, group = step.episode, step.group
     try:
-        result = checked_result(step.call.result(settings.step_timeout_s))
+        answer = step.call.result(settings.step_timeout_s)
         episode.env_seconds += step.call.seconds
-        episode.apply(result, step.reply, step.sampled, settings.renderer)
+        episode.apply(answer, step.reply)
     except Exception as exc:
         episode.env_seconds += step.call.seconds
         group.error = group.error or failure(settings, group.prompt, episode.sample_index, "failed in step()", exc)
@@ -172,8 +174,10 @@ def _reset(env: Environment, prompt: Prompt, index: int) -> Callable[[], object]
     return lambda: env.reset(prompt, index)
 
 
-def _step(env: Environment, reply: Message) -> Callable[[], StepResult]:
-    return lambda: env.step(dict(reply))
+def _answered(
+    env: Environment, episode: Episode, reply: Message, sampled: list[int], renderer: ChatRenderer
+) -> Callable[[], Answer]:
+    return lambda: episode.prepare(checked_result(env.step(dict(reply))), reply, sampled, renderer)
 
 
 def checked_result(result: object) -> StepResult:

@@ -40,7 +40,7 @@ def run_episode_groups(
         if not active:
             break
         replies = _sample_turns(generator, sampling, settings, active)
-        steps = [start_step(g, e, replies[id(e)]) for g, e in active if id(e) in replies]
+        steps = [start_step(settings, g, e, replies[id(e)]) for g, e in active if id(e) in replies]
         for step in steps:
             finish_step(settings, step)
     return [group.outcome() for group in groups]

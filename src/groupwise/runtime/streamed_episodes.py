@@ -138,7 +138,7 @@ async def _run_episode(
         completion = await _sample_turn(stream, request, turns, episode.sample_index)
         turns.sampled_tokens += len(completion.token_ids)
         answered: asyncio.Future[None] = loop.create_future()
-        step = start_step(group, episode, completion, signal_from_thread(loop, answered))
+        step = start_step(settings, group, episode, completion, signal_from_thread(loop, answered))
         left = step.call.started + settings.step_timeout_s - time.perf_counter()
         await asyncio.wait({answered}, timeout=max(0.0, left))
         finish_step(settings, step)  # answered, or past its deadline: either way it does not block
