@@ -11,7 +11,8 @@ Invariants pinned:
 - ``episode/*`` metrics describe the trained episodes (turn counts, how each ended, the share solved and the turns
   the solved ones took);
 - ``groupwise audit --replay-episodes`` replays every trained episode into a fresh environment and finds a row
-  whose recorded turns do not give its answers and rewards;
+  whose recorded turns do not give its answers and rewards; an environment that raises while replayed is a
+  mismatch of each row, naming the call (exit 1, no traceback);
 - the environment's tokens get no gradient: changing their recorded logprobs changes nothing, while training
   them as if sampled would change the gradient;
 - episodes train with LoRA adapters and on two data-parallel learner ranks: both runs finish, every row
@@ -90,7 +91,7 @@ def check_rows(session, step: int) -> list[dict]:
     return rows
 
 
-def test_a_sync_run_trains_episodes_and_records_what_each_did(tmp_path, capsys):
+def test_a_sync_run_trains_episodes_and_records_what_each_did(tmp_path, capsys, monkeypatch):
     session = build_session(episode_config(tmp_path))
     run_sync(session)
     records = [r for r in read_metrics(session.run_dir.metrics_path) if "loss/total" in r]
@@ -121,6 +122,12 @@ def test_a_sync_run_trains_episodes_and_records_what_each_did(tmp_path, capsys):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["audit", "--replay-episodes", run_dir]) == 1
     assert "step_1.jsonl:1 (prompt" in capsys.readouterr().out
+    # An environment that raises while replayed: each row names the call, exit 1, no traceback.
+    monkeypatch.setattr(GuessNumberEnvironment, "step", lambda self, message: 1 / 0)
+    assert main(["audit", "--replay-episodes", run_dir]) == 1
+    out, err = capsys.readouterr()
+    assert "0 replayed" not in out and "sample 0): turn 1: step() failed: ZeroDivisionError: division by zero" in out
+    assert "Traceback" not in out + err
 
 
 def test_an_async_run_with_dynamic_sampling_balances_every_step(tmp_path):
@@ -271,6 +278,8 @@ def test_config_check_reports_every_episode_mistake_at_once(tmp_path, capsys):
     ({"environment": "guess_number", "chat_template": "role: text"}, "episode.chat_template", "a Jinja chat template"),
     ({"environment": "calculator", "step_timeout_s": 10}, "episode.step_timeout_s",
      "calculator's tools may each run 10 s (tool_timeout_s)"),
+    ({"environment": "test_episodes:SlowToMake", "step_timeout_s": 0.3}, "episode.environment",
+     "making one environment took longer than episode.step_timeout_s=0.3 s"),
 ])  # fmt: skip
 def test_a_bad_environment_is_refused_before_any_model_loads(tmp_path, capsys, episode, key, says):
     path = tmp_path / "bad.yaml"

@@ -17,6 +17,9 @@ Invariants pinned:
   messages without content, or runs past ``step_timeout_s`` fails only its own group, with an error naming the
   environment, the prompt and the sample, and the tokens its episodes had sampled charged to it; a reward may be
   any finite real number (``numpy.float32``, ``numpy.int64``), kept as a float;
+- an environment constructor runs under the step deadline: a hung one fails its group at ``step_timeout_s``;
+  replaying a row into an environment that raises or hangs (constructor, ``reset``, ``step``) is a mismatch naming
+  the row, the prompt and the call;
 - an episode samples the same tokens whether its group runs alone or with others (seeds per sample and turn);
 - a group whose episodes open differently keeps the shared part as its prompt and the rest as environment tokens;
 - an episode group (trainable flags, episode records) comes back from its checkpoint form unchanged;
@@ -28,6 +31,7 @@ Invariants pinned:
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -356,6 +360,68 @@ def test_an_episode_reward_may_be_any_real_number():
     for episode in episodes:
         assert episode.step_rewards == [0.25, 1.0] and all(type(r) is float for r in episode.step_rewards)
         assert episode.record(sum(episode.step_rewards)).reward == 1.25
+
+
+class SlowToMake(GuessNumberEnvironment):
+    """An environment (test only) whose constructor takes 3 s (a hung download, say)."""
+
+    def __init__(self, **kwargs) -> None:
+        time.sleep(3)
+        super().__init__(**kwargs)
+
+
+def test_a_hung_environment_constructor_fails_its_group_at_the_step_deadline():
+    generator = ScriptedGenerator(lambda context, seed: chars("42") + [EOS])
+    started = time.perf_counter()
+    [outcome] = run(generator, settings(factory=SlowToMake, timeout_s=0.3), [game("p", 1)], group_size=3)
+    assert time.perf_counter() - started < 1.5  # the three constructors ran at once and were abandoned at 0.3 s
+    assert isinstance(outcome, EpisodeError) and str(outcome) == (
+        "environment 'test-env' could not be created (prompt 'p', sample 0): StepTimeout: it took longer than "
+        "episode.step_timeout_s=0.3 s and was abandoned"
+    )
+
+
+def test_replaying_an_environment_that_raises_or_hangs_names_the_row_and_the_call(tmp_path):
+    from groupwise.episodes.replay import replay_train_data
+
+    generator = ScriptedGenerator(lambda context, seed: chars("7") + [EOS])
+    [episodes] = run(generator, settings(max_turns=2), [game("p", 9)], group_size=1)
+    record = episodes[0].record(sum(episodes[0].step_rewards))
+    row = {"prompt_uid": "p", "completion_index": 0, "raw_reward": record.reward, "episode": record.to_dict()}
+    path = tmp_path / "step_1.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+
+    class Broken(GuessNumberEnvironment):
+        def __init__(self, how: str) -> None:
+            if how == "make":
+                raise OSError("no licence")
+            super().__init__()
+            self.how, self.steps = how, 0
+
+        def reset(self, prompt, sample_index):
+            if self.how == "reset":
+                raise KeyError("p")
+            return super().reset(prompt, sample_index)
+
+        def step(self, message):
+            self.steps += 1
+            if self.how == "hang" and self.steps == 2:
+                time.sleep(3)
+            return super().step(message)
+
+    prompts = {"p": game("p", 9)}
+    where = "step_1.jsonl:1 (prompt 'p', sample 0): "
+    started = time.perf_counter()
+    lines = [replay_train_data([path], lambda how=how: Broken(how), prompts, 0.3).mismatches
+             for how in ("make", "reset", "hang", "none")]  # fmt: skip
+    assert time.perf_counter() - started < 1.5
+    assert lines == [
+        [where + "the environment could not be created: OSError: no licence"],
+        [where + "reset() failed: KeyError: 'p'"],
+        [where + "turn 2: step() failed: StepTimeout: it took longer than episode.step_timeout_s=0.3 s and was "
+                 "abandoned"],
+        [],
+    ]
 
 
 @pytest.fixture(scope="module")

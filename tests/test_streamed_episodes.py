@@ -5,6 +5,8 @@ Invariants pinned:
   its group take every turn they have (the lockstep driver, by contrast, makes them wait for it);
 - on the built-in engine's stream an episode samples exactly the tokens it samples on the lockstep driver (the
   same seed per sample and turn), so either driver trains the same episodes;
+- a hung environment constructor fails its group at the step deadline and leaves only daemon threads behind
+  (``asyncio.run`` and the interpreter's exit wait for none);
 - a turn takes at most what its episode has room for: the stream ends a row at its request's own
   ``max_new_tokens``, the batch engine splits a call by limit and answers in request order, and a limit of 0 or
   above the sampling's is refused;
@@ -113,6 +115,20 @@ def test_a_slow_environment_delays_only_its_own_episode():
     lockstep = run_episode_groups(LockstepStream(stream), SAMPLING, group_settings, [game("p", 20)], [5], 4)
     assert not isinstance(lockstep[0], Exception)
     assert SlowFirstPlayer.finished[1][-1] > SlowFirstPlayer.finished[0][0]
+
+
+def test_a_hung_constructor_fails_its_group_and_keeps_no_thread_the_exit_would_wait_for():
+    from test_episodes import SlowToMake
+
+    stream = InstantStream(chars("1") + [EOS])
+    started = time.perf_counter()
+    outcome = asyncio.run(run_streamed_group(stream, settings(factory=SlowToMake, timeout_s=0.3), game("p", 20), 5,
+                                             2, GroupTurns()))  # fmt: skip
+    assert time.perf_counter() - started < 1.5  # asyncio.run returned without joining the stuck constructors
+    assert str(outcome) == ("environment 'test-env' could not be created (prompt 'p', sample 0): StepTimeout: it "
+                            "took longer than episode.step_timeout_s=0.3 s and was abandoned")
+    stuck = [t for t in threading.enumerate() if t.name.startswith("groupwise-env-make")]
+    assert stuck and all(t.daemon for t in stuck)  # the interpreter's exit joins none of them
 
 
 class LockstepStream:

@@ -44,4 +44,5 @@ def replay_run_episodes(run_dir: Path) -> ReplayReport:
         raise ValueError(f"{run.path} is not a run with episode.environment: there are no episodes to replay")
     factory = environment_factory(cfg.episode.environment, cfg.episode.kwargs, ENVIRONMENTS)
     prompts = {p.uid: p for p in build_task(cfg.data.task, cfg.data, cfg.run.seed).train_prompts()}
-    return replay_train_data(sorted(run.path.glob("train_data/step_*.jsonl")), factory, prompts)
+    steps = sorted(run.path.glob("train_data/step_*.jsonl"))
+    return replay_train_data(steps, factory, prompts, cfg.episode.step_timeout_s)

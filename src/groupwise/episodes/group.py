@@ -79,17 +79,23 @@ def turn_request(group: RunningGroup, episode: Episode) -> GenerationRequest | N
 
 
 def open_group(settings: EpisodeSettings, prompt: Prompt, seed: int, group_size: int) -> RunningGroup:
-    """The group's G environments made and reset (each reset on its own thread, with the step deadline)."""
+    """The group's G environments made and reset. Each constructor and each ``reset`` runs on a daemon thread of
+    its own with the step deadline, the G of them at once: a slow constructor delays its group by at most
+    ``step_timeout_s``, a hung one fails the group and is abandoned (nothing ever waits for it, at exit neither)."""
     running = RunningGroup(prompt, seed, [], [])
-    try:
-        envs = [settings.factory() for _ in range(group_size)]
-    except Exception as exc:  # the user's environment constructor: a failure of this group, named
-        running.error = failure(settings, prompt, 0, "could not be created", exc)
+    made = [PendingCall(settings.factory, f"groupwise-env-make-{i}") for i in range(group_size)]
+    envs: list[Environment] = []
+    for index, call in enumerate(made):
+        try:  # the user's environment constructor: a failure (or a hang) of this group, named
+            envs.append(call.result(settings.step_timeout_s))
+        except Exception as exc:
+            running.error = running.error or failure(settings, prompt, index, "could not be created", exc)
+    if running.error is not None:
         return running
-    calls = [PendingCall(_reset(env, prompt, i), f"groupwise-env-reset-{i}") for i, env in enumerate(envs)]
-    for index, (env, call) in enumerate(zip(envs, calls, strict=True)):
+    resets = [PendingCall(_reset(env, prompt, i), f"groupwise-env-reset-{i}") for i, env in enumerate(envs)]
+    for index, (env, reset) in enumerate(zip(envs, resets, strict=True)):
         try:
-            running.episodes.append(_opened(settings, index, call))
+            running.episodes.append(_opened(settings, index, reset))
             running.envs.append(env)
         except Exception as exc:
             running.error = running.error or failure(settings, prompt, index, "failed in reset()", exc)
@@ -98,10 +104,14 @@ def open_group(settings: EpisodeSettings, prompt: Prompt, seed: int, group_size:
 
 def reopen_episode(settings: EpisodeSettings, group: RunningGroup, position: int) -> Episode:
     """Replace the episode at ``position`` of ``group`` by a fresh one: a new environment, reset (an episode that
-    starts over)."""
+    starts over); each call under the step deadline."""
     index = group.episodes[position].sample_index
     try:
-        env = settings.factory()
+        env = made_environment(settings)
+    except Exception as exc:
+        group.error = group.error or failure(settings, group.prompt, index, "could not be created", exc)
+        return group.episodes[position]
+    try:
         episode = _opened(
             settings, index, PendingCall(_reset(env, group.prompt, index), f"groupwise-env-reset-{index}")
         )
@@ -112,6 +122,11 @@ def reopen_episode(settings: EpisodeSettings, group: RunningGroup, position: int
     return episode
 
 
+def made_environment(settings: EpisodeSettings) -> Environment:
+    """One environment from the factory, on a daemon thread with the step deadline (:class:`StepTimeout` past it)."""
+    return PendingCall(settings.factory, "groupwise-env-make").result(settings.step_timeout_s)
+
+
 def _opened(settings: EpisodeSettings, index: int, reset: PendingCall[object]) -> Episode:
     opening = settings.renderer.offer_tools(checked_messages(reset.result(settings.step_timeout_s), "reset()"))
     return Episode(index, list(opening), tuple(settings.renderer.opening(opening)), settings.limits)
@@ -119,9 +134,10 @@ def _opened(settings: EpisodeSettings, index: int, reset: PendingCall[object]) -
 
 def episode_opening(settings: EpisodeSettings, prompt: Prompt, sample_index: int = 0) -> tuple[int, ...]:
     """The tokens an episode of ``prompt`` opens with (its environment's opening messages, tools offered, the
-    generation prompt): what a warm start on first turns trains from."""
-    env = settings.factory()
-    messages = checked_messages(env.reset(prompt, sample_index), "reset()")
+    generation prompt): what a warm start on first turns trains from. Made and reset under the step deadline."""
+    env = made_environment(settings)
+    reset = PendingCall(_reset(env, prompt, sample_index), "groupwise-env-reset")
+    messages = checked_messages(reset.result(settings.step_timeout_s), "reset()")
     return tuple(settings.renderer.opening(settings.renderer.offer_tools(messages)))
 
 

@@ -40,7 +40,7 @@ from groupwise.episodes.group import (
 )
 from groupwise.episodes.progress import encode_group, take_back
 from groupwise.generation.base import RequestStream
-from groupwise.runtime.thread_answers import answer_from_thread, signal_from_thread
+from groupwise.runtime.thread_answers import answer_from_thread, on_daemon_thread, signal_from_thread
 from groupwise.types import Completion, GenerationRequest, Prompt, RowPrefix, SamplingParams
 
 
@@ -89,10 +89,11 @@ async def run_streamed_group(
 ) -> list[Episode] | EpisodeError:  # fmt: skip
     """The group's G finished episodes, or its failure; ``turns`` collects what its turns cost. ``saved``: the
     group as a checkpoint left it, whose episodes continue at their turns where their environments agree."""
-    group = await asyncio.to_thread(open_group, settings, prompt, seed, group_size)
+    group = await on_daemon_thread(lambda: open_group(settings, prompt, seed, group_size), "groupwise-env-open")
     continued: dict[int, RowPrefix] = {}
     if saved is not None and group.error is None:
-        continued, why = await asyncio.to_thread(take_back, settings, group, saved.data, saved.sampling)
+        continued, why = await on_daemon_thread(lambda: take_back(settings, group, saved.data, saved.sampling),
+                                                "groupwise-env-take-back")
         if why is not None:
             saved.on_event(f"resume: the episodes of {prompt.uid!r} start over instead of continuing: {why}")
         turns.kept_tokens = sum(sum(e.trainable) for e in group.episodes if e.resume == "continued")

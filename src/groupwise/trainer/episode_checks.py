@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.environments import ENVIRONMENTS
+from groupwise.episodes.deadline import StepTimeout, call_with_deadline
 from groupwise.episodes.environment import (
     Environment,
     EnvironmentFactory,
@@ -45,11 +46,17 @@ def episode_environment(cfg: RunConfig) -> tuple[EnvironmentSpec | None, list[Co
     if name is None:
         return None, []
     key, fix = "episode.environment", "give an importable factory as 'package.module:ClassName' taking episode.kwargs"
+    timeout_s = cfg.episode.step_timeout_s
     try:
         factory = environment_factory(name, cfg.episode.kwargs, ENVIRONMENTS)
-        probe = factory()
+        probe = call_with_deadline(factory, timeout_s, "groupwise-env-probe")
     except EnvironmentSpecError as exc:
         return None, [ConfigIssue(key, name, str(exc), fix)]
+    except StepTimeout:
+        return None, [ConfigIssue(key, name, f"making one environment took longer than episode.step_timeout_s="
+                                  f"{timeout_s:g} s (every episode makes one, under that deadline)",
+                                  "make the constructor faster (load shared data once, at import), or raise "
+                                  "episode.step_timeout_s")]  # fmt: skip
     except Exception as exc:  # the user's constructor raised on episode.kwargs
         return None, [ConfigIssue("episode.kwargs", cfg.episode.kwargs,
                                   f"making an environment with these kwargs failed: {type(exc).__name__}: {exc}",
