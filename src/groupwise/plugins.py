@@ -1,12 +1,19 @@
 """Importing a user's plug-in named ``"package.module:attribute"``: a reward function, a sampler class, a task class.
 
 One import rule for every plug-in, so each says what went wrong the same way: a malformed target, a module that
-does not import (with the error it raised), or a missing attribute (a dotted path walks nested attributes).
+does not import (with the error it raised), or a missing attribute (a dotted path walks nested attributes). The
+module may also be a Python file, ``path/to/file.py:attribute`` (relative to the working directory), for code that
+is not on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 
 
 class PluginImportError(ValueError):
@@ -25,7 +32,7 @@ def import_plugin(target: str, what: str) -> object:
         raise PluginImportError(f"{what} must look like 'package.module:Name', got {target!r}")
     module_name, attribute = target.split(":")
     try:
-        module = importlib.import_module(module_name)
+        module = _from_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # ImportError, or whatever the module raised while imported (sys.exit() too)
@@ -43,3 +50,24 @@ def import_plugin(target: str, what: str) -> object:
                 "name"
             ) from None
     return found
+
+
+def _from_file(path: str) -> ModuleType:
+    """The Python file at ``path`` imported as a module (once: a second import returns the first)."""
+    resolved = Path(path).expanduser().resolve()
+    name = f"groupwise_plugin_{resolved.stem}_{hashlib.sha256(str(resolved).encode()).hexdigest()[:12]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    if not resolved.is_file():
+        raise ImportError(f"{resolved} is not a file")
+    spec = importlib.util.spec_from_file_location(name, resolved)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{resolved} cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module

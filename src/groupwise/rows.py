@@ -1,7 +1,8 @@
 """From a step's chunk (whole groups and their advantages, :mod:`groupwise.chunks`) to row-aligned training rows.
 
-One row per completion. Every column is built from the same group list in the same order, inside one
-:class:`~groupwise.batch.RowBatch`, so a reward can never be paired with another row's completion
+One row per completion, and one more per branch of a completion (a harness session that branched trains each of its
+sequences; :class:`~groupwise.types.Branch`). Every column is built from the same group list in the same order,
+inside one :class:`~groupwise.batch.RowBatch`, so a reward can never be paired with another row's completion
 (the misaligned-rewards bug of docs/design.md).
 """
 
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from groupwise.batch import RowBatch
-from groupwise.types import Group
+from groupwise.types import Branch, Completion, Group
 
 
 def version_spans(token_versions: Sequence[int]) -> tuple[tuple[int, int], ...]:
@@ -51,58 +52,53 @@ def trainable_mask(rows: Sequence[Sequence[tuple[int, int]]], width: int) -> tor
     return out
 
 
-def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -> RowBatch:
-    """One row per completion, groups in the given order, completions in sampling order.
+ROW_COLUMNS = (
+    "group_id", "prompt_uid", "completion_index", "sequence_index", "prompt_ids", "completion_ids",
+    "generation_logprobs", "completion_text", "finish_reason", "raw_reward", "reward", "advantage", "start_version",
+    "version_spans", "env_spans", "episode",
+)  # fmt: skip
 
-    Columns: ``group_id``, ``prompt_uid``, ``completion_index``, ``prompt_ids``, ``completion_ids``,
-    ``generation_logprobs``, ``completion_text``, ``finish_reason``, ``raw_reward`` (the verifier's, as the
-    zero-variance filter saw it), ``reward`` (scaled and shaped), ``advantage`` (a float32 tensor, a separate
-    column: a reward is never overwritten by its advantage), ``start_version``, ``version_spans`` (the weight
-    versions of the completion's tokens, :func:`version_spans`; the learner finds its on-policy tokens by them),
-    ``env_spans`` (an episode's environment tokens, :func:`env_spans`: no gradient, not counted).
+
+def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -> RowBatch:
+    """One row per completion and per branch, groups in the given order, completions in sampling order (a
+    completion's branches right after it).
+
+    Columns: ``group_id``, ``prompt_uid``, ``completion_index``, ``sequence_index`` (0 for the completion, k for its
+    k-th branch), ``prompt_ids``, ``completion_ids``, ``generation_logprobs``, ``completion_text``,
+    ``finish_reason``, ``raw_reward`` (the verifier's, as the zero-variance filter saw it), ``reward`` (scaled and
+    shaped), ``advantage`` (a float32 tensor, a separate column: a reward is never overwritten by its advantage),
+    ``start_version``, ``version_spans`` (the weight versions of the completion's tokens, :func:`version_spans`; the
+    learner finds its on-policy tokens by them), ``env_spans`` (an episode's environment tokens, :func:`env_spans`:
+    no gradient, not counted), ``episode`` (the episode's record on its completion's rows, else None).
     Id and logprob rows are the groups' own tuples (no copy; the batch is immutable).
     """
     if len(advantages) != len(groups):
         raise ValueError(f"{len(groups)} groups but advantages for {len(advantages)}")
-    cols: dict[str, list] = {
-        name: []
-        for name in (
-            "group_id",
-            "prompt_uid",
-            "completion_index",
-            "prompt_ids",
-            "completion_ids",
-            "generation_logprobs",
-            "completion_text",
-            "finish_reason",
-            "raw_reward",
-            "reward",
-            "advantage",
-            "start_version",
-            "version_spans",
-            "env_spans",
-        )
-    }
+    cols: dict[str, list] = {name: [] for name in ROW_COLUMNS}
     for group, group_adv in zip(groups, advantages, strict=True):
         if len(group_adv) != group.size:
             raise ValueError(f"group {group.group_id}: {group.size} completions but {len(group_adv)} advantages")
         for i, completion in enumerate(group.completions):
-            cols["group_id"].append(group.group_id)
-            cols["prompt_uid"].append(group.prompt.uid)
-            cols["completion_index"].append(i)
-            cols["prompt_ids"].append(tuple(group.prompt_token_ids))
-            cols["completion_ids"].append(tuple(completion.token_ids))
-            cols["generation_logprobs"].append(tuple(completion.logprobs))
-            cols["completion_text"].append(completion.text)
-            cols["finish_reason"].append(completion.finish_reason)
-            cols["raw_reward"].append(group.raw_rewards[i])
-            cols["reward"].append(group.rewards[i])
-            cols["advantage"].append(group_adv[i])
-            cols["start_version"].append(group.start_version)
-            cols["version_spans"].append(version_spans(completion.token_versions or ()))
-            cols["env_spans"].append(env_spans(completion.trainable))
-    batch = RowBatch({**cols, "advantage": torch.tensor(cols["advantage"], dtype=torch.float32)})
-    return batch
+            sequences: tuple[Completion | Branch, ...] = (completion, *completion.branches)
+            for sequence_index, sequence in enumerate(sequences):
+                row = {
+                    "group_id": group.group_id, "prompt_uid": group.prompt.uid, "completion_index": i,
+                    "sequence_index": sequence_index, "prompt_ids": tuple(group.prompt_token_ids),
+                    "raw_reward": group.raw_rewards[i], "reward": group.rewards[i], "advantage": group_adv[i],
+                    "start_version": group.start_version, "episode": completion.episode,
+                    **_sequence_columns(sequence),
+                }  # fmt: skip
+                for name in ROW_COLUMNS:
+                    cols[name].append(row[name])
+    return RowBatch({**cols, "advantage": torch.tensor(cols["advantage"], dtype=torch.float32)})
+
+
+def _sequence_columns(sequence: Completion | Branch) -> dict[str, object]:
+    return {
+        "completion_ids": tuple(sequence.token_ids), "generation_logprobs": tuple(sequence.logprobs),
+        "completion_text": sequence.text, "finish_reason": sequence.finish_reason,
+        "version_spans": version_spans(sequence.token_versions or ()), "env_spans": env_spans(sequence.trainable),
+    }  # fmt: skip
 
 
 def pad_right(rows: Sequence[Sequence[float]], width: int, value: float = 0.0) -> torch.Tensor:

@@ -111,6 +111,28 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True)
+class Branch:
+    """A further training sequence of one sample: a harness session that branched (a retry, an edited history, a
+    sub-agent) trains each of its sequences as a row of its own, with the sample's reward and advantage. Its fields
+    mean what a :class:`Completion`'s do: the tokens after the group's prompt, each sampled token ``trainable``
+    (and trained in this row only), the rest context."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    token_versions: tuple[int, ...]
+    trainable: tuple[bool, ...]
+    text: str
+    finish_reason: FinishReason
+
+    def __post_init__(self) -> None:
+        if not len(self.token_ids) == len(self.logprobs) == len(self.token_versions) == len(self.trainable):
+            raise ValueError(
+                f"Branch has {len(self.token_ids)} token ids, {len(self.logprobs)} logprobs, "
+                f"{len(self.token_versions)} versions and {len(self.trainable)} trainable flags; one of each per token"
+            )
+
+
+@dataclass(frozen=True)
 class Completion:
     """One sampled completion.
 
@@ -133,6 +155,7 @@ class Completion:
     # turn markers); trainable[i] says token i was sampled by the model. () = every token was (single turn).
     trainable: tuple[bool, ...] = ()
     episode: EpisodeRecord | None = None
+    branches: tuple[Branch, ...] = ()  # a harness session's further sequences, each trained as a row of its own
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -154,8 +177,9 @@ class Completion:
 
     @property
     def num_tokens(self) -> int:
-        """Tokens the model sampled (an episode's environment tokens are not counted)."""
-        return sum(self.trainable) if self.trainable else len(self.token_ids)
+        """Tokens the model sampled (an episode's environment tokens are not counted), its branches' included."""
+        own = sum(self.trainable) if self.trainable else len(self.token_ids)
+        return own + sum(sum(branch.trainable) for branch in self.branches)
 
 
 @dataclass(frozen=True)
@@ -270,6 +294,7 @@ def group_to_dict(group: Group) -> dict[str, Any]:
                 **({} if _uninterrupted(c) else {"token_versions": list(c.token_versions)}),
                 **({"trainable": [int(t) for t in c.trainable]} if c.trainable else {}),
                 **({"episode": c.episode.to_dict()} if c.episode is not None else {}),
+                **({"branches": [_branch_to_dict(b) for b in c.branches]} if c.branches else {}),
             }
             for c in group.completions
         ],
@@ -282,6 +307,17 @@ def group_to_dict(group: Group) -> dict[str, Any]:
         "target_step": group.target_step,
         "gen_seconds": group.gen_seconds,
     }
+
+
+def _branch_to_dict(branch: Branch) -> dict[str, Any]:
+    return {"token_ids": list(branch.token_ids), "logprobs": list(branch.logprobs),
+            "token_versions": list(branch.token_versions), "trainable": [int(t) for t in branch.trainable],
+            "text": branch.text, "finish_reason": branch.finish_reason}  # fmt: skip
+
+
+def _branch_from_dict(data: dict[str, Any]) -> Branch:
+    return Branch(tuple(data["token_ids"]), tuple(data["logprobs"]), tuple(data["token_versions"]),
+                  tuple(bool(t) for t in data["trainable"]), data["text"], data["finish_reason"])  # fmt: skip
 
 
 def _uninterrupted(completion: Completion) -> bool:
@@ -308,6 +344,7 @@ def group_from_dict(data: dict[str, Any]) -> Group:
             token_versions=tuple(c["token_versions"]) if "token_versions" in c else (),
             trainable=tuple(bool(t) for t in c.get("trainable", ())),
             episode=EpisodeRecord.from_dict(c["episode"]) if "episode" in c else None,
+            branches=tuple(_branch_from_dict(b) for b in c.get("branches", ())),
         )
         for c in data["completions"]
     ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -15,6 +15,23 @@ BUILTIN_ENVIRONMENTS = {
     "guess_number": "groupwise.environments.guess_number:GuessNumberEnvironment",
     "number_walk": "groupwise.environments.number_walk:NumberWalkEnvironment",
 }
+
+
+class EndpointSection(Section):
+    """The OpenAI-compatible endpoint a harness calls (docs/harnesses.md)."""
+
+    host: str = "127.0.0.1"
+    """The address it listens on: the loopback address unless you bind elsewhere on purpose (every request still
+    needs its session's key)."""
+    port: int = Field(0, ge=0, le=65_535)
+    """The port (0 = a free one, chosen when the run starts; the harness gets the URL in its session)."""
+    max_body_bytes: int = Field(1_000_000, ge=1_024, le=1_000_000_000)
+    """The largest request body accepted (larger: HTTP 413)."""
+    batch_window_s: float = Field(0.05, ge=0.0, le=10.0)
+    """Without a generation stream (the sync loop, evaluation, vLLM, Ray): the longest the first queued request
+    waits for the other sessions' requests before its batch is sampled."""
+    model_name: str = "policy"
+    """The model name ``/v1/models`` lists and responses carry (any name is accepted in requests)."""
 
 
 class EpisodeSection(Section):
@@ -44,6 +61,23 @@ class EpisodeSection(Section):
     step_timeout_s: float = Field(30.0, gt=0, le=86_400)
     """Seconds one environment call (``reset`` or ``step``) may take (0 < t ≤ 86,400); past it the episode's group
     fails like a reward failure (async: retried, then skipped; sync: the run stops naming the environment)."""
+    harness: str | None = None
+    """Your own agent as ``package.module:function``, called once per sample with a ``HarnessSession``
+    (``base_url``, ``api_key``, the prompt row) and returning its reward, or ``None`` to let ``reward.function``
+    score its last reply: every request it makes to the endpoint is recorded, and its sessions train
+    (docs/harnesses.md). Instead of ``environment``."""
+    harness_command: list[str] | None = None
+    """Your own agent as a program (an argv list, no shell), run once per sample with ``OPENAI_BASE_URL``,
+    ``OPENAI_API_KEY`` and ``OPENAI_MODEL`` set and the session as JSON on its standard input; its reward is its
+    last line of output or what it writes to ``$GROUPWISE_REWARD_FILE`` (docs/harnesses.md)."""
+    harness_timeout_s: float = Field(300.0, gt=0, le=86_400)
+    """Seconds one session's harness may run; past it the harness is stopped (a command with its process group)
+    and its group fails with a fate naming it, never a reward of 0."""
+    tool_format: Literal["auto", "hermes", "llama3_json", "mistral"] = "auto"
+    """How the model writes tool calls, which the endpoint returns as OpenAI ``tool_calls``: ``auto`` = the family
+    whose markers the chat template renders (``hermes``'s ``<tool_call>`` when none)."""
+    endpoint: EndpointSection = Field(default_factory=EndpointSection)
+    """Where the harness endpoint listens and what it accepts."""
 
     @field_validator("environment")
     @classmethod
@@ -68,9 +102,32 @@ class EpisodeSection(Section):
             "use plain for a model without a chat template, or paste the template text",
         )
 
+    @field_validator("harness")
+    @classmethod
+    def _importable(cls, value: str | None) -> str | None:
+        module, sep, attr = (value or "").partition(":")
+        if value is None or (sep and module.strip() and attr.strip() and ":" not in attr):
+            return value
+        raise invalid("episode.harness must be 'package.module:function'",
+                      "name the function that runs your agent for one sample, e.g. my_agent:run")  # fmt: skip
+
+    @field_validator("harness_command")
+    @classmethod
+    def _argv(cls, value: list[str] | None) -> list[str] | None:
+        if value is None or (value and value[0].strip()):
+            return value
+        raise invalid("episode.harness_command must be a non-empty argv list whose first item is the program",
+                      "e.g. [python, my_agent.py]: no shell, each argument its own item")  # fmt: skip
+
     @property
     def enabled(self) -> bool:
-        return self.environment is not None
+        """Multi-turn: an environment answers the model, or a harness drives it."""
+        return self.environment is not None or self.harnessed
+
+    @property
+    def harnessed(self) -> bool:
+        """The model is driven by the user's own agent through the endpoint."""
+        return self.harness is not None or self.harness_command is not None
 
     def token_budget(self, max_new_tokens: int) -> int:
         """``max_tokens``, or its default from the turn and observation caps."""

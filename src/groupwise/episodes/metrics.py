@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from groupwise.data.scoring import CORRECT_REWARD
 from groupwise.episodes.record import EpisodeRecord
@@ -35,4 +36,17 @@ def episode_metrics(records: Sequence[EpisodeRecord]) -> dict[str, float]:
         metrics[f"episode/resumed_{how}"] = float(sum(r.resume == how for r in records))
     for end in ("done", "max_turns", "token_budget"):
         metrics[f"episode/end_{end}_fraction"] = sum(r.end == end for r in records) / n
+    return metrics | harness_metrics([r.harness for r in records if r.harness is not None])
+
+
+def harness_metrics(sessions: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """``harness/*``: per-session means of sequences, requests, served and context tokens, and the step's totals of
+    what could not be served as asked (``{}`` without harness sessions)."""
+    if not sessions:
+        return {}
+    n = len(sessions)
+    metrics = {f"harness/{key}_mean": math.fsum(s[key] for s in sessions) / n
+               for key in ("sequences", "requests", "served_tokens", "env_tokens")}  # fmt: skip
+    for total in ("retokenized_tokens", "limited_requests", "refused_requests", "unreadable_tool_calls"):
+        metrics[f"harness/{total}"] = float(sum(s[total] for s in sessions))
     return metrics

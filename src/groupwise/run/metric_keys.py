@@ -41,6 +41,15 @@ METRIC_KEYS: tuple[str, ...] = (
     "episode/end_done_fraction",
     "episode/end_max_turns_fraction",
     "episode/end_token_budget_fraction",
+    # harness sessions (only with episode.harness or episode.harness_command)
+    "harness/sequences_mean",
+    "harness/requests_mean",
+    "harness/served_tokens_mean",
+    "harness/env_tokens_mean",
+    "harness/retokenized_tokens",
+    "harness/limited_requests",
+    "harness/refused_requests",
+    "harness/unreadable_tool_calls",
     # loss
     "loss/total",
     "loss/policy",

@@ -21,6 +21,7 @@ stream has nothing to do — answers that will never come — for the runtime's 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -31,6 +32,7 @@ from groupwise.generation.base import RequestStream, VersionedWeights
 from groupwise.runtime.daemon_worker import DaemonWorker
 from groupwise.runtime.inflight import continuation, encode_progress, prefix_tokens
 from groupwise.runtime.streamed_episodes import GroupTurns, SavedGroup, run_streamed_group
+from groupwise.runtime.streamed_harness import StreamTurns, harness_progress
 from groupwise.runtime.thread_answers import answer_from_thread
 from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import (
@@ -80,6 +82,7 @@ class StreamedRollouts:
         self._returned = 0
         self._running: dict[int, _Running] = {}
         self._episode_groups: dict[int, GroupTurns] = {}  # running episode groups, by group id
+        self._harness_groups: dict[int, StreamTurns] = {}  # running harness groups, by group id
         self._spent: dict[int, asyncio.Future] = {}  # cancelled rollouts' costs, until the controller asks
         self._awaited: dict[int, asyncio.Future] = {}  # answers awaited from the stream, by a number of their own
         self._next_wait = 0
@@ -98,6 +101,8 @@ class StreamedRollouts:
     async def rollout(self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int) -> Group:
         if self.worker.episodes is not None:
             return await self._run_episodes(self.worker.episodes, prompt, group_id, attempt, start_version)
+        if self.worker.harness is not None:
+            return await self._run_sessions(prompt, group_id, attempt, start_version)
         return await self._generate(prompt, group_id, attempt, start_version, ())
 
     async def resume(
@@ -108,6 +113,8 @@ class StreamedRollouts:
         if self.worker.episodes is not None:
             saved = SavedGroup(progress, self.worker.sampling, self.on_event)
             return await self._run_episodes(self.worker.episodes, prompt, group_id, attempt, start_version, saved)
+        if self.worker.harness is not None:  # a harness cannot be replayed: its sessions start again
+            return await self._run_sessions(prompt, group_id, attempt, start_version, restarted=True)
         prefixes = continuation(self.worker, prompt, group_id, attempt, progress, self.on_event)
         self.resumed_tokens += prefix_tokens(prefixes)
         return await self._generate(prompt, group_id, attempt, start_version, prefixes)
@@ -173,6 +180,35 @@ class StreamedRollouts:
         self.generated_tokens += outcome.num_completion_tokens
         return outcome
 
+    async def _run_sessions(
+        self, prompt: LoaderItem, group_id: int, attempt: int, start_version: int, restarted: bool = False
+    ) -> Group:
+        """The group's G harness sessions, each request a request on the stream
+        (:mod:`groupwise.runtime.streamed_harness`)."""
+        assert self.worker.harness is not None, "a harness run"
+        generator = self.worker.generator
+        turns = StreamTurns(self.stream, self.worker.sampling, lambda: generator.version)
+        self._harness_groups[group_id] = turns
+        seed = self.worker.seed_for(prompt, attempt)
+        try:
+            result = await self.worker.harness.run_group(turns, prompt.prompt, seed, self.worker.group_size)
+        except asyncio.CancelledError:
+            turns.cancel()
+            self._spent[group_id] = _settled((turns.sampled_tokens, turns.seconds))
+            raise
+        finally:
+            self._harness_groups.pop(group_id, None)
+        outcome = self.worker.harness_group(prompt, group_id, attempt, start_version, self.worker.generator.version,
+                                            result)  # fmt: skip
+        self._returned += 1
+        outcome = charge_seconds(outcome, turns.seconds)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        if restarted:
+            outcome.completions = [_restarted(c) for c in outcome.completions]
+        self.generated_tokens += outcome.num_completion_tokens
+        return outcome
+
     def _await(self, future: asyncio.Future) -> None:
         """Count ``future`` as an answer awaited from the stream until it is settled."""
         number, self._next_wait = self._next_wait, self._next_wait + 1
@@ -208,6 +244,8 @@ class StreamedRollouts:
         }
         for group_id, turns in list(self._episode_groups.items()):
             saved[group_id] = turns.progress(self.stream, sampling)
+        for group_id, session_turns in list(self._harness_groups.items()):
+            saved[group_id] = harness_progress(session_turns)
         return saved
 
     async def sync_weights(self, version: int) -> None:
@@ -223,3 +261,16 @@ class StreamedRollouts:
         """Stop the stream (waiting up to ``grace_s`` for a step in progress) and the scoring thread."""
         await asyncio.to_thread(self.stream.close, grace_s)
         await asyncio.to_thread(self._scorer.close, grace_s)
+
+
+def _settled(value: T) -> asyncio.Future[T]:
+    future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+    future.set_result(value)
+    return future
+
+
+def _restarted(completion: Completion) -> Completion:
+    """A session of a resumed group that started again: its record says so."""
+    if completion.episode is None:
+        return completion
+    return dataclasses.replace(completion, episode=dataclasses.replace(completion.episode, resume="restarted"))

@@ -25,6 +25,7 @@ from groupwise.generation.factory import (
     build_generator,
     stream_support,
 )
+from groupwise.harness.runner import HarnessRunner
 from groupwise.model.gguf_files import cache_root
 from groupwise.model.loading import Policy, eos_token_ids, load_policy, pretrained, resolve_device
 from groupwise.model.lora import LoraSetupError, apply_lora, lora_config, untargeted_parameters
@@ -33,6 +34,7 @@ from groupwise.run.phases import PhaseLog
 from groupwise.run.rundir import RunDir
 from groupwise.run.trackers import config_trackers
 from groupwise.trainer.episode_checks import episode_settings
+from groupwise.trainer.harness_checks import harness_settings
 from groupwise.trainer.learner import Learner, LearnerSettings
 from groupwise.trainer.precision import LearnerPrecision, learner_precision
 from groupwise.trainer.preflight import Inputs, check_inputs, check_train_start, prompt_splits
@@ -201,9 +203,11 @@ def build_components(
     ))  # fmt: skip
     reward_fn = with_timeout(inputs.reward_fn, cfg.reward.timeout_s)  # bounded per call when configured
     positions = getattr(pretrained(policy.model).config, "max_position_embeddings", None)  # a config may lack it
-    episodes = None
+    episodes, harness = None, None
     if inputs.environment is not None:
         episodes = episode_settings(cfg, inputs.environment, policy.tokenizer, positions)
+    if inputs.harness is not None:
+        harness = HarnessRunner(harness_settings(cfg, inputs.harness, policy.tokenizer, positions))
     rollouts = RolloutWorker(
         generator=engine,
         tokenizer=policy.tokenizer,
@@ -216,12 +220,13 @@ def build_components(
         system_prompt=cfg.data.system_prompt,
         max_groups_per_call=cfg.generation.micro_batch_groups,
         episodes=episodes,
+        harness=harness,
     )
     report = _check_prompts(cfg, inputs.task, policy, rollouts, positions)
     if report.issues:
         raise ConfigError(report.issues)
     notes = list(report.notes) + ([warning_line(w) for w in inputs.warnings] if checked_here else [])
-    streaming = _stream_support(cfg, engine, multi_turn=episodes is not None, notes=notes)
+    streaming = _stream_support(cfg, engine, multi_turn=cfg.episode.enabled, notes=notes)
     for note in notes:
         logger.warning(note)
     return Components(policy=policy, engine=engine, streaming=streaming, task=inputs.task, reward_fn=reward_fn,

@@ -39,10 +39,12 @@ from groupwise.config.model_schema import BUNDLED_GGUF_PATH
 from groupwise.data.jsonl_dataset import DatasetError, load_jsonl_prompts
 from groupwise.data.registry import TASKS, Task, build_task, prompt_sources, task_config_key
 from groupwise.data.rewards import RewardFn, RewardSpecError, check_reward_kwargs, load_reward_fn
+from groupwise.harness.launch import HarnessSpec
 from groupwise.plugins import PluginImportError
 from groupwise.run.rundir import location_problems, start_problems
 from groupwise.trainer.backend_checks import backend_checks
 from groupwise.trainer.episode_checks import EnvironmentSpec, episode_environment
+from groupwise.trainer.harness_checks import harness_spec
 from groupwise.trainer.model_folder import device_issues, model_folder_issues
 from groupwise.trainer.reward_checks import reward_trial_issues
 from groupwise.trainer.split_checks import check_splits
@@ -63,6 +65,8 @@ class Inputs:
     """What the checks found worth saying without refusing (eval prompts that training also sees)."""
     environment: EnvironmentSpec | None = None
     """``episode.environment`` checked (``None``: single-turn)."""
+    harness: HarnessSpec | None = None
+    """``episode.harness`` or ``episode.harness_command`` checked (``None``: no harness)."""
 
 
 def check_inputs(cfg: RunConfig, *, training: bool = True) -> Inputs:
@@ -139,7 +143,9 @@ def input_issues(cfg: RunConfig, *, training: bool, location: bool) -> tuple[Inp
     issues.extend(reward_issues)
     environment, environment_issues = episode_environment(cfg)  # with one, the environment scores, not reward_fn
     issues.extend(environment_issues)
-    if task is not None and reward_fn is not None and not reward_issues and not cfg.episode.enabled:
+    harness, harness_issues = harness_spec(cfg)
+    issues.extend(harness_issues)
+    if task is not None and reward_fn is not None and not reward_issues and cfg.episode.environment is None:
         issues.extend(reward_trial_issues(cfg, reward_fn, prompt_splits(cfg, task)))
     issues.extend(_sampler_issues(cfg))
     backend_issues, backend_warnings = backend_checks(cfg)
@@ -147,7 +153,7 @@ def input_issues(cfg: RunConfig, *, training: bool, location: bool) -> tuple[Inp
     warnings.extend(backend_warnings)
     if location:
         issues.extend(location_problems(cfg.run.output_dir, cfg.run.name))
-    inputs = None if task is None or reward_fn is None else Inputs(task, reward_fn, warnings, environment)
+    inputs = None if task is None or reward_fn is None else Inputs(task, reward_fn, warnings, environment, harness)
     return inputs, issues
 
 

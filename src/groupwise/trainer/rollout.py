@@ -17,8 +17,10 @@ from groupwise.episodes.group import EpisodeSettings, episode_opening
 from groupwise.episodes.lockstep import run_episode_groups
 from groupwise.generation.base import Generator
 from groupwise.generation.factory import checked_outputs
+from groupwise.harness.runner import HarnessError, HarnessRunner, SessionResult
 from groupwise.model.encode import encode_prompt
 from groupwise.seeding import request_seed
+from groupwise.trainer.harness_groups import harness_completions
 from groupwise.types import (
     Completion,
     GenerationCost,
@@ -70,7 +72,8 @@ class RolloutWorker:
     """Turns loaded prompts into scored :class:`~groupwise.types.Group` objects.
 
     With ``episodes`` set each of a group's G completions is a multi-turn episode against the environment
-    (:mod:`groupwise.episodes`), its reward the environment's; otherwise one sampled completion scored by
+    (:mod:`groupwise.episodes`), its reward the environment's; with ``harness`` set each is a session of the user's
+    own agent against the endpoint (:mod:`groupwise.harness`); otherwise one sampled completion scored by
     ``reward_fn``."""
 
     generator: Generator
@@ -84,6 +87,7 @@ class RolloutWorker:
     system_prompt: str | None = None
     max_groups_per_call: int = 64
     episodes: EpisodeSettings | None = None
+    harness: HarnessRunner | None = None
     _encoded: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
 
     def encode(self, prompt: Prompt) -> tuple[int, ...]:
@@ -91,10 +95,17 @@ class RolloutWorker:
         if ids is None:
             if self.episodes is not None:  # what an episode's first turn continues (sample 0's)
                 ids = episode_opening(self.episodes, prompt)
+            elif self.harness is not None:  # what a harness that sends the prompt's messages as they are opens with
+                ids = tuple(self.harness.settings.renderer.opening(_messages(prompt), ()))
             else:
                 ids = encode_prompt(self.tokenizer, prompt, self.system_prompt)
             self._encoded[prompt.uid] = ids
         return ids
+
+    def close(self) -> None:
+        """Stop the harness endpoint, when this worker serves one."""
+        if self.harness is not None:
+            self.harness.close()
 
     def seed_for(self, item: LoaderItem, attempt: int) -> int:
         return request_seed(self.run_seed, f"{item.prompt.uid}@{item.epoch}", attempt)
@@ -139,6 +150,8 @@ class RolloutWorker:
             )
         if self.episodes is not None:
             return self._episode_outcomes(self.episodes, items, group_ids, attempts, starts)
+        if self.harness is not None:
+            return self._harness_outcomes(self.harness, items, group_ids, attempts, starts)
         requests = [self.request_for(item, attempt) for item, attempt in zip(items, attempts, strict=True)]
         outputs: list[list[Completion]] = []
         for start in range(0, len(requests), self.max_groups_per_call):
@@ -165,6 +178,15 @@ class RolloutWorker:
                     raise result
             return [[SampleOutcome(sum(e.step_rewards), e.turns) for e in result]
                     for result in results if not isinstance(result, RewardError)]  # fmt: skip
+        if self.harness is not None:
+            sessions = self.harness.run_groups(generator, sampling, prompts, seeds, k)
+            scored = [harness_completions(s, p, self.reward_fn, self.reward_kwargs, self._decode)
+                      for s, p in zip(sessions, prompts, strict=True)]  # fmt: skip
+            for outcome in scored:
+                if isinstance(outcome, RewardError):
+                    raise outcome
+            return [[SampleOutcome(r, c.episode.turns if c.episode else 1) for c, r in zip(o[1], o[2], strict=True)]
+                    for o in scored if not isinstance(o, RewardError)]  # fmt: skip
         requests = [GenerationRequest(self.encode(p), k, seed) for p, seed in zip(prompts, seeds, strict=True)]
         outputs = checked_outputs(generator, requests, generator.generate(requests, sampling))
         return [[SampleOutcome(r) for r in score_completions(self.reward_fn, prompt, completions, self.reward_kwargs)]
@@ -207,6 +229,43 @@ class RolloutWorker:
             end_version=end_version, epoch=item.epoch, attempt=attempt,
         )  # fmt: skip
 
+    def _harness_outcomes(
+        self, harness: HarnessRunner, items: Sequence[LoaderItem], group_ids: Sequence[int], attempts: Sequence[int],
+        starts: Sequence[int],
+    ) -> list[Group | RewardError]:  # fmt: skip
+        """Each prompt's G harness sessions as its group (or the failure of that prompt alone)."""
+        seeds = [self.seed_for(item, attempt) for item, attempt in zip(items, attempts, strict=True)]
+        results: list[list[SessionResult] | HarnessError] = []
+        for start in range(0, len(items), self.max_groups_per_call):
+            chunk = slice(start, start + self.max_groups_per_call)
+            results += harness.run_groups(self.generator, self.sampling, [item.prompt for item in items[chunk]],
+                                          seeds[chunk], self.group_size)  # fmt: skip
+        end_version = self.generator.version
+        return [self.harness_group(item, group_id, attempt, start_version, end_version, result)
+                for item, group_id, attempt, start_version, result in zip(
+                    items, group_ids, attempts, starts, results, strict=True)]  # fmt: skip
+
+    def harness_group(
+        self, item: LoaderItem, group_id: int, attempt: int, start_version: int, end_version: int,
+        result: list[SessionResult] | HarnessError,
+    ) -> Group | RewardError:  # fmt: skip
+        """One prompt's G finished sessions as its group (each session one completion, its branches rows of their
+        own), or the failure of that prompt alone."""
+        made = harness_completions(result, item.prompt, self.reward_fn, self.reward_kwargs, self._decode)
+        if isinstance(made, RewardError):
+            return made
+        shared, completions, raw = made
+        return Group(
+            group_id=group_id, prompt=item.prompt, prompt_token_ids=shared, completions=completions, raw_rewards=raw,
+            rewards=self.rewards.apply(raw, completions), start_version=start_version, end_version=end_version,
+            epoch=item.epoch, attempt=attempt,
+        )  # fmt: skip
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        text = self.tokenizer.decode(list(ids))
+        assert isinstance(text, str), "one sequence decodes to one string"
+        return text
+
     def _transcript(self, episode: Episode, shared: int) -> str:
         """The text of an episode's completion: its own opening tokens, every turn and every answer."""
         text = self.tokenizer.decode([*episode.prompt_ids[shared:], *episode.token_ids])
@@ -241,6 +300,12 @@ class RolloutWorker:
             epoch=item.epoch,
             attempt=attempt,
         )
+
+
+def _messages(prompt: Prompt) -> list[dict[str, str]]:
+    if prompt.messages is not None:
+        return [dict(m) for m in prompt.messages]
+    return [{"role": "user", "content": prompt.text or ""}]
 
 
 def _shared_prefix(openings: Sequence[tuple[int, ...]]) -> tuple[int, ...]:

@@ -43,6 +43,7 @@ from groupwise.trainer.evaluation import evaluate_policy, evaluated_prompts
 from groupwise.trainer.finite import check_finite_weights
 from groupwise.trainer.parts import GroupRollouts, StepLearner, TrainedPolicy
 from groupwise.trainer.remote_policy import RemotePolicy
+from groupwise.trainer.rollout import RolloutWorker
 from groupwise.trainer.sync_loop import TrainerState
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ TRAIN_DATA_COLUMNS = (
     "prompt_uid",
     "group_id",
     "completion_index",
+    "sequence_index",
     "completion_text",
     "completion_ids",
     "finish_reason",
@@ -116,9 +118,11 @@ class Session:
         self.engine.load_weights(weights.state, weights.version)
 
     def close(self) -> None:
-        """Stop what the session started outside this process: the generator's engine when it runs one (vLLM's);
-        learner ranks and Ray actors in the sessions that have them."""
+        """Stop what the session started outside this process: the generator's engine when it runs one (vLLM's),
+        the harness endpoint when it serves one; learner ranks and Ray actors in the sessions that have them."""
         shutdown_generator(self.engine)
+        if isinstance(self.rollouts, RolloutWorker):
+            self.rollouts.close()
 
     # --- per-step edges ------------------------------------------------------------------------------------
     def end_step(self, step: int, metrics: dict[str, float], chunks: Sequence[TrainChunk]) -> None:
@@ -139,8 +143,7 @@ class Session:
             columns = {name: rows[name] for name in TRAIN_DATA_COLUMNS}
             columns["prompt_text"] = prompt_texts(self.policy.tokenizer, rows.sequence("prompt_ids"))
             if self.cfg.episode.enabled:  # each row's episode record: turns, rewards, what the environment said
-                columns["episode"] = [c.episode.to_dict() if c.episode else None
-                                      for chunk in chunks for g in chunk.groups for c in g.completions]  # fmt: skip
+                columns["episode"] = [record.to_dict() if record else None for record in rows["episode"]]
             write_rows_jsonl(self.run_dir.train_data_path(done), columns)
         self.events.log(done, metrics)
         self.events.event(step_summary(done, metrics))
