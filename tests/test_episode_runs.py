@@ -17,7 +17,9 @@ Invariants pinned:
   them as if sampled would change the gradient;
 - episodes train with LoRA adapters and on two data-parallel learner ranks: both runs finish, every row
   replays to its reward, the trained tokens are the model's, and the audit passes;
-- config mistakes about episodes are all reported at once by ``config check`` (exit 2), naming each key.
+- config mistakes about episodes are all reported at once by ``config check`` (exit 2), naming each key;
+- a sync run stopped by its environment (in step 1 or later) gives every dispatched prompt a fate: the failing
+  one ``failed``/``fatal`` with the error, the rest of its round ``pending``; ``audit`` passes.
 """
 
 from __future__ import annotations
@@ -169,6 +171,48 @@ def test_episodes_train_with_lora_and_with_learner_ranks(tmp_path, sections):
         assert record["perf/train_tokens"] == sum(EpisodeRecord.from_dict(r["episode"]).model_tokens for r in rows)
     report = audit_run(session.run_dir.path, training_uids)
     assert report.ok, report.format()
+
+
+class FailsOnPrompt(GuessNumberEnvironment):
+    """Guess-the-number (test only) whose ``reset`` raises for the ``fail_at``-th distinct prompt it meets."""
+
+    seen: list[str] = []
+
+    def __init__(self, fail_at: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.fail_at = fail_at
+
+    def reset(self, prompt, sample_index):
+        if prompt.uid not in FailsOnPrompt.seen:
+            FailsOnPrompt.seen.append(prompt.uid)
+        if FailsOnPrompt.seen.index(prompt.uid) == self.fail_at:
+            raise RuntimeError("no such game")
+        return super().reset(prompt, sample_index)
+
+
+@pytest.mark.parametrize("fail_at, step", [(0, 0), (2, 1)])
+def test_a_sync_run_stopped_by_its_environment_gives_every_dispatched_prompt_a_fate(tmp_path, capsys, fail_at, step):
+    from groupwise.episodes.group import EpisodeError
+    from groupwise.run.fates_file import read_fates
+
+    FailsOnPrompt.seen = []
+    cfg = episode_config(tmp_path, episode={"environment": "test_episode_runs:FailsOnPrompt",
+                                            "kwargs": {"max_guesses": 3, "fail_at": fail_at}},
+                         eval={"at_start": False})  # fmt: skip
+    session = build_session(cfg)
+    with pytest.raises(EpisodeError):
+        run_sync(session)
+    lines = read_fates(session.run_dir.fates_path)
+    culprit = FailsOnPrompt.seen[fail_at]
+    [failed] = [line for line in lines if line["fate"] == "failed"]
+    assert (failed["prompt_uid"], failed["step"], failed["resolution"]) == (culprit, step, "fatal")
+    assert failed["detail"] == (f"EpisodeError: environment 'test_episode_runs:FailsOnPrompt' failed in reset() "
+                                f"(prompt {culprit!r}, sample 0): RuntimeError: no such game")  # fmt: skip
+    [other] = [line for line in lines if line["step"] == step and line["fate"] != "failed"]
+    assert other["fate"] == "pending" and other["prompt_uid"] == FailsOnPrompt.seen[fail_at + 1]
+    assert other["detail"] == f"step {step} was not trained: a generation round failed (EpisodeError); the run stopped"
+    assert [line["fate"] for line in lines if line["step"] < step] == ["trained"] * 2 * step
+    assert main(["audit", str(session.run_dir.path)]) == 0, capsys.readouterr()
 
 
 def killed_in_a_checkpoint_then_resumed(config, monkeypatch):

@@ -102,11 +102,15 @@ class FateLineSource(Protocol):
 
 
 class FatesWriter:
-    """Appends fate lines to ``path`` (created on the first line)."""
+    """Appends fate lines to ``path`` (created on the first line, or by :meth:`create`)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.lines_written = 0
+
+    def create(self) -> None:
+        """Make the file, empty, when it does not exist yet (a run that stops before any decision has one)."""
+        append_line(self.path, "")
 
     def write(self, line: Mapping[str, Any]) -> None:
         """Append one fate line; ``line`` needs every key of :data:`LINE_FIELDS` and a known ``fate``."""

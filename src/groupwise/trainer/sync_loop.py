@@ -16,7 +16,9 @@ generator and learner and runs this same loop in virtual time.
 Pre-filter data (every generated row's reward) lives in the step tally, never in the training rows, so the
 unfiltered metric cannot be misaligned with what was trained. Every generated group gets a line in fates.jsonl
 (trained, filtered, discarded or carried; pending when its step is never trained), written before the step hook
-runs (and so before the step's checkpoint), so a resume rolls the file back to exactly the checkpointed steps.
+runs (and so before the step's checkpoint), so a resume rolls the file back to exactly the checkpointed steps. A
+round whose generation call raises ends the run, and its prompts get lines too: the one whose reward function or
+environment failed ``failed``/``fatal``, the others ``pending``.
 
 With a prompt source that skips prompts predicted to carry no signal (``SkipsNoSignal``: ``data.skip_no_signal``),
 a round still holds ``round_size`` prompts: the source drew more in their place. Each skipped draw gets its
@@ -44,8 +46,9 @@ from groupwise.algo.tally import StepTally
 from groupwise.algo.waste import SYNC_WASTE_FATES, GenerationAccount, split_call_seconds
 from groupwise.chunks import TrainChunk, step_chunk
 from groupwise.controller.interfaces import SelfTimedRollouts, SkipsNoSignal  # shared protocols, not the controller
+from groupwise.data.scoring import RewardError
 from groupwise.run.fates_file import write_sync_step_fates, write_untrained_step_fates
-from groupwise.types import Group, group_from_dict, group_to_dict
+from groupwise.types import Group, cost_of, group_from_dict, group_to_dict
 
 if TYPE_CHECKING:
     from groupwise.config import GrpoSection
@@ -155,6 +158,7 @@ class SyncLoop:
         """Train from ``state.step`` to ``max_steps``: ``"max_steps"``, ``"exhausted"`` when the data ran out first,
         or ``"no_signal"`` when a step could not be filled and ``stop_when_exhausted`` is on (:attr:`no_signal` says
         why). Otherwise :class:`DynamicSamplingExhausted` propagates, after the step's fates."""
+        self._lines.create()  # a run that fails before its first fate line still leaves an (empty) fates.jsonl
         await self.rollouts.sync_weights(self.state.step)  # the generator holds the weights it generates for
         while self.state.step < max_steps:
             if not await self.train_step():
@@ -211,12 +215,13 @@ class SyncLoop:
                 # Carried groups get their pending line from record_carried_at_end, after the last checkpoint.
                 write_untrained_step_fates(self._lines, step, generated, accumulator.filtered, DATA_RAN_OUT)
                 return None
-            started = clock()
+            started, ids = clock(), self.state.next_group_ids(len(items))
             try:
-                groups = await self._generate_round(step, items)
+                groups = await self._generate_round(step, items, ids)
             except Exception as err:  # the earlier rounds' groups will never train: pending, saying why
                 reason = _failed("a generation round", err)
                 write_untrained_step_fates(self._lines, step, generated, accumulator.filtered, reason)
+                self._lines.write_failed_round(step, items, ids, err, f"step {step} was not trained: {reason}")
                 raise
             round_seconds = clock() - started
             if self._skipping is not None:
@@ -241,9 +246,8 @@ class SyncLoop:
             return None
         return _Collected(selection, generated, gen_seconds, gen_tokens)
 
-    async def _generate_round(self, step: int, items: Sequence[LoaderItem]) -> list[Group]:
+    async def _generate_round(self, step: int, items: Sequence[LoaderItem], ids: Sequence[int]) -> list[Group]:
         """Every prompt of the round requested at once (attempt 0, under the step's weights), in order."""
-        ids = self.state.next_group_ids(len(items))
         calls = [self.rollouts.rollout(item, gid, 0, step) for item, gid in zip(items, ids, strict=True)]
         return list(await asyncio.gather(*calls))
 
@@ -288,6 +292,34 @@ class SettlingFates:
             self.state.generation.settled(fate, group.num_completion_tokens, group.gen_seconds)
         if self.fates is not None:
             self.fates.write_groups(groups, fate, step, detail)
+
+    def create(self) -> None:
+        """Make the fates file (empty) if the run has none yet."""
+        if self.fates is not None:
+            self.fates.create()
+
+    def write_failed_round(
+        self, step: int, items: Sequence[LoaderItem], group_ids: Sequence[int], error: BaseException, pending: str
+    ) -> None:
+        """The lines of a round whose generation call raised, which ends a sync run: the prompt the error names
+        (its reward function or environment failed) is ``failed``/``fatal`` with the error, charged what its
+        attempt sampled; every other prompt of the round is ``pending`` (``pending``: why), its group lost with
+        the call."""
+        culprit = error.prompt_uid if isinstance(error, RewardError) else None
+        for item, group_id in zip(items, group_ids, strict=True):
+            failed = item.prompt.uid == culprit
+            culprit = None if failed else culprit  # one attempt failed, even if its prompt is drawn twice
+            tokens = cost_of(error).tokens if failed else 0
+            fate = "failed" if failed else "pending"
+            self.state.generation.generated(tokens, 0.0)
+            self.state.generation.settled(fate, tokens, 0.0)
+            if self.fates is not None:
+                self.fates.write({
+                    "group_id": group_id, "prompt_uid": item.prompt.uid, "epoch": item.epoch, "attempt": 0,
+                    "start_version": step, "fate": fate, "step": step, "resolution": "fatal" if failed else None,
+                    "detail": f"{type(error).__name__}: {error}" if failed else pending, "mode": "sync",
+                    "tokens": tokens,
+                })  # fmt: skip
 
     def write_skipped(self, draws: Sequence[SkippedDraw]) -> None:
         """``skipped_no_signal`` lines for draws skipped before dispatch (nothing generated, nothing to settle)."""
