@@ -40,6 +40,7 @@ from groupwise.types import Group
 def run_async(session: Session) -> ControllerSummary:
     """Train ``session`` with the async single controller until ``run.max_steps`` or the end of data."""
     cfg = session.cfg
+    session.fates.create()  # a run that fails before its first decision (in evaluation, say) still has the file
     if session.state.step == 0 and cfg.eval.at_start:
         session.evaluate(step=0)
     # Generation and training run at the same time in two threads; each gets half of the intra-op threads,

@@ -161,6 +161,7 @@ def train_steps(session: Session, max_steps: int, on_step: Callable[[], None] | 
 def run_sync(session: Session) -> str:
     """Train from ``session.state.step`` to ``run.max_steps`` (or until the data runs out, or dynamic sampling does
     under ``stop_when_exhausted``); returns why it stopped, as :meth:`SyncLoop.run` says."""
+    session.fates.create()  # a run that fails before its first decision (in evaluation, say) still has the file
     if session.state.step == 0 and session.cfg.eval.at_start:
         session.evaluate(step=0)
     try:

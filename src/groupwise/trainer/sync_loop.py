@@ -158,7 +158,6 @@ class SyncLoop:
         """Train from ``state.step`` to ``max_steps``: ``"max_steps"``, ``"exhausted"`` when the data ran out first,
         or ``"no_signal"`` when a step could not be filled and ``stop_when_exhausted`` is on (:attr:`no_signal` says
         why). Otherwise :class:`DynamicSamplingExhausted` propagates, after the step's fates."""
-        self._lines.create()  # a run that fails before its first fate line still leaves an (empty) fates.jsonl
         await self.rollouts.sync_weights(self.state.step)  # the generator holds the weights it generates for
         while self.state.step < max_steps:
             if not await self.train_step():
@@ -292,11 +291,6 @@ class SettlingFates:
             self.state.generation.settled(fate, group.num_completion_tokens, group.gen_seconds)
         if self.fates is not None:
             self.fates.write_groups(groups, fate, step, detail)
-
-    def create(self) -> None:
-        """Make the fates file (empty) if the run has none yet."""
-        if self.fates is not None:
-            self.fates.create()
 
     def write_failed_round(
         self, step: int, items: Sequence[LoaderItem], group_ids: Sequence[int], error: BaseException, pending: str
