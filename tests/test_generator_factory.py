@@ -10,8 +10,12 @@ Invariants pinned:
   config error naming ``generation.backend``, before any model loads; a factory that raises or returns something
   else than a generator is one too (exit 2, the factory's message, no traceback), in sync and async runs, as soon
   as the model it is built for is loaded; the shipped backends are exactly the config's ``GENERATION_BACKENDS``;
-- a backend that returns fewer completions than a request asked for fails the run with a message naming the
-  generator and the counts (not "dynamic sampling needs G >= 2").
+- a backend that returns fewer completions than a request asked for is refused with a message naming the
+  generator and the counts (not "dynamic sampling needs G >= 2");
+- a plug-in backend whose answers break the Generator contract (strings, NaN logprobs, token ids outside the
+  vocabulary, a weight version newer than its own, an unknown finish reason) is a config error naming
+  ``generation.backend`` and what it returned when its first (probe) answer does, and stops the run naming it
+  when a later one does (not an ``AttributeError``, not ``DynamicSamplingExhausted``).
 """
 
 from __future__ import annotations
@@ -141,7 +145,34 @@ def test_a_backend_factory_that_raises_or_returns_no_generator_exits_2_naming_th
 def test_a_backend_returning_fewer_completions_than_asked_is_named_with_what_it_returned(tmp_path, capsys):
     config = toy_config_file(tmp_path, "sync", generation={"backend": "fakes.generators:short_backend"},
                              grpo={"dynamic_sampling": {"enabled": True}})
+    assert main(["train", str(config)]) == 2  # found on the probe request, before training
+    err = capsys.readouterr().err
+    assert "the generator ShortToyGenerator returned 1 completion(s) for request 0, which asked for 2" in err
+    assert "G >= 2" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("how, words", [
+    ("string", "returned a str, not a Completion (groupwise.types.Completion) (request 0, completion 0)"),
+    ("nan", "returned the logprob nan; every sampled token's logprob must be a finite Python float"),
+    ("vocab", "returned the token id 1000000, which is not a token of the model (the model has "),
+    ("version", "returned the weight version 5 while the generator holds version 0"),
+    ("finish", "returned the finish reason 'done', not one of stop, length"),
+])  # fmt: skip
+def test_a_backend_breaking_the_generator_contract_is_a_config_error_naming_what_it_returned(tmp_path, capsys, how,
+                                                                                            words):
+    backend = f"fakes.generators:{how}_backend"
+    config = toy_config_file(tmp_path, "sync", generation={"backend": backend})
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "generation.backend" in err and f"generation backend {backend!r} does not keep the Generator contract: " \
+        "the generation.backend generator BrokenToyGenerator " in err and words in err, err
+    assert "Traceback" not in err and "AttributeError" not in err
+
+
+def test_a_backend_breaking_the_contract_later_stops_the_run_naming_it(tmp_path, capsys):
+    config = toy_config_file(tmp_path, "sync", generation={"backend": "fakes.generators:late_nan_backend"},
+                             grpo={"dynamic_sampling": {"enabled": True}})
     assert main(["train", str(config)]) == 1
     err = capsys.readouterr().err
-    assert "the generator ShortToyGenerator returned 1 completion(s) for request 0, which asked for 4" in err
-    assert "G >= 2" not in err and "Traceback" not in err
+    assert "the generation.backend generator BrokenToyGenerator returned the logprob nan" in err, err
+    assert "DynamicSamplingExhausted" not in err and "Traceback" not in err

@@ -111,3 +111,43 @@ class ShortToyGenerator(ToyGenerator):
 
 def short_backend(spec: GeneratorSpec) -> ShortToyGenerator:
     return ShortToyGenerator(spec)
+
+
+class BrokenToyGenerator(ToyGenerator):
+    """A toy that breaks the Generator contract in one way (``how``) from call ``after + 1`` on (test only)."""
+
+    how = ""
+    after = 0
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list:
+        outputs = super().generate(requests, sampling)
+        if self.calls <= self.after:
+            return outputs
+        return [[self._broken(c) for c in per_request] for per_request in outputs]
+
+    def _broken(self, completion: Completion) -> object:
+        broken = {
+            "string": lambda: completion.text,
+            "nan": lambda: replace(completion, logprobs=(math.nan, *completion.logprobs[1:])),
+            "vocab": lambda: replace(completion, token_ids=(10**6, *completion.token_ids[1:])),
+            "version": lambda: replace(completion, weight_version=self.version + 5, token_versions=()),
+            "finish": lambda: replace(completion, finish_reason="done"),
+        }
+        return broken[self.how]()
+
+
+def broken_backend(how: str, after: int = 0):
+    """A factory of a :class:`BrokenToyGenerator` breaking the contract ``how``."""
+
+    def make(spec: GeneratorSpec) -> BrokenToyGenerator:
+        generator = BrokenToyGenerator(spec)
+        generator.how, generator.after = how, after
+        return generator
+
+    return make
+
+
+string_backend, nan_backend, vocab_backend, version_backend, finish_backend = (
+    broken_backend(how) for how in ("string", "nan", "vocab", "version", "finish")
+)
+late_nan_backend = broken_backend("nan", after=1)  # its first answer (the probe's) keeps the contract

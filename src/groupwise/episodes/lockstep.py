@@ -9,7 +9,7 @@ run without rounds (:mod:`groupwise.episodes.streamed`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from groupwise.episodes.episode import Episode
@@ -22,6 +22,7 @@ from groupwise.episodes.group import (
     start_step,
     turn_request,
 )
+from groupwise.generation.factory import checked_outputs
 from groupwise.generation.request_limits import generate_by_limit
 from groupwise.types import Completion, GenerationRequest, Prompt, SamplingParams
 
@@ -59,7 +60,13 @@ def _sample_turns(
     replies: dict[int, Completion] = {}
     for start in range(0, len(asked), settings.max_rows_per_call):
         batch = asked[start : start + settings.max_rows_per_call]
-        outputs = generate_by_limit([r for _, r in batch], sampling, generator.generate)  # one call per turn cap
+        outputs = generate_by_limit([r for _, r in batch], sampling, _checked(generator))  # one call per turn cap
         for (episode, _), out in zip(batch, outputs, strict=True):
             replies[id(episode)] = out[0]
     return replies
+
+
+def _checked(generator: Generator) -> Callable[[Sequence[GenerationRequest], SamplingParams], list[list[Completion]]]:
+    """``generator.generate`` with its answers checked against the Generator contract (a plug-in backend's broken
+    answer is named, not trained on)."""
+    return lambda requests, sampling: checked_outputs(generator, requests, generator.generate(requests, sampling))

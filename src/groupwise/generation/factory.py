@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from groupwise.generation.base import Generator, OwnsEngine, RequestStream, StreamingGenerator, StreamSupport
+from groupwise.generation.contract import GeneratorContractError, check_completions, probe_problem
 from groupwise.plugins import PluginImportError, import_plugin
 from groupwise.types import Completion, GenerationRequest, SamplingParams
 
@@ -77,7 +78,8 @@ BACKENDS: dict[str, Callable[[GeneratorSpec], Generator]] = {
 def build_generator(spec: GeneratorSpec) -> Generator:
     """The generator of ``spec.generation.backend``: a shipped one, or a plug-in factory ``package.module:function``
     (called with ``spec``; it must return a :class:`Generator`). A plug-in factory that raises, or returns anything
-    else, raises :class:`BackendPluginError` with its own message."""
+    else, raises :class:`BackendPluginError` with its own message; so does a plug-in generator whose answer to one
+    probe request breaks the Generator contract (:func:`~groupwise.generation.contract.probe_problem`)."""
     name = spec.generation.backend
     build = BACKENDS.get(name)
     if build is not None:
@@ -91,7 +93,11 @@ def build_generator(spec: GeneratorSpec) -> Generator:
         raise BackendPluginError(
             f"generation backend {name!r}: the factory raised {type(exc).__name__}: {exc}"
         ) from exc
-    return _checked(name, generator)
+    generator = _checked(name, generator)
+    problem = probe_problem(generator, spec)
+    if problem is not None:
+        raise BackendPluginError(f"generation backend {name!r} does not keep the Generator contract: {problem}")
+    return generator
 
 
 def _checked(name: str, generator: object) -> Generator:
@@ -103,7 +109,7 @@ def _checked(name: str, generator: object) -> Generator:
     return generator
 
 
-class GeneratedCountError(RuntimeError):
+class GeneratedCountError(GeneratorContractError):
     """A generator that returned another number of completions than its requests asked for."""
 
 
@@ -111,11 +117,13 @@ def checked_outputs(
     generator: Generator, requests: Sequence[GenerationRequest], outputs: list[list[Completion]]
 ) -> list[list[Completion]]:
     """``outputs`` of ``generator.generate(requests)`` when they hold one list per request and ``num_samples``
-    completions in each, as the Generator contract says; else a :class:`GeneratedCountError` naming the generator
-    and what it returned (a short group would otherwise surface far downstream, as a group too small to train)."""
+    completions in each, each keeping the contract (:mod:`groupwise.generation.contract`); else a
+    :class:`GeneratedCountError` naming the generator and what it returned (a short group would otherwise surface
+    far downstream, as a group too small to train), or a :class:`GeneratorContractError` naming the completion."""
     counts = [len(per_request) for per_request in outputs] if isinstance(outputs, list) else None
     asked = [request.num_samples for request in requests]
     if counts == asked:
+        check_completions(generator, outputs)
         return outputs
     what = type(generator).__name__
     if counts is None or len(counts) != len(asked):
