@@ -1,10 +1,12 @@
 """Does SmolLM2 learn to use the calculator tool? The warm start, then RL, per seed, as a user would run them.
 
-    .venv/bin/python bench/calculator.py [--seeds 0,1,2] [--sft-steps 60] [--rl-steps 30] [KEY=VALUE ...]
+    .venv/bin/python bench/calculator.py [--seeds 0,1,2] [--sft-steps 60] [--rl-steps 30] [--config YAML]
+        [KEY=VALUE ...]
 
 For each seed, in fresh processes: ``groupwise sft recipes/warm_start_calculator.yaml`` (the warm start: the first
 turn, a ``multiply`` call, from each item's ``demonstration``), then ``groupwise train examples/calculator.yaml``
-from its ``final/`` (extra ``KEY=VALUE`` overrides go to the train command). Read back from the runs' metrics:
+(or ``--config``: ``examples/calculator_harness.yaml`` trains the same task through the harness endpoint) from its
+``final/`` (extra ``KEY=VALUE`` overrides go to the train command). Read back from the runs' metrics:
 held-out greedy accuracy of the warm start and along RL (``eval/accuracy``: greedy episodes, correct = reward ≥ 1),
 tool calls per trained episode at the first and last RL step (``episode/tool_calls_mean``), and the wall time of
 each phase. Prints one markdown table.
@@ -40,7 +42,7 @@ def one_seed(seed: int, args: argparse.Namespace, out: Path) -> str:
                          f"run.output_dir={out}", f"run.name={sft_dir.name}",
                          f"sft.steps={args.sft_steps}"])  # fmt: skip
     warm = [r["eval/accuracy"] for r in metrics(sft_dir) if "eval/accuracy" in r]
-    rl_seconds = timed([*GROUPWISE, "train", "examples/calculator.yaml", "model.source=hf",
+    rl_seconds = timed([*GROUPWISE, "train", args.config, "model.source=hf",
                         f"model.path={sft_dir / 'final'}", f"run.seed={seed}", f"run.output_dir={out}",
                         f"run.name={rl_dir.name}", f"run.max_steps={args.rl_steps}", "logging.progress=false",
                         *args.overrides])  # fmt: skip
@@ -60,6 +62,7 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=60)
     parser.add_argument("--rl-steps", type=int, default=30)
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary directory)")
+    parser.add_argument("--config", default="examples/calculator.yaml", help="the RL config (default: %(default)s)")
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE overrides for the RL run")
     args = parser.parse_args()
     print("| seed | warm start acc | RL acc start → end | gain (points, best) | tool calls / episode, first → last "

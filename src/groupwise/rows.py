@@ -69,7 +69,8 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
     shaped), ``advantage`` (a float32 tensor, a separate column: a reward is never overwritten by its advantage),
     ``start_version``, ``version_spans`` (the weight versions of the completion's tokens, :func:`version_spans`; the
     learner finds its on-policy tokens by them), ``env_spans`` (an episode's environment tokens, :func:`env_spans`:
-    no gradient, not counted), ``episode`` (the episode's record on its completion's rows, else None).
+    no gradient, not counted), ``episode`` (the episode's record on its completion's own row; None on its branches'
+    rows and for single-turn completions).
     Id and logprob rows are the groups' own tuples (no copy; the batch is immutable).
     """
     if len(advantages) != len(groups):
@@ -85,7 +86,8 @@ def build_rows(groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -
                     "group_id": group.group_id, "prompt_uid": group.prompt.uid, "completion_index": i,
                     "sequence_index": sequence_index, "prompt_ids": tuple(group.prompt_token_ids),
                     "raw_reward": group.raw_rewards[i], "reward": group.rewards[i], "advantage": group_adv[i],
-                    "start_version": group.start_version, "episode": completion.episode,
+                    "start_version": group.start_version,
+                    "episode": completion.episode if sequence_index == 0 else None,
                     **_sequence_columns(sequence),
                 }  # fmt: skip
                 for name in ROW_COLUMNS:

@@ -330,12 +330,15 @@ def add_audit_parser(subparsers: Subparsers) -> None:
     parser.add_argument("--replay-episodes", action="store_true",
                         help="also replay every trained episode into a fresh environment and check its answers and "
                         "rewards (a run with episode.environment)")  # fmt: skip
+    parser.add_argument("--replay-sessions", action="store_true",
+                        help="also render every logged request of every trained harness session again and check "
+                        "that each trained sequence is exactly the tokens served (a run with episode.harness)")
     parser.set_defaults(handler=run_audit)
 
 
 def run_audit(args: argparse.Namespace) -> int:
     """Print the per-epoch audit; exit 1 if a prompt was trained twice in an epoch or lacks a fate."""
-    from groupwise.cli.run_prompts import replay_run_episodes, training_uids
+    from groupwise.cli.run_prompts import replay_run_episodes, replay_run_sessions, training_uids
     from groupwise.run.audit import audit_run
 
     try:
@@ -353,6 +356,14 @@ def run_audit(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         print(replay.format_lines(), end="")
         replayed_ok = replay.ok
+    if args.replay_sessions:
+        try:
+            sessions = replay_run_sessions(args.run_dir)
+        except (ValueError, OSError) as err:
+            print(f"groupwise audit: {err}", file=sys.stderr)
+            return EXIT_USAGE
+        print(sessions.format_lines(), end="")
+        replayed_ok = replayed_ok and sessions.ok
     return EXIT_OK if report.ok and replayed_ok else EXIT_RUN_FAILED
 
 

@@ -11,8 +11,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from transformers import PreTrainedTokenizerBase
+
     from groupwise.config import RunConfig
     from groupwise.episodes.replay import ReplayReport
+    from groupwise.harness.replay import SessionReplayReport
 
 
 def training_uids(cfg: RunConfig, simulated: bool) -> list[str]:
@@ -46,3 +49,44 @@ def replay_run_episodes(run_dir: Path) -> ReplayReport:
     prompts = {p.uid: p for p in build_task(cfg.data.task, cfg.data, cfg.run.seed).train_prompts()}
     steps = sorted(run.path.glob("train_data/step_*.jsonl"))
     return replay_train_data(steps, factory, prompts, cfg.episode.step_timeout_s)
+
+
+def replay_run_sessions(run_dir: Path) -> SessionReplayReport:
+    """Render every logged request of the run's trained harness sessions again and compare the sequences they
+    give with the trained rows (``groupwise audit --replay-sessions``); ValueError when the run has no harness."""
+    from groupwise.config import config_from_dict
+    from groupwise.config.load import read_config_file
+    from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE
+    from groupwise.episodes.tool_formats import tool_format
+    from groupwise.harness.render import RequestRenderer
+    from groupwise.harness.replay import replay_sessions
+    from groupwise.run.rundir import RunDir
+
+    run = RunDir.of(run_dir)
+    cfg = config_from_dict(read_config_file(run.config_path), source=str(run.config_path))
+    if not cfg.episode.harnessed:
+        raise ValueError(f"{run.path} is not a run with episode.harness: there are no sessions to replay")
+    tokenizer = run_tokenizer(cfg, run.final_dir)
+    template = PLAIN_CHAT_TEMPLATE if cfg.episode.chat_template == "plain" else cfg.episode.chat_template
+    text = template if template is not None else str(tokenizer.chat_template)
+    renderer = RequestRenderer(tokenizer, template, tool_format(cfg.episode.tool_format, text))
+    steps = sorted(run.path.glob("train_data/step_*.jsonl"))
+    return replay_sessions(steps, renderer, lambda ids: str(tokenizer.decode(list(ids), skip_special_tokens=False)))
+
+
+def run_tokenizer(cfg: RunConfig, final_dir: Path) -> PreTrainedTokenizerBase:
+    """The run's tokenizer: the one saved with its final policy, else the one its model source loads."""
+    from transformers import AutoTokenizer
+
+    from groupwise.model import build_char_tokenizer
+    from groupwise.model.gguf_files import resolve_gguf
+
+    if (final_dir / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(str(final_dir), local_files_only=True)
+    model = cfg.model
+    if model.source == "tiny":
+        return build_char_tokenizer(model.tiny.vocab)
+    if model.source == "gguf":
+        gguf = resolve_gguf(model.path, model.gguf_file)
+        return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(model.path), local_files_only=True)
