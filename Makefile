@@ -18,11 +18,11 @@ $(VLLM_STAMP): pyproject.toml scripts/install_vllm.sh
 TRL_VENV  ?= .venv-trl
 TRL_STAMP := $(TRL_VENV)/.installed
 
-$(TRL_STAMP): scripts/install_trl.sh $(STAMP)
+$(TRL_STAMP): scripts/install_trl.sh scripts/install_torch.sh $(STAMP)
 	bash scripts/install_trl.sh $(TRL_VENV) $(VENV)
 	touch $(TRL_STAMP)
 
-$(STAMP): pyproject.toml scripts/install.sh
+$(STAMP): pyproject.toml scripts/install.sh scripts/install_torch.sh
 	bash scripts/install.sh $(VENV)
 	touch $(STAMP)
 
