@@ -10,7 +10,8 @@
 - Every key of ``METRIC_KEYS`` is defined exactly once in docs/metrics.md, and nothing else is.
 - Progress: a rich bar on a terminal; elsewhere (or with progress off) a compact line every N steps with
   the step's figures, the latest held-out accuracy (kept from the last step that had one, or the evaluation
-  before training) and an ETA at this session's pace.
+  before training) and an ETA at this session's pace; ``groupwise sft`` prints the same lines with its loss and
+  held-out accuracy.
 """
 
 from __future__ import annotations
@@ -204,3 +205,26 @@ def test_rich_bar_on_a_terminal() -> None:
     text = out.getvalue()
     assert "3/5" in text and "reward 0.125" in text and "rounds 3" in text
     assert "step 3/5" not in text  # no compact line when the bar is shown
+
+
+def test_sft_prints_the_progress_line_train_has_with_its_loss_and_accuracy(tmp_path, capsys) -> None:
+    import yaml
+
+    from groupwise.cli.main import main
+
+    config = {
+        "run": {"name": "warm", "output_dir": str(tmp_path), "seed": 0},
+        "model": {"source": "tiny", "tiny": {"num_layers": 1, "hidden_size": 32, "num_heads": 2,
+                                             "intermediate_size": 64, "max_position_embeddings": 32}},
+        "data": {"task": "addition", "addition": {"min_digits": 1, "max_digits": 1, "num_eval": 8}},
+        "generation": {"max_new_tokens": 4},
+        "sft": {"steps": 12, "batch_size": 4, "eval_every": 6},
+        "logging": {"progress": False, "tensorboard": False},
+    }  # fmt: skip
+    path = tmp_path / "sft.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["sft", str(path)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert lines[0] == "step 1/12 started"
+    assert [line.split(" loss ")[0] for line in lines[1:]] == ["step 10/12", "step 12/12"]
+    assert all(re.fullmatch(r"step \d+/12 loss \d+\.\d{4} acc \d\.\d{3} eta \d:\d\d:\d\d", line) for line in lines[1:])

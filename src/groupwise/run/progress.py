@@ -1,8 +1,9 @@
 """Console progress for one run: a rich progress bar on a terminal, a compact line every N steps elsewhere.
 
-Shown per step: step/total, reward over every generated row (unfiltered) and over trained rows, the
+Shown per RL step: step/total, reward over every generated row (unfiltered) and over trained rows, the
 zero-variance group fraction, generation rounds, generation tokens/s, the latest held-out accuracy (from the
-most recent evaluation, ``—`` before the first), and the ETA. The bar is used only
+most recent evaluation, ``—`` before the first), and the ETA (``groupwise sft`` shows its loss and the latest
+held-out accuracy instead: :func:`format_sft_stats`). The bar is used only
 when ``enabled`` (config ``logging.progress``) and the console is a terminal; otherwise (CI logs, files,
 ``logging.progress: false``) a plain line is printed every ``print_every`` steps and on the last step,
 so redirected output stays readable. A slow step (``perf/step_seconds`` ≥ ``slow_step_s``) always gets its line,
@@ -38,6 +39,16 @@ def format_step_stats(metrics: Mapping[str, Any], accuracy: float | None = None)
     )
 
 
+def format_sft_stats(metrics: Mapping[str, Any], accuracy: float | None = None) -> str:
+    """``groupwise sft``'s per-step figures: the step's loss and the latest held-out accuracy."""
+    return (f"loss {_fmt(metrics.get('sft/loss'), '.4f')} "
+            f"acc {_fmt(_first_known(metrics.get('eval/accuracy'), accuracy), '.3f')}")  # fmt: skip
+
+
+StepStats = Callable[[Mapping[str, Any], "float | None"], str]
+"""What a progress line shows of a step: its metrics and the latest accuracy as text."""
+
+
 def _first_known(*values: T | None) -> T | None:
     return next((v for v in values if v is not None), None)
 
@@ -55,7 +66,8 @@ class RunProgress:
 
     ``start`` is the step a resumed run continues from (the ETA only counts this session's pace).
     ``accuracy`` is the held-out accuracy of the latest evaluation before the first update (None if none yet).
-    ``console`` defaults to a rich console on stdout; ``clock`` is injectable for tests.
+    ``console`` defaults to a rich console on stdout; ``clock`` is injectable for tests. ``stats`` writes a step's
+    figures (:func:`format_step_stats` for ``train``, :func:`format_sft_stats` for ``sft``).
     """
 
     def __init__(
@@ -70,6 +82,7 @@ class RunProgress:
         accuracy: float | None = None,
         console: Console | None = None,
         clock: Callable[[], float] = time.monotonic,
+        stats: StepStats = format_step_stats,
     ) -> None:
         if total < 1:
             raise ValueError(f"total (steps) must be >= 1, got {total}")
@@ -85,6 +98,7 @@ class RunProgress:
         self.accuracy = accuracy
         self.console = console if console is not None else Console()
         self.clock = clock
+        self.stats = stats
         self.use_bar = enabled and self.console.is_terminal
         self._started_at: float | None = None
         self._bar: Progress | None = None
@@ -122,13 +136,14 @@ class RunProgress:
             return None
         return (self.clock() - self._started_at) / done * max(self.total_steps - step, 0)
 
-    def update(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Report that optimizer step ``step`` finished with these metrics."""
+    def update(self, step: int, metrics: Mapping[str, Any], last: bool = False) -> None:
+        """Report that optimizer step ``step`` finished with these metrics (``last``: the run stops after it
+        before ``total``, so it gets its line)."""
         if self._started_at is None:
             raise RuntimeError("RunProgress.update called outside `with RunProgress(...)`")
         if metrics.get("eval/accuracy") is not None:
             self.accuracy = metrics["eval/accuracy"]
-        stats = format_step_stats(metrics, self.accuracy)
+        stats = self.stats(metrics, self.accuracy)
         if self._bar is not None:
             self._bar.update(self._task, completed=step, stats=stats)
             return
@@ -136,10 +151,10 @@ class RunProgress:
             return
         seconds = metrics.get("perf/step_seconds")
         slow = seconds is not None and seconds >= self.slow_step_s
-        if slow or step % self.print_every == 0 or step >= self.total_steps:
+        if slow or last or step % self.print_every == 0 or step >= self.total_steps:
             took = f" in {format_eta(seconds)}" if slow else ""
             self._print(f"step {step}/{self.total_steps}{took} {stats} eta {format_eta(self.eta_seconds(step))}")
-        if slow and step < self.total_steps:
+        if slow and not last and step < self.total_steps:
             self._print(f"step {step + 1}/{self.total_steps} started")
 
     def _print(self, text: str) -> None:

@@ -5,6 +5,8 @@ Loss: mean token cross-entropy on the demonstration tokens and the closing EOS,
 Batches are drawn from the train split with a generator seeded from the run seed, so the recipe is
 reproducible. Training stops after ``sft.steps`` or, when ``sft.stop_at_accuracy`` is set, at the first
 evaluation whose held-out greedy accuracy reaches it — that is how the warm start lands on a chosen skill level.
+Progress goes to the console as ``train``'s does (:mod:`groupwise.run.progress`: a bar on a terminal, else a line
+every 10 steps and after every slow one), showing the step's loss and the latest held-out accuracy.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from groupwise.config import ConfigError
 from groupwise.model.loading import eos_token_ids
 from groupwise.model.logprobs import completion_logprobs
 from groupwise.run.metrics import MetricsWriter
+from groupwise.run.progress import RunProgress, format_sft_stats
 from groupwise.run.rundir import RunDir, start_problems
 from groupwise.run.trackers import config_trackers
 from groupwise.seeding import derive_seed
@@ -36,6 +39,19 @@ if TYPE_CHECKING:
 def demonstration_ids(tokenizer: PreTrainedTokenizerBase, text: str, eos_id: int) -> list[int]:
     """Token ids of a demonstration completion followed by EOS (no BOS: it continues the prompt)."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [eos_id]
+
+
+def _train_batch(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: list[tuple[tuple[int, ...], list[int]]]
+) -> float:
+    """One optimizer step on ``batch`` (prompt ids, demonstration ids); the batch's mean token loss."""
+    model.train()
+    logprobs, _, mask = completion_logprobs(model, [b[0] for b in batch], [b[1] for b in batch], 1.0)
+    loss = -(logprobs * mask).sum() / mask.sum()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
 
 
 def run_sft(cfg: RunConfig) -> Path:
@@ -57,28 +73,25 @@ def run_sft(cfg: RunConfig) -> Path:
     optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=0.0)
     rng = random.Random(derive_seed("sft", cfg.run.seed))
     start = time.perf_counter()
-    for step in range(1, sft.steps + 1):
-        batch = [examples[rng.randrange(len(examples))] for _ in range(sft.batch_size)]
-        model.train()
-        logprobs, _, mask = completion_logprobs(model, [b[0] for b in batch], [b[1] for b in batch], 1.0)
-        loss = -(logprobs * mask).sum() / mask.sum()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        metrics: dict[str, float] = {
-            "step": step,
-            "sft/loss": float(loss.detach()),
-            "perf/elapsed_seconds": time.perf_counter() - start,
-        }
-        if step % sft.eval_every == 0 or step == sft.steps:
-            engine.load_weights(model.state_dict(), step)
-            metrics.update(evaluate_policy(engine, rollouts, task.eval_prompts(), cfg))
-            writer.event(f"sft step {step}: loss={float(loss.detach()):.4f} accuracy={metrics['eval/accuracy']:.3f}")
-        writer.log(step, metrics)
-        target = sft.stop_at_accuracy
-        if target is not None and metrics.get("eval/accuracy", -1.0) >= target:
-            writer.event(f"held-out greedy accuracy {metrics['eval/accuracy']:.3f} reached {target}: stopping")
-            break
+    with RunProgress(sft.steps, enabled=cfg.logging.progress, stats=format_sft_stats) as progress:
+        for step in range(1, sft.steps + 1):
+            batch = [examples[rng.randrange(len(examples))] for _ in range(sft.batch_size)]
+            started = time.perf_counter()
+            loss = _train_batch(model, optimizer, batch)
+            metrics: dict[str, float] = {
+                "step": step, "sft/loss": loss, "perf/elapsed_seconds": time.perf_counter() - start,
+            }  # fmt: skip
+            if step % sft.eval_every == 0 or step == sft.steps:
+                engine.load_weights(model.state_dict(), step)
+                metrics.update(evaluate_policy(engine, rollouts, task.eval_prompts(), cfg))
+                writer.event(f"sft step {step}: loss={loss:.4f} accuracy={metrics['eval/accuracy']:.3f}")
+            writer.log(step, metrics)
+            target = sft.stop_at_accuracy
+            reached = target is not None and metrics.get("eval/accuracy", -1.0) >= target
+            progress.update(step, {**metrics, "perf/step_seconds": time.perf_counter() - started}, last=reached)
+            if reached:
+                writer.event(f"held-out greedy accuracy {metrics['eval/accuracy']:.3f} reached {target}: stopping")
+                break
     policy.save(run_dir.final_dir)
     writer.event(f"saved the fine-tuned policy to {run_dir.final_dir}")
     writer.close()
