@@ -14,7 +14,9 @@ Invariants pinned:
 - (slow) a shortened SmolLM2 times-tables run (8 steps) raises the reward of its samples and its held-out
   greedy accuracy (the full example's 3-seed curves are in bench/RESULTS.md);
 - (slow) the SmolLM2 GGUF example starts and takes one optimizer step on CPU, sampling with the fast Llama
-  decode step (the pretrained model passes its probe).
+  decode step (the pretrained model passes its probe);
+- the calculator example takes the RL steps and settings its measurement in bench/RESULTS.md ran, and
+  docs/environments.md quotes that measurement (tool calls counted over trained episodes).
 """
 
 from __future__ import annotations
@@ -162,3 +164,25 @@ def test_smollm2_times_tables_reward_rises_on_cpu(tmp_path, monkeypatch):
     assert len(rewards) == 8 and len(evals) == 2
     assert sum(rewards[-3:]) / 3 > sum(rewards[:2]) / 2, f"the samples' reward should rise: {rewards}"
     assert evals[1] >= evals[0] + 0.15, f"held-out accuracy should gain 15 points in 8 steps: {evals}"
+
+
+def test_the_calculator_example_runs_what_its_measurement_ran():
+    """examples/calculator.yaml takes the RL steps and settings of the last measured command in bench/RESULTS.md
+    (``bench/calculator.py --rl-steps N`` with its overrides), and docs/environments.md says so."""
+    import re
+
+    import yaml
+
+    results = (ROOT / "bench" / "RESULTS.md").read_text(encoding="utf-8")
+    command = re.findall(r"bench/calculator\.py (--seeds[^`]*)`", results)[-1]
+    example = yaml.safe_load((ROOT / "examples" / "calculator.yaml").read_text(encoding="utf-8"))
+    assert example["run"]["max_steps"] == int(re.search(r"--rl-steps (\d+)", command).group(1)) == 4
+    for key, value in re.findall(r"([a-z_]+(?:\.[a-z_]+)+)=(\S+)", command):
+        section, *path = key.split(".")
+        held = example[section]
+        for part in path:
+            held = held[part]
+        assert held == yaml.safe_load(value), (key, held, value)
+    docs = (ROOT / "docs" / "environments.md").read_text(encoding="utf-8")
+    assert "the example's 4 RL steps take every seed from 40–57 % to 100 %" in docs
+    assert "trained\n  episodes going from 0.38–0.53 tool calls" in docs and "sampled episodes going" not in docs
