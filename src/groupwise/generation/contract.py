@@ -8,10 +8,10 @@ finish reason of ``stop`` or ``length``. A plug-in backend that breaks it would 
 as ``DynamicSamplingExhausted``). Here it is named: ``generation.backend``, the generator, the request and
 completion, and what was wrong.
 
-Every answer of a batch ``generate`` is checked (single-turn rollouts, evaluation, episode turns); a plug-in's
-first answer is also checked at build time, on one probe request, where the model's vocabulary is known
-(:func:`probe_problem`), so a backend that always breaks the contract is a config error before training starts.
-Streams (the built-in engine's continuous batching) are not checked: they are groupwise's own.
+Every answer of a plug-in's batch ``generate`` is checked (single-turn rollouts, evaluation, episode turns; the
+shipped backends' answers are groupwise's own and pass unchecked). A plug-in's first answer is also checked when
+it is built, on one probe request, where the model's vocabulary is known (:func:`probe_problem`), so a backend that
+always breaks the contract is a config error before training starts. Streams are not checked.
 """
 
 from __future__ import annotations
@@ -57,9 +57,19 @@ def completion_problem(completion: object, version: int, vocab: int | None = Non
     return None
 
 
+def is_plug_in(generator: Generator) -> bool:
+    """Whether ``generator`` is a plug-in's (its class defined outside groupwise): the shipped backends' answers are
+    groupwise's own, and a NaN logprob there means the model diverged, which the learner reports
+    (``NonFiniteTrainingError``), not a broken backend."""
+    return not type(generator).__module__.startswith("groupwise.")
+
+
 def check_completions(generator: Generator, outputs: list[list[Completion]], vocab: int | None = None) -> None:
     """Raise :class:`GeneratorContractError` naming the first completion of ``outputs`` (one list per request,
-    counts already checked) that breaks the contract."""
+    counts already checked) that breaks the contract; a shipped backend's answers pass unchecked
+    (:func:`is_plug_in`)."""
+    if not is_plug_in(generator):
+        return
     version = generator.version
     for request, per_request in enumerate(outputs):
         for index, completion in enumerate(per_request):
