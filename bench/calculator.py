@@ -6,10 +6,11 @@
 For each seed, in fresh processes: ``groupwise sft recipes/warm_start_calculator.yaml`` (the warm start: the first
 turn, a ``multiply`` call, from each item's ``demonstration``), then ``groupwise train examples/calculator.yaml``
 (or ``--config``: ``examples/calculator_harness.yaml`` trains the same task through the harness endpoint) from its
-``final/`` (extra ``KEY=VALUE`` overrides go to the train command). Read back from the runs' metrics:
-held-out greedy accuracy of the warm start and along RL (``eval/accuracy``: greedy episodes, correct = reward ≥ 1),
-tool calls per trained episode at the first and last RL step (``episode/tool_calls_mean``), and the wall time of
-each phase. Prints one markdown table.
+``final/`` (extra ``KEY=VALUE`` overrides go to the train command; ``--reuse-warm-start`` trains from a warm start
+an earlier run of the bench left in ``--out``, so two configs can be compared from the same warm starts; ``--tag``
+names the RL runs apart). Read back from the runs' metrics: held-out greedy accuracy of the warm start and along RL
+(``eval/accuracy``: greedy episodes, correct = reward ≥ 1), tool calls per trained episode at the first and last RL
+step (``episode/tool_calls_mean``), and the wall time of each phase. Prints one markdown table.
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ def timed(command: list[str]) -> float:
 
 
 def one_seed(seed: int, args: argparse.Namespace, out: Path) -> str:
-    sft_dir, rl_dir = out / f"sft-{seed}", out / f"rl-{seed}"
-    sft_seconds = timed([*GROUPWISE, "sft", "recipes/warm_start_calculator.yaml", f"run.seed={seed}",
-                         f"run.output_dir={out}", f"run.name={sft_dir.name}",
-                         f"sft.steps={args.sft_steps}"])  # fmt: skip
+    sft_dir, rl_dir = out / f"sft-{seed}", out / f"rl-{seed}{args.tag}"
+    sft_seconds = 0.0
+    if not (args.reuse_warm_start and (sft_dir / "final").is_dir()):
+        sft_seconds = timed([*GROUPWISE, "sft", "recipes/warm_start_calculator.yaml", f"run.seed={seed}",
+                             f"run.output_dir={out}", f"run.name={sft_dir.name}",
+                             f"sft.steps={args.sft_steps}"])  # fmt: skip
     warm = [r["eval/accuracy"] for r in metrics(sft_dir) if "eval/accuracy" in r]
     rl_seconds = timed([*GROUPWISE, "train", args.config, "model.source=hf",
                         f"model.path={sft_dir / 'final'}", f"run.seed={seed}", f"run.output_dir={out}",
@@ -63,6 +66,9 @@ def main() -> None:
     parser.add_argument("--rl-steps", type=int, default=30)
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary directory)")
     parser.add_argument("--config", default="examples/calculator.yaml", help="the RL config (default: %(default)s)")
+    parser.add_argument("--tag", default="", help="appended to each RL run's directory name (rl-SEED-TAG)")
+    parser.add_argument("--reuse-warm-start", action="store_true",
+                        help="train from OUT/sft-SEED/final when it exists instead of making it again (0 SFT minutes)")
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE overrides for the RL run")
     args = parser.parse_args()
     print("| seed | warm start acc | RL acc start → end | gain (points, best) | tool calls / episode, first → last "

@@ -8,50 +8,36 @@ trains. Returning ``None`` lets ``reward.function`` (``final_number``) score the
 import json
 
 from openai import OpenAI
-from transformers.utils import get_json_schema
 
 from groupwise.harness import HarnessSession
 
 SYSTEM = "Use the tools for arithmetic. Give the final answer as a number."
+TOOLS = {"multiply": lambda a, b: int(a) * int(b), "add": lambda a, b: int(a) + int(b)}
 
 
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers.
-
-    Args:
-        a: The first factor.
-        b: The second factor.
-    """
-    return int(a) * int(b)
+def schema(name: str, description: str, term: str) -> dict:
+    numbers = {"a": {"type": "integer", "description": f"The first {term}."},
+               "b": {"type": "integer", "description": f"The second {term}."}}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": numbers, "required": ["a", "b"]}}}
 
 
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first term.
-        b: The second term.
-    """
-    return int(a) + int(b)
-
-
-TOOLS = {tool.__name__: tool for tool in (multiply, add)}
+SCHEMAS = [schema("multiply", "Multiply two integers.", "factor"), schema("add", "Add two integers.", "term")]
 
 
 def run(session: HarnessSession, max_turns: int = 3) -> None:
     client = OpenAI(base_url=session.base_url, api_key=session.api_key)
     messages = [{"role": "system", "content": SYSTEM}, *session.messages]
     for _ in range(max_turns):
-        reply = client.chat.completions.create(
-            model=session.model, messages=messages, tools=[get_json_schema(t) for t in TOOLS.values()]
-        ).choices[0].message
-        if not reply.tool_calls:
+        reply = client.chat.completions.create(model=session.model, messages=messages, tools=SCHEMAS)
+        message = reply.choices[0].message
+        if not message.tool_calls:
             return None  # the final answer: reward.function scores it
-        messages.append(reply.model_dump(exclude_none=True))
-        for call in reply.tool_calls:
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
             try:
                 answer = str(TOOLS[call.function.name](**json.loads(call.function.arguments)))
-            except Exception as exc:  # the model's bad call is an answer it reads
+            except Exception as exc:  # a bad call is an answer the model reads
                 answer = f"error: {exc}"
             messages.append({"role": "tool", "tool_call_id": call.id, "content": answer})
     return None

@@ -1,11 +1,12 @@
-"""The shipped calculator harness (a plain OpenAI-SDK agent loop) trains exactly the tokens the built-in calculator
-environment would, with SmolLM2's own tokenizer and chat template.
+"""The shipped calculator harnesses (a plain OpenAI-SDK agent loop, and a LangGraph ReAct agent) train exactly the
+tokens the built-in calculator environment would, with SmolLM2's own tokenizer and chat template.
 
 Invariants pinned:
-- given the same sampled turns, every session of ``examples/calculator_harness.py`` records the same token
-  sequence and the same trainable mask as the ``calculator`` environment's episode: the same opening (system prompt,
-  tool descriptions, question), the sampled ids as sampled — even where their text would re-encode to other ids —,
-  the tool's answer rendered by the template, and no retokenized token;
+- given the same sampled turns, every session of ``examples/calculator_harness.py`` and of
+  ``examples/calculator_langgraph.py`` (when ``groupwise[agents]`` is installed) records the same token sequence and
+  the same trainable mask as the ``calculator`` environment's episode: the same opening (system prompt, tool
+  descriptions, question), the sampled ids as sampled — even where their text would re-encode to other ids —, the
+  tool's answer rendered by the template, and no retokenized token;
 - through the endpoint, the model's ``<tool_call>`` reply came back to the SDK as OpenAI ``tool_calls`` and the
   harness's ``tool`` message was rendered as context, never trained;
 - the session's reward (``None`` from the harness) is ``final_number`` on its last reply.
@@ -78,7 +79,10 @@ class CalculatorTurns:
         raise AssertionError
 
 
-def test_the_harness_example_records_what_the_calculator_environment_would(tokenizer):
+@pytest.mark.parametrize("example", ["calculator_harness", "calculator_langgraph"])
+def test_the_harness_examples_record_what_the_calculator_environment_would(tokenizer, example):
+    if example == "calculator_langgraph":
+        pytest.importorskip("langgraph", reason="the LangGraph example needs groupwise[agents]")
     prompt = Prompt("mul/123x456", "56088", messages=({"role": "user", "content": "What is 123 * 456? Use the "
                                                        "multiply tool, then reply with only the number."},))
     renderer = ChatRenderer(tokenizer, [tool_schema(multiply), tool_schema(add)], None)
@@ -87,7 +91,7 @@ def test_the_harness_example_records_what_the_calculator_environment_would(token
     [episodes] = run_episode_groups(CalculatorTurns(tokenizer), SAMPLING, episodes_settings, [prompt], [5], 2)
 
     harness = HarnessRunner(HarnessSettings(
-        HarnessSpec("calculator_harness", function=import_plugin(f"{ROOT}/examples/calculator_harness.py:run", "h")),
+        HarnessSpec(example, function=import_plugin(f"{ROOT}/examples/{example}.py:run", "episode.harness")),
         RequestRenderer(tokenizer, None, TOOL_FORMATS["hermes"]), SessionLimits(3, 400, 48, 32, 8192), 60.0,
         EndpointSettings(),
     ))  # fmt: skip

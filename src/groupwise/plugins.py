@@ -3,7 +3,7 @@
 One import rule for every plug-in, so each says what went wrong the same way: a malformed target, a module that
 does not import (with the error it raised), or a missing attribute (a dotted path walks nested attributes). The
 module may also be a Python file, ``path/to/file.py:attribute`` (relative to the working directory), for code that
-is not on ``PYTHONPATH``.
+is not on ``PYTHONPATH``; as for a script, its directory is put on ``sys.path`` so it can import its neighbours.
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ def _from_file(path: str) -> ModuleType:
         return sys.modules[name]
     if not resolved.is_file():
         raise ImportError(f"{resolved} is not a file")
+    if str(resolved.parent) not in sys.path:
+        sys.path.append(str(resolved.parent))
     spec = importlib.util.spec_from_file_location(name, resolved)
     if spec is None or spec.loader is None:
         raise ImportError(f"{resolved} cannot be loaded as a Python module")

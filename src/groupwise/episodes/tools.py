@@ -65,13 +65,19 @@ def tool_problem(tool: Callable[..., Any]) -> str | None:
 
 def tool_instructions(schemas: Sequence[Mapping[str, Any]]) -> str:
     """A system-prompt paragraph describing the tools of ``schemas`` (:func:`tool_schema`'s, or a request's OpenAI
-    ``tools``) and the ``hermes`` call format, for templates without ``tools``."""
-    described = "\n".join(json.dumps(schema.get("function", schema)) for schema in schemas)
+    ``tools``) and the ``hermes`` call format, for templates without ``tools``. Each tool is described by the fields
+    an OpenAI function has (name, description, parameters), so a tool reads the same whether its schema was made
+    from a Python function or written by hand."""
+    described = "\n".join(json.dumps(_openai_fields(schema.get("function", schema))) for schema in schemas)
     return (
         "You can call these tools:\n" + described + "\nTo call one, write <tool_call>{\"name\": NAME, \"arguments\": "
         "{...}}</tool_call> and stop; its answer comes back in the next message. When you know the answer, reply "
         "without a tool call."
     )
+
+
+def _openai_fields(function: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: function[key] for key in ("name", "description", "parameters") if key in function}
 
 
 def parse_tool_calls(text: str) -> list[ToolCall]:

@@ -308,6 +308,9 @@ def _check_prompts(
 ) -> PromptReport:
     splits = prompt_splits(cfg, task)
     episodes = rollouts.episodes
+    if rollouts.harness is not None:  # a harness sends its own messages: the prompt's, rendered, is what it opens with
+        return check_prompts(rollouts.encode, policy.tokenizer, positions, rollouts.harness.settings.limits.max_tokens,
+                             splits, renders_chats=True, budget_key="episode.max_tokens")  # fmt: skip
     if episodes is None:
         return check_prompts(rollouts.encode, policy.tokenizer, positions, cfg.generation.max_new_tokens, splits)
     # An episode opens with the prompt as its user turn (the environment may add to it) and may run its whole budget.
