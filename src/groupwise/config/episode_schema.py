@@ -59,8 +59,9 @@ class EpisodeSection(Section):
     """Tokens one environment answer may take (≥ 1), chat-template framing included; a longer answer's text is cut
     to fit and marked ``…[truncated]`` (``episode/truncated_observations``)."""
     step_timeout_s: float = Field(30.0, gt=0, le=86_400)
-    """Seconds one environment call (``reset`` or ``step``) may take (0 < t ≤ 86,400); past it the episode's group
-    fails like a reward failure (async: retried, then skipped; sync: the run stops naming the environment)."""
+    """Seconds one environment call (its constructor, ``reset`` or ``step``) may take (0 < t ≤ 86,400); past it the
+    episode's group fails like a reward failure (async: retried, then skipped; sync: the run stops naming the
+    environment)."""
     harness: str | None = None
     """Your own agent as ``package.module:function``, called once per sample with a ``HarnessSession``
     (``base_url``, ``api_key``, the prompt row) and returning its reward, or ``None`` to let ``reward.function``

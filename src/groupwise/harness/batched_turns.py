@@ -79,6 +79,13 @@ class BatchedTurns:
             for ask, completions in zip(batch, outputs, strict=True):
                 _settle(ask, completions)
 
+    def drain(self, error: BaseException) -> None:
+        """Answer every request still queued with ``error`` (its session ended: nobody will serve it)."""
+        with self._ready:
+            asks, self._asks = self._asks, []
+        for ask in asks:
+            _settle(ask, error)
+
     def _next_batch(self, poll_s: float) -> list[_Ask]:
         """The requests to sample now: wait for the first, then for the rest of the running sessions' requests up
         to the window."""

@@ -30,6 +30,7 @@ from groupwise.harness.launch import HarnessSpec, RunningHarness, SessionFailure
 from groupwise.harness.live import LiveSession, SessionLimits
 from groupwise.harness.render import RequestRenderer
 from groupwise.harness.session import HarnessSession
+from groupwise.harness.wire import WireError
 from groupwise.seeding import derive_seed
 from groupwise.types import GenerationCost, Prompt, SamplingParams, attach_cost
 
@@ -94,6 +95,8 @@ class HarnessRunner:
             for group in groups:
                 self._stop(group, "the run's generator failed")
             raise
+        finally:  # a harness stopped past its deadline may have left a request queued
+            sampler.drain(WireError("the session ended before this request was served", status=409))
         return [self.close_group(group) for group in groups]
 
     async def run_group(
