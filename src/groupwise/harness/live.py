@@ -106,9 +106,7 @@ class LiveSession:
         number = self._count_request()
         if number > self.limits.max_requests:
             return self._limited(number)
-        prompt = completion.prompt
-        ids = prompt if isinstance(prompt, tuple) else tuple(self.renderer.tokenizer(prompt, add_special_tokens=False)
-                                                               ["input_ids"])  # fmt: skip
+        ids = completion_prompt_ids(completion.prompt, self.renderer)
         return self._sampled(number, self.tree.place_tokens(ids, version), completion.sampling)
 
     def _sampled(self, number: int, placement: Placement, sampling: Sampling) -> Prepared:
@@ -190,6 +188,14 @@ class LiveSession:
                 self.counts.tool_calls += len(calls)
                 self.counts.unreadable_tool_calls += sum(call.error is not None for call in parsed.calls)
         return ServedChoice(text, calls, finish, completion.token_ids, completion.logprobs, tokens)
+
+
+def completion_prompt_ids(prompt: str | tuple[int, ...], renderer: RequestRenderer) -> tuple[int, ...]:
+    """A text completion's prompt as token ids: as given, or its text tokenized with the tokenizer's special tokens
+    (a BOS where the model wants one), as a completion prompt is tokenized elsewhere."""
+    if isinstance(prompt, tuple):
+        return prompt
+    return tuple(int(i) for i in renderer.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
 
 def _arguments_json(arguments: Any) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.episodes.record import EpisodeRecord
+from groupwise.harness.live import completion_prompt_ids
 from groupwise.harness.render import RequestRenderer, served_key
 from groupwise.harness.tree import Placement, SessionTree, TokenSequence
 from groupwise.harness.wire import ChatMessage, canonical_arguments
@@ -67,8 +68,8 @@ def _place(tree: SessionTree, request: Mapping[str, Any], renderer: RequestRende
                     for m in request["messages"]]  # fmt: skip
         tools = request["tools"] if request.get("tool_choice") != "none" else []
         return tree.place(messages, tools, version=0)
-    ids = request.get("prompt_ids") or renderer.tokenizer(request["prompt"], add_special_tokens=False)["input_ids"]
-    return tree.place_tokens(list(ids), version=0)
+    prompt = tuple(request["prompt_ids"]) if "prompt_ids" in request else request["prompt"]
+    return tree.place_tokens(completion_prompt_ids(prompt, renderer), version=0)
 
 
 def replay_sessions(
