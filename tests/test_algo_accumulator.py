@@ -162,7 +162,7 @@ def test_group_of_two_with_leave_one_out_trains_with_nonzero_advantages():
     acc.add_round([make_group(0, [1.0, 0.0]), make_group(1, [0.0, 0.0]), make_group(2, [0.0, 1.0])])
     selection = acc.finish()
     advantages = [group_advantages(g.rewards, "leave_one_out", normalize=True) for g in selection.trained]
-    assert advantages == [[1.0, -1.0], [-1.0, 1.0]]
+    assert advantages == [pytest.approx([2.0, -2.0], rel=1e-5), pytest.approx([-2.0, 2.0], rel=1e-5)]
 
 
 @pytest.mark.parametrize(

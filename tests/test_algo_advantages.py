@@ -1,13 +1,14 @@
 """Group baselines and advantages.
 
 Pins: mean and leave-one-out baselines (LOO for G = 2 is the other row); A = r − b; normalisation by the
-population std of the group, skipped by EXACT equality of the rewards the baseline used (whole group for
-mean, peers for LOO), so identical groups give exactly 0 and `[0] + [0.95]*7` stays bounded for both
-baselines (never ~2000); G = 2 with LOO gives non-zero advantages; mean-baseline advantages sum to 0 and
-are bounded by sqrt(G − 1); clipping applies each optional bound. Batch-level normalisation: group baselines
-divided by ONE population std over every reward of the step (a zero-variance group stays exactly 0, an all-equal
-batch gives exactly 0), and a step's chunk uses it when ``grpo.advantage_std`` is ``batch``; without std
-normalisation the advantage is ``r − mean`` undivided.
+population std of the group, decided on EXACT equality of the WHOLE group for both baselines, so identical groups
+give exactly 0, `[0] + [0.95]*7` stays bounded (never ~2000), and every row of a group is divided by the same std:
+hand-computed `[1, 0, 0, 0]` (mean: √3, −1/√3; LOO: 4/√3 ≈ 2.31, −4/(3√3) ≈ −0.77) and G = 2 (mean ±1, LOO ±2);
+advantages sum to 0 for both baselines, mean-baseline ones are bounded by sqrt(G − 1) and LOO ones are the mean's
+times G / (G − 1); clipping applies each optional bound. Batch-level normalisation: group baselines divided by ONE
+population std over every reward of the step (a zero-variance group stays exactly 0, an all-equal batch gives
+exactly 0), and a step's chunk uses it when ``grpo.advantage_std`` is ``batch``; without std normalisation the
+advantage is ``r − mean`` undivided.
 """
 
 import math
@@ -50,23 +51,31 @@ def test_mean_baseline_normalised_by_population_std():
     assert adv == pytest.approx([math.sqrt(3)] + [-1 / math.sqrt(3)] * 3, rel=1e-5)
 
 
-def test_leave_one_out_skips_division_where_peers_are_identical():
-    # row 0's peers [0,0,0] are identical: A_0 = 1 - 0, undivided; others: (0 - 1/3) / (sqrt(3)/4)
+def test_leave_one_out_divides_every_row_by_the_group_std():
+    # diffs 1 − 0 and 0 − 1/3, all divided by the population std sqrt(3)/4: 4/sqrt(3) ≈ 2.31, −4/(3 sqrt(3)) ≈ −0.77
     adv = group_advantages([1.0, 0.0, 0.0, 0.0], "leave_one_out", normalize=True)
-    assert adv[0] == 1.0
-    assert adv[1:] == pytest.approx([-(1 / 3) / (math.sqrt(3) / 4)] * 3, rel=1e-5)
+    scale = math.sqrt(3) / 4 + 1e-6
+    assert adv == [1.0 / scale] + [-(1 / 3) / scale] * 3
+    assert adv == pytest.approx([4 / math.sqrt(3)] + [-4 / (3 * math.sqrt(3))] * 3, rel=1e-5)
+    assert adv[0] == pytest.approx(2.3094, abs=1e-4) and adv[1] == pytest.approx(-0.7698, abs=1e-4)
 
 
-def test_group_of_two_with_leave_one_out_has_nonzero_advantages():
-    assert group_advantages([1.0, 0.0], "leave_one_out", normalize=True) == [1.0, -1.0]
+def test_group_of_two_is_divided_by_its_std_with_either_baseline():
+    # mean 0.5, population std 0.5: mean-baseline diffs ±0.5 → ±1; leave-one-out diffs ±1 → ±2
+    scale = 0.5 + 1e-6
+    assert group_advantages([1.0, 0.0], "mean", normalize=True) == [0.5 / scale, -0.5 / scale]
+    assert group_advantages([1.0, 0.0], "leave_one_out", normalize=True) == [1.0 / scale, -1.0 / scale]
+    assert group_advantages([1.0, 0.0], "leave_one_out", normalize=True) == pytest.approx([2.0, -2.0], rel=1e-5)
     assert group_advantages([0.3, 0.7], "leave_one_out", normalize=False) == pytest.approx([-0.4, 0.4])
 
 
 @pytest.mark.parametrize("baseline", ["mean", "leave_one_out"])
 def test_one_loser_among_identical_winners_stays_bounded(baseline):
+    # the loser sits at the bound: −sqrt(G − 1) = −sqrt(7) with mean, times G / (G − 1) = 8/7 with leave-one-out
     adv = group_advantages([0.0] + [0.95] * 7, baseline, normalize=True)
-    assert max(abs(a) for a in adv) <= 3.0
-    assert adv[0] < 0 and all(a > 0 for a in adv[1:])
+    loser = -math.sqrt(7) * (8 / 7 if baseline == "leave_one_out" else 1.0)
+    assert adv[0] == pytest.approx(loser, rel=1e-5)
+    assert adv[1:] == pytest.approx([-loser / 7] * 7, rel=1e-5)
 
 
 @pytest.mark.parametrize("baseline", ["mean", "leave_one_out"])
@@ -90,6 +99,17 @@ def test_mean_baseline_advantages_sum_to_zero_and_are_bounded(rewards):
     assert all(abs(a) <= bound for a in adv)
     scale = group_std(rewards) + 1e-6
     assert abs(math.fsum(adv)) <= 1e-9 * len(rewards) * (1 + 10 / scale)
+
+
+@given(rewards_lists)
+def test_leave_one_out_advantages_sum_to_zero_and_are_the_mean_ones_scaled(rewards):
+    """Whole-group division: LOO's r_i − mean(r_j≠i) is G/(G − 1) · (r_i − mean(r)), and every row shares one std."""
+    g = len(rewards)
+    adv = group_advantages(rewards, "leave_one_out", normalize=True)
+    scale = group_std(rewards) + 1e-6
+    assert abs(math.fsum(adv)) <= 1e-9 * g * (1 + 10 / scale)
+    want = [g / (g - 1) * a for a in group_advantages(rewards, "mean", normalize=True)]
+    assert adv == pytest.approx(want, rel=1e-7, abs=1e-9 * (1 + 10 / scale))
 
 
 def test_clip_advantages_applies_each_optional_bound():

@@ -1,8 +1,9 @@
 """Group-relative baselines and advantages (GRPO), computed per whole group.
 
-Normalisation treats a trivial std by EXACT equality of the rewards it is taken over, never by a float
-threshold: a float std of identical rewards can come out as a tiny residue (e.g. ~4.6e-4 in fp32) and
-dividing by it blows the advantage up to ~−2000 (docs/design.md).
+Normalisation treats a trivial std by EXACT equality of the rewards it is taken over (the whole group, or the
+whole batch), never by a float threshold: a float std of identical rewards can come out as a tiny residue (e.g.
+~4.6e-4 in fp32) and dividing by it blows the advantage up to ~−2000 (docs/design.md). The std is the population
+std (÷ G), not torch's default unbiased one (÷ G − 1) that TRL divides by: docs/learner.md says what that changes.
 """
 
 from __future__ import annotations
@@ -55,29 +56,24 @@ def group_baselines(rewards: Sequence[float], kind: BaselineKind) -> list[float]
 def group_advantages(
     rewards: Sequence[float], baseline: BaselineKind, normalize: bool, eps: float = 1e-6
 ) -> list[float]:
-    """Advantages of one group: ``A_i = r_i − b_i``, optionally divided by ``std(r) + eps``.
+    """Advantages of one group: ``A_i = (r_i − b_i) / (σ + eps)``, or ``r_i − b_i`` when not ``normalize``.
 
-    The std is the population std of the whole group (for both baselines). Whether to divide is decided by
-    exact equality of the rewards that row's baseline was taken over: ``mean`` — the whole group (all equal
-    ⇒ every ``A_i`` is exactly 0); ``leave_one_out`` — row i's peers (peers all equal ⇒ ``A_i = r_i − b_i``
-    undivided, e.g. the lone correct answer of ``[1, 0, 0, 0]`` gets ``+1``). So with G = 2 and
-    leave-one-out, advantages are never divided (a single peer is trivially constant).
-    With population std, ``|A_i| ≤ sqrt(G − 1)`` for the mean baseline whatever the rewards.
+    ``σ`` is the POPULATION std of the whole group, ``sqrt(Σ (r_j − mean)² / G)`` (:func:`group_std`), for both
+    baselines, and every row is divided by the same ``σ``: the division is decided on whole-group equality (all
+    rewards equal ⇒ every ``A_i`` is exactly 0), never per row. So the advantages of a group sum to 0 with either
+    baseline, and ``leave_one_out`` is the ``mean`` baseline scaled by ``G / (G − 1)``:
+    ``r_i − mean(r_{j≠i}) = G/(G − 1) · (r_i − mean(r))``. E.g. ``[1, 0, 0, 0]`` gives ``[√3, −1/√3, −1/√3,
+    −1/√3]`` with ``mean`` and ``[4/√3, −4/(3√3), …]`` ≈ ``[2.31, −0.77, −0.77, −0.77]`` with ``leave_one_out``;
+    ``[1, 0]`` gives ``[1, −1]`` and ``[2, −2]``. With ``mean``, ``|A_i| ≤ sqrt(G − 1)`` whatever the rewards.
     """
     baselines = group_baselines(rewards, baseline)
-    diffs = [r - b for r, b in zip(rewards, baselines, strict=True)]
     if _all_equal(rewards):
         return [0.0] * len(rewards)
+    diffs = [r - b for r, b in zip(rewards, baselines, strict=True)]
     if not normalize:
         return diffs
     scale = group_std(rewards) + eps
-    if baseline == "mean":
-        return [d / scale for d in diffs]
-    advantages = []
-    for i, d in enumerate(diffs):
-        peers = [r for j, r in enumerate(rewards) if j != i]
-        advantages.append(d if _all_equal(peers) else d / scale)
-    return advantages
+    return [d / scale for d in diffs]
 
 
 def batch_normalized_advantages(
