@@ -1,11 +1,12 @@
 """What the harness endpoint costs: the same multi-turn rollout in process and through the OpenAI-compatible endpoint.
 
-    .venv/bin/python bench/harness.py [--prompts 4] [--group 8] [--turns 3] [--slots 32] [--latency 0.5]
-        [--repeats 2] [--sessions 32]
+    .venv/bin/python bench/harness.py [--model tiny|smollm2] [--prompts 4] [--group 8] [--turns 3] [--slots 32]
+        [--latency 0.5] [--repeats 2] [--sessions 32]
 
 P prompts x G sessions of a calculator-shaped conversation — the model's turn, a tool's answer, the model again,
-up to ``--turns`` model turns of at most 24 tokens — on a small random policy and the built-in engine's
-generation stream (async + continuous batching), every group in flight at once:
+up to ``--turns`` model turns of at most 24 tokens — on a small random policy (``tiny``, where a decode step is
+mostly Python) or SmolLM2-135M-Instruct (``smollm2``, the calculator job's model, its chat template) and the
+built-in engine's generation stream (async + continuous batching), every group in flight at once:
 
 * ``environment``: an in-process environment (:func:`run_streamed_group`): each turn is a request on the stream,
   the tool's answer rendered by the template;
@@ -45,7 +46,8 @@ from groupwise.harness.live import LiveSession, SessionLimits
 from groupwise.harness.render import RequestRenderer
 from groupwise.harness.runner import HarnessRunner, HarnessSettings
 from groupwise.harness.session import HarnessSession
-from groupwise.model import load_policy
+from groupwise.model import eos_token_ids, load_policy
+from groupwise.model.gguf_files import default_cache_root
 from groupwise.runtime.streamed_episodes import GroupTurns, run_streamed_group
 from groupwise.runtime.streamed_harness import StreamTurns
 from groupwise.types import Completion, GenerationRequest, Prompt, SamplingParams
@@ -84,8 +86,10 @@ def harness(turns: int, latency: float):
             reply = client.chat.completions.create(model=session.model, messages=messages).choices[0].message
             time.sleep(latency)
             if turn + 1 < turns:
-                messages += [{"role": "assistant", "content": reply.content or ""},
-                             {"role": "tool", "content": TOOL_ANSWER}]  # fmt: skip
+                messages += [
+                    {"role": "assistant", "content": reply.content or ""},
+                    {"role": "tool", "content": TOOL_ANSWER},
+                ]
         return float(len(reply.content or "") % 2)
 
     return run
@@ -101,16 +105,28 @@ def prompts(args: argparse.Namespace) -> list[Prompt]:
     return [Prompt(f"mul/{i}", "0", text=f"What is {100 + i} * {456 + i}?") for i in range(args.prompts)]
 
 
+def template(args: argparse.Namespace) -> str | None:
+    """The chat template: the model's own (SmolLM2's), or the plain one for the tiny model that has none."""
+    return None if args.model == "smollm2" else PLAIN_CHAT_TEMPLATE
+
+
 def environment_rollout(engine: Engine, tokenizer, args: argparse.Namespace, latency: float) -> Rollout:
     limits = EpisodeLimits(args.turns, 600, 64, SAMPLING.max_new_tokens)
-    settings = EpisodeSettings("tool_turns", lambda: ToolTurns(args.turns, latency),
-                               ChatRenderer(tokenizer, (), PLAIN_CHAT_TEMPLATE), limits, 60.0)  # fmt: skip
+    settings = EpisodeSettings(
+        "tool_turns", lambda: ToolTurns(args.turns, latency), ChatRenderer(tokenizer, (), template(args)), limits, 60.0
+    )
     stream = engine.open_stream(SAMPLING, max_rows=args.slots)
     stream.start("bench-environment")
 
     async def every_group() -> list:
-        return list(await asyncio.gather(*(run_streamed_group(stream, settings, p, seed, args.group, GroupTurns())
-                                           for seed, p in enumerate(prompts(args)))))  # fmt: skip
+        return list(
+            await asyncio.gather(
+                *(
+                    run_streamed_group(stream, settings, p, seed, args.group, GroupTurns())
+                    for seed, p in enumerate(prompts(args))
+                )
+            )
+        )
 
     start = time.perf_counter()
     try:
@@ -122,16 +138,24 @@ def environment_rollout(engine: Engine, tokenizer, args: argparse.Namespace, lat
 
 
 def endpoint_rollout(engine: Engine, tokenizer, args: argparse.Namespace, latency: float) -> Rollout:
-    renderer = RequestRenderer(tokenizer, PLAIN_CHAT_TEMPLATE, TOOL_FORMATS["hermes"])
-    runner = HarnessRunner(HarnessSettings(HarnessSpec("bench", function=harness(args.turns, latency)), renderer,
-                                           SessionLimits(args.turns, 600, SAMPLING.max_new_tokens, 64), 120.0,
-                                           EndpointSettings()))  # fmt: skip
+    renderer = RequestRenderer(tokenizer, template(args), TOOL_FORMATS["hermes"])
+    runner = HarnessRunner(
+        HarnessSettings(
+            HarnessSpec("bench", function=harness(args.turns, latency)),
+            renderer,
+            SessionLimits(args.turns, 600, SAMPLING.max_new_tokens, 64),
+            120.0,
+            EndpointSettings(),
+        )
+    )
     stream = engine.open_stream(SAMPLING, max_rows=args.slots)
     stream.start("bench-endpoint")
 
     async def every_group() -> list:
-        runs = [runner.run_group(StreamTurns(stream, SAMPLING, lambda: 0), p, seed, args.group)
-                for seed, p in enumerate(prompts(args))]  # fmt: skip
+        runs = [
+            runner.run_group(StreamTurns(stream, SAMPLING, lambda: 0), p, seed, args.group)
+            for seed, p in enumerate(prompts(args))
+        ]
         return list(await asyncio.gather(*runs))
 
     start = time.perf_counter()
@@ -159,7 +183,7 @@ def request_overhead(tokenizer, args: argparse.Namespace) -> list[float]:
     """Milliseconds from send to answer of every request of ``--sessions`` concurrent sessions."""
     endpoint = Endpoint(EndpointSettings(), TOOL_FORMATS["hermes"])
     endpoint.start()
-    renderer = RequestRenderer(tokenizer, PLAIN_CHAT_TEMPLATE, TOOL_FORMATS["hermes"])
+    renderer = RequestRenderer(tokenizer, template(args), TOOL_FORMATS["hermes"])
     limits = SessionLimits(args.turns, 10_000, SAMPLING.max_new_tokens, 256)
     timings: list[float] = []
     lock = threading.Lock()
@@ -187,6 +211,7 @@ def request_overhead(tokenizer, args: argparse.Namespace) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--turns", type=int, default=3)
@@ -195,10 +220,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--sessions", type=int, default=32)
     args = parser.parse_args()
-    tiny = {"vocab": "full", "num_layers": 4, "hidden_size": 256, "num_heads": 4, "intermediate_size": 1024,
-            "max_position_embeddings": 512}  # fmt: skip
-    policy = load_policy("tiny", tiny=tiny, seed=0, device="cpu")
-    engine = Engine(policy.model, policy.tokenizer, eos_token_ids=(policy.tokenizer.eos_token_id,))
+    if args.model == "smollm2":
+        policy = load_policy("gguf", path="smollm2", device="cpu", gguf_cache=default_cache_root())
+    else:
+        tiny = {
+            "vocab": "full",
+            "num_layers": 4,
+            "hidden_size": 256,
+            "num_heads": 4,
+            "intermediate_size": 1024,
+            "max_position_embeddings": 512,
+        }
+        policy = load_policy("tiny", tiny=tiny, seed=0, device="cpu")
+    engine = Engine(policy.model, policy.tokenizer, eos_token_ids=eos_token_ids(policy.tokenizer, policy.model))
     drivers = {"environment": environment_rollout, "endpoint": endpoint_rollout}
     cases = [(name, latency) for latency in (0.0, args.latency) for name in drivers]
     for name in drivers:  # warm-up
@@ -207,20 +241,28 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, latency in cases:
             rollout = drivers[name](engine, policy.tokenizer, args, latency)
-            if (name, latency) not in best or rollout.tokens / rollout.wall > best[name, latency].tokens / \
-                    best[name, latency].wall:  # fmt: skip
+            if (name, latency) not in best or rollout.tokens / rollout.wall > best[name, latency].tokens / best[
+                name, latency
+            ].wall:
                 best[name, latency] = rollout
-    print(f"{args.prompts} prompts x {args.group} sessions in flight, {args.turns} model turns, {args.slots} slots\n")
+    print(
+        f"{args.model}: {args.prompts} prompts x {args.group} sessions in flight, {args.turns} model turns, "
+        f"{args.slots} slots\n"
+    )
     print("| driver | tool latency | wall s | model tokens | tokens/s | vs environment | vs instant tool |")
     print("|---|---|---|---|---|---|---|")
     for name, latency in cases:
         rollout, env, instant = best[name, latency], best["environment", latency], best[name, 0.0]
         rate = rollout.tokens / rollout.wall
-        print(f"| {name} | {latency:g} s | {rollout.wall:.2f} | {rollout.tokens} | {rate:.0f} | "
-              f"{rate / (env.tokens / env.wall):.2f} | {rate / (instant.tokens / instant.wall):.2f} |")
+        print(
+            f"| {name} | {latency:g} s | {rollout.wall:.2f} | {rollout.tokens} | {rate:.0f} | "
+            f"{rate / (env.tokens / env.wall):.2f} | {rate / (instant.tokens / instant.wall):.2f} |"
+        )
     timings = sorted(request_overhead(policy.tokenizer, args))
-    print(f"\nendpoint overhead, {args.sessions} concurrent sessions x {args.turns} requests, sampling excluded: "
-          f"median {statistics.median(timings):.1f} ms, p90 {timings[int(0.9 * len(timings))]:.1f} ms per request")
+    print(
+        f"\nendpoint overhead, {args.sessions} concurrent sessions x {args.turns} requests, sampling excluded: "
+        f"median {statistics.median(timings):.1f} ms, p90 {timings[int(0.9 * len(timings))]:.1f} ms per request"
+    )
 
 
 if __name__ == "__main__":

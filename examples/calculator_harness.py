@@ -16,10 +16,18 @@ TOOLS = {"multiply": lambda a, b: int(a) * int(b), "add": lambda a, b: int(a) + 
 
 
 def schema(name: str, description: str, term: str) -> dict:
-    numbers = {"a": {"type": "integer", "description": f"The first {term}."},
-               "b": {"type": "integer", "description": f"The second {term}."}}
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
-        "type": "object", "properties": numbers, "required": ["a", "b"]}}}
+    numbers = {
+        "a": {"type": "integer", "description": f"The first {term}."},
+        "b": {"type": "integer", "description": f"The second {term}."},
+    }
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": numbers, "required": ["a", "b"]},
+        },
+    }
 
 
 SCHEMAS = [schema("multiply", "Multiply two integers.", "factor"), schema("add", "Add two integers.", "term")]

@@ -71,8 +71,12 @@ class CalculatorTurns:
             answered = "<|im_start|>tool" in self.tokenizer.decode(list(request.prompt_token_ids))
             ids = (self.answer if answered else self.call)[: request.max_new_tokens or sampling.max_new_tokens]
             text = self.tokenizer.decode(ids[:-1])
-            out.append([Completion(tuple(ids), tuple(-0.1 for _ in ids), text, "stop", self.version)
-                        for _ in range(request.num_samples)])  # fmt: skip
+            out.append(
+                [
+                    Completion(tuple(ids), tuple(-0.1 for _ in ids), text, "stop", self.version)
+                    for _ in range(request.num_samples)
+                ]
+            )
         return out
 
     def load_weights(self, state, version) -> None:  # the Generator interface; never called here
@@ -83,18 +87,28 @@ class CalculatorTurns:
 def test_the_harness_examples_record_what_the_calculator_environment_would(tokenizer, example):
     if example == "calculator_langgraph":
         pytest.importorskip("langgraph", reason="the LangGraph example needs groupwise[agents]")
-    prompt = Prompt("mul/123x456", "56088", messages=({"role": "user", "content": "What is 123 * 456? Use the "
-                                                       "multiply tool, then reply with only the number."},))
+    prompt = Prompt(
+        "mul/123x456",
+        "56088",
+        messages=(
+            {"role": "user", "content": "What is 123 * 456? Use the multiply tool, then reply with only the number."},
+        ),
+    )
     renderer = ChatRenderer(tokenizer, [tool_schema(multiply), tool_schema(add)], None)
-    episodes_settings = EpisodeSettings("calculator", CalculatorEnvironment, renderer,
-                                        EpisodeLimits(3, 400, 32, 48, 8192), 30.0)  # fmt: skip
+    episodes_settings = EpisodeSettings(
+        "calculator", CalculatorEnvironment, renderer, EpisodeLimits(3, 400, 32, 48, 8192), 30.0
+    )
     [episodes] = run_episode_groups(CalculatorTurns(tokenizer), SAMPLING, episodes_settings, [prompt], [5], 2)
 
-    harness = HarnessRunner(HarnessSettings(
-        HarnessSpec(example, function=import_plugin(f"{ROOT}/examples/{example}.py:run", "episode.harness")),
-        RequestRenderer(tokenizer, None, TOOL_FORMATS["hermes"]), SessionLimits(3, 400, 48, 32, 8192), 60.0,
-        EndpointSettings(),
-    ))  # fmt: skip
+    harness = HarnessRunner(
+        HarnessSettings(
+            HarnessSpec(example, function=import_plugin(f"{ROOT}/examples/{example}.py:run", "episode.harness")),
+            RequestRenderer(tokenizer, None, TOOL_FORMATS["hermes"]),
+            SessionLimits(3, 400, 48, 32, 8192),
+            60.0,
+            EndpointSettings(),
+        )
+    )
     worker = RolloutWorker(CalculatorTurns(tokenizer), tokenizer, final_number, SAMPLING, 2, 0, harness=harness)
     try:
         [group] = worker.generate_groups([LoadedPrompt(prompt, 0, 0)], [0])
@@ -104,8 +118,10 @@ def test_the_harness_examples_record_what_the_calculator_environment_would(token
     for episode, completion in zip(episodes, group.completions, strict=True):
         harness_tokens = list(group.prompt_token_ids) + list(completion.token_ids)
         assert harness_tokens == list(episode.prompt_ids) + episode.token_ids
-        assert list(completion.trainable) == [False] * (len(episode.prompt_ids) - len(group.prompt_token_ids)) + \
-            episode.trainable
+        assert (
+            list(completion.trainable)
+            == [False] * (len(episode.prompt_ids) - len(group.prompt_token_ids)) + episode.trainable
+        )
         record = completion.episode
         assert record is not None and record.harness is not None and not completion.branches
         assert record.harness["retokenized_tokens"] == 0 and record.harness["tool_calls"] == 1

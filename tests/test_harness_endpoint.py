@@ -51,8 +51,11 @@ class ScriptedTurns:
         for sample in range(request.num_samples):
             ids = self.reply(request.prompt_token_ids, sample)[: request.max_new_tokens]
             text = TOKENIZER.decode([i for i in ids if i != EOS], skip_special_tokens=False)
-            out.append(Completion(tuple(ids), tuple(-0.25 for _ in ids), text,
-                                  "stop" if ids and ids[-1] == EOS else "length", 0))  # fmt: skip
+            out.append(
+                Completion(
+                    tuple(ids), tuple(-0.25 for _ in ids), text, "stop" if ids and ids[-1] == EOS else "length", 0
+                )
+            )
         return out
 
 
@@ -67,8 +70,9 @@ def endpoint() -> Iterator[Endpoint]:
     served.close()
 
 
-def session(endpoint: Endpoint, reply: Reply, key: str, limits: SessionLimits = LIMITS) -> tuple[LiveSession,
-                                                                                                  ScriptedTurns]:
+def session(
+    endpoint: Endpoint, reply: Reply, key: str, limits: SessionLimits = LIMITS
+) -> tuple[LiveSession, ScriptedTurns]:
     live = LiveSession(key, 0, 7, RequestRenderer(TOKENIZER, PLAIN_CHAT_TEMPLATE, TOOL_FORMATS["hermes"]), limits)
     turns = ScriptedTurns(reply)
     endpoint.registry.add(live, turns)
@@ -85,19 +89,29 @@ def sampled(row) -> list[int]:
 
 def test_streamed_answers_carry_the_same_content_for_sync_and_async_clients(endpoint):
     live, _ = session(endpoint, lambda context, sample: chars("hello") + [EOS], "key-stream")
-    chunks = list(client(endpoint, "key-stream").chat.completions.create(
-        model="any", messages=[{"role": "user", "content": "hi"}], stream=True,
-        stream_options={"include_usage": True},
-    ))  # fmt: skip
+    chunks = list(
+        client(endpoint, "key-stream").chat.completions.create(
+            model="any",
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "hello"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     assert chunks[-1].usage.completion_tokens == len(chars("hello")) + 1
 
     async def streamed() -> str:
         answer = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key="key-stream", max_retries=0)
-        stream = await answer.chat.completions.create(model="any", messages=[
-            {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-            {"role": "user", "content": "again"}], stream=True)  # fmt: skip
+        stream = await answer.chat.completions.create(
+            model="any",
+            messages=[
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello"},
+                {"role": "user", "content": "again"},
+            ],
+            stream=True,
+        )
         return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
     assert asyncio.run(streamed()) == "hello"
@@ -118,8 +132,12 @@ def test_token_in_token_out_completions_and_the_model_list(endpoint):
 def test_the_runs_sampling_wins_and_a_stop_string_cuts_the_served_ids(endpoint):
     live, _ = session(endpoint, lambda context, sample: chars("abc. def") + [EOS], "key-stop")
     answer = client(endpoint, "key-stop").chat.completions.create(
-        model="any", messages=[{"role": "user", "content": "go"}], temperature=0.2, stop=[". "], presence_penalty=1,
-    )  # fmt: skip
+        model="any",
+        messages=[{"role": "user", "content": "go"}],
+        temperature=0.2,
+        stop=[". "],
+        presence_penalty=1,
+    )
     assert answer.choices[0].message.content == "abc" and answer.choices[0].finish_reason == "stop"
     extension = answer.model_extra["groupwise"]
     assert extension["temperature"] == 1.0 and extension["overridden"] == {"temperature": 0.2}
@@ -151,16 +169,23 @@ def _post(endpoint: Endpoint, body: bytes, key: str | None) -> tuple[int, dict]:
         return error.code, json.loads(error.read())
 
 
-@pytest.mark.parametrize(("body", "key", "status", "says"), [
-    (b"{not json", "key-bad", 400, "not valid JSON"),
-    (json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}).encode(), "key-bad", 400, "the roles are"),
-    (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}).encode(),
-     "key-bad", 400, "text parts only"),
-    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "n": 17}).encode(), "key-bad", 400, "n must be"),
-    (json.dumps({"messages": [{"role": "user", "content": "x" * 30_000}]}).encode(), "key-bad", 413, "over 20,000"),
-    (json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(), None, 401, "not a live session"),
-    (json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(), "key-guessed", 401, "not a live"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("body", "key", "status", "says"),
+    [
+        (b"{not json", "key-bad", 400, "not valid JSON"),
+        (json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}).encode(), "key-bad", 400, "the roles are"),
+        (
+            json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}).encode(),
+            "key-bad",
+            400,
+            "text parts only",
+        ),
+        (json.dumps({"messages": [{"role": "user", "content": "hi"}], "n": 17}).encode(), "key-bad", 400, "n must be"),
+        (json.dumps({"messages": [{"role": "user", "content": "x" * 30_000}]}).encode(), "key-bad", 413, "over 20,000"),
+        (json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(), None, 401, "not a live session"),
+        (json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(), "key-guessed", 401, "not a live"),
+    ],
+)
 def test_malformed_requests_get_openai_errors_and_the_server_goes_on(endpoint, body, key, status, says):
     live, _ = session(endpoint, lambda context, sample: chars("ok") + [EOS], "key-bad")
     code, answer = _post(endpoint, body, key)

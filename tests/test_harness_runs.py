@@ -7,7 +7,8 @@ Invariants pinned:
 - a harness command gets the endpoint in ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` and the session on stdin, and
   reports its reward on its last line of output or in ``$GROUPWISE_REWARD_FILE``; one past its deadline is killed
   with everything it started (its process group);
-- plain and ``async`` harness functions train in a sync run and in an async run on the generation stream: every
+- plain and ``async`` harness functions train in a sync run and in an async run on the generation stream (with
+  partial rollouts: a request in flight across a weight load keeps each token's version): every
   trained row is exactly the sequence its session's log replays to (``groupwise audit --replay-sessions`` passes,
   and finds a row that was tampered with), the learner's tokens are the served ones, and ``harness/*`` is logged;
 - an async run whose harness fails on one prompt skips that prompt with its fate and trains on; the audit passes;
@@ -25,11 +26,10 @@ from pathlib import Path
 
 import openai
 import pytest
-from test_episode_runs import DATA, TINY, killed_in_a_checkpoint_then_resumed
+from test_episode_runs import TINY, episode_config, killed_in_a_checkpoint_then_resumed
 from test_episodes import EOS, TOKENIZER, ScriptedGenerator, chars
 
 from groupwise.cli.main import main
-from groupwise.config import config_from_dict
 from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE
 from groupwise.episodes.tool_formats import TOOL_FORMATS
 from groupwise.harness.endpoint import EndpointSettings
@@ -97,8 +97,11 @@ def fails_on_game_1(session: HarnessSession) -> float:
 
 def runner(spec: HarnessSpec, timeout_s: float = 10.0) -> HarnessRunner:
     renderer = RequestRenderer(TOKENIZER, PLAIN_CHAT_TEMPLATE, TOOL_FORMATS["hermes"])
-    return HarnessRunner(HarnessSettings(spec, renderer, SessionLimits(4, 200, 8, 64, 512), timeout_s,
-                                         EndpointSettings(), batch_window_s=0.01))  # fmt: skip
+    return HarnessRunner(
+        HarnessSettings(
+            spec, renderer, SessionLimits(4, 200, 8, 64, 512), timeout_s, EndpointSettings(), batch_window_s=0.01
+        )
+    )
 
 
 def run_group(spec: HarnessSpec, timeout_s: float = 10.0):
@@ -111,12 +114,15 @@ def run_group(spec: HarnessSpec, timeout_s: float = 10.0):
     return outcome
 
 
-@pytest.mark.parametrize(("function", "says", "served"), [
-    (raises, "it raised ValueError: the agent crashed", 6),
-    (not_a_number, "it returned 'high' of type str, not a number or None", 6),
-    (never_calls, "it never called the endpoint", 0),
-    (hangs, "it ran past episode.harness_timeout_s=1 s and was stopped", 6),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("function", "says", "served"),
+    [
+        (raises, "it raised ValueError: the agent crashed", 6),
+        (not_a_number, "it returned 'high' of type str, not a number or None", 6),
+        (never_calls, "it never called the endpoint", 0),
+        (hangs, "it ran past episode.harness_timeout_s=1 s and was stopped", 6),
+    ],
+)
 def test_a_failing_harness_fails_its_group_with_a_fate_never_a_zero(function, says, served):
     outcome = run_group(HarnessSpec("test-harness", function=function), timeout_s=1.0)
     assert isinstance(outcome, HarnessError)
@@ -136,10 +142,13 @@ MODE
 """
 
 
-@pytest.mark.parametrize(("mode", "expected"), [
-    ("print('thinking...'); print(len(reply) + session['sample_index'])", [2.0, 3.0]),
-    ("open(os.environ['GROUPWISE_REWARD_FILE'], 'w').write('0.5'); print('ignored')", [0.5, 0.5]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("print('thinking...'); print(len(reply) + session['sample_index'])", [2.0, 3.0]),
+        ("open(os.environ['GROUPWISE_REWARD_FILE'], 'w').write('0.5'); print('ignored')", [0.5, 0.5]),
+    ],
+)
 def test_a_harness_command_reports_its_reward_on_its_last_line_or_in_its_reward_file(tmp_path, mode, expected):
     script = tmp_path / "agent.py"
     script.write_text(AGENT.replace("MODE", mode))
@@ -157,8 +166,10 @@ def test_a_failing_or_stuck_command_is_named_and_killed_with_its_process_group(t
     assert "bad input" in str(outcome)
     pids = tmp_path / "pids"
     stuck = tmp_path / "stuck.py"
-    stuck.write_text(f"import subprocess, time\nchild = subprocess.Popen(['sleep', '60'])\n"
-                     f"open({str(pids)!r}, 'a').write(str(child.pid) + '\\n')\ntime.sleep(60)\n")  # fmt: skip
+    stuck.write_text(
+        f"import subprocess, time\nchild = subprocess.Popen(['sleep', '60'])\n"
+        f"open({str(pids)!r}, 'a').write(str(child.pid) + '\\n')\ntime.sleep(60)\n"
+    )
     started = time.monotonic()
     outcome = run_group(HarnessSpec("stuck.py", command=(sys.executable, str(stuck))), timeout_s=1.5)
     assert isinstance(outcome, HarnessError) and "ran past episode.harness_timeout_s=1.5 s" in str(outcome)
@@ -177,46 +188,57 @@ def _alive(pid: int) -> bool:
 
 
 def harness_config(tmp_path: Path, mode: str = "sync", harness: str = "test_harness_runs:talks", **sections):
-    data = {
-        "mode": mode,
-        "run": {"name": mode, "output_dir": str(tmp_path / "runs"), "seed": 2, "max_steps": 2},
-        "model": {"source": "tiny", "tiny": TINY},
-        "data": {"task": "jsonl", "jsonl": {"train_path": str(DATA / "train.jsonl"),
-                                            "eval_path": str(DATA / "eval.jsonl")}},
-        "episode": {"harness": harness, "chat_template": "plain", "max_turns": 3, "max_observation_tokens": 48,
-                    "max_tokens": 120, "harness_timeout_s": 60},
-        "generation": {"max_new_tokens": 4},
-        "grpo": {"num_prompts_per_step": 2, "num_generations_per_prompt": 4,
-                 "dynamic_sampling": {"enabled": False}},
-        "logging": {"progress": False},
-        "eval": {"num_prompts": 4},
-    }  # fmt: skip
-    for key, value in sections.items():
-        data[key] = {**data.get(key, {}), **value}
-    return config_from_dict(data)
+    """The episode runs' tiny config (guess-the-number prompts, plain template), its episodes driven by ``harness``."""
+    episode = {
+        "environment": None,
+        "kwargs": {},
+        "harness": harness,
+        "harness_timeout_s": 60,
+        **sections.pop("episode", {}),
+    }
+    return episode_config(tmp_path, mode, episode=episode, **sections)
 
 
 def check_run(run_dir: Path, steps: list[int], capsys) -> None:
     records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss/total" in r]
     assert [r["step"] for r in records] == steps
     for record in records:
-        rows = [json.loads(x) for x in (run_dir / "train_data" / f"step_{record['step']}.jsonl").read_text()
-                .splitlines()]  # fmt: skip
-        served = sum(len(c["token_ids"]) for r in rows if r["episode"] for e in r["episode"]["harness"]["log"]
-                     for c in e["choices"])  # fmt: skip
+        rows = [
+            json.loads(x) for x in (run_dir / "train_data" / f"step_{record['step']}.jsonl").read_text().splitlines()
+        ]
+        served = sum(
+            len(c["token_ids"])
+            for r in rows
+            if r["episode"]
+            for e in r["episode"]["harness"]["log"]
+            for c in e["choices"]
+        )
         assert record["perf/train_tokens"] == served
         assert record["harness/sequences_mean"] == 1.0 and record["harness/retokenized_tokens"] == 0
     assert main(["audit", "--replay-sessions", str(run_dir)]) == 0, capsys.readouterr().out
     assert "0 mismatch(es)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("mode", "harness", "sections"), [
-    ("sync", "test_harness_runs:talks", {}),
-    ("async", "test_harness_runs:talks_async",
-     {"generation": {"max_new_tokens": 4, "continuous_batching": True},
-      "async": {"sampler": {"name": "ready_first", "max_staleness_versions": 1}, "max_buffered_rollouts": 4,
-                "max_inflight_prompts": 4}}),
-], ids=["sync", "async-stream"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("mode", "harness", "sections"),
+    [
+        ("sync", "test_harness_runs:talks", {}),
+        (
+            "async",
+            "test_harness_runs:talks_async",
+            {
+                "generation": {"max_new_tokens": 4, "continuous_batching": True},
+                "async": {
+                    "sampler": {"name": "ready_first", "max_staleness_versions": 1},
+                    "max_buffered_rollouts": 4,
+                    "max_inflight_prompts": 4,
+                    "partial_rollouts": "continue",
+                },
+            },
+        ),
+    ],
+    ids=["sync", "async-stream-partial-rollouts"],
+)
 def test_a_run_trains_exactly_the_tokens_its_sessions_were_served(tmp_path, capsys, mode, harness, sections):
     session = build_session(harness_config(tmp_path, mode, harness, eval={"at_start": False}, **sections))
     try:
@@ -235,18 +257,28 @@ def test_a_run_trains_exactly_the_tokens_its_sessions_were_served(tmp_path, caps
     assert "the trained ids are not the ids the log served" in capsys.readouterr().out
 
 
-ASYNC = {"sampler": {"name": "in_order", "max_lookahead_versions": 1}, "max_buffered_rollouts": 8,
-         "max_inflight_prompts": 8, "rollout_failure": {"replacement_reserve_prompts": 4,
-                                                          "max_replacement_attempts": 16}}  # fmt: skip
+ASYNC = {
+    "sampler": {"name": "in_order", "max_lookahead_versions": 1},
+    "max_buffered_rollouts": 8,
+    "max_inflight_prompts": 8,
+    "rollout_failure": {"replacement_reserve_prompts": 4, "max_replacement_attempts": 16},
+}
 
 
 def test_an_async_run_skips_a_prompt_whose_harness_fails_and_trains_on(tmp_path, capsys):
     from groupwise.run.fates_file import read_fates
 
-    skipping = {**ASYNC, "rollout_failure": {**ASYNC["rollout_failure"], "max_skipped_prompts": 4,
-                                             "backoff_base_s": 0.0}}  # fmt: skip
-    cfg = harness_config(tmp_path, "async", "test_harness_runs:fails_on_game_1", eval={"at_start": False,
-                         "at_end": False}, **{"async": skipping})  # fmt: skip
+    skipping = {
+        **ASYNC,
+        "rollout_failure": {**ASYNC["rollout_failure"], "max_skipped_prompts": 4, "backoff_base_s": 0.0},
+    }
+    cfg = harness_config(
+        tmp_path,
+        "async",
+        "test_harness_runs:fails_on_game_1",
+        eval={"at_start": False, "at_end": False},
+        **{"async": skipping},
+    )
     session = build_session(cfg)
     try:
         run_async(session)
@@ -259,17 +291,20 @@ def test_an_async_run_skips_a_prompt_whose_harness_fails_and_trains_on(tmp_path,
     check_run(session.run_dir.path, [1, 2], capsys)
 
 
-def test_an_async_harness_run_killed_mid_checkpoint_resumes_losing_and_doubling_nothing(tmp_path, monkeypatch,
-                                                                                         capsys):
+def test_an_async_harness_run_killed_mid_checkpoint_resumes_losing_and_doubling_nothing(tmp_path, monkeypatch, capsys):
     from groupwise.cli.run_prompts import training_uids
     from groupwise.run.audit import audit_run
 
     def config(max_steps: int):
         return harness_config(
-            tmp_path, "async", run={"name": "resume", "max_steps": max_steps},
-            eval={"at_start": False, "at_end": False}, checkpoint={"every": 1, "keep_last": 3, "save_final": False},
-            generation={"max_new_tokens": 4, "continuous_batching": True}, **{"async": ASYNC},
-        )  # fmt: skip
+            tmp_path,
+            "async",
+            run={"name": "resume", "max_steps": max_steps},
+            eval={"at_start": False, "at_end": False},
+            checkpoint={"every": 1, "keep_last": 3, "save_final": False},
+            generation={"max_new_tokens": 4, "continuous_batching": True},
+            **{"async": ASYNC},
+        )
 
     resumed = killed_in_a_checkpoint_then_resumed(config, monkeypatch)
     resumed.close()
@@ -281,34 +316,69 @@ def test_an_async_harness_run_killed_mid_checkpoint_resumes_losing_and_doubling_
 
 def test_harness_mistakes_are_refused_before_any_model_loads(tmp_path, capsys):
     path = tmp_path / "bad.yaml"
-    path.write_text(json.dumps({
-        "model": {"source": "tiny"}, "data": {"task": "addition"},
-        "episode": {"harness": "no_such_module:run", "environment": "calculator", "harness_timeout_s": 5},
-    }))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "model": {"source": "tiny"},
+                "data": {"task": "addition"},
+                "episode": {"harness": "no_such_module:run", "environment": "calculator", "harness_timeout_s": 5},
+            }
+        )
+    )
     assert main(["config", "check", str(path)]) == 2
     err = capsys.readouterr().err
     assert "episode.harness" in err and "episode.environment and episode.harness are both set" in err
-    path.write_text(json.dumps({"model": {"source": "tiny"}, "data": {"task": "addition"},
-                                "episode": {"harness": "no_such_module:run"}}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {"model": {"source": "tiny"}, "data": {"task": "addition"}, "episode": {"harness": "no_such_module:run"}}
+        )
+    )
     assert main(["config", "check", str(path)]) == 2
     assert "cannot import module 'no_such_module'" in capsys.readouterr().err
-    path.write_text(json.dumps({"model": {"source": "tiny"}, "data": {"task": "addition"},
-                                "episode": {"harness_command": ["no-such-agent-program", "--go"]}}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "model": {"source": "tiny"},
+                "data": {"task": "addition"},
+                "episode": {"harness_command": ["no-such-agent-program", "--go"]},
+            }
+        )
+    )
     assert main(["config", "check", str(path)]) == 2
     assert "its program 'no-such-agent-program' is neither on PATH nor a file here" in capsys.readouterr().err
-    path.write_text(json.dumps({"model": {"source": "tiny"}, "data": {"task": "addition"},
-                                "episode": {"environment": "calculator", "endpoint": {"port": 8123}}}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "model": {"source": "tiny"},
+                "data": {"task": "addition"},
+                "episode": {"environment": "calculator", "endpoint": {"port": 8123}},
+            }
+        )
+    )
     assert main(["config", "check", str(path)]) == 2
     assert "episode.endpoint.port has no effect with episode.environment" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("mode", "sections"), [
-    ("sync", {"model": {"source": "tiny", "tiny": TINY, "lora": {"enabled": True, "rank": 4}}}),
-    ("sync", {"learner": {"num_ranks": 2, "sharding": "ddp"}}),
-    pytest.param("async", {"runtime": {"backend": "ray"}, "async": {
-        "sampler": {"name": "ready_first", "max_staleness_versions": 1}, "max_buffered_rollouts": 4,
-        "max_inflight_prompts": 4}}, marks=pytest.mark.ray),
-], ids=["lora", "two-learner-ranks", "ray"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("mode", "sections"),
+    [
+        ("sync", {"model": {"source": "tiny", "tiny": TINY, "lora": {"enabled": True, "rank": 4}}}),
+        ("sync", {"learner": {"num_ranks": 2, "sharding": "ddp"}}),
+        pytest.param(
+            "async",
+            {
+                "runtime": {"backend": "ray"},
+                "async": {
+                    "sampler": {"name": "ready_first", "max_staleness_versions": 1},
+                    "max_buffered_rollouts": 4,
+                    "max_inflight_prompts": 4,
+                },
+            },
+            marks=pytest.mark.ray,
+        ),
+    ],
+    ids=["lora", "two-learner-ranks", "ray"],
+)
 def test_sessions_train_with_lora_learner_ranks_and_on_ray(request, tmp_path, capsys, mode, sections):
     from groupwise.cli.run_prompts import training_uids
     from groupwise.run.audit import audit_run
@@ -318,8 +388,9 @@ def test_sessions_train_with_lora_learner_ranks_and_on_ray(request, tmp_path, ca
         pytest.importorskip("ray")
         request.getfixturevalue("ray_cluster")
     harness = f"{Path(__file__).resolve()}:talks"  # a file path: a Ray worker imports it wherever it runs
-    session = build_run_session(harness_config(tmp_path, mode, harness, eval={"at_start": False, "at_end": False},
-                                               **sections))  # fmt: skip
+    session = build_run_session(
+        harness_config(tmp_path, mode, harness, eval={"at_start": False, "at_end": False}, **sections)
+    )
     try:
         (run_sync if mode == "sync" else run_async)(session)
     finally:

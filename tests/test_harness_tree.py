@@ -65,15 +65,19 @@ def test_a_linear_session_is_one_sequence_of_the_ids_served_and_the_templates_re
     placement = session.place(history, (), version=0)
     assert placement.kind == "extend" and placement.sequence == 0
     assert list(placement.context[: len(opening) + len(odd)]) == opening + odd  # the served ids, as served
-    new = TOKENIZER.decode(list(placement.context[len(opening) + len(odd):]), skip_special_tokens=False)
+    new = TOKENIZER.decode(list(placement.context[len(opening) + len(odd) :]), skip_special_tokens=False)
     assert new == "\nuser: Sure?\nassistant: " and placement.env_tokens == len(new)
     session.record(placement, [served(chars("4") + [EOS])], [served_key("4", ())])
     (row,) = session.rows()
     assert sampled(row) == odd + chars("4") + [EOS]
     # The whole sequence reads as the template's rendering of the conversation (with the reply's own text).
-    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
-                    {"role": "assistant", "content": reply1.content}, {"role": "user", "content": "Sure?"},
-                    {"role": "assistant", "content": "4"}]  # fmt: skip
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": reply1.content},
+        {"role": "user", "content": "Sure?"},
+        {"role": "assistant", "content": "4"},
+    ]
     rendered = TOKENIZER.apply_chat_template(conversation, chat_template=PLAIN_CHAT_TEMPLATE, tokenize=False)
     assert TOKENIZER.decode(row.token_ids, skip_special_tokens=False) == rendered.rstrip("\n")
     assert placement.retokenized_tokens == 0

@@ -37,18 +37,38 @@ def test_a_harness_run_on_vllm_trains_exactly_the_tokens_served(tmp_path, capsys
     from groupwise.runtime.sessions import build_run_session
     from groupwise.runtime.sync_run import run_sync
 
-    cfg = config_from_dict({
-        "run": {"name": "vllm-harness", "output_dir": str(tmp_path / "runs"), "seed": 1, "max_steps": 3},
-        "model": {"source": "tiny", "tiny": {"num_layers": 1, "hidden_size": 64, "num_heads": 2,
-                                             "intermediate_size": 128, "max_position_embeddings": 256}},
-        "data": {"task": "addition", "addition": {"max_digits": 2, "num_eval": 8}},
-        "episode": {"harness": f"{Path(__file__).resolve()}:talks", "chat_template": "plain", "max_turns": 2,
-                    "max_tokens": 64, "max_observation_tokens": 32},
-        "generation": {"backend": "vllm", "max_new_tokens": 6, "vllm": {"kv_cache_gib": 1}},
-        "grpo": {"num_prompts_per_step": 2, "num_generations_per_prompt": 4, "dynamic_sampling": {"enabled": False}},
-        "eval": {"at_start": False, "every": 0, "num_prompts": 8}, "checkpoint": {"every": 0},
-        "logging": {"progress": False, "tensorboard": False},
-    })  # fmt: skip
+    cfg = config_from_dict(
+        {
+            "run": {"name": "vllm-harness", "output_dir": str(tmp_path / "runs"), "seed": 1, "max_steps": 3},
+            "model": {
+                "source": "tiny",
+                "tiny": {
+                    "num_layers": 1,
+                    "hidden_size": 64,
+                    "num_heads": 2,
+                    "intermediate_size": 128,
+                    "max_position_embeddings": 256,
+                },
+            },
+            "data": {"task": "addition", "addition": {"max_digits": 2, "num_eval": 8}},
+            "episode": {
+                "harness": f"{Path(__file__).resolve()}:talks",
+                "chat_template": "plain",
+                "max_turns": 2,
+                "max_tokens": 64,
+                "max_observation_tokens": 32,
+            },
+            "generation": {"backend": "vllm", "max_new_tokens": 6, "vllm": {"kv_cache_gib": 1}},
+            "grpo": {
+                "num_prompts_per_step": 2,
+                "num_generations_per_prompt": 4,
+                "dynamic_sampling": {"enabled": False},
+            },
+            "eval": {"at_start": False, "every": 0, "num_prompts": 8},
+            "checkpoint": {"every": 0},
+            "logging": {"progress": False, "tensorboard": False},
+        }
+    )
     session = build_run_session(cfg)
     try:
         run_sync(session)

@@ -36,9 +36,7 @@ class _Ask:
 class BatchedTurns:
     """A :class:`~groupwise.harness.endpoint.TurnSampler` over ``generator``, served by :meth:`serve_until`."""
 
-    def __init__(
-        self, generator: Generator, sampling: SamplingParams, window_s: float, max_rows: int = 512
-    ) -> None:
+    def __init__(self, generator: Generator, sampling: SamplingParams, window_s: float, max_rows: int = 512) -> None:
         self.generator = generator
         self.sampling = sampling
         self.window_s = window_s
@@ -97,7 +95,7 @@ class BatchedTurns:
             deadline = self._asks[0].arrived + self.window_s
             while not self._everyone_waits() and (left := deadline - time.monotonic()) > 0:
                 self._ready.wait(min(left, poll_s))
-            batch, self._asks = self._asks[: self.max_rows], self._asks[self.max_rows:]
+            batch, self._asks = self._asks[: self.max_rows], self._asks[self.max_rows :]
         return [ask for ask in batch if not ask.future.cancelled()]
 
     def _everyone_waits(self) -> bool:

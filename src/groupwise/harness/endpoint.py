@@ -156,17 +156,23 @@ class Endpoint:
         from starlette.applications import Starlette
         from starlette.routing import Route
 
-        return Starlette(routes=[
-            Route("/v1/models", self._models, methods=["GET"]),
-            Route("/v1/chat/completions", self._chat, methods=["POST"]),
-            Route("/v1/completions", self._completions, methods=["POST"]),
-        ])  # fmt: skip
+        return Starlette(
+            routes=[
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/completions", self._completions, methods=["POST"]),
+            ]
+        )
 
     async def _models(self, request: Any) -> Any:
         if (refusal := self._check_key(request)) is not None:
             return refusal
-        return _json({"object": "list", "data": [{"id": self.settings.model_name, "object": "model", "created": 0,
-                                                  "owned_by": "groupwise"}]})  # fmt: skip
+        return _json(
+            {
+                "object": "list",
+                "data": [{"id": self.settings.model_name, "object": "model", "created": 0, "owned_by": "groupwise"}],
+            }
+        )
 
     async def _chat(self, request: Any) -> Any:
         return await self._serve(request, chat=True)
@@ -190,8 +196,10 @@ class Endpoint:
             raise
         except Exception as exc:  # the server never dies of a request; the message says what failed
             logger.warning("harness endpoint: a request failed: %s: %s", type(exc).__name__, exc)
-            return _json(WireError(f"the request failed: {type(exc).__name__}: {exc}", status=500,
-                                   kind="server_error").body(), 500)  # fmt: skip
+            return _json(
+                WireError(f"the request failed: {type(exc).__name__}: {exc}", status=500, kind="server_error").body(),
+                500,
+            )
 
     async def _answer(self, registered: _Registered, asked: ChatRequest | CompletionRequest, body: Any) -> Any:
         session, sampler = registered.session, registered.sampler
@@ -207,8 +215,15 @@ class Endpoint:
         response_id = f"{'chatcmpl' if isinstance(asked, ChatRequest) else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         prompt_tokens = len(prepared.request.prompt_token_ids) if prepared.request is not None else 0
         extension = _extension(sampler.sampling, asked.sampling, choices)
-        args = (response_id, int(time.time()), self.settings.model_name, choices, prompt_tokens,
-                asked.sampling.logprobs, extension)  # fmt: skip
+        args = (
+            response_id,
+            int(time.time()),
+            self.settings.model_name,
+            choices,
+            prompt_tokens,
+            asked.sampling.logprobs,
+            extension,
+        )
         if isinstance(asked, ChatRequest):
             if asked.sampling.stream:
                 return _stream(chat_chunks(*args, include_usage=asked.sampling.include_usage))
@@ -230,8 +245,12 @@ class Endpoint:
         key = _bearer(request)
         registered = self.registry.get(key) if key else None
         if registered is None:
-            raise WireError("the API key is not a live session's key (each sample's session has its own, valid "
-                            "while its harness runs)", status=401, code="invalid_api_key")  # fmt: skip
+            raise WireError(
+                "the API key is not a live session's key (each sample's session has its own, valid "
+                "while its harness runs)",
+                status=401,
+                code="invalid_api_key",
+            )
         return registered
 
     def _check_key(self, request: Any) -> Any:
@@ -256,8 +275,7 @@ async def _read_json(request: Any, limit: int) -> Any:
     async for chunk in request.stream():
         data += chunk
         if len(data) > limit:
-            raise WireError(f"the request body is over {limit:,} bytes (episode.endpoint.max_body_bytes)",
-                            status=413)  # fmt: skip
+            raise WireError(f"the request body is over {limit:,} bytes (episode.endpoint.max_body_bytes)", status=413)
     try:
         return json.loads(bytes(data))
     except (ValueError, RecursionError) as exc:
@@ -267,11 +285,19 @@ async def _read_json(request: Any, limit: int) -> Any:
 def _asked_data(asked: ChatRequest | CompletionRequest) -> dict[str, Any]:
     """The request as its session's log keeps it (what ``audit --replay-sessions`` renders again)."""
     if isinstance(asked, ChatRequest):
-        return {"messages": [asdict(m) for m in asked.messages], "tools": list(asked.tools),
-                "tool_choice": asked.tool_choice, "n": asked.sampling.n, "stop": list(asked.sampling.stop)}
+        return {
+            "messages": [asdict(m) for m in asked.messages],
+            "tools": list(asked.tools),
+            "tool_choice": asked.tool_choice,
+            "n": asked.sampling.n,
+            "stop": list(asked.sampling.stop),
+        }
     prompt = asked.prompt
-    return {"prompt_ids" if isinstance(prompt, tuple) else "prompt": list(prompt) if isinstance(prompt, tuple)
-            else prompt, "n": asked.sampling.n, "stop": list(asked.sampling.stop)}  # fmt: skip
+    return {
+        "prompt_ids" if isinstance(prompt, tuple) else "prompt": list(prompt) if isinstance(prompt, tuple) else prompt,
+        "n": asked.sampling.n,
+        "stop": list(asked.sampling.stop),
+    }
 
 
 def _extension(used: SamplingParams, asked: Sampling, choices: list[Any]) -> dict[str, Any]:
@@ -280,8 +306,12 @@ def _extension(used: SamplingParams, asked: Sampling, choices: list[Any]) -> dic
     run = {"temperature": used.temperature, "top_p": used.top_p}
     requested = {"temperature": asked.temperature, "top_p": asked.top_p}
     overridden = {k: v for k, v in requested.items() if v is not None and v != run[k]}
-    return {**run, "overridden": overridden,
-            "ignored": list(asked.ignored), "token_ids": [list(c.token_ids) for c in choices]}  # fmt: skip
+    return {
+        **run,
+        "overridden": overridden,
+        "ignored": list(asked.ignored),
+        "token_ids": [list(c.token_ids) for c in choices],
+    }
 
 
 def _json(data: Any, status: int = 200) -> Any:
@@ -298,4 +328,3 @@ def _stream(chunks: list[dict[str, Any]]) -> Any:
             yield line
 
     return StreamingResponse(events(server_sent_events(chunks)), media_type="text/event-stream")
-

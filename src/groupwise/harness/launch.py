@@ -67,8 +67,7 @@ class RunningHarness:
         self._outcome: float | None | SessionFailure = SessionFailure("it has not finished")
         self._process: subprocess.Popen[bytes] | None = None
         self._stopped = False
-        self._thread = threading.Thread(target=self._run, name=f"groupwise-harness-{session.sample_index}",
-                                         daemon=True)  # fmt: skip
+        self._thread = threading.Thread(target=self._run, name=f"groupwise-harness-{session.sample_index}", daemon=True)
         self._thread.start()
 
     @property
@@ -126,14 +125,23 @@ class RunningHarness:
             files = Path(folder)
             (files / "session.json").write_text(json.dumps(self.session.as_data()))
             reward_file = files / "reward"
-            env = {**os.environ, "OPENAI_BASE_URL": self.session.base_url, "OPENAI_API_KEY": self.session.api_key,
-                   "OPENAI_MODEL": self.session.model, "GROUPWISE_SESSION": json.dumps(self.session.as_data()),
-                   "GROUPWISE_REWARD_FILE": str(reward_file)}  # fmt: skip
-            with open(files / "session.json", "rb") as stdin, open(files / "out", "wb") as out, \
-                    open(files / "err", "wb") as err:  # fmt: skip
+            env = {
+                **os.environ,
+                "OPENAI_BASE_URL": self.session.base_url,
+                "OPENAI_API_KEY": self.session.api_key,
+                "OPENAI_MODEL": self.session.model,
+                "GROUPWISE_SESSION": json.dumps(self.session.as_data()),
+                "GROUPWISE_REWARD_FILE": str(reward_file),
+            }
+            with (
+                open(files / "session.json", "rb") as stdin,
+                open(files / "out", "wb") as out,
+                open(files / "err", "wb") as err,
+            ):
                 try:
-                    self._process = subprocess.Popen(self.spec.command, stdin=stdin, stdout=out, stderr=err,
-                                                     env=env, start_new_session=True)  # fmt: skip
+                    self._process = subprocess.Popen(
+                        self.spec.command, stdin=stdin, stdout=out, stderr=err, env=env, start_new_session=True
+                    )
                 except OSError as exc:
                     raise SessionFailure(f"its command could not start: {exc}") from exc
                 status = self._process.wait()

@@ -97,8 +97,10 @@ class LiveSession:
             raise self._refused(f"{exc}; episode.max_observation_tokens is {self.limits.max_new_tokens}") from exc
         if placement.kind == "extend" and placement.env_tokens > self.limits.max_new_tokens:
             self.tree.abandon(placement)
-            raise self._refused(f"the request's new messages take {placement.env_tokens} tokens; one request may "
-                                f"add at most episode.max_observation_tokens={self.limits.max_new_tokens}")
+            raise self._refused(
+                f"the request's new messages take {placement.env_tokens} tokens; one request may "
+                f"add at most episode.max_observation_tokens={self.limits.max_new_tokens}"
+            )
         return self._sampled(number, placement, chat.sampling)
 
     def prepare_tokens(self, completion: CompletionRequest, version: int) -> Prepared:
@@ -119,8 +121,10 @@ class LiveSession:
             positions = self.limits.max_context - len(placement.context)
             if positions <= 0:
                 self.tree.abandon(placement)
-                raise self._refused(f"the context takes {len(placement.context)} tokens, the model's positions "
-                                    f"{self.limits.max_context}")  # fmt: skip
+                raise self._refused(
+                    f"the context takes {len(placement.context)} tokens, the model's positions "
+                    f"{self.limits.max_context}"
+                )
             room.append(positions)
         if min(room) <= 0:
             self.tree.abandon(placement)
@@ -129,8 +133,9 @@ class LiveSession:
             self.counts.env_tokens += placement.env_tokens
             self.counts.retokenized_tokens += placement.retokenized_tokens
         seed = derive_seed("harness-request", self.seed, number, sampling.seed)
-        return Prepared(number, placement, GenerationRequest(placement.context, sampling.n, seed,
-                                                             max_new_tokens=min(room)))  # fmt: skip
+        return Prepared(
+            number, placement, GenerationRequest(placement.context, sampling.n, seed, max_new_tokens=min(room))
+        )
 
     def _count_request(self) -> int:
         with self._lock:
@@ -153,16 +158,22 @@ class LiveSession:
             self.tree.abandon(prepared.placement)
 
     def serve(
-        self, prepared: Prepared, completions: list[Completion], sampling: Sampling, read_calls: ToolFormat | None,
+        self,
+        prepared: Prepared,
+        completions: list[Completion],
+        sampling: Sampling,
+        read_calls: ToolFormat | None,
         asked: dict[str, Any],
-    ) -> list[ServedChoice]:  # fmt: skip
+    ) -> list[ServedChoice]:
         """Record what was sampled for ``prepared`` and answer it; ``read_calls``: the tool format to read calls
         with, or None (a text completion, or ``tool_choice: none``); ``asked``: the request as data, for the log."""
         if prepared.placement is None:
             return [ServedChoice("", (), "length", (), (), ())] * sampling.n
         cut = [_cut_at_stop(c, sampling.stop, self.renderer.tokenizer) for c in completions]
-        choices = [self._choice(prepared.number, i, completion, text, sampling.logprobs, read_calls)
-                   for i, (completion, text) in enumerate(cut)]  # fmt: skip
+        choices = [
+            self._choice(prepared.number, i, completion, text, sampling.logprobs, read_calls)
+            for i, (completion, text) in enumerate(cut)
+        ]
         keys = [served_key(c.text, [(call.name, call.arguments) for call in c.calls]) for c in choices]
         self.tree.record(prepared.placement, [c for c, _ in cut], keys)
         with self._lock:
@@ -172,17 +183,26 @@ class LiveSession:
         return choices
 
     def _choice(
-        self, number: int, index: int, completion: Completion, text: str, logprobs: bool,
+        self,
+        number: int,
+        index: int,
+        completion: Completion,
+        text: str,
+        logprobs: bool,
         read_calls: ToolFormat | None,
-    ) -> ServedChoice:  # fmt: skip
+    ) -> ServedChoice:
         tokens = tuple(str(self.renderer.tokenizer.decode([t])) for t in completion.token_ids) if logprobs else ()
         finish: str = completion.finish_reason
         calls: tuple[ServedCall, ...] = ()
         if read_calls is not None:
             parsed = read_calls.parse(text)
             if parsed.calls and all(call.error is None for call in parsed.calls):
-                calls = tuple(ServedCall(f"call_{self.sample_index}_{number}_{index}_{k}", call.name,
-                                         _arguments_json(call.arguments)) for k, call in enumerate(parsed.calls))
+                calls = tuple(
+                    ServedCall(
+                        f"call_{self.sample_index}_{number}_{index}_{k}", call.name, _arguments_json(call.arguments)
+                    )
+                    for k, call in enumerate(parsed.calls)
+                )
                 text, finish = parsed.content, "tool_calls"
             with self._lock:
                 self.counts.tool_calls += len(calls)
@@ -219,18 +239,30 @@ def _cut_at_stop(completion: Completion, stops: tuple[str, ...], tokenizer: Any)
         else:
             low = middle + 1
     kept = Completion(
-        completion.token_ids[:low], completion.logprobs[:low],
-        tokenizer.decode(list(completion.token_ids[:low]), skip_special_tokens=False), "stop",
-        completion.token_versions[low - 1], token_versions=completion.token_versions[:low],
-    )  # fmt: skip
+        completion.token_ids[:low],
+        completion.logprobs[:low],
+        tokenizer.decode(list(completion.token_ids[:low]), skip_special_tokens=False),
+        "stop",
+        completion.token_versions[low - 1],
+        token_versions=completion.token_versions[:low],
+    )
     return kept, text[:at]
 
 
 def _log_entry(placement: Placement, cut: list[tuple[Completion, str]], choices: list[ServedChoice]) -> dict[str, Any]:
     """What a served request leaves in the session's log: where it was placed and each choice's sampled ids."""
     return {
-        "kind": placement.kind, "sequence": placement.sequence, "context_tokens": len(placement.context),
-        "choices": [{"token_ids": list(c.token_ids), "text": c.text, "content": choice.text,
-                     "calls": [[call.name, call.arguments] for call in choice.calls],
-                     "finish_reason": choice.finish_reason} for (c, _), choice in zip(cut, choices, strict=True)],
-    }  # fmt: skip
+        "kind": placement.kind,
+        "sequence": placement.sequence,
+        "context_tokens": len(placement.context),
+        "choices": [
+            {
+                "token_ids": list(c.token_ids),
+                "text": c.text,
+                "content": choice.text,
+                "calls": [[call.name, call.arguments] for call in choice.calls],
+                "finish_reason": choice.finish_reason,
+            }
+            for (c, _), choice in zip(cut, choices, strict=True)
+        ],
+    }

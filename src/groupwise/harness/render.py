@@ -67,8 +67,10 @@ class RequestRenderer:
     def as_template_message(self, message: ChatMessage) -> Message:
         """A message the endpoint did not serve, as the template gets it (calls in the model family's syntax)."""
         if message.role == "assistant" and message.tool_calls:
-            calls = [(name, json.loads(arguments) if _is_json_object(arguments) else {})
-                     for name, arguments in message.tool_calls]  # fmt: skip
+            calls = [
+                (name, json.loads(arguments) if _is_json_object(arguments) else {})
+                for name, arguments in message.tool_calls
+            ]
             written = self.format.write(calls)
             return {"role": "assistant", "content": f"{message.content}\n{written}" if message.content else written}
         out = {"role": message.role, "content": message.content}
@@ -82,9 +84,13 @@ class RequestRenderer:
         return renderer.opening(renderer.offer_tools(messages))
 
     def after_reply(
-        self, history: Sequence[Message], reply: Message, sampled: Sequence[int], new: Sequence[Message],
+        self,
+        history: Sequence[Message],
+        reply: Message,
+        sampled: Sequence[int],
+        new: Sequence[Message],
         tools: Sequence[Mapping[str, Any]],
-    ) -> list[int]:  # fmt: skip
+    ) -> list[int]:
         """The tokens after a served reply's sampled ids when ``new`` messages follow it (the template's closing of
         the reply, the new messages, the generation prompt); raises
         :class:`~groupwise.episodes.template.TemplateNotAppendOnly` when the template rewrites earlier text."""

@@ -38,8 +38,10 @@ class SessionReplayReport:
         return not self.mismatches
 
     def format_lines(self) -> str:
-        head = (f"sessions: {self.sessions} replayed ({self.rows} rows, {self.tokens} served tokens), every request "
-                f"rendered again: {len(self.mismatches)} mismatch(es)\n")  # fmt: skip
+        head = (
+            f"sessions: {self.sessions} replayed ({self.rows} rows, {self.tokens} served tokens), every request "
+            f"rendered again: {len(self.mismatches)} mismatch(es)\n"
+        )
         return head + "".join(f"  {line}\n" for line in self.mismatches[:20])
 
 
@@ -51,21 +53,27 @@ def replay_log(log: Sequence[Mapping[str, Any]], renderer: RequestRenderer) -> t
         placement = _place(tree, entry["request"], renderer)
         logged = (entry["kind"], entry["sequence"], entry["context_tokens"])
         if (placement.kind, placement.sequence, len(placement.context)) != logged:
-            return tree.rows(), (f"request {number} was placed as {placement.kind} in sequence {placement.sequence} "
-                                 f"with {len(placement.context)} context tokens; the log says {logged}")  # fmt: skip
+            return tree.rows(), (
+                f"request {number} was placed as {placement.kind} in sequence {placement.sequence} "
+                f"with {len(placement.context)} context tokens; the log says {logged}"
+            )
         choices = entry["choices"]
-        completions = [Completion(tuple(c["token_ids"]), (0.0,) * len(c["token_ids"]), c["text"], "stop", 0)
-                       for c in choices]  # fmt: skip
-        keys = [served_key(c["content"], [(name, canonical_arguments(args)) for name, args in c["calls"]])
-                for c in choices]  # fmt: skip
+        completions = [
+            Completion(tuple(c["token_ids"]), (0.0,) * len(c["token_ids"]), c["text"], "stop", 0) for c in choices
+        ]
+        keys = [
+            served_key(c["content"], [(name, canonical_arguments(args)) for name, args in c["calls"]]) for c in choices
+        ]
         tree.record(placement, completions, keys)
     return tree.rows(), None
 
 
 def _place(tree: SessionTree, request: Mapping[str, Any], renderer: RequestRenderer) -> Placement:
     if "messages" in request:
-        messages = [ChatMessage(m["role"], m["content"], tuple(tuple(c) for c in m["tool_calls"]), m.get("name"))
-                    for m in request["messages"]]  # fmt: skip
+        messages = [
+            ChatMessage(m["role"], m["content"], tuple(tuple(c) for c in m["tool_calls"]), m.get("name"))
+            for m in request["messages"]
+        ]
         tools = request["tools"] if request.get("tool_choice") != "none" else []
         return tree.place(messages, tools, version=0)
     prompt = tuple(request["prompt_ids"]) if "prompt_ids" in request else request["prompt"]
@@ -101,8 +109,9 @@ def replay_sessions(
     return report
 
 
-def _compare(replayed: list[TokenSequence], trained: list[dict[str, Any]], decode: Callable[[Sequence[int]], str]
-             ) -> str | None:  # fmt: skip
+def _compare(
+    replayed: list[TokenSequence], trained: list[dict[str, Any]], decode: Callable[[Sequence[int]], str]
+) -> str | None:
     if len(replayed) != len(trained):
         return f"the log gives {len(replayed)} sequences, {len(trained)} rows were trained"
     for index, (sequence, row) in enumerate(zip(replayed, trained, strict=True)):

@@ -57,42 +57,96 @@ def _call(call: ServedCall) -> dict[str, Any]:
 def _chat_logprobs(choice: ServedChoice, wanted: bool) -> dict[str, Any] | None:
     if not wanted:
         return None
-    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
-                        for t, lp in zip(choice.tokens, choice.logprobs, strict=True)]}  # fmt: skip
+    return {
+        "content": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
+            for t, lp in zip(choice.tokens, choice.logprobs, strict=True)
+        ]
+    }
 
 
 def chat_body(
-    response_id: str, created: int, model: str, choices: Sequence[ServedChoice], prompt_tokens: int,
-    logprobs: bool, extension: dict[str, Any],
-) -> dict[str, Any]:  # fmt: skip
+    response_id: str,
+    created: int,
+    model: str,
+    choices: Sequence[ServedChoice],
+    prompt_tokens: int,
+    logprobs: bool,
+    extension: dict[str, Any],
+) -> dict[str, Any]:
     """A ``chat.completion`` object."""
     return {
-        "id": response_id, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": i, "message": _message(c), "logprobs": _chat_logprobs(c, logprobs),
-                     "finish_reason": c.finish_reason} for i, c in enumerate(choices)],
-        "usage": usage(prompt_tokens, choices), "groupwise": extension,
-    }  # fmt: skip
+        "id": response_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": i,
+                "message": _message(c),
+                "logprobs": _chat_logprobs(c, logprobs),
+                "finish_reason": c.finish_reason,
+            }
+            for i, c in enumerate(choices)
+        ],
+        "usage": usage(prompt_tokens, choices),
+        "groupwise": extension,
+    }
 
 
 def chat_chunks(
-    response_id: str, created: int, model: str, choices: Sequence[ServedChoice], prompt_tokens: int,
-    logprobs: bool, extension: dict[str, Any], include_usage: bool,
-) -> list[dict[str, Any]]:  # fmt: skip
+    response_id: str,
+    created: int,
+    model: str,
+    choices: Sequence[ServedChoice],
+    prompt_tokens: int,
+    logprobs: bool,
+    extension: dict[str, Any],
+    include_usage: bool,
+) -> list[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects of a streamed answer, in order."""
     head = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model}
     chunks: list[dict[str, Any]] = []
     for index, choice in enumerate(choices):
-        chunks.append({**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
-                                            "logprobs": None, "finish_reason": None}]})  # fmt: skip
+        chunks.append(
+            {
+                **head,
+                "choices": [
+                    {
+                        "index": index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+        )
         if choice.text:
-            chunks.append({**head, "choices": [{"index": index, "delta": {"content": choice.text},
-                                                "logprobs": _chat_logprobs(choice, logprobs), "finish_reason": None}]})
+            chunks.append(
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": index,
+                            "delta": {"content": choice.text},
+                            "logprobs": _chat_logprobs(choice, logprobs),
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+            )
         for position, call in enumerate(choice.calls):
             delta = {"tool_calls": [{"index": position, **_call(call)}]}
-            chunks.append({**head, "choices": [{"index": index, "delta": delta, "logprobs": None,
-                                                "finish_reason": None}]})  # fmt: skip
-        chunks.append({**head, "choices": [{"index": index, "delta": {}, "logprobs": None,
-                                            "finish_reason": choice.finish_reason}], "groupwise": extension})
+            chunks.append(
+                {**head, "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]}
+            )
+        chunks.append(
+            {
+                **head,
+                "choices": [{"index": index, "delta": {}, "logprobs": None, "finish_reason": choice.finish_reason}],
+                "groupwise": extension,
+            }
+        )
     if include_usage:
         chunks.append({**head, "choices": [], "usage": usage(prompt_tokens, choices)})
     return chunks
@@ -105,34 +159,60 @@ def _text_logprobs(choice: ServedChoice, wanted: bool) -> dict[str, Any] | None:
     for token in choice.tokens:
         offsets.append(at)
         at += len(token)
-    return {"tokens": list(choice.tokens), "token_logprobs": list(choice.logprobs), "top_logprobs": None,
-            "text_offset": offsets}  # fmt: skip
+    return {
+        "tokens": list(choice.tokens),
+        "token_logprobs": list(choice.logprobs),
+        "top_logprobs": None,
+        "text_offset": offsets,
+    }
 
 
 def completion_body(
-    response_id: str, created: int, model: str, choices: Sequence[ServedChoice], prompt_tokens: int,
-    logprobs: bool, extension: dict[str, Any],
-) -> dict[str, Any]:  # fmt: skip
+    response_id: str,
+    created: int,
+    model: str,
+    choices: Sequence[ServedChoice],
+    prompt_tokens: int,
+    logprobs: bool,
+    extension: dict[str, Any],
+) -> dict[str, Any]:
     """A ``text_completion`` object."""
     return {
-        "id": response_id, "object": "text_completion", "created": created, "model": model,
-        "choices": [{"index": i, "text": c.text, "logprobs": _text_logprobs(c, logprobs),
-                     "finish_reason": c.finish_reason} for i, c in enumerate(choices)],
-        "usage": usage(prompt_tokens, choices), "groupwise": extension,
-    }  # fmt: skip
+        "id": response_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {"index": i, "text": c.text, "logprobs": _text_logprobs(c, logprobs), "finish_reason": c.finish_reason}
+            for i, c in enumerate(choices)
+        ],
+        "usage": usage(prompt_tokens, choices),
+        "groupwise": extension,
+    }
 
 
 def completion_chunks(
-    response_id: str, created: int, model: str, choices: Sequence[ServedChoice], prompt_tokens: int,
-    logprobs: bool, extension: dict[str, Any], include_usage: bool,
-) -> list[dict[str, Any]]:  # fmt: skip
+    response_id: str,
+    created: int,
+    model: str,
+    choices: Sequence[ServedChoice],
+    prompt_tokens: int,
+    logprobs: bool,
+    extension: dict[str, Any],
+    include_usage: bool,
+) -> list[dict[str, Any]]:
     """A streamed text completion: one chunk per choice with its text and finish reason."""
     head = {"id": response_id, "object": "text_completion", "created": created, "model": model}
     chunks: list[dict[str, Any]] = [
-        {**head, "choices": [{"index": i, "text": c.text, "logprobs": _text_logprobs(c, logprobs),
-                              "finish_reason": c.finish_reason}], "groupwise": extension}
+        {
+            **head,
+            "choices": [
+                {"index": i, "text": c.text, "logprobs": _text_logprobs(c, logprobs), "finish_reason": c.finish_reason}
+            ],
+            "groupwise": extension,
+        }
         for i, c in enumerate(choices)
-    ]  # fmt: skip
+    ]
     if include_usage:
         chunks.append({**head, "choices": [], "usage": usage(prompt_tokens, choices)})
     return chunks

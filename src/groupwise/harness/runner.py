@@ -80,9 +80,13 @@ class HarnessRunner:
         self._lock = threading.Lock()
 
     def run_groups(
-        self, generator: Generator, sampling: SamplingParams, prompts: Sequence[Prompt], seeds: Sequence[int],
+        self,
+        generator: Generator,
+        sampling: SamplingParams,
+        prompts: Sequence[Prompt],
+        seeds: Sequence[int],
         group_size: int,
-    ) -> list[list[SessionResult] | HarnessError]:  # fmt: skip
+    ) -> list[list[SessionResult] | HarnessError]:
         """Every group's G finished sessions, or that group's failure; the calling thread samples their requests
         on ``generator`` (a generator failure is raised once every harness was stopped)."""
         sampler = BatchedTurns(generator, sampling, self.settings.batch_window_s)
@@ -115,21 +119,37 @@ class HarnessRunner:
         return self.close_group(group)
 
     def open_group(
-        self, sampler: TurnSampler, prompt: Prompt, seed: int, group_size: int,
+        self,
+        sampler: TurnSampler,
+        prompt: Prompt,
+        seed: int,
+        group_size: int,
         on_done: Sequence[Callable[[], None]] | None = None,
-    ) -> OpenGroup:  # fmt: skip
+    ) -> OpenGroup:
         """Start the group's G harnesses, each with a session of its own registered with ``sampler``."""
         self._start()
         group = OpenGroup(prompt, [], [])
         for index in range(group_size):
-            live = LiveSession(f"gw-{secrets.token_urlsafe(24)}", index, derive_seed("harness-session", seed, index),
-                               self.settings.renderer, self.settings.limits)  # fmt: skip
+            live = LiveSession(
+                f"gw-{secrets.token_urlsafe(24)}",
+                index,
+                derive_seed("harness-session", seed, index),
+                self.settings.renderer,
+                self.settings.limits,
+            )
             self.endpoint.registry.add(live, sampler)
-            visible = HarnessSession(self.endpoint.base_url, live.key, self.settings.endpoint.model_name, prompt,
-                                     index, live.seed)  # fmt: skip
+            visible = HarnessSession(
+                self.endpoint.base_url, live.key, self.settings.endpoint.model_name, prompt, index, live.seed
+            )
             group.sessions.append(live)
-            group.runs.append(RunningHarness(self.settings.spec, visible, self.settings.timeout_s,
-                                             on_done[index] if on_done is not None else None))  # fmt: skip
+            group.runs.append(
+                RunningHarness(
+                    self.settings.spec,
+                    visible,
+                    self.settings.timeout_s,
+                    on_done[index] if on_done is not None else None,
+                )
+            )
         return group
 
     def close_group(self, group: OpenGroup) -> list[SessionResult] | HarnessError:
@@ -142,8 +162,12 @@ class HarnessRunner:
             self.endpoint.registry.remove(live.key)
             why = _failure(live, outcome)
             if why is not None and failure is None:
-                failure = HarnessError(f"harness {self.settings.spec.name!r} failed (prompt {group.prompt.uid!r}, "
-                                       f"sample {live.sample_index}): {why}", group.prompt.uid, live.sample_index)
+                failure = HarnessError(
+                    f"harness {self.settings.spec.name!r} failed (prompt {group.prompt.uid!r}, "
+                    f"sample {live.sample_index}): {why}",
+                    group.prompt.uid,
+                    live.sample_index,
+                )
             elif why is None and not isinstance(outcome, SessionFailure):
                 results.append(SessionResult(live.sample_index, live, outcome, time.monotonic() - run.started))
         if failure is not None:

@@ -26,8 +26,10 @@ def shared_prompt(results: Sequence[SessionResult]) -> tuple[int, ...]:
     first = rows[0].token_ids
     length = min(row.trainable.index(True) for row in rows)
     for row in rows:
-        length = next((i for i in range(min(length, len(row.token_ids))) if row.token_ids[i] != first[i]),
-                      min(length, len(row.token_ids)))  # fmt: skip
+        length = next(
+            (i for i in range(min(length, len(row.token_ids))) if row.token_ids[i] != first[i]),
+            min(length, len(row.token_ids)),
+        )
     return tuple(first[:length])
 
 
@@ -37,12 +39,16 @@ def session_completion(
     """One session as its group's completion (its first row) with a branch per further row, and its record."""
     main, *others = result.session.tree.rows()
     return Completion(
-        token_ids=tuple(main.token_ids[prompt_length:]), logprobs=tuple(main.logprobs[prompt_length:]),
-        text=decode(main.token_ids[prompt_length:]), finish_reason=main.last_finish,
-        weight_version=main.versions[-1], token_versions=tuple(main.versions[prompt_length:]),
-        trainable=tuple(main.trainable[prompt_length:]), episode=session_record(result, reward),
+        token_ids=tuple(main.token_ids[prompt_length:]),
+        logprobs=tuple(main.logprobs[prompt_length:]),
+        text=decode(main.token_ids[prompt_length:]),
+        finish_reason=main.last_finish,
+        weight_version=main.versions[-1],
+        token_versions=tuple(main.versions[prompt_length:]),
+        trainable=tuple(main.trainable[prompt_length:]),
+        episode=session_record(result, reward),
         branches=tuple(_branch(row, prompt_length, decode) for row in others),
-    )  # fmt: skip
+    )
 
 
 def session_record(result: SessionResult, reward: float) -> EpisodeRecord:
@@ -54,13 +60,27 @@ def session_record(result: SessionResult, reward: float) -> EpisodeRecord:
     model_tokens = sum(sum(row.trainable) for row in rows)
     harness: dict[str, Any] = {"sequences": len(rows), **counts, "seconds": result.seconds, "log": list(live.log)}
     return EpisodeRecord(
-        turns=len(served), end="done", reward=reward, step_rewards=(reward,), tool_calls=counts["tool_calls"],
-        tool_errors=counts["unreadable_tool_calls"], env_seconds=result.seconds, model_tokens=model_tokens,
-        env_tokens=sum(len(row.trainable) for row in rows) - model_tokens, assistant=tuple(served), harness=harness,
-    )  # fmt: skip
+        turns=len(served),
+        end="done",
+        reward=reward,
+        step_rewards=(reward,),
+        tool_calls=counts["tool_calls"],
+        tool_errors=counts["unreadable_tool_calls"],
+        env_seconds=result.seconds,
+        model_tokens=model_tokens,
+        env_tokens=sum(len(row.trainable) for row in rows) - model_tokens,
+        assistant=tuple(served),
+        harness=harness,
+    )
 
 
 def _branch(row: TokenSequence, prompt_length: int, decode: Callable[[Sequence[int]], str]) -> Branch:
     ids = tuple(row.token_ids[prompt_length:])
-    return Branch(ids, tuple(row.logprobs[prompt_length:]), tuple(row.versions[prompt_length:]),
-                  tuple(row.trainable[prompt_length:]), decode(ids), row.last_finish)  # fmt: skip
+    return Branch(
+        ids,
+        tuple(row.logprobs[prompt_length:]),
+        tuple(row.versions[prompt_length:]),
+        tuple(row.trainable[prompt_length:]),
+        decode(ids),
+        row.last_finish,
+    )

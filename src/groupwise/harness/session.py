@@ -42,7 +42,14 @@ class HarnessSession:
     def as_data(self) -> dict[str, Any]:
         """The session as JSON-able data: what a harness command reads on its standard input."""
         return {
-            "base_url": self.base_url, "api_key": self.api_key, "model": self.model, "uid": self.prompt.uid,
-            "prompt": self.prompt.text, "messages": self.messages, "answer": self.answer,
-            "metadata": self.metadata, "sample_index": self.sample_index, "seed": self.seed,
-        }  # fmt: skip
+            "base_url": self.base_url,
+            "api_key": self.api_key,
+            "model": self.model,
+            "uid": self.prompt.uid,
+            "prompt": self.prompt.text,
+            "messages": self.messages,
+            "answer": self.answer,
+            "metadata": self.metadata,
+            "sample_index": self.sample_index,
+            "seed": self.seed,
+        }

@@ -123,9 +123,12 @@ class SessionTree:
         self._lock = threading.Lock()
 
     def place(
-        self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]], version: int,
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[Mapping[str, Any]],
+        version: int,
         max_new_chars: int | None = None,
-    ) -> Placement:  # fmt: skip
+    ) -> Placement:
         """Where a request is sampled (see the module docstring); the sequence is busy until :meth:`record` or
         :meth:`abandon`. :class:`ContextTooLong` when the messages to be rendered hold more than ``max_new_chars``
         characters (a bound far above what the token limits allow, so an oversized request is refused without
@@ -142,8 +145,15 @@ class SessionTree:
         """Where a token-in request is sampled: after the sequence its ids extend (the rest of the ids environment
         tokens), else in a new sequence of its own."""
         with self._lock:
-            extended = [n for n, s in enumerate(self.sequences) if not s.dead and not s.busy and s.token_ids
-                        and len(s.token_ids) <= len(ids) and list(ids[: len(s.token_ids)]) == s.token_ids]
+            extended = [
+                n
+                for n, s in enumerate(self.sequences)
+                if not s.dead
+                and not s.busy
+                and s.token_ids
+                and len(s.token_ids) <= len(ids)
+                and list(ids[: len(s.token_ids)]) == s.token_ids
+            ]
             if extended:
                 number = max(extended, key=lambda n: len(self.sequences[n].token_ids))
                 sequence, created, before = self.sequences[number], False, len(self.sequences[number].token_ids)
@@ -173,10 +183,18 @@ class SessionTree:
                 sequence.add_sampled(completion)
                 if placement.kind == "tokens":
                     continue  # a token-in reply is found again by its ids, not by its messages
-                self._replies.append(_Reply(
-                    number, len(sequence.token_ids), placement.history, placement.keys,
-                    {"role": "assistant", "content": completion.text}, key, completion.token_ids, placement.tools,
-                ))  # fmt: skip
+                self._replies.append(
+                    _Reply(
+                        number,
+                        len(sequence.token_ids),
+                        placement.history,
+                        placement.keys,
+                        {"role": "assistant", "content": completion.text},
+                        key,
+                        completion.token_ids,
+                        placement.tools,
+                    )
+                )
 
     def abandon(self, placement: Placement) -> None:
         """Undo a placement whose request was refused or failed before anything was sampled."""
@@ -187,9 +205,10 @@ class SessionTree:
                 sequence.dead = True
             else:
                 for column in (sequence.token_ids, sequence.logprobs, sequence.versions, sequence.trainable):
-                    del column[placement.length_before:]
-            self._requests = [r for r in self._requests if not (r.sequence == placement.sequence and
-                                                                r.end == len(placement.context))]  # fmt: skip
+                    del column[placement.length_before :]
+            self._requests = [
+                r for r in self._requests if not (r.sequence == placement.sequence and r.end == len(placement.context))
+            ]
 
     def rows(self) -> list[TokenSequence]:
         """The sequences that hold sampled tokens, in the order they were made: one training row each."""
@@ -201,21 +220,32 @@ class SessionTree:
             if request.keys == keys and request.tools == tools_id:
                 sequence, created = self._at(request.sequence, request.end)
                 context = tuple(self.sequences[sequence].token_ids)
-                return Placement(sequence, context, request.history, keys, tools_id, "retry", 0, 0, created,
-                                 len(context))  # fmt: skip
+                return Placement(
+                    sequence, context, request.history, keys, tools_id, "retry", 0, 0, created, len(context)
+                )
         return None
 
     def _extend(
-        self, messages: Sequence[ChatMessage], keys: tuple[MessageKey, ...], tools: Sequence[Mapping[str, Any]],
-        version: int, max_new_chars: int | None,
-    ) -> Placement | None:  # fmt: skip
+        self,
+        messages: Sequence[ChatMessage],
+        keys: tuple[MessageKey, ...],
+        tools: Sequence[Mapping[str, Any]],
+        version: int,
+        max_new_chars: int | None,
+    ) -> Placement | None:
         tools_id = tools_key(tools)
-        matches = [r for r in self._replies if r.tools == tools_id and len(r.history_keys) + 1 < len(keys)
-                   and keys[: len(r.history_keys)] == r.history_keys and keys[len(r.history_keys)] == r.key]
+        matches = [
+            r
+            for r in self._replies
+            if r.tools == tools_id
+            and len(r.history_keys) + 1 < len(keys)
+            and keys[: len(r.history_keys)] == r.history_keys
+            and keys[len(r.history_keys)] == r.key
+        ]
         if not matches:
             return None
         reply = max(reversed(matches), key=lambda r: len(r.history_keys))  # the longest; the latest among equals
-        new = messages[len(reply.history_keys) + 1:]
+        new = messages[len(reply.history_keys) + 1 :]
         _check_size(new, max_new_chars)
         rendered = tuple(self.renderer.as_template_message(m) for m in new)
         try:
@@ -226,26 +256,51 @@ class SessionTree:
         before = len(self.sequences[sequence].token_ids)
         self.sequences[sequence].add_context(env_ids, self._version_at(sequence, version))
         history = (*reply.history, reply.message, *rendered)
-        return Placement(sequence, tuple(self.sequences[sequence].token_ids), history, keys, tools_id, "extend",
-                         len(env_ids), self._retokenized(new), created, before)  # fmt: skip
+        return Placement(
+            sequence,
+            tuple(self.sequences[sequence].token_ids),
+            history,
+            keys,
+            tools_id,
+            "extend",
+            len(env_ids),
+            self._retokenized(new),
+            created,
+            before,
+        )
 
     def _root(
-        self, messages: Sequence[ChatMessage], keys: tuple[MessageKey, ...], tools: Sequence[Mapping[str, Any]],
-        version: int, max_new_chars: int | None,
-    ) -> Placement:  # fmt: skip
+        self,
+        messages: Sequence[ChatMessage],
+        keys: tuple[MessageKey, ...],
+        tools: Sequence[Mapping[str, Any]],
+        version: int,
+        max_new_chars: int | None,
+    ) -> Placement:
         if self._replies:  # the first request's messages are the prompt; later ones are measured
             _check_size(messages, max_new_chars)
         served = {reply.key: reply.message for reply in self._replies}
-        rendered = tuple(served.get(k) or self.renderer.as_template_message(m)
-                         for m, k in zip(messages, keys, strict=True))  # fmt: skip
+        rendered = tuple(
+            served.get(k) or self.renderer.as_template_message(m) for m, k in zip(messages, keys, strict=True)
+        )
         ids = self.renderer.opening(rendered, tools)
         known = max((_common(ids, s.token_ids) for s in self.sequences if not s.dead), default=0)
         sequence = TokenSequence()
         sequence.add_context(ids, version)
         self.sequences.append(sequence)
         retokenized = self._retokenized([m for m in messages if m.role == "assistant"])
-        return Placement(len(self.sequences) - 1, tuple(ids), rendered, keys, tools_key(tools), "root",
-                         len(ids) - known if self._replies else 0, retokenized, True, 0)  # fmt: skip
+        return Placement(
+            len(self.sequences) - 1,
+            tuple(ids),
+            rendered,
+            keys,
+            tools_key(tools),
+            "root",
+            len(ids) - known if self._replies else 0,
+            retokenized,
+            True,
+            0,
+        )
 
     def _at(self, number: int, end: int) -> tuple[int, bool]:
         """The sequence to continue at ``end`` of sequence ``number``: itself when that is its free end, else a
@@ -262,8 +317,11 @@ class SessionTree:
 
     def _retokenized(self, messages: Sequence[ChatMessage]) -> int:
         """Tokens of the assistant messages among ``messages``: rendered from their text, not matched to ids."""
-        return sum(self.renderer.count(self.renderer.as_template_message(m)["content"])
-                   for m in messages if m.role == "assistant")  # fmt: skip
+        return sum(
+            self.renderer.count(self.renderer.as_template_message(m)["content"])
+            for m in messages
+            if m.role == "assistant"
+        )
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:
@@ -275,5 +333,6 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
 def _check_size(messages: Sequence[ChatMessage], max_chars: int | None) -> None:
     size = sum(len(m.content) + sum(len(a) for _, a in m.tool_calls) for m in messages)
     if max_chars is not None and size > max_chars:
-        raise ContextTooLong(f"the request's new messages hold {size:,} characters, far more than one request may "
-                             "add in tokens")  # fmt: skip
+        raise ContextTooLong(
+            f"the request's new messages hold {size:,} characters, far more than one request may add in tokens"
+        )

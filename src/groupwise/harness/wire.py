@@ -21,20 +21,51 @@ from typing import Any
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_CHOICES = 16
 _CHAT_KEYS = {
-    "model", "messages", "tools", "tool_choice", "max_tokens", "max_completion_tokens", "stop", "seed", "logprobs",
-    "top_logprobs", "n", "stream", "stream_options", "temperature", "top_p", "parallel_tool_calls",
-}  # fmt: skip
-_COMPLETION_KEYS = {"model", "prompt", "max_tokens", "stop", "seed", "logprobs", "n", "stream", "stream_options",
-                    "temperature", "top_p", "echo"}  # fmt: skip
+    "model",
+    "messages",
+    "tools",
+    "tool_choice",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "seed",
+    "logprobs",
+    "top_logprobs",
+    "n",
+    "stream",
+    "stream_options",
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+}
+_COMPLETION_KEYS = {
+    "model",
+    "prompt",
+    "max_tokens",
+    "stop",
+    "seed",
+    "logprobs",
+    "n",
+    "stream",
+    "stream_options",
+    "temperature",
+    "top_p",
+    "echo",
+}
 
 
 class WireError(Exception):
     """A request the endpoint refuses: the HTTP status and OpenAI's error fields."""
 
     def __init__(
-        self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None,
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
         kind: str = "invalid_request_error",
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(message)
         self.message, self.status, self.param, self.code, self.kind = message, status, param, code, kind
 
@@ -102,8 +133,9 @@ def read_chat_request(body: Any) -> ChatRequest:
     tools = _tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), tools)
     if body.get("top_logprobs") not in (None, 0):
-        raise WireError("top_logprobs is not supported: the engine records the sampled token's logprob only",
-                        param="top_logprobs")  # fmt: skip
+        raise WireError(
+            "top_logprobs is not supported: the engine records the sampled token's logprob only", param="top_logprobs"
+        )
     cap = body.get("max_completion_tokens", body.get("max_tokens"))
     return ChatRequest(messages, tools, choice, _sampling(body, cap, _CHAT_KEYS, bool(body.get("logprobs"))))
 
@@ -114,20 +146,25 @@ def read_completion_request(body: Any) -> CompletionRequest:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # one prompt given as a batch of one
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                                                   for t in prompt):  # fmt: skip
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
+    ):
         read: str | tuple[int, ...] = tuple(prompt)
     elif isinstance(prompt, str) and prompt:
         read = prompt
     else:
-        raise WireError("'prompt' must be a non-empty string or a non-empty list of token ids (one prompt)",
-                        param="prompt")  # fmt: skip
+        raise WireError(
+            "'prompt' must be a non-empty string or a non-empty list of token ids (one prompt)", param="prompt"
+        )
     if body.get("echo"):
         raise WireError("echo is not supported", param="echo")
     logprobs = body.get("logprobs")
     if logprobs not in (None, 0, 1, True, False):
-        raise WireError("logprobs above 1 is not supported: the engine records the sampled token's logprob only",
-                        param="logprobs")  # fmt: skip
+        raise WireError(
+            "logprobs above 1 is not supported: the engine records the sampled token's logprob only", param="logprobs"
+        )
     wants = logprobs is not None and logprobs is not False
     return CompletionRequest(read, _sampling(body, body.get("max_tokens"), _COMPLETION_KEYS, wants))
 
@@ -149,8 +186,9 @@ def _message(raw: Any, where: str) -> ChatMessage:
     if role == "assistant" and raw.get("tool_calls"):
         calls = _calls(raw["tool_calls"], f"{where}.tool_calls")
     name = raw.get("name")
-    return ChatMessage("system" if role == "developer" else role, content, calls,
-                       name if isinstance(name, str) else None)  # fmt: skip
+    return ChatMessage(
+        "system" if role == "developer" else role, content, calls, name if isinstance(name, str) else None
+    )
 
 
 def _content(raw: Any, where: str, may_be_empty: bool) -> str:
@@ -163,8 +201,9 @@ def _content(raw: Any, where: str, may_be_empty: bool) -> str:
         for index, part in enumerate(raw):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind != "text" or not isinstance(part.get("text"), str):
-                raise WireError(f"{where}[{index}] is a {kind!r} part; this model takes text parts only",
-                                param=f"{where}[{index}]")  # fmt: skip
+                raise WireError(
+                    f"{where}[{index}] is a {kind!r} part; this model takes text parts only", param=f"{where}[{index}]"
+                )
             parts.append(part["text"])
         return "".join(parts)
     raise WireError(f"{where} must be a string or a list of text parts", param=where)
@@ -193,8 +232,9 @@ def _tools(raw: Any) -> tuple[dict[str, Any], ...]:
     for index, tool in enumerate(raw):
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise WireError(f"tools[{index}] must be {{'type': 'function', 'function': {{'name': ...}}}}",
-                            param=f"tools[{index}]")  # fmt: skip
+            raise WireError(
+                f"tools[{index}] must be {{'type': 'function', 'function': {{'name': ...}}}}", param=f"tools[{index}]"
+            )
     return tuple(raw)
 
 
@@ -205,8 +245,9 @@ def _tool_choice(raw: Any, tools: Sequence[Mapping[str, Any]]) -> str:
     function = raw.get("function") if isinstance(raw, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str) or name not in names:
-        raise WireError(f"tool_choice must be auto, none, required or one of the request's tools ({names})",
-                        param="tool_choice")  # fmt: skip
+        raise WireError(
+            f"tool_choice must be auto, none, required or one of the request's tools ({names})", param="tool_choice"
+        )
     return name
 
 
@@ -221,12 +262,17 @@ def _sampling(body: Mapping[str, Any], cap: Any, known: set[str], logprobs: bool
         raise WireError("seed must be an integer", param="seed")
     options = body.get("stream_options")
     return Sampling(
-        max_tokens=cap, stop=_stop(body.get("stop")), seed=seed, n=n, logprobs=logprobs,
-        temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0),
+        max_tokens=cap,
+        stop=_stop(body.get("stop")),
+        seed=seed,
+        n=n,
+        logprobs=logprobs,
+        temperature=_number(body, "temperature", 0.0, 2.0),
+        top_p=_number(body, "top_p", 0.0, 1.0),
         stream=bool(body.get("stream")),
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         ignored=tuple(sorted(k for k, v in body.items() if k not in known and v is not None)),
-    )  # fmt: skip
+    )
 
 
 def _stop(raw: Any) -> tuple[str, ...]:

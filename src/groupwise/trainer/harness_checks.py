@@ -29,15 +29,23 @@ def harness_spec(cfg: RunConfig) -> tuple[HarnessSpec | None, list[ConfigIssue]]
         except PluginImportError as exc:
             return None, [ConfigIssue("episode.harness", ep.harness, str(exc), fix)]
         if not callable(function) or not _takes_one_argument(function):
-            return None, [ConfigIssue("episode.harness", ep.harness, "it is not a function taking one argument (the "
-                                      "session)", fix)]  # fmt: skip
+            return None, [
+                ConfigIssue(
+                    "episode.harness", ep.harness, "it is not a function taking one argument (the session)", fix
+                )
+            ]
         return HarnessSpec(ep.harness, function=function), []
     if ep.harness_command is not None:
         program = ep.harness_command[0]
         if shutil.which(program) is None and not Path(program).is_file():
-            return None, [ConfigIssue("episode.harness_command", ep.harness_command, f"its program {program!r} is "
-                                      "neither on PATH nor a file here", "give the program's name on PATH or its "
-                                      "path (relative to the working directory)")]  # fmt: skip
+            return None, [
+                ConfigIssue(
+                    "episode.harness_command",
+                    ep.harness_command,
+                    f"its program {program!r} is neither on PATH nor a file here",
+                    "give the program's name on PATH or its path (relative to the working directory)",
+                )
+            ]
         return HarnessSpec(" ".join(ep.harness_command), command=tuple(ep.harness_command)), []
     return None, []
 
@@ -70,13 +78,19 @@ def harness_settings(
     ep = cfg.episode
     template = PLAIN_CHAT_TEMPLATE if ep.chat_template == "plain" else ep.chat_template
     if template is None and not has_chat_template(tokenizer):
-        raise ConfigError([ConfigIssue("episode.chat_template", None, "the tokenizer has no chat template to render "
-                                       "a harness's messages", "set episode.chat_template: plain, or give a Jinja "
-                                       "chat template")])  # fmt: skip
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    "episode.chat_template",
+                    None,
+                    "the tokenizer has no chat template to render a harness's messages",
+                    "set episode.chat_template: plain, or give a Jinja chat template",
+                )
+            ]
+        )
     template_text = template if template is not None else str(tokenizer.chat_template)
     renderer = RequestRenderer(tokenizer, template, tool_format(ep.tool_format, template_text))
     max_new = cfg.generation.max_new_tokens
     limits = SessionLimits(ep.max_turns, ep.token_budget(max_new), max_new, ep.max_observation_tokens, positions)
-    endpoint = EndpointSettings(ep.endpoint.host, ep.endpoint.port, ep.endpoint.max_body_bytes,
-                                ep.endpoint.model_name)  # fmt: skip
+    endpoint = EndpointSettings(ep.endpoint.host, ep.endpoint.port, ep.endpoint.max_body_bytes, ep.endpoint.model_name)
     return HarnessSettings(spec, renderer, limits, ep.harness_timeout_s, endpoint, ep.endpoint.batch_window_s)

@@ -28,9 +28,12 @@ def session_rewards(
 
 
 def harness_completions(
-    results: list[SessionResult] | HarnessError, prompt: Prompt, reward_fn: Callable[..., float],
-    kwargs: Mapping[str, Any], decode: Callable[[Sequence[int]], str],
-) -> tuple[tuple[int, ...], list[Completion], list[float]] | RewardError:  # fmt: skip
+    results: list[SessionResult] | HarnessError,
+    prompt: Prompt,
+    reward_fn: Callable[..., float],
+    kwargs: Mapping[str, Any],
+    decode: Callable[[Sequence[int]], str],
+) -> tuple[tuple[int, ...], list[Completion], list[float]] | RewardError:
     """The group's prompt ids, one completion per session and the raw rewards; or the failure of this prompt."""
     if isinstance(results, HarnessError):
         return results
@@ -39,6 +42,7 @@ def harness_completions(
     except RewardError as error:
         return attach_cost(error, GenerationCost(sum(r.session.counts.served_tokens for r in results)))
     shared = shared_prompt(results)
-    completions = [session_completion(result, reward, len(shared), decode)
-                   for result, reward in zip(results, rewards, strict=True)]  # fmt: skip
+    completions = [
+        session_completion(result, reward, len(shared), decode) for result, reward in zip(results, rewards, strict=True)
+    ]
     return shared, completions, rewards
