@@ -2,12 +2,14 @@
 
 - metrics.jsonl holds one JSON object per step, with exactly the logged values, steps strictly increasing;
   a second log for the last step merges into its line; going back or re-logging a value differently raises.
-- Unknown keys and non-numbers are refused with the fix in the message; NaN becomes null (strict JSON) and
-  is noted in events.log.
+- Unknown keys and non-numbers are refused with the fix in the message; a key in an open namespace
+  (``loss/plugin/<name>``, a plug-in loss's own metric) is accepted for a name of ``[a-z0-9_]`` only; NaN becomes
+  null (strict JSON) and is noted in events.log.
 - ``truncate_after(step)`` drops later lines so a resumed run continues without gaps or duplicates,
   in metrics.jsonl and in TensorBoard (read back with the event accumulator).
 - A torn last line (crash mid-write) is ignored; a corrupted middle line is an error.
-- Every key of ``METRIC_KEYS`` is defined exactly once in docs/metrics.md, and nothing else is.
+- Every key of ``METRIC_KEYS`` and every open namespace is defined exactly once in docs/metrics.md, and nothing
+  else is.
 - Progress: a rich bar on a terminal; elsewhere (or with progress off) a compact line every N steps with
   the step's figures, the latest held-out accuracy (kept from the last step that had one, or the evaluation
   before training) and an ETA at this session's pace; ``groupwise sft`` prints the same lines with its loss and
@@ -25,7 +27,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from groupwise.run.metric_keys import METRIC_KEYS
+from groupwise.run.metric_keys import METRIC_KEYS, METRIC_NAMESPACES
 from groupwise.run.metrics import MetricsWriter, read_metrics
 from groupwise.run.progress import RunProgress
 from groupwise.run.rundir import RunDir
@@ -71,7 +73,14 @@ def test_bad_keys_and_values_are_refused(run: RunDir) -> None:
         writer.log(1, {"reward/trained_maen": 1.0})
     with pytest.raises(TypeError, match=r"\.item\(\)"):
         writer.log(1, {"loss/total": "1.0"})
+    with pytest.raises(ValueError, match="unknown metric key 'loss/plugin/Bad-Name'"):
+        writer.log(1, {"loss/plugin/Bad-Name": 1.0})
+    with pytest.raises(ValueError, match="unknown metric key 'loss/plugin/'"):
+        writer.log(1, {"loss/plugin/": 1.0})
     assert not run.metrics_path.exists()
+    writer.log(1, {"loss/plugin/advantage_abs": 0.5})
+    assert read_metrics(run.metrics_path) == [{"step": 1, "loss/plugin/advantage_abs": 0.5}]
+    run.metrics_path.unlink()
     free = MetricsWriter(run, tensorboard=False, known_keys=None)
     free.log(1, {"custom/thing": 2})
     assert read_metrics(run.metrics_path) == [{"step": 1, "custom/thing": 2}]
@@ -146,9 +155,10 @@ def test_tensorboard_holds_the_scalars_and_respects_resume(run: RunDir) -> None:
 
 def test_every_metric_key_is_defined_exactly_once_in_the_docs() -> None:
     definitions = re.findall(r"^\| `([^`]+)` \|", DOCS.read_text(encoding="utf-8"), flags=re.MULTILINE)
-    counts = {key: definitions.count(key) for key in METRIC_KEYS}
+    namespaces = [f"{namespace}<name>" for namespace in METRIC_NAMESPACES]
+    counts = {key: definitions.count(key) for key in [*METRIC_KEYS, *namespaces]}
     assert {k: c for k, c in counts.items() if c != 1} == {}
-    assert sorted(set(definitions) - set(METRIC_KEYS)) == []
+    assert sorted(set(definitions) - set(METRIC_KEYS) - set(namespaces)) == []
     assert len(set(METRIC_KEYS)) == len(METRIC_KEYS)
 
 

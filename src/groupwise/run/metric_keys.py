@@ -2,6 +2,8 @@
 
 ``METRIC_KEYS`` is the closed list of keys a metrics line may hold; each one is defined exactly once in
 ``docs/metrics.md`` (a test pins that). Adding a metric means adding it here and defining it there.
+``METRIC_NAMESPACES`` are the open ones: ``<namespace><name>`` for any name of ``[a-z0-9_]``, each namespace defined
+once in docs/metrics.md as ``<namespace><name>`` (a plug-in loss's own metrics: ``loss/plugin/<name>``).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ METRIC_KEYS: tuple[str, ...] = (
     "loss/is_weight_mean",
     "loss/is_weight_max",
     "loss/is_oob_fraction",
+    "loss/is_seq_masked_fraction",
     "loss/ratio_mean",
     # rollout–trainer mismatch (groupwise.algo.mismatch)
     "mismatch/on_policy_fraction",
@@ -129,3 +132,6 @@ METRIC_KEYS: tuple[str, ...] = (
     # supervised warm start (groupwise sft)
     "sft/loss",
 )
+
+#: Open namespaces: a key ``<namespace><name>`` with a name of ``[a-z0-9_]`` (at most 64) is accepted.
+METRIC_NAMESPACES: tuple[str, ...] = ("loss/plugin/",)

@@ -18,6 +18,7 @@ import json
 import math
 import numbers
 import os
+import re
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,6 +30,7 @@ from groupwise.run.rundir import RunDir
 from groupwise.run.trackers import TensorBoardTracker, Tracker
 
 _DEFAULT_KEYS = object()
+_NAME = re.compile(r"[a-z0-9_]{1,64}")  # a name in an open namespace (groupwise.run.metric_keys)
 
 
 class MetricsWriter:
@@ -51,10 +53,11 @@ class MetricsWriter:
         self.trackers: list[Tracker] = list(trackers)
         if tensorboard and not any(t.name == "tensorboard" for t in self.trackers):
             self.trackers.insert(0, TensorBoardTracker(self.tensorboard_dir))
+        self.namespaces: tuple[str, ...] = ()
         if known_keys is _DEFAULT_KEYS:
-            from groupwise.run.metric_keys import METRIC_KEYS
+            from groupwise.run.metric_keys import METRIC_KEYS, METRIC_NAMESPACES
 
-            known_keys = METRIC_KEYS
+            known_keys, self.namespaces = METRIC_KEYS, METRIC_NAMESPACES
         self.known_keys: frozenset[str] | None = (
             None if known_keys is None else frozenset(cast("Iterable[str]", known_keys))  # not the sentinel any more
         )
@@ -139,8 +142,12 @@ class MetricsWriter:
         write_run_file(tmp, "".join(json.dumps(r, allow_nan=False) + "\n" for r in records).encode("utf-8"))
         os.replace(tmp, self.metrics_path)  # replaces a link itself, never writes through it
 
+    def _in_namespace(self, key: str) -> bool:
+        """``key`` is ``<namespace><name>`` for an open namespace and a name of ``[a-z0-9_]`` (metric_keys)."""
+        return any(key.startswith(ns) and _NAME.fullmatch(key[len(ns) :]) for ns in self.namespaces)
+
     def _checked_value(self, key: str, value: object) -> float | int | None:
-        if self.known_keys is not None and key not in self.known_keys:
+        if self.known_keys is not None and key not in self.known_keys and not self._in_namespace(key):
             raise ValueError(
                 f"unknown metric key {key!r}; every key must be listed in groupwise.run.metric_keys.METRIC_KEYS and "
                 "defined in docs/metrics.md — add it to both, or fix the spelling"
