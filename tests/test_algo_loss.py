@@ -1,11 +1,11 @@
-"""The clipped policy-gradient loss against hand-computed values.
+"""The clipped policy-gradient loss (``dapo`` on :class:`LossInputs`) against hand-computed values.
 
 Pins: clip-low and clip-high bind the objective (and zero its gradient) on the right side; dual clip caps
-negative-advantage tokens at −A·c; IS weights exp(prev − gen) are clamped (tis), zeroed outside the bounds
-(icepop) or raw (none), with non-finite weights → 0; token- vs sequence-level normalisation; k3 KL with
-input/output clamps; entropy bonus; padded positions never reach value or gradient; summing chunk losses
-with the step's global denominator equals the one-shot loss in value AND gradient, and merged stats equal
-one-shot stats; bad input raises.
+negative-advantage tokens at −A·c (its fraction is reported only when ``dual_clip_c`` is set); IS weights
+exp(prev − gen) are clamped (tis), zeroed outside the bounds (icepop) or raw (none), with non-finite weights → 0;
+token- vs sequence-level normalisation; k3 KL with input/output clamps; entropy bonus; padded positions never reach
+value or gradient; summing chunk losses with the step's global denominator equals the one-shot loss in value AND
+gradient, and merged stats equal one-shot stats; bad input raises naming the tensor or the coefficient.
 """
 
 import math
@@ -13,7 +13,11 @@ import math
 import pytest
 import torch
 
-from groupwise.algo.loss import LossStats, global_denominator, policy_loss
+from groupwise.algo.clip_losses import dapo
+from groupwise.algo.loss import global_denominator
+from groupwise.algo.loss_seam import LossInputs
+from groupwise.algo.loss_stats import LossStats
+from groupwise.config.algorithm import LossSection
 
 pytestmark = pytest.mark.numerics
 
@@ -26,6 +30,15 @@ def leaf(values) -> torch.Tensor:
 
 def data(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64)
+
+
+def policy_loss(logprobs, prev_logprobs, generation_logprobs, advantages, mask, *, denominator, ref_logprobs=None,
+                entropy=None, **settings):
+    """``dapo`` on these tensors, the loss section built from ``settings`` (normalization, clip, IS, KL, entropy)."""
+    inputs = LossInputs(logprobs, prev_logprobs, generation_logprobs, advantages, mask, LossSection(**settings),
+                        normaliser=denominator, ref_logprobs=ref_logprobs, entropy=entropy)
+    result = dapo(inputs)
+    return result.loss, result.stats
 
 
 def assert_values(tensor: torch.Tensor, expected) -> None:
@@ -48,6 +61,7 @@ def test_clip_low_and_high_bind_the_objective():
     assert metrics["loss/clip_low_fraction"] == 0.25 and metrics["loss/clip_high_fraction"] == 0.25
     assert metrics["loss/ratio_mean"] == pytest.approx((1.5 + 1.0 + 0.5 + 1.1) / 4)
     assert metrics["loss/total"] == loss.item()
+    assert "loss/dual_clip_fraction" not in metrics  # no dual clip set: not measured, not a 0.0
 
 
 def test_ratio_inside_the_clip_range_is_not_clipped_whatever_the_sign():
@@ -204,10 +218,7 @@ def test_global_denominator_rejects_a_step_without_valid_tokens():
         (dict(mask=data([[1, 1, 1]])), "mask has shape"),
         (dict(kl_coef=0.1), "needs ref_logprobs"),
         (dict(entropy_coef=0.1), "needs the per-token entropy"),
-        (dict(dual_clip_c=1.0), "dual_clip_c must be > 1"),
-        (dict(denominator=0.0), "denominator must be > 0"),
-        (dict(normalization="sample"), "normalization must be"),
-        (dict(is_ratio_min=3.0), "is_ratio_min <= is_ratio_max"),
+        (dict(denominator=0.0), "normaliser must be > 0"),
     ],
 )
 def test_bad_input_raises_naming_the_problem(overrides, message):

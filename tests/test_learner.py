@@ -5,7 +5,8 @@ Invariants pinned:
   micro-batches by rows, or packed under a token budget (hypothesis over splits; token- and sequence-level
   normalisation): equal to the one-shot gradient within float rounding;
 - with one update per step (K = E = 1) the learner reproduces the previous learner's arithmetic bit for bit
-  (same parameters after several steps as a verbatim copy of that code, plain logprob path);
+  (same parameters after several steps as a verbatim copy of that code, plain logprob path, its loss call now
+  the built-in ``dapo`` on ``LossInputs``);
 - PPO mini-batches: K × E optimizer updates per step, one weight version and one LR-schedule step per RL step;
   the first update equals the K·E = 1 update (old logprobs computed before it), later ones see a moved
   ratio and the clip acts; a step streamed in chunks equals the same step trained at once, bit for bit;
@@ -30,7 +31,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from groupwise.algo.loss import policy_loss
+from groupwise.algo.clip_losses import dapo
+from groupwise.algo.loss_seam import LossInputs
 from groupwise.batch import RowBatch
 from groupwise.config import config_from_dict
 from groupwise.config.algorithm import LossSection, OptimizerSection
@@ -129,12 +131,9 @@ def _previous_learner_step(model, optimizer, scheduler, rows, micro_batch_rows):
         logprobs, entropy, mask = completion_logprobs(model, micro["prompt_ids"], micro["completion_ids"], 1.0,
                                                       with_entropy=True)
         generation = pad_right(micro["generation_logprobs"], logprobs.shape[1])
-        loss, _ = policy_loss(
-            logprobs, logprobs.detach(), generation, micro["advantage"], mask, epsilon_low=0.2, epsilon_high=0.28,
-            dual_clip_c=None, normalization="token_level", denominator=1.0, kl_coef=0.0, ref_logprobs=None,
-            kl_input_clamp=20.0, kl_output_clamp=10.0, importance_sampling=True, is_truncation="tis",
-            is_ratio_min=0.0, is_ratio_max=2.0, entropy=entropy, entropy_coef=0.01,
-        )  # fmt: skip
+        # the loss as the built-in dapo computes it (the 20-parameter policy_loss this called is now that function)
+        loss = dapo(LossInputs(logprobs, logprobs.detach(), generation, micro["advantage"], mask,
+                               LossSection(entropy_coef=0.01), entropy=entropy)).loss  # fmt: skip
         loss.backward()
         normaliser += float(int(mask.sum().item()))
     scale = 1.0 / max(normaliser, 1.0)

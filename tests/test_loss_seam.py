@@ -1,15 +1,17 @@
-"""The loss seam and its registry (``loss.type``).
+"""The loss seam and its registry (``loss.type``); the plug-in contract itself is tests/test_loss_plugins.py.
 
 Invariants pinned:
-- the default job (examples/addition.yaml: ``loss.type`` unset, so ``dapo``) trains bit for bit as before the seam:
-  a learner whose micro-batch pass calls ``policy_loss`` with the loss section's settings one by one (the previous
-  learner's code, kept verbatim below) and the learner through the seam give identical weights and metrics after
-  several steps on fixed rows of the job's shape, with the shipped warm-start model;
+- the default job (examples/addition.yaml: ``loss.type`` unset, so ``dapo``) trains as it did when the learner called
+  the 20-parameter ``policy_loss`` field by field: the loss, gradient norm and entropy of three steps on fixed rows
+  of the job's shape, with the shipped warm-start model, are the values recorded from that learner (bit for bit
+  then; to 1e-6 here, so another CPU's rounding does not fail it);
 - ``loss.type`` names each built-in loss and its declaration; a plug-in ``module:function`` (a plain function, or a
   ``PolicyLoss`` declaring its normaliser and inputs) trains, and receives the entropy only when it declares it;
 - a plug-in that does not import, is not callable or takes other arguments is a config error at ``loss.type``,
-  raised when the config loads; a clip key the chosen loss does not read is an error naming that key; ``dr_grpo``
-  with std-normalised advantages is an error naming ``grpo.normalize_advantages``;
+  raised when the config loads, and the refusal carries no memory address; a clip key the chosen loss does not
+  read is an error naming that key; ``dr_grpo`` with std-normalised advantages is an error naming
+  ``grpo.normalize_advantages``;
+- every loss gives the same update however the step is cut into chunks and micro-batches;
 - the reference policy is scored only when the loss asks for it or ``loss.kl_coef > 0``.
 """
 
@@ -22,52 +24,17 @@ import plugin_losses
 import pytest
 import torch
 
-from groupwise.algo.loss import policy_loss
 from groupwise.algo.loss_menu import BUILTIN_LOSSES
 from groupwise.algo.loss_registry import resolve_loss
-from groupwise.algo.mismatch import mismatch_stats, on_policy_tokens
 from groupwise.batch import RowBatch
 from groupwise.config import ConfigError, load_config
 from groupwise.config.algorithm import LossSection, OptimizerSection
 from groupwise.model import load_policy
-from groupwise.rows import pad_right, span_versions
-from groupwise.trainer.learner import Learner, LearnerSettings, MicroBatch
+from groupwise.trainer.learner import Learner, LearnerSettings
 
 pytestmark = pytest.mark.numerics
 
 DEFAULT_JOB = "examples/addition.yaml"
-
-
-class PreviousLearner(Learner):
-    """The learner as it was before the seam: its micro-batch pass, verbatim (the loss called field by field)."""
-
-    def _backward(self, micro: MicroBatch, prev: torch.Tensor | None, ref: torch.Tensor | None) -> None:
-        step, loss_cfg = self._step, self.settings.loss
-        assert step is not None and micro is not None
-        scored = self._score(micro)
-        logprobs, mask = scored.logprobs, scored.mask
-        device = logprobs.device
-        if ref is None and loss_cfg.kl_coef > 0:
-            ref = self._reference_logprobs(micro)
-        old = logprobs.detach() if prev is None else prev
-        generation = pad_right(micro.sequence("generation_logprobs"), logprobs.shape[1]).to(device)
-        loss, stats = policy_loss(
-            logprobs, old, generation, micro.tensor("advantage").to(device), mask,
-            epsilon_low=loss_cfg.epsilon_low, epsilon_high=loss_cfg.epsilon_high, dual_clip_c=loss_cfg.dual_clip_c,
-            normalization=loss_cfg.normalization, denominator=1.0, kl_coef=loss_cfg.kl_coef, ref_logprobs=ref,
-            kl_input_clamp=loss_cfg.kl_input_clamp, kl_output_clamp=loss_cfg.kl_output_clamp,
-            importance_sampling=loss_cfg.importance_sampling, is_truncation=loss_cfg.is_truncation,
-            is_ratio_min=loss_cfg.is_ratio_min, is_ratio_max=loss_cfg.is_ratio_max, entropy=scored.entropy,
-            entropy_coef=loss_cfg.entropy_coef,
-        )  # fmt: skip
-        self._run_backward(loss)
-        versions = span_versions(micro.sequence("version_spans"), logprobs.shape[1]).to(device)
-        stats.merge(mismatch_stats(old, generation, on_policy_tokens(versions, self.version, mask)))
-        step.stats.merge(stats)
-        step.update.masks.append(mask)
-        step.update.loss_sum += float(loss.detach())
-        step.padded_tokens += scored.padded_tokens
-        step.real_tokens += scored.real_tokens
 
 
 def job_rows(seed: int, vocab: int, groups: int = 16, size: int = 8, max_new_tokens: int = 6) -> RowBatch:
@@ -89,20 +56,26 @@ def job_rows(seed: int, vocab: int, groups: int = 16, size: int = 8, max_new_tok
     return RowBatch({**cols, "advantage": torch.tensor(cols["advantage"], dtype=torch.float32)})
 
 
-def test_default_job_trains_bit_for_bit_as_the_previous_learner():
+#: (loss/total, optim/grad_norm, loss/entropy) of the default job's first three steps on ``job_rows(0..2)``, recorded
+#: from the learner that called ``policy_loss`` field by field (the new dapo matched it bit for bit).
+RECORDED_STEPS = [
+    (-0.023378379446895498, 1.3551504611968994, 0.9629653462192469),
+    (0.007399831806217228, 0.9441541433334351, 1.4385400720544763),
+    (-0.01072946408899819, 1.8343355655670166, 0.9941888035268847),
+]
+
+
+def test_default_job_trains_as_the_learner_that_called_policy_loss():
     cfg = load_config(DEFAULT_JOB)
     assert cfg.loss.type == "dapo"
-    settings = LearnerSettings.from_config(cfg)
     model = load_policy("hf", path=cfg.model.path, device="cpu", dtype=cfg.model.dtype).model
-    new, old = Learner(copy.deepcopy(model), settings), PreviousLearner(copy.deepcopy(model), settings)
+    learner = Learner(model, LearnerSettings.from_config(cfg))
     vocab = model.get_input_embeddings().num_embeddings
-    for seed in range(3):
-        rows = job_rows(seed, vocab)
-        got, want = new.train_step(rows), old.train_step(rows)
-        assert {k: v for k, v in got.items() if not k.startswith("perf/")} == {
-            k: v for k, v in want.items() if not k.startswith("perf/")}
-    for (name, a), b in zip(new.model.named_parameters(), old.model.parameters(), strict=True):
-        assert torch.equal(a, b), name
+    for seed, recorded in enumerate(RECORDED_STEPS):
+        metrics = learner.train_step(job_rows(seed, vocab))
+        got = (metrics["loss/total"], metrics["optim/grad_norm"], metrics["loss/entropy"])
+        assert got == pytest.approx(recorded, rel=1e-6, abs=1e-9)
+        assert "loss/dual_clip_fraction" not in metrics  # loss.dual_clip_c is unset: nothing was measured
 
 
 def test_every_builtin_loss_resolves_with_its_declaration():
@@ -153,7 +126,7 @@ def config_errors(*overrides: str):
 
 
 @pytest.mark.parametrize(("target", "words"), [
-    ("plugin_losses:two_arguments", "cannot be called with one argument"),
+    ("plugin_losses:two_arguments", "signature is (inputs: 'LossInputs', extra: 'int')"),
     ("plugin_losses:NOT_CALLABLE", "not a loss"),
     ("plugin_losses:missing", "has no 'missing'"),
     ("no_such_module_anywhere:loss", "cannot import module"),
@@ -162,6 +135,7 @@ def config_errors(*overrides: str):
 def test_an_unusable_loss_type_is_a_config_error_naming_the_key(target, words):
     issue = config_errors(f"loss.type={target}")["loss.type"]
     assert issue.value == target and words in issue.rule
+    assert "0x" not in issue.rule and " at 0x" not in issue.fix  # no memory address: the same run, the same words
 
 
 def test_a_clip_key_the_loss_does_not_read_is_an_error_naming_it():

@@ -41,12 +41,11 @@ def test_the_sums_are_over_on_policy_tokens_only():
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     on_policy = on_policy_tokens(versions, 4, mask)
     assert on_policy.tolist() == [[True, True, False], [True, True, False]]
-    stats = mismatch_stats(learner, recorded, on_policy)
+    stats = mismatch_stats(learner, recorded, on_policy, mask)
     deltas = [0.1, 0.0, -0.2, 0.0]
-    assert stats.mismatch_tokens == 4
-    assert stats.mismatch_abs_sum == pytest.approx(sum(abs(d) for d in deltas), abs=1e-6)
-    assert stats.mismatch_k3_sum == pytest.approx(sum(math.expm1(d) - d for d in deltas), abs=1e-6)
-    stats.num_tokens = 5.0
+    assert stats.on_policy_tokens == 4 and stats.scored_tokens == 5
+    assert stats.abs_sum == pytest.approx(sum(abs(d) for d in deltas), abs=1e-6)
+    assert stats.k3_sum == pytest.approx(sum(math.expm1(d) - d for d in deltas), abs=1e-6)
     metrics = stats.as_metrics()
     assert metrics["mismatch/on_policy_fraction"] == pytest.approx(4 / 5)
     assert metrics["mismatch/logprob_abs_diff"] == pytest.approx(0.3 / 4, abs=1e-6)

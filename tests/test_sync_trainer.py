@@ -1,8 +1,8 @@
 """The sync trainer end to end, on a tiny random model.
 
 Invariants pinned:
-- a run writes every artifact (config.yaml, metrics.jsonl with the documented keys, events.log, train_data,
-  tensorboard, checkpoints, final/ loadable by plain transformers);
+- a run writes every artifact (config.yaml, metrics.jsonl with the documented keys, and not ``loss/kl`` without a
+  reference model, events.log, train_data, tensorboard, checkpoints, final/ loadable by plain transformers);
 - train_data rows are row-aligned: each row's reward is the reward of that very completion, groups whole and in
   the trained order (the misaligned-rewards bug of docs/design.md, at trainer level);
 - reward/unfiltered_mean is the mean over every row generated for the step across all rounds, and
@@ -34,7 +34,7 @@ REQUIRED_KEYS = {
     "step", "weight_version", "reward/unfiltered_mean", "reward/trained_mean", "ds/groups_generated",
     "ds/groups_filtered", "ds/groups_trained", "ds/zero_variance_fraction", "ds/zero_variance_max_fraction",
     "ds/zero_variance_min_fraction", "ds/gen_rounds", "ds/discarded_valid_groups", "ds/carried_groups",
-    "loss/total", "loss/clip_fraction", "loss/kl", "loss/entropy", "optim/grad_norm", "optim/lr",
+    "loss/total", "loss/clip_fraction", "loss/entropy", "optim/grad_norm", "optim/lr",
     "perf/step_seconds", "perf/gen_tokens_per_s", "perf/train_tokens_per_s",
 }  # fmt: skip
 
@@ -79,6 +79,7 @@ def test_artifacts_and_aligned_train_data(tmp_path):
     assert [r["step"] for r in steps] == [1, 2, 3]
     for record in steps:
         assert record.keys() >= REQUIRED_KEYS, REQUIRED_KEYS - record.keys()
+        assert "loss/kl" not in record  # no reference model: the KL is not measured, so not logged as 0.0
     assert "eval/accuracy" in records[0] and records[0]["step"] == 0
     assert any(p.name.startswith("events.out.tfevents") for p in (root / "tensorboard").rglob("*"))
     assert latest_checkpoint(root).name == "step_3"

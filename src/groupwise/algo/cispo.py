@@ -6,7 +6,7 @@ Per valid token, with ratio ``r = exp(logprob − prev)`` and the completion's a
 
     ℓ = −w · sg[min(r, 1 + ε_high)] · A · logprob        loss = Σ_i Σ_t ℓ_it / Σ_i n_i   (token-level mean)
 
-where ``sg`` is stop-gradient and ``w`` the behaviour importance weight of :mod:`groupwise.algo.loss`. The
+where ``sg`` is stop-gradient and ``w`` the behaviour importance weight of :mod:`groupwise.algo.importance`. The
 gradient is ``−w · min(r, 1 + ε_high) · A · ∇logprob`` on EVERY token: where PPO's clip zeroes a token's gradient,
 CISPO only caps its weight. As in the paper only the upper bound is applied (``loss.epsilon_low`` has no effect:
 a config error). ``loss/clip_high_fraction`` counts the tokens whose coefficient was capped. Note that the loss
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from groupwise.algo.loss import chunk_stats, importance_weights
 from groupwise.algo.loss_seam import LossInputs, LossResult
-from groupwise.algo.loss_terms import cleaned, penalties
+from groupwise.algo.loss_stats import chunk_stats
+from groupwise.algo.loss_terms import add_penalties, cleaned, weights
 
 
 def cispo(inputs: LossInputs) -> LossResult:
@@ -30,12 +30,11 @@ def cispo(inputs: LossInputs) -> LossResult:
     cap = 1.0 + s.epsilon_high
     coefficient = ratio.clamp(max=cap).detach()
     objective = -inputs.advantages.detach()[:, None] * coefficient * c.cur
-    weight, raw_weight, oob = importance_weights(c.prev, c.gen, s.importance_sampling, s.is_truncation,
-                                                 s.is_ratio_min, s.is_ratio_max)
-    per_token = weight * objective
-    extra, kl = penalties(inputs, c)
-    loss = ((per_token + extra) * c.mask).sum() / inputs.normaliser
+    w = weights(inputs, c.prev, c.gen, c.valid)
+    per_token = w.applied * objective
+    total, kl = add_penalties(per_token, inputs, c)
+    loss = (total * c.mask).sum() / inputs.normaliser
     capped = ratio.detach() > cap
-    flags = {"clip": capped, "clip_low": torch.zeros_like(capped), "clip_high": capped}
-    stats = chunk_stats(c.valid, per_token, ratio, flags, raw_weight, oob, kl, inputs.entropy)
+    flags = {"clip": capped, "clip_high": capped}  # no lower bound: CISPO caps the weight from above only
+    stats = chunk_stats(c.valid, per_token, ratio, flags, w, kl, inputs.entropy)
     return LossResult(loss, stats)

@@ -11,17 +11,19 @@ equals ``s_i`` in value; its loss is ``(1/N) Σ_i (1/n_i) Σ_t w_i · max(−A_i
 advantage per completion (ours) both give the same value and gradient; the token form is the one that admits
 per-token advantages. The paper's clip range is narrow (ε of a few 1e-4), since a sequence ratio moves less than
 a token ratio; set ``loss.epsilon_low`` / ``epsilon_high`` accordingly (they act only with several updates per
-step). The behaviour correction is sequence-level too: ``w_i = exp((1/n_i) Σ_t (prev_it − gen_it))``, truncated
-as ``loss.is_truncation`` says. The penalties (KL, entropy) are averaged per completion like the objective.
+step). The behaviour correction is sequence-level too: ``w_i = exp((1/n_i) Σ_t (prev_it − gen_it))``, bounded
+as ``loss.is_truncation`` says (``seq_mask_tis`` then drops the completions whose ``w_i`` leaves the bounds, like
+``icepop``). The penalties (KL, entropy) are averaged per completion like the objective.
 """
 
 from __future__ import annotations
 
 import torch
 
-from groupwise.algo.loss import chunk_stats, clipped_objective, importance_weights
+from groupwise.algo.loss import clipped_objective
 from groupwise.algo.loss_seam import LossInputs, LossResult
-from groupwise.algo.loss_terms import cleaned, penalties
+from groupwise.algo.loss_stats import chunk_stats
+from groupwise.algo.loss_terms import add_penalties, cleaned, weights
 
 
 def _sequence_ratio_loss(inputs: LossInputs, token_gradient: bool) -> LossResult:
@@ -35,14 +37,12 @@ def _sequence_ratio_loss(inputs: LossInputs, token_gradient: bool) -> LossResult
         ratio = sequence_ratio.expand_as(c.cur)
     advantages = inputs.advantages.detach()[:, None]
     objective, flags = clipped_objective(ratio, advantages, s.epsilon_low, s.epsilon_high, None)
-    weight, raw_weight, oob = importance_weights(
-        c.row_mean(c.prev)[:, None].expand_as(c.cur), c.row_mean(c.gen)[:, None].expand_as(c.cur),
-        s.importance_sampling, s.is_truncation, s.is_ratio_min, s.is_ratio_max,
-    )  # fmt: skip
-    per_token = weight * objective
-    extra, kl = penalties(inputs, c)
-    loss = c.row_mean(per_token + extra).sum() / inputs.normaliser
-    stats = chunk_stats(c.valid, per_token, ratio, flags, raw_weight, oob, kl, inputs.entropy)
+    sequence = weights(inputs, c.row_mean(c.prev)[:, None].expand_as(c.cur),
+                       c.row_mean(c.gen)[:, None].expand_as(c.cur), c.valid)  # fmt: skip
+    per_token = sequence.applied * objective
+    total, kl = add_penalties(per_token, inputs, c)
+    loss = c.row_mean(total).sum() / inputs.normaliser
+    stats = chunk_stats(c.valid, per_token, ratio, flags, sequence, kl, inputs.entropy)
     return LossResult(loss, stats)
 
 

@@ -26,31 +26,37 @@ class LossDeclaration:
     completions with at least one valid token); ``None`` = the ``loss.normalization`` key decides (``dapo`` only).
     ``needs_reference``: the learner scores the reference policy and hands its logprobs over (built-in losses
     need them only for the KL term, i.e. when ``loss.kl_coef > 0``). ``needs_entropy``: the learner computes the
-    per-token entropy and hands it over. ``reads``: the keys of :data:`PER_LOSS_KEYS` the loss uses.
+    per-token entropy and hands it over (a loss that takes it applies ``loss.entropy_coef`` itself; with a loss that
+    does not, ``entropy_coef > 0`` is a config error). ``reads``: the keys of :data:`PER_LOSS_KEYS` the loss uses.
+    ``kwargs``: the ``loss.kwargs`` keys the loss reads (any other is a config error naming it); ``None`` = any.
     """
 
     normalization: Normalization | None
     reads: frozenset[str]
     needs_reference: bool = False
     needs_entropy: bool = True
+    kwargs: frozenset[str] | None = None
 
 
 def _reads(*keys: str) -> frozenset[str]:
     return frozenset(keys)
 
 
+_NONE: frozenset[str] = frozenset()  # the built-ins read no loss.kwargs: their settings are the section's keys
+
 #: The built-in losses (formulas and papers: :mod:`groupwise.algo.clip_losses`, :mod:`groupwise.algo.gspo`,
 #: :mod:`groupwise.algo.cispo`, and docs/learner.md).
 BUILTIN_LOSSES: dict[str, LossDeclaration] = {
-    "dapo": LossDeclaration(None, _reads("epsilon_low", "epsilon_high", "dual_clip_c", "normalization")),
-    "grpo": LossDeclaration("sequence_level", _reads("epsilon_low", "dual_clip_c")),
-    "dr_grpo": LossDeclaration("sequence_level", _reads("epsilon_low", "epsilon_high", "dual_clip_c")),
-    "gspo": LossDeclaration("sequence_level", _reads("epsilon_low", "epsilon_high")),
-    "gspo_token": LossDeclaration("sequence_level", _reads("epsilon_low", "epsilon_high")),
-    "cispo": LossDeclaration("token_level", _reads("epsilon_high")),
+    "dapo": LossDeclaration(None, _reads("epsilon_low", "epsilon_high", "dual_clip_c", "normalization"), kwargs=_NONE),
+    "grpo": LossDeclaration("sequence_level", _reads("epsilon_low", "dual_clip_c"), kwargs=_NONE),
+    "dr_grpo": LossDeclaration("sequence_level", _reads("epsilon_low", "epsilon_high", "dual_clip_c"), kwargs=_NONE),
+    "gspo": LossDeclaration("sequence_level", _reads("epsilon_low", "epsilon_high"), kwargs=_NONE),
+    "gspo_token": LossDeclaration("sequence_level", _reads("epsilon_low", "epsilon_high"), kwargs=_NONE),
+    "cispo": LossDeclaration("token_level", _reads("epsilon_high"), kwargs=_NONE),
 }
 
 DEFAULT_LOSS = "dapo"
 
-#: What a plug-in given as a plain function is taken to declare: a token-level sum, no reference, no entropy.
+#: What a plug-in given as a plain function is taken to declare: a token-level sum, no reference, no entropy, and
+#: any ``loss.kwargs`` (it declares none, so none can be checked).
 PLAIN_FUNCTION = LossDeclaration("token_level", frozenset(PER_LOSS_KEYS) - {"normalization"}, needs_entropy=False)

@@ -3,7 +3,9 @@
 A plug-in names a :class:`~groupwise.algo.loss_seam.PolicyLoss` (its function and declaration) or a plain function
 ``(inputs: LossInputs) -> LossResult`` (declared as :data:`~groupwise.algo.loss_menu.PLAIN_FUNCTION`: a token-level
 sum needing neither the reference policy nor the entropy). :func:`loss_problem` is what the config check runs
-before any model loads: it imports the target and checks that it can be called with one argument.
+before any model loads: it imports the target and checks that it can be called with one argument. Messages name
+the target as the user wrote it and never carry an object's repr (a memory address differs from run to run and
+means nothing to the reader).
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ def _takes_one_argument(function: object) -> bool:
     return True
 
 
+def _signature(function: object) -> str:
+    """The parameters of ``function`` as text (never its repr, which carries a memory address)."""
+    try:
+        return str(inspect.signature(function))  # type: ignore[arg-type]  # any callable
+    except (TypeError, ValueError):
+        return "unreadable"
+
+
 def resolve_loss(loss_type: str) -> PolicyLoss:
     """The loss ``loss_type`` names. Raises :class:`LossPluginError` (or the plug-in import error, a ValueError)."""
     if loss_type in _FUNCTIONS:
@@ -50,8 +60,8 @@ def resolve_loss(loss_type: str) -> PolicyLoss:
         loss = PolicyLoss(loss_type, found, PLAIN_FUNCTION)
     if not _takes_one_argument(loss.compute):
         raise LossPluginError(
-            f"loss.type plug-in {loss_type!r}: {loss.compute!r} cannot be called with one argument (its signature "
-            f"is {inspect.signature(loss.compute)}); a loss takes one LossInputs and returns a LossResult"
+            f"loss.type plug-in {loss_type!r}: its function cannot be called with one argument (its signature is "
+            f"{_signature(loss.compute)}); a loss takes one LossInputs and returns a LossResult"
         )
     return loss
 

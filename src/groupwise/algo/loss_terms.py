@@ -1,8 +1,9 @@
-"""Pieces every built-in loss beyond the PPO-clip family shares: the cleaned inputs and the penalty terms.
+"""Pieces every built-in loss shares: the cleaned inputs, the behaviour weights and the penalty terms.
 
 Padded positions (``mask == 0``) may hold any value, even inf: :func:`cleaned` replaces them with 0 before any
-arithmetic, so they reach neither value nor gradient. The penalties are those of :mod:`groupwise.algo.loss`:
-``kl_coef · k3(ref, cur) − entropy_coef · H`` per token.
+arithmetic, so they reach neither value nor gradient. The penalties are ``kl_coef · k3(ref, cur) − entropy_coef · H``
+per token (:mod:`groupwise.algo.loss`); the behaviour weights are :mod:`groupwise.algo.importance`'s, bounded as the
+``loss`` section says.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from groupwise.algo.importance import BehaviourWeights, behaviour_weights
 from groupwise.algo.loss import check_loss_inputs, k3_kl
 from groupwise.algo.loss_seam import LossInputs
 
@@ -49,18 +51,24 @@ def cleaned(inputs: LossInputs) -> Cleaned:
         return torch.where(valid, t, torch.zeros_like(t))
 
     return Cleaned(zero(inputs.logprobs), zero(inputs.prev_logprobs).detach(),
-                   zero(inputs.generation_logprobs).detach(), valid, mask, mask.sum(dim=1).clamp(min=1.0))
+                   zero(inputs.generation_logprobs).detach(), valid, mask, mask.sum(dim=1).clamp(min=1.0))  # fmt: skip
 
 
-def penalties(inputs: LossInputs, c: Cleaned) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(per-token ``kl_coef · kl − entropy_coef · H``, the k3 KL per token or None without reference logprobs).
-    Raises ValueError when a coefficient is on but its tensor was not given."""
+def weights(inputs: LossInputs, prev: torch.Tensor, gen: torch.Tensor, valid: torch.Tensor) -> BehaviourWeights:
+    """The behaviour weights of ``prev`` against ``gen`` as ``loss.importance_sampling`` and its bounds say."""
+    s = inputs.settings
+    return behaviour_weights(prev, gen, valid, enabled=s.importance_sampling, truncation=s.is_truncation,
+                             lo=s.is_ratio_min, hi=s.is_ratio_max)  # fmt: skip
+
+
+def add_penalties(total: torch.Tensor, inputs: LossInputs, c: Cleaned) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(``total + kl_coef · kl − entropy_coef · H`` per token, the k3 KL per token or None without reference
+    logprobs). Raises ValueError when a coefficient is on but its tensor was not given."""
     s = inputs.settings
     if s.kl_coef != 0.0 and inputs.ref_logprobs is None:
         raise ValueError(f"kl_coef={s.kl_coef} needs ref_logprobs (reference-policy logprobs); pass them or set 0")
     if s.entropy_coef != 0.0 and inputs.entropy is None:
         raise ValueError(f"entropy_coef={s.entropy_coef} needs the per-token entropy tensor; pass it or set 0")
-    total = torch.zeros_like(c.cur)
     kl = None
     if inputs.ref_logprobs is not None:
         kl = k3_kl(c.zeroed(inputs.ref_logprobs).detach(), c.cur, s.kl_input_clamp, s.kl_output_clamp)

@@ -16,9 +16,38 @@ sampling corrects and which is not a mismatch. Every backend reports them (docs/
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from groupwise.algo.loss import LossStats
+
+@dataclass
+class MismatchStats:
+    """The mismatch sums of a step's micro-batches: ``abs_sum`` ``Σ |δ|`` and ``k3_sum`` ``Σ (exp(δ) − 1 − δ)``
+    over the ``on_policy_tokens``, out of the ``scored_tokens`` (every valid token the learner scored)."""
+
+    abs_sum: float = 0.0
+    k3_sum: float = 0.0
+    on_policy_tokens: float = 0.0
+    scored_tokens: float = 0.0
+
+    def merge(self, other: MismatchStats) -> MismatchStats:
+        """Add ``other``'s sums into these; returns ``self``."""
+        self.abs_sum += other.abs_sum
+        self.k3_sum += other.k3_sum
+        self.on_policy_tokens += other.on_policy_tokens
+        self.scored_tokens += other.scored_tokens
+        return self
+
+    def as_metrics(self) -> dict[str, float]:
+        """``mismatch/on_policy_fraction`` when any token was scored; the gap and the KL when any was on-policy."""
+        metrics = {}
+        if self.scored_tokens:
+            metrics["mismatch/on_policy_fraction"] = self.on_policy_tokens / self.scored_tokens
+        if self.on_policy_tokens:
+            metrics["mismatch/logprob_abs_diff"] = self.abs_sum / self.on_policy_tokens
+            metrics["mismatch/kl_k3"] = self.k3_sum / self.on_policy_tokens
+        return metrics
 
 
 def on_policy_tokens(token_versions: torch.Tensor, version: int, mask: torch.Tensor) -> torch.Tensor:
@@ -27,14 +56,15 @@ def on_policy_tokens(token_versions: torch.Tensor, version: int, mask: torch.Ten
     return mask.bool() & (token_versions == version)
 
 
-def mismatch_stats(learner_logprobs: torch.Tensor, generation_logprobs: torch.Tensor,
-                   on_policy: torch.Tensor) -> LossStats:  # fmt: skip
-    """The mismatch sums of one micro-batch (module docstring) as :class:`LossStats` fields, to merge into the
-    step's: ``Σ |δ|``, ``Σ (exp(δ) − 1 − δ)`` and the count, over the ``on_policy`` tokens; ``δ = ℓ − g`` in
-    float32 (``learner_logprobs`` detached)."""
+def mismatch_stats(learner_logprobs: torch.Tensor, generation_logprobs: torch.Tensor, on_policy: torch.Tensor,
+                   mask: torch.Tensor) -> MismatchStats:  # fmt: skip
+    """The mismatch sums of one micro-batch (module docstring): ``Σ |δ|``, ``Σ (exp(δ) − 1 − δ)`` and the count over
+    the ``on_policy`` tokens, ``δ = ℓ − g`` in float32 (``learner_logprobs`` detached), out of ``mask``'s valid
+    tokens."""
     delta = (learner_logprobs.detach().float() - generation_logprobs.float())[on_policy]
-    return LossStats(
-        mismatch_abs_sum=float(delta.abs().sum()),
-        mismatch_k3_sum=float((torch.expm1(delta) - delta).sum()),
-        mismatch_tokens=float(delta.numel()),
+    return MismatchStats(
+        abs_sum=float(delta.abs().sum()),
+        k3_sum=float((torch.expm1(delta) - delta).sum()),
+        on_policy_tokens=float(delta.numel()),
+        scored_tokens=float((mask > 0).sum()),
     )

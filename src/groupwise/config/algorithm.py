@@ -157,17 +157,23 @@ class LossSection(Section):
     importance_sampling: bool = True
     """Correct for the gap between the sampling-time and the training-time policy with per-token importance
     weights (required by any off-policy data: async windows, ``surplus: carry``)."""
-    is_truncation: Literal["none", "tis", "icepop"] = "tis"
+    is_truncation: Literal["none", "tis", "icepop", "seq_mask_tis"] = "tis"
     """How importance weights are bounded: ``tis`` clamps them to ``[is_ratio_min, is_ratio_max]``; ``icepop``
-    zeroes tokens outside that range; ``none`` leaves them (needs ``importance_sampling`` unless ``none``). Left
-    unset, it follows ``importance_sampling``: ``tis`` when on, ``none`` when off."""
+    zeroes tokens outside that range; ``seq_mask_tis`` zeroes whole completions whose geometric-mean weight
+    ``exp(mean_t(prev − gen))`` is outside it and keeps the others' raw token weights (NeMo-RL's and OpenRLHF's
+    ``seq-mask-tis``); ``none`` leaves them (needs ``importance_sampling`` unless ``none``). Left unset, it follows
+    ``importance_sampling``: ``tis`` when on, ``none`` when off."""
     is_ratio_min: float = Field(0.0, ge=0)
     """Lower importance-weight bound (≥ 0, ≤ ``is_ratio_max``)."""
     is_ratio_max: float = Field(2.0, gt=0, le=MAX_COEF)
     """Upper importance-weight bound (0 < max ≤ 1e6, ≥ ``is_ratio_min``; no bound at all is
     ``is_truncation: none``)."""
     entropy_coef: float = Field(0.0, ge=0, le=MAX_COEF)
-    """Weight of the entropy bonus (0 ≤ c ≤ 1e6; a small value such as 0.01 delays entropy collapse)."""
+    """Weight of the entropy bonus (0 ≤ c ≤ 1e6; a small value such as 0.01 delays entropy collapse). A plug-in
+    ``loss.type`` must declare that it takes the entropy (``needs_entropy``) for a value > 0."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """A plug-in loss's own settings (``loss.type: package.module:name`` only), handed to it as ``inputs.kwargs``;
+    a plug-in that declares the keys it reads refuses any other. Built-in losses take none."""
 
     @field_validator("type")
     @classmethod

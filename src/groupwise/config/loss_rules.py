@@ -1,13 +1,16 @@
 """Cross-field rules of the loss and the advantages: a ``loss.type`` plug-in must import and take one argument, a
-clip or normaliser key the chosen loss does not read keeps its default, ``dr_grpo`` trains on advantages not
-divided by a std, a batch-level std needs the whole step at once; the KL term and its reference, the
-importance-weight bounds, and the clip keys that act only with several updates per step.
+clip or normaliser key the chosen loss does not read keeps its default, ``loss.kwargs`` holds only the keys a
+plug-in reads, an entropy or KL coefficient needs a loss that takes the entropy or the reference (never dropped
+silently), ``dr_grpo`` trains on advantages not divided by a std, a batch-level std needs the whole step at once;
+the KL term and its reference, the importance-weight bounds, and the clip keys that act only with several updates
+per step.
 
 Each rule yields every violation it finds, naming the key path, the value given, the rule and the fix.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -49,7 +52,8 @@ def declared_reference_needs_a_reference(cfg: RunConfig) -> Iterator[ConfigIssue
 @rule("loss")
 def loss_type_reads_its_keys(cfg: RunConfig) -> Iterator[ConfigIssue]:
     """loss.type names a built-in loss or a plug-in that imports and takes one argument (a LossInputs); the clip
-    keys (epsilon_low, epsilon_high, dual_clip_c, normalization) the loss does not read keep their defaults."""
+    keys (epsilon_low, epsilon_high, dual_clip_c, normalization) the loss does not read keep their defaults;
+    loss.kwargs is empty for a built-in loss and holds only the keys a plug-in declares, when it declares them."""
     loss = cfg.loss
     declaration, problem = _declaration(loss.type)
     if declaration is None:
@@ -64,6 +68,55 @@ def loss_type_reads_its_keys(cfg: RunConfig) -> Iterator[ConfigIssue]:
                 f"loss.{key}", value, f"loss.{key} has no effect with loss.type '{loss.type}' (it reads {reads})",
                 f"remove loss.{key}, or pick a loss that reads it (docs/learner.md lists what each one reads)",
             )
+    yield from _kwargs_issues(cfg, declaration)
+
+
+def _kwargs_issues(cfg: RunConfig, declaration: LossDeclaration) -> Iterator[ConfigIssue]:
+    """loss.kwargs are a plug-in's own settings: a built-in loss takes none, a plug-in that declares the keys it
+    reads takes only those."""
+    loss = cfg.loss
+    if loss.kwargs and loss.type in BUILTIN_LOSSES:
+        yield ConfigIssue(
+            "loss.kwargs", loss.kwargs, f"loss.kwargs are a plug-in loss's own settings; the built-in loss "
+            f"'{loss.type}' takes its settings from the loss section's keys",
+            "remove loss.kwargs, or name a plug-in loss.type (package.module:name)",
+        )  # fmt: skip
+        return
+    if declaration.kwargs is None:
+        return
+    for key in sorted(set(loss.kwargs) - declaration.kwargs):
+        reads = ", ".join(sorted(declaration.kwargs)) or "none"
+        near = difflib.get_close_matches(key, sorted(declaration.kwargs), n=1)
+        yield ConfigIssue(
+            f"loss.kwargs.{key}", loss.kwargs[key], f"loss.type '{loss.type}' declares the loss.kwargs it reads "
+            f"({reads}), and not {key!r}",
+            f"did you mean loss.kwargs.{near[0]}?" if near else f"remove loss.kwargs.{key}",
+        )  # fmt: skip
+
+
+@rule("loss")
+def penalties_need_a_loss_that_takes_them(cfg: RunConfig) -> Iterator[ConfigIssue]:
+    """loss.entropy_coef > 0 needs a loss that takes the entropy (every built-in does; a plug-in declares
+    needs_entropy), and with a plug-in loss.kl_coef > 0 needs one that declares needs_reference: a coefficient the
+    loss never sees would be dropped silently."""
+    loss = cfg.loss
+    declaration, _ = _declaration(loss.type)
+    if declaration is None:
+        return  # loss_type_reads_its_keys names the unusable plug-in
+    if loss.entropy_coef > 0 and not declaration.needs_entropy:
+        yield ConfigIssue(
+            "loss.entropy_coef", loss.entropy_coef, f"loss.type '{loss.type}' does not take the entropy (a plain "
+            "function, or a LossDeclaration with needs_entropy=False), so the bonus would be dropped",
+            "set loss.entropy_coef: 0, or declare needs_entropy=True in the plug-in's PolicyLoss and subtract "
+            "entropy_coef · inputs.entropy in it (docs/learner.md, 'Your own loss')",
+        )  # fmt: skip
+    if loss.kl_coef > 0 and loss.type not in BUILTIN_LOSSES and not declaration.needs_reference:
+        yield ConfigIssue(
+            "loss.kl_coef", loss.kl_coef, f"loss.type '{loss.type}' does not declare that it reads the reference "
+            "policy (needs_reference=False), so the KL term would be dropped",
+            "set loss.kl_coef: 0, or declare needs_reference=True in the plug-in's PolicyLoss and add "
+            "kl_coef · KL(inputs.ref_logprobs) in it",
+        )  # fmt: skip
 
 
 @rule("loss", "grpo")
@@ -135,7 +188,7 @@ def importance_sampling_bounds(cfg: RunConfig) -> Iterator[ConfigIssue]:
             value = getattr(loss, key)
             if value != type(loss).model_fields[key].default:
                 yield ConfigIssue(f"loss.{key}", value, f"loss.{key} has no effect with loss.is_truncation none",
-                                  f"remove loss.{key}, or set loss.is_truncation: tis or icepop")
+                                  f"remove loss.{key}, or set loss.is_truncation: tis, icepop or seq_mask_tis")
     elif loss.is_ratio_min > loss.is_ratio_max:
         yield ConfigIssue(
             "loss.is_ratio_min", loss.is_ratio_min,

@@ -32,10 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from groupwise.algo.loss import LossStats, global_denominator
+from groupwise.algo.loss import global_denominator
+from groupwise.algo.loss_menu import BUILTIN_LOSSES
 from groupwise.algo.loss_registry import resolve_loss
-from groupwise.algo.loss_seam import LossInputs
-from groupwise.algo.mismatch import mismatch_stats, on_policy_tokens
+from groupwise.algo.loss_seam import LossContractError, LossInputs, check_loss_result
+from groupwise.algo.loss_stats import LossStats
+from groupwise.algo.mismatch import MismatchStats, mismatch_stats, on_policy_tokens
 from groupwise.batch import RowBatch
 from groupwise.config.algorithm import LossSection, OptimizerSection
 from groupwise.model.completion_scorer import CompletionScorer, ScoredRows
@@ -116,6 +118,7 @@ class _OpenStep:
     """Everything a step accumulates between its first chunk and :meth:`Learner.finish_step`."""
 
     stats: LossStats = field(default_factory=LossStats)
+    mismatch: MismatchStats = field(default_factory=MismatchStats)
     update: _Update = field(default_factory=_Update)
     pending: list[RowBatch] = field(default_factory=list)  # K·E > 1: chunks kept for finish_step
     losses: list[float] = field(default_factory=list)  # normalised loss of each update taken
@@ -203,9 +206,8 @@ class Learner:
         self.version += 1
         seconds = step.seconds + time.perf_counter() - start
         self._step = None
-        stats, train_tokens, padded_tokens, real_tokens = self._step_totals(step)
-        metrics = stats.as_metrics(total_loss=sum(step.losses) / len(step.losses))
-        metrics.setdefault("loss/kl", 0.0)  # no reference model: the KL term is off (docs/metrics.md)
+        stats, mismatch, train_tokens, padded_tokens, real_tokens = self._step_totals(step)
+        metrics = stats.as_metrics(total_loss=sum(step.losses) / len(step.losses)) | mismatch.as_metrics()
         metrics.update(
             {
                 "optim/grad_norm": sum(step.grad_norms) / len(step.grad_norms),
@@ -271,16 +273,21 @@ class Learner:
             ref = self._reference_logprobs(micro)
         old = logprobs.detach() if prev is None else prev  # π_old: the step's weights, version self.version
         generation = pad_right(micro.sequence("generation_logprobs"), logprobs.shape[1]).to(device)
-        result = self.loss(LossInputs(
+        inputs = LossInputs(
             logprobs, old, generation, micro.tensor("advantage").to(device), mask, loss_cfg,
             max_completion_tokens=self.settings.max_completion_tokens, ref_logprobs=ref,
             entropy=scored.entropy if self.loss.declaration.needs_entropy else None,
-        ))  # fmt: skip
-        loss, stats = result.loss, result.stats
+        )  # fmt: skip
+        try:  # a plug-in's non-finite loss from finite inputs is its own failure; a built-in's is the model's
+            result = check_loss_result(self.loss(inputs), self.loss.name, inputs, self.loss.name not in BUILTIN_LOSSES)
+        except LossContractError:
+            self._abandon_step()
+            raise
+        loss = result.loss
         self._run_backward(loss)
         versions = span_versions(micro.sequence("version_spans"), logprobs.shape[1]).to(device)
-        stats.merge(mismatch_stats(old, generation, on_policy_tokens(versions, self.version, mask)))
-        step.stats.merge(stats)
+        step.mismatch.merge(mismatch_stats(old, generation, on_policy_tokens(versions, self.version, mask), mask))
+        step.stats.merge(result.stats).merge(LossStats(plugin=dict(result.metrics)))
         step.update.masks.append(mask)
         step.update.loss_sum += float(loss.detach())
         step.padded_tokens += scored.padded_tokens
@@ -317,9 +324,10 @@ class Learner:
         """What the summed gradients are multiplied by: ``1 / normaliser``."""
         return 1.0 / max(normaliser, 1.0)
 
-    def _step_totals(self, step: _OpenStep) -> tuple[LossStats, int, int, int]:
-        """The step's loss statistics, trained, padded and real token counts (over every rank, when parallel)."""
-        return step.stats, step.train_tokens, step.padded_tokens, step.real_tokens
+    def _step_totals(self, step: _OpenStep) -> tuple[LossStats, MismatchStats, int, int, int]:
+        """The step's loss and mismatch statistics, trained, padded and real token counts (over every rank, when
+        parallel)."""
+        return step.stats, step.mismatch, step.train_tokens, step.padded_tokens, step.real_tokens
 
     def _reference_logprobs(self, micro: RowBatch) -> torch.Tensor:
         if self.reference is None:
@@ -344,14 +352,18 @@ class Learner:
         try:  # before the optimizer step: a NaN gradient must never reach the weights
             check_finite_step(loss, grad_norm, self.version)
         except NonFiniteTrainingError:
-            self.optimizer.zero_grad(set_to_none=True)
-            self._step = None
+            self._abandon_step()
             raise
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         step.grad_norms.append(grad_norm)
         step.losses.append(loss)
         step.update = _Update()
+
+    def _abandon_step(self) -> None:
+        """Drop the open step and its gradients (the run stops on the error that called this)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self._step = None
 
     def _ppo_updates(self, rows: RowBatch) -> None:
         """K mini-batches × E epochs of updates from old-policy logprobs computed once (module docstring)."""

@@ -27,7 +27,9 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from groupwise.algo.loss import LossStats, valid_count
+from groupwise.algo.loss import valid_count
+from groupwise.algo.loss_stats import LossStats
+from groupwise.algo.mismatch import MismatchStats
 from groupwise.batch import RowBatch
 from groupwise.model.completion_scorer import ScoredRows
 from groupwise.model.lora import generator_state_dict, is_adapted, load_trained_state_dict, trained_state_dict
@@ -139,16 +141,18 @@ class RankLearner(Learner):
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
         return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # FSDP: a sharded norm
 
-    def _step_totals(self, step: _OpenStep) -> tuple[LossStats, int, int, int]:
+    def _step_totals(self, step: _OpenStep) -> tuple[LossStats, MismatchStats, int, int, int]:
         """Statistics and padding summed over the ranks; every rank saw the whole chunks (train_tokens as is)."""
-        stats = LossStats()
+        stats, mismatch = LossStats(), MismatchStats()
         padded = real = 0
-        for rank_stats, rank_padded, rank_real in self.parallel.gather((step.stats, step.padded_tokens,
-                                                                        step.real_tokens)):
+        for rank_stats, rank_mismatch, rank_padded, rank_real in self.parallel.gather(
+            (step.stats, step.mismatch, step.padded_tokens, step.real_tokens)
+        ):
             stats.merge(rank_stats)
+            mismatch.merge(rank_mismatch)
             padded += rank_padded
             real += rank_real
-        return stats, step.train_tokens, padded, real
+        return stats, mismatch, step.train_tokens, padded, real
 
     # --- whole state, gathered -------------------------------------------------------------------------------
     def model_state(self) -> dict[str, torch.Tensor]:
