@@ -27,6 +27,7 @@ from groupwise.config.async_schema import (
     required_buffer_capacity,
     sampler_config,
 )
+from groupwise.config.dataset_schema import DatasetColumns, DatasetSection
 from groupwise.config.generation_schema import GenerationSection
 from groupwise.config.issues import ConfigError, ConfigIssue
 from groupwise.config.learner_schema import LearnerSection
@@ -57,6 +58,8 @@ __all__ = [
     "CountdownSection",
     "CustomSamplerConfig",
     "DataSection",
+    "DatasetColumns",
+    "DatasetSection",
     "DynamicSamplingSection",
     "EvalSection",
     "GenerationSection",

@@ -34,6 +34,11 @@ class Section(BaseModel):
         return {} if data is None else data
 
 
+class TaskSection(Section):
+    """The settings of a built-in task. The ``DataSection`` field holding one is the task's name, so the list of
+    built-in tasks is spelled once: ``groupwise.config.sections.builtin_task_names``."""
+
+
 def changed_fields(section: BaseModel, prefix: str) -> list[tuple[str, object]]:
     """Every leaf key of ``section`` whose value differs from a default-constructed section, as
     ``(dotted path, value)``: the keys a user set to something that would matter.
@@ -62,3 +67,19 @@ def invalid(rule: str, fix: str) -> PydanticCustomError:
     """The error a field validator raises: ``rule`` (what is wrong) and ``fix`` (what to do) end up in
     the :class:`~groupwise.config.issues.ConfigIssue` unchanged."""
     return PydanticCustomError(RULE_ERROR_TYPE, "{rule}", {"rule": rule, "fix": fix})
+
+
+def check_path_text(key: str, path: str | None) -> None:
+    """Raise the config error for a path no file system can open (a NUL byte, a lone surrogate, blank)."""
+    if path is not None and ("\0" in path or not path.strip() or not is_encodable(path)):
+        raise invalid(f"{key} must be a non-empty path without NUL bytes or lone surrogates",
+                      f"set {key} to a real path")
+
+
+def is_encodable(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (no lone surrogate), so it can be written as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -10,7 +10,8 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from groupwise.config.base import Section, invalid
+from groupwise.config.base import Section, TaskSection, check_path_text, invalid, is_encodable
+from groupwise.config.dataset_schema import DatasetSection
 from groupwise.config.skip_schema import SkipNoSignalSection
 from groupwise.plugins import is_plugin_target
 
@@ -43,26 +44,11 @@ def run_name_problem(name: str) -> str | None:
         return "run.name must not start or end with spaces"
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
         return "run.name must not hold control characters (a NUL byte, a newline, a tab)"
-    if not _is_encodable(name):
+    if not is_encodable(name):
         return "run.name must be valid Unicode text (it holds a lone surrogate escape)"
     if len(name.encode("utf-8")) > MAX_NAME_BYTES:
         return f"run.name must be at most {MAX_NAME_BYTES} bytes in UTF-8 (the file-system limit for one name)"
     return None
-
-
-def check_path_text(key: str, path: str | None) -> None:
-    """Raise the config error for a path no file system can open (a NUL byte, a lone surrogate, blank)."""
-    if path is not None and ("\0" in path or not path.strip() or not _is_encodable(path)):
-        raise invalid(f"{key} must be a non-empty path without NUL bytes or lone surrogates",
-                      f"set {key} to a real path")
-
-
-def _is_encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class RunSection(Section):
@@ -96,11 +82,6 @@ class RunSection(Section):
     def _output_dir_is_a_path(cls, output_dir: str) -> str:
         check_path_text("run.output_dir", output_dir)
         return output_dir
-
-
-class TaskSection(Section):
-    """The settings of a built-in task. The :class:`DataSection` field holding one is the task's name, so the list
-    of built-in tasks is spelled once: :func:`builtin_task_names`."""
 
 
 class AdditionSection(TaskSection):
@@ -148,18 +129,20 @@ class JsonlSection(TaskSection):
 
 
 class DataSection(Section):
-    """The prompts: a built-in task or JSONL files."""
+    """The prompts: a built-in task, JSONL files, or files read through Hugging Face ``datasets``."""
 
     task: str = "addition"
-    """Which prompt source to use: a built-in task (``addition``, ``countdown``, ``jsonl``; only the matching
-    sub-section may hold non-default values), or a task class of your own as ``package.module:ClassName``, built
-    with ``data.kwargs`` (and ``seed=run.seed`` when it takes a ``seed``): see docs/datasets.md."""
+    """Which prompt source to use: a built-in task (``addition``, ``countdown``, ``jsonl``, ``dataset``; only the
+    matching sub-section may hold non-default values), or a task class of your own as ``package.module:ClassName``,
+    built with ``data.kwargs`` (and ``seed=run.seed`` when it takes a ``seed``): see docs/datasets.md."""
     addition: AdditionSection = Field(default_factory=AdditionSection)
     """Settings of the addition task."""
     countdown: CountdownSection = Field(default_factory=CountdownSection)
     """Settings of the Countdown task."""
     jsonl: JsonlSection = Field(default_factory=JsonlSection)
     """Settings of the JSONL prompt source."""
+    dataset: DatasetSection = Field(default_factory=DatasetSection)
+    """Settings of the ``dataset`` prompt source: parquet, arrow, JSON or CSV files, or a ``save_to_disk`` folder."""
     shuffle: bool = True
     """Shuffle training prompts each epoch (seeded from ``run.seed``)."""
     skip_no_signal: SkipNoSignalSection = Field(default_factory=SkipNoSignalSection)
