@@ -40,7 +40,7 @@ class DatasetError(ValueError):
         self.path = path
 
 
-def _answer_text(value: object) -> str | None:
+def answer_text(value: object) -> str | None:
     """The answer as a string, or None when it is not a string or a finite number."""
     if isinstance(value, str):
         return value
@@ -76,7 +76,7 @@ def _structure_problem(record: dict[str, Any]) -> str | None:
     while stack:
         value, depth, field = stack.pop()
         if isinstance(value, str):
-            bad = _lone_surrogate(value)
+            bad = lone_surrogate(value)
             if bad is not None:
                 return (f"a lone surrogate escape ({bad}) in field {field!r}: half of a UTF-16 pair, not a character, "
                         "so no tokenizer can encode it; write the character itself, or a complete pair")
@@ -88,7 +88,7 @@ def _structure_problem(record: dict[str, Any]) -> str | None:
     return None
 
 
-def _lone_surrogate(text: str) -> str | None:
+def lone_surrogate(text: str) -> str | None:
     """The first lone surrogate of ``text`` as its JSON escape (``\\ud800``), or None when it is valid text."""
     try:
         text.encode("utf-8")
@@ -134,7 +134,7 @@ def _parse_line(line: str, uid_fallback: str, seen_ids: dict[str, int], lineno: 
             return "every turn of 'messages' has empty content: the model would be asked nothing"
     if "answer" not in record:
         return "missing 'answer' (a string or number)"
-    answer = _answer_text(record.pop("answer"))
+    answer = answer_text(record.pop("answer"))
     if answer is None:
         return "'answer' must be a string or a finite number"
     uid = uid_fallback

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from groupwise.data.addition import AdditionTask
 from groupwise.data.countdown import CountdownTask
+from groupwise.data.dataset_task import DatasetTask
 from groupwise.data.jsonl_dataset import JsonlTask
 from groupwise.plugins import PluginImportError, import_plugin, is_plugin_target
 from groupwise.types import Prompt
@@ -42,7 +43,9 @@ class Task(Protocol):
     def demonstration(self, prompt: Prompt) -> str: ...
 
 
-TASKS: dict[str, type[Task]] = {task.name: task for task in (AdditionTask, CountdownTask, JsonlTask)}
+TASKS: dict[str, type[Task]] = {
+    task.name: task for task in (AdditionTask, CountdownTask, JsonlTask, DatasetTask)
+}
 _TASK_MEMBERS = ("name", "default_reward", "train_prompts", "eval_prompts", "demonstration")
 
 
@@ -117,9 +120,14 @@ def task_config_key(data: DataSection) -> str:
 
 
 def prompt_sources(data: DataSection) -> dict[str, str]:
-    """Where each split's prompts come from, as a config key, for messages about a prompt: a JSONL task's files,
-    a generated task's section, a plug-in task's class."""
+    """Where each split's prompts come from, as a config key, for messages about a prompt: a JSONL or dataset
+    task's files (or its held-out split or fraction), a generated task's section, a plug-in task's class."""
     if data.task == JsonlTask.name:
         return {"train": "data.jsonl.train_path", "eval": "data.jsonl.eval_path"}
+    if data.task == DatasetTask.name:
+        dataset = data.dataset
+        held_out = ("eval_path" if dataset.eval_path is not None else "eval_split" if dataset.eval_split is not None
+                    else "eval_fraction" if dataset.eval_fraction is not None else "eval_path")
+        return {"train": "data.dataset.train_path", "eval": f"data.dataset.{held_out}"}
     key = f"data.{data.task}" if data.task in TASKS else "data.task"
     return {"train": key, "eval": key}

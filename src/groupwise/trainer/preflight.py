@@ -7,9 +7,10 @@ The schema checks what a config says; this checks what it points at:
   with the closest key the function takes); for the built-in verifiers, trial calls on the prompts' own answers find
   kwargs the verifier rejects and answers it cannot read (:mod:`groupwise.trainer.reward_checks`);
 - a custom sampler's class imports and takes ``async.sampler.kwargs``;
-- the task builds: JSONL files exist and every bad line is listed (up to 20 per file), a generated task has
-  enough distinct items; a generation round never takes more prompts than the training set holds (the same
-  prompt would be trained twice in one step);
+- the task builds: JSONL files exist and every bad line is listed (up to 20 per file); the ``dataset`` task's files
+  exist, can be read in their format, have the mapped columns, and every bad value is listed with its column and
+  rows; a generated task has enough distinct items; a generation round never takes more prompts than the training
+  set holds (the same prompt would be trained twice in one step);
 - ``generation.backend`` can be built: a plug-in factory imports and takes one argument, the ``vllm`` package is
   installed for ``vllm`` and knows every name in ``generation.vllm.engine_args`` (checked only when it is set:
   that imports vLLM);
@@ -36,6 +37,7 @@ from pydantic import BaseModel
 
 from groupwise.config import ConfigError, ConfigIssue
 from groupwise.config.model_schema import BUNDLED_GGUF_PATH
+from groupwise.data.dataset_task import DatasetFilesError
 from groupwise.data.jsonl_dataset import DatasetError, load_jsonl_prompts
 from groupwise.data.registry import TASKS, Task, build_task, prompt_sources, task_config_key
 from groupwise.data.rewards import RewardFn, RewardSpecError, check_reward_kwargs, load_reward_fn
@@ -237,6 +239,8 @@ def _task(cfg: RunConfig) -> tuple[Task | None, list[ConfigIssue]]:
     plugin = cfg.data.task not in TASKS
     try:
         task = build_task(cfg.data.task, cfg.data, cfg.run.seed)
+    except DatasetFilesError as exc:  # the dataset task: every problem, each under its key
+        return None, [ConfigIssue(p.key, p.value, p.rule, p.fix) for p in exc.problems]
     except DatasetError as exc:
         return None, _dataset_issues(cfg.data.jsonl, exc)
     except PluginImportError as exc:  # the plug-in task class itself
