@@ -3,7 +3,7 @@
 Invariants pinned:
 - a plug-in logs only the statistics it fills: a plain function filling none logs ``loss/total`` and no other
   ``loss/*`` key (no 0.0 for a clip or an importance weight it never measured);
-- examples/plugin_loss.py (the one docs/learner.md shows): ``loss.kwargs.advantage_scale`` reaches it (scale 2
+- examples/plugin_loss.py (the code docs/learner.md shows, verbatim): ``loss.kwargs.advantage_scale`` reaches it (scale 2
   doubles the loss of plain REINFORCE on the same rows), it logs the one LossStats field it fills (``loss/policy``)
   and its own ``loss/plugin/<name>`` metrics as the hand-computed means, the same however the step is cut into
   micro-batches (Σ total ÷ Σ count);
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import copy
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,6 +58,14 @@ def _example_settings(micro_batch_rows: int, **loss: object) -> LearnerSettings:
     section = LossSection(type=EXAMPLE, **loss)  # type: ignore[arg-type]  # pydantic validates the values
     optimizer = OptimizerSection(lr=1e-3, micro_batch_rows=micro_batch_rows)
     return LearnerSettings(loss=section, optimizer=optimizer, total_steps=5, temperature=1.0, max_completion_tokens=6)
+
+
+def test_docs_show_the_example_plugin_verbatim():
+    docs = (Path(__file__).parents[1] / "docs" / "learner.md").read_text(encoding="utf-8")
+    section = docs[docs.index("**Your own loss.**") :]
+    shown = re.search(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    assert shown is not None
+    assert shown.group(1) in (Path(__file__).parents[1] / "examples" / "plugin_loss.py").read_text(encoding="utf-8")
 
 
 def test_the_example_plugin_gets_its_kwargs_and_reports_its_own_metrics(tiny):
