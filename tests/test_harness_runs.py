@@ -115,16 +115,16 @@ def run_group(spec: HarnessSpec, timeout_s: float = 10.0):
 
 
 @pytest.mark.parametrize(
-    ("function", "says", "served"),
+    ("function", "timeout_s", "says", "served"),
     [
-        (raises, "it raised ValueError: the agent crashed", 6),
-        (not_a_number, "it returned 'high' of type str, not a number or None", 6),
-        (never_calls, "it never called the endpoint", 0),
-        (hangs, "it ran past episode.harness_timeout_s=1 s and was stopped", 6),
+        (raises, 30.0, "it raised ValueError: the agent crashed", 6),
+        (not_a_number, 30.0, "it returned 'high' of type str, not a number or None", 6),
+        (never_calls, 30.0, "it never called the endpoint", 0),
+        (hangs, 2.0, "it ran past episode.harness_timeout_s=2 s and was stopped", 6),
     ],
 )
-def test_a_failing_harness_fails_its_group_with_a_fate_never_a_zero(function, says, served):
-    outcome = run_group(HarnessSpec("test-harness", function=function), timeout_s=1.0)
+def test_a_failing_harness_fails_its_group_with_a_fate_never_a_zero(function, timeout_s, says, served):
+    outcome = run_group(HarnessSpec("test-harness", function=function), timeout_s=timeout_s)
     assert isinstance(outcome, HarnessError)
     assert str(outcome) == f"harness 'test-harness' failed (prompt 'game/0', sample 0): {says}"
     assert cost_of(outcome).tokens == served  # 3 tokens served to each of the 2 sessions that asked
