@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from groupwise.episodes.tool_formats import ToolFormat
 from groupwise.harness.live import LiveSession, Prepared
@@ -42,6 +42,10 @@ from groupwise.harness.wire import (
     read_completion_request,
 )
 from groupwise.types import Completion, GenerationRequest, SamplingParams
+
+if TYPE_CHECKING:  # starlette is imported when the endpoint starts, not with the package
+    from starlette.requests import Request
+    from starlette.responses import Response
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +168,7 @@ class Endpoint:
             ]
         )
 
-    async def _models(self, request: Any) -> Any:
+    async def _models(self, request: Request) -> Response:
         if (refusal := self._check_key(request)) is not None:
             return refusal
         return _json(
@@ -174,20 +178,20 @@ class Endpoint:
             }
         )
 
-    async def _chat(self, request: Any) -> Any:
+    async def _chat(self, request: Request) -> Response:
         return await self._serve(request, chat=True)
 
-    async def _completions(self, request: Any) -> Any:
+    async def _completions(self, request: Request) -> Response:
         return await self._serve(request, chat=False)
 
-    async def _serve(self, request: Any, chat: bool) -> Any:
+    async def _serve(self, request: Request, chat: bool) -> Response:
         try:
             registered = self._session(request)
             body = await _read_json(request, self.settings.max_body_bytes)
             asked = read_chat_request(body) if chat else read_completion_request(body)
             registered.in_flight += 1
             try:
-                return await self._answer(registered, asked, body)
+                return await self._answer(registered, asked)
             finally:
                 registered.in_flight -= 1
         except WireError as error:
@@ -201,7 +205,7 @@ class Endpoint:
                 500,
             )
 
-    async def _answer(self, registered: _Registered, asked: ChatRequest | CompletionRequest, body: Any) -> Any:
+    async def _answer(self, registered: _Registered, asked: ChatRequest | CompletionRequest) -> Response:
         session, sampler = registered.session, registered.sampler
         version = sampler.version
         if isinstance(asked, ChatRequest):
@@ -241,7 +245,7 @@ class Endpoint:
             session.abandon(prepared)
             raise
 
-    def _session(self, request: Any) -> _Registered:
+    def _session(self, request: Request) -> _Registered:
         key = _bearer(request)
         registered = self.registry.get(key) if key else None
         if registered is None:
@@ -253,7 +257,7 @@ class Endpoint:
             )
         return registered
 
-    def _check_key(self, request: Any) -> Any:
+    def _check_key(self, request: Request) -> Response | None:
         try:
             self._session(request)
         except WireError as error:
@@ -261,13 +265,13 @@ class Endpoint:
         return None
 
 
-def _bearer(request: Any) -> str | None:
+def _bearer(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-async def _read_json(request: Any, limit: int) -> Any:
+async def _read_json(request: Request, limit: int) -> Any:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise WireError(f"the request body is over {limit:,} bytes (episode.endpoint.max_body_bytes)", status=413)
@@ -314,13 +318,13 @@ def _extension(used: SamplingParams, asked: Sampling, choices: list[Any]) -> dic
     }
 
 
-def _json(data: Any, status: int = 200) -> Any:
+def _json(data: Any, status: int = 200) -> Response:
     from starlette.responses import JSONResponse
 
     return JSONResponse(data, status_code=status)
 
 
-def _stream(chunks: list[dict[str, Any]]) -> Any:
+def _stream(chunks: list[dict[str, Any]]) -> Response:
     from starlette.responses import StreamingResponse
 
     async def events(lines: Iterator[str]) -> AsyncIterator[str]:
