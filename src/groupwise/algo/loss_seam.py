@@ -124,8 +124,8 @@ class PolicyLoss:
     """A loss the learner can call: its name, its function and what it declares it needs.
 
     A plug-in target (``loss.type: package.module:name``) names either one of these (to declare a normaliser,
-    a reference policy or the entropy) or a plain function ``(inputs: LossInputs) -> LossResult``, taken as
-    a token-level sum needing neither.
+    a reference policy, the entropy or the ``loss.kwargs`` it reads) or a plain function ``(inputs: LossInputs) ->
+    LossResult``, taken as a token-level sum needing neither and reading any ``loss.kwargs``.
     """
 
     name: str
