@@ -3,10 +3,10 @@
 Invariants pinned:
 - a plug-in logs only the statistics it fills: a plain function filling none logs ``loss/total`` and no other
   ``loss/*`` key (no 0.0 for a clip or an importance weight it never measured);
-- examples/plugin_loss.py (the code docs/learner.md shows, verbatim): ``loss.kwargs.advantage_scale`` reaches it (scale 2
-  doubles the loss of plain REINFORCE on the same rows), it logs the one LossStats field it fills (``loss/policy``)
-  and its own ``loss/plugin/<name>`` metrics as the hand-computed means, the same however the step is cut into
-  micro-batches (Σ total ÷ Σ count);
+- examples/plugin_loss.py (the code docs/learner.md shows, verbatim): ``loss.kwargs.advantage_scale`` reaches it
+  (scale 2 doubles the loss of plain REINFORCE on the same rows), it logs the one LossStats field it fills
+  (``loss/policy``) and its own ``loss/plugin/<name>`` metrics as the hand-computed means, the same however the step
+  is cut into micro-batches (Σ total ÷ Σ count);
 - the learner refuses a return that is not a LossResult, a loss that is not 0-dim or does not require grad, a bad
   metric name, and a NaN loss from finite inputs, naming ``loss.type`` and the contract, with no memory address,
   and leaves the weights as they were; a non-finite loss from non-finite logprobs is the model's (left to the
