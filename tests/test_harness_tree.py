@@ -13,7 +13,9 @@ Invariants pinned:
   sequence sharing the recorded prefix, as context;
 - a template that rewrites earlier turns (drops earlier reasoning) gives one sequence per request, each trained on
   exactly the context its request was sampled from;
-- token-in requests extend the sequence their ids extend; an abandoned request leaves nothing behind.
+- token-in requests extend the sequence their ids extend; an abandoned request leaves nothing behind;
+- a branched session trains one row per sequence, each with the sample's reward and advantage, its record on the
+  first row only; the group's prompt is what every row shares before sampling; branches survive a checkpoint.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from test_episodes import DROPS_EARLIER_REASONING, EOS, TOKENIZER, chars
 
 from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE
 from groupwise.episodes.tool_formats import TOOL_FORMATS
+from groupwise.harness.live import LiveSession, SessionLimits
 from groupwise.harness.render import RequestRenderer, served_key
 from groupwise.harness.tree import SessionTree
 from groupwise.harness.wire import ChatMessage
-from groupwise.types import Completion
+from groupwise.types import Completion, Prompt
 
 
 def tree(template: str = PLAIN_CHAT_TEMPLATE) -> SessionTree:
@@ -148,3 +151,29 @@ def test_token_in_requests_extend_their_sequence_and_an_abandoned_request_leaves
     edited = session.place([user("hello")], (), version=0)
     session.abandon(edited)
     assert len(session.rows()) == 1 and session.sequences[1].dead
+
+
+def test_a_branched_session_trains_a_row_per_sequence_with_its_samples_reward_and_survives_a_checkpoint():
+    from groupwise.harness.runner import SessionResult
+    from groupwise.harness.samples import session_completion, shared_prompt
+    from groupwise.rows import build_rows
+    from groupwise.types import Group, group_from_dict, group_to_dict
+
+    sessions = []
+    for sample, answer in enumerate(("4", "5")):
+        live = LiveSession(f"k{sample}", sample, sample, tree().renderer, SessionLimits(4, 200, 8, 64))
+        _, reply = serve(live.tree, [user("2+2?")], chars(answer) + [EOS])
+        serve(live.tree, [user("2+2?")], chars("6") + [EOS])  # a retry: a second sequence
+        sessions.append(SessionResult(sample, live, float(sample), 0.1))
+    prompt = shared_prompt(sessions)
+    assert TOKENIZER.decode(list(prompt)) == "user: 2+2?\nassistant: "  # shared by all four rows, up to sampling
+    completions = [session_completion(r, r.reward or 0.0, len(prompt), TOKENIZER.decode) for r in sessions]
+    assert [len(c.branches) for c in completions] == [1, 1]
+    assert [c.num_tokens for c in completions] == [4, 4]  # 2 sampled in each sequence, branches counted
+    group = Group(0, Prompt("p", "4", text="2+2?"), prompt, completions, [0.0, 1.0], [0.0, 1.0])
+    rows = build_rows([group], [(-1.0, 1.0)])
+    assert rows["completion_index"] == (0, 0, 1, 1) and rows["sequence_index"] == (0, 1, 0, 1)
+    assert rows["raw_reward"] == (0.0, 0.0, 1.0, 1.0) and rows["advantage"].tolist() == [-1.0, -1.0, 1.0, 1.0]
+    assert rows["completion_ids"][1] == tuple(chars("6") + [EOS]) and rows["env_spans"][1] == ()
+    assert rows["episode"][0] is not None and rows["episode"][1] is None  # the record rides on the first row only
+    assert group_from_dict(group_to_dict(group)).completions == completions
