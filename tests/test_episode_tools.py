@@ -13,7 +13,9 @@ Invariants pinned:
 - arguments are checked against the tool's type hints: a string is never read as a number (``add("3", "69")``
   answers an error), an integral float is an int, an int a float, a list a tuple, and nothing else is converted;
 - a turn's calls run at once, each with its own ``tool_timeout_s``: four hanging calls do not push the turn past
-  ``episode.step_timeout_s``; calls past ``max_calls_per_turn`` are answered without running.
+  ``episode.step_timeout_s``; calls past ``max_calls_per_turn`` are answered without running;
+- a tool tells its own failures apart: a ``ToolError`` is the call's (``error: <its message>``, counted), a
+  ``ToolInfrastructureError`` its machinery's (raised out of ``step``, never an answer; classified ``infra``).
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ import math
 import time
 from typing import Literal
 
+import pytest
 from test_episodes import TOKENIZER, game
 
+from groupwise.controller.failures import classify_failure
 from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE, ChatRenderer, template_takes_tools
 from groupwise.episodes.tool_env import ToolEnvironment
 from groupwise.episodes.tool_formats import TOOL_FORMATS, detect_tool_format
-from groupwise.episodes.tools import parse_tool_calls, tool_schema
+from groupwise.episodes.tools import ToolError, ToolInfrastructureError, parse_tool_calls, tool_schema
 from groupwise.types import Prompt
 
 
@@ -334,3 +338,39 @@ def test_calls_past_the_turns_limit_are_answered_without_running():
     answers, info = answered(env, ("add", {"a": 1, "b": 1}), ("add", {"a": 2, "b": 2}), ("add", {"a": 3, "b": 3}))
     assert answers == ["2", "4", "error: not run: a turn may call at most 2 tools"]
     assert info == {"tool_calls": 3, "tool_errors": 1}
+
+
+def refuse(a: int) -> int:
+    """Says the call was wrong in its own words.
+
+    Args:
+        a: Anything.
+    """
+    raise ToolError(f"{a} is not a prime")
+
+
+def unplugged(a: int) -> int:
+    """Its server is gone.
+
+    Args:
+        a: Anything.
+    """
+    raise ToolInfrastructureError("the server is gone")
+
+
+class OwnWords(Tools):
+    """Tools (test only) that fail in their own words, or for their own machinery."""
+
+    @property
+    def tools(self):
+        return (add, refuse, unplugged)
+
+
+def test_a_tool_tells_its_own_failure_from_the_calls_and_only_the_calls_is_an_answer():
+    env = OwnWords()
+    env.reset(game("p", 1), 0)
+    answers, info = answered(env, ("refuse", {"a": 4}), ("add", {"a": 1, "b": 1}))
+    assert answers == ["error: 4 is not a prime", "2"] and info == {"tool_calls": 2, "tool_errors": 1}
+    with pytest.raises(ToolInfrastructureError, match="the server is gone"):  # not the model's to read
+        answered(env, ("unplugged", {"a": 1}))
+    assert classify_failure(ToolInfrastructureError("x")) == "infra"

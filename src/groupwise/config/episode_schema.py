@@ -14,6 +14,7 @@ BUILTIN_ENVIRONMENTS = {
     "calculator": "groupwise.environments.calculator:CalculatorEnvironment",
     "guess_number": "groupwise.environments.guess_number:GuessNumberEnvironment",
     "number_walk": "groupwise.environments.number_walk:NumberWalkEnvironment",
+    "python_sandbox": "groupwise.environments.python_sandbox:PythonSandboxEnvironment",
 }
 
 
@@ -40,8 +41,8 @@ class EpisodeSection(Section):
 
     environment: str | None = None
     """``null`` = single-turn (a completion scored by ``reward``); a built-in environment (``calculator``,
-    ``guess_number``, ``number_walk``) or ``module:Class`` (any callable making one environment per episode, called with
-    ``episode.kwargs``)."""
+    ``guess_number``, ``number_walk``, ``python_sandbox``) or ``module:Class`` (any callable making one environment
+    per episode, called with ``episode.kwargs``)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to the environment factory."""
     chat_template: str | None = None

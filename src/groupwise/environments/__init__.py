@@ -1,6 +1,6 @@
 """Environments shipped with groupwise (``episode.environment`` names them): a calculator tool for arithmetic,
-a guess-the-number game and a walk along the number line. docs/environments.md describes each and how to write
-another."""
+a guess-the-number game, a walk along the number line and a sandbox that runs the model's Python programs.
+docs/environments.md describes each and how to write another."""
 
 from groupwise.config.episode_schema import BUILTIN_ENVIRONMENTS as ENVIRONMENTS
 

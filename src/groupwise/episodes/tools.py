@@ -6,7 +6,11 @@ chat templates train, and the one :func:`tool_instructions` describes to a model
 support). Everything that can go wrong with a call — text that is not JSON, an unknown tool, arguments that do not
 fit the tool's type hints (:mod:`groupwise.episodes.tool_arguments`), a tool that raises, answers too much or
 answers a value that cannot be written as text — becomes a readable error string the model gets back as the
-tool's answer, never an exception of the run.
+tool's answer, never an exception of the run. A tool tells the two kinds of failure apart itself: it raises
+:class:`ToolError` for a failure that is the call's (the code the model wrote raised: the model reads the message),
+and :class:`ToolInfrastructureError` for one of its own machinery (its sandbox could not start, its server is gone):
+that is not the model's to read, so it fails the episode (``episode.retry_failed_episodes`` retries it with a fresh
+environment) and, in async mode, counts as an infrastructure failure of the prompt.
 """
 
 from __future__ import annotations
@@ -19,8 +23,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from groupwise.controller.failures import InfraError
 from groupwise.episodes.tool_arguments import ArgumentMisfit, checked_arguments
 from groupwise.episodes.tool_formats import TOOL_FORMATS, ToolCall
+
+ERROR_PREFIX = "error: "
+
+
+class ToolError(Exception):
+    """Raised by a tool to answer with an error the model reads (``error: <message>``, counted in
+    ``episode/tool_errors``): the call failed for a reason that is the call's own."""
+
+
+class ToolInfrastructureError(InfraError):
+    """Raised by a tool whose own machinery failed: never an answer to the model; the episode fails."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +103,8 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
 
 def run_tool_call(call: ToolCall, tools: Mapping[str, Callable[..., Any]], max_chars: int) -> ToolAnswer:
     """Run one parsed call; its answer as text cut to ``max_chars`` (an error string for a bad call, arguments that
-    do not fit the tool's type hints, a raise, or a value that cannot be written as text). Never raises."""
+    do not fit the tool's type hints, a raise, or a value that cannot be written as text). Raises only a
+    :class:`ToolInfrastructureError` of the tool."""
     if call.error is not None:
         return ToolAnswer(f"error: {call.error}", True)
     tool = tools.get(call.name)
@@ -99,6 +116,10 @@ def run_tool_call(call: ToolCall, tools: Mapping[str, Callable[..., Any]], max_c
         return ToolAnswer(f"error: {call.name} cannot take these arguments ({exc})"[:max_chars], True)
     try:
         value = tool(**arguments)
+    except ToolInfrastructureError:
+        raise
+    except ToolError as exc:
+        return ToolAnswer(f"{ERROR_PREFIX}{exc}"[:max_chars], True)
     except Exception as exc:  # the tool's own failure is the model's to read, not the run's to die of
         return ToolAnswer(f"error: {call.name} raised {_described(exc)}"[:max_chars], True)
     try:
