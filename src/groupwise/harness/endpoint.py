@@ -20,9 +20,9 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from groupwise.episodes.tool_formats import ToolFormat
 from groupwise.harness.live import LiveSession, Prepared
@@ -48,6 +48,12 @@ if TYPE_CHECKING:  # starlette is imported when the endpoint starts, not with th
     from starlette.responses import Response
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+INLINE_BODY_BYTES = 65_536
+"""A request up to this size is rendered and matched on the endpoint's event loop (under a millisecond: a hop to a
+worker thread would cost more than the work); a larger one on a worker thread, so a long conversation's rendering
+never holds up the other sessions' requests."""
 
 
 class TurnSampler(Protocol):
@@ -187,11 +193,11 @@ class Endpoint:
     async def _serve(self, request: Request, chat: bool) -> Response:
         try:
             registered = self._session(request)
-            body = await _read_json(request, self.settings.max_body_bytes)
+            body, size = await _read_json(request, self.settings.max_body_bytes)
             asked = read_chat_request(body) if chat else read_completion_request(body)
             registered.in_flight += 1
             try:
-                return await self._answer(registered, asked)
+                return await self._answer(registered, asked, offload=size > INLINE_BODY_BYTES)
             finally:
                 registered.in_flight -= 1
         except WireError as error:
@@ -205,17 +211,18 @@ class Endpoint:
                 500,
             )
 
-    async def _answer(self, registered: _Registered, asked: ChatRequest | CompletionRequest) -> Response:
+    async def _answer(self, registered: _Registered, asked: ChatRequest | CompletionRequest, offload: bool) -> Response:
         session, sampler = registered.session, registered.sampler
         version = sampler.version
+        run = _off_the_loop if offload else _on_the_loop
         if isinstance(asked, ChatRequest):
-            prepared = await asyncio.to_thread(session.prepare_chat, asked, version)
+            prepared = await run(session.prepare_chat, asked, version)
         else:
-            prepared = await asyncio.to_thread(session.prepare_tokens, asked, version)
+            prepared = await run(session.prepare_tokens, asked, version)
         completions = await self._sample(session, sampler, prepared)
         read_calls = self.tool_format if isinstance(asked, ChatRequest) and asked.tool_choice != "none" else None
         record = _asked_data(asked)
-        choices = await asyncio.to_thread(session.serve, prepared, completions, asked.sampling, read_calls, record)
+        choices = await run(session.serve, prepared, completions, asked.sampling, read_calls, record)
         response_id = f"{'chatcmpl' if isinstance(asked, ChatRequest) else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         prompt_tokens = len(prepared.request.prompt_token_ids) if prepared.request is not None else 0
         extension = _extension(sampler.sampling, asked.sampling, choices)
@@ -271,7 +278,15 @@ def _bearer(request: Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-async def _read_json(request: Request, limit: int) -> Any:
+async def _on_the_loop(function: Callable[..., T], *args: Any) -> T:
+    return function(*args)
+
+
+async def _off_the_loop(function: Callable[..., T], *args: Any) -> T:
+    return await asyncio.to_thread(function, *args)
+
+
+async def _read_json(request: Request, limit: int) -> tuple[Any, int]:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise WireError(f"the request body is over {limit:,} bytes (episode.endpoint.max_body_bytes)", status=413)
@@ -281,7 +296,7 @@ async def _read_json(request: Request, limit: int) -> Any:
         if len(data) > limit:
             raise WireError(f"the request body is over {limit:,} bytes (episode.endpoint.max_body_bytes)", status=413)
     try:
-        return json.loads(bytes(data))
+        return json.loads(bytes(data)), len(data)
     except (ValueError, RecursionError) as exc:
         raise WireError(f"the request body is not valid JSON ({exc})") from exc
 
