@@ -17,7 +17,9 @@ Invariants pinned:
 - a simulated dataset smaller than one generation round (``sim.num_prompts`` 3 for 16 prompts per step, sync
   and async) is refused as ``train`` refuses it (exit 2, ``grpo.num_prompts_per_step`` and ``sim.num_prompts``
   named, no run directory); exactly one round's worth runs;
-- ``groupwise compare`` reads the simulator's idle fractions.
+- ``groupwise compare`` reads the simulator's idle fractions;
+- a multi-turn job (``episode.environment`` or a harness) is refused by ``simulate`` and ``plan`` naming the key
+  (exit 2, no run directory), never simulated as if it were single-turn.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from groupwise.run.metrics import read_metrics
 from groupwise.run.report import compare_values, load_run
 from groupwise.sim.run import simulate
 
+ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = {"rollout_slots": 16, "length_median_tokens": 40, "per_token_s": 0.01, "train_s_per_token": 0.0005,
             "num_prompts": 400}  # fmt: skip
 
@@ -174,6 +177,16 @@ def test_failures_in_a_sync_simulation_are_a_config_error(tmp_path, capsys):
     config.write_text("mode: sync\nmodel: {source: tiny}\nsim: {data_failure_rate: 0.2}\n")
     assert main(["simulate", str(config), f"run.output_dir={tmp_path}"]) == 2
     assert "sim.data_failure_rate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("key", "value"), [("environment", "calculator"), ("harness", "agent.py:run")])
+def test_a_multi_turn_job_is_refused_by_simulate_and_plan_naming_the_key(tmp_path, capsys, key, value):
+    with pytest.raises(ConfigError, match=f"episode.{key}") as refused:
+        simulate(sim_config(tmp_path, "episodes", episode={key: value}))
+    assert "single-turn completions" in str(refused.value) and not (tmp_path / "episodes").exists()
+    plan = ROOT / "examples" / "plan" / "qwen_1p5b_8.yaml"
+    assert main(["plan", str(plan), f"episode.{key}={value}", f"run.output_dir={tmp_path}"]) == 2
+    assert f"episode.{key}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

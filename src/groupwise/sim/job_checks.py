@@ -27,6 +27,21 @@ TOY_KEYS = ("rollout_slots", "length_median_tokens", "length_p99_over_p50", "pre
             "straggler_factor")  # fmt: skip
 
 
+def episode_issues(cfg: RunConfig) -> list[ConfigIssue]:
+    """The simulator models single-turn generation (a completion's length, no environment): a multi-turn job is
+    refused naming the key that makes it one, never simulated as if it were single-turn."""
+    ep = cfg.episode
+    driven = [("episode.environment", ep.environment), ("episode.harness", ep.harness),
+              ("episode.harness_command", ep.harness_command)]  # fmt: skip
+    return [
+        ConfigIssue(key, value, "the simulator models single-turn completions; an episode's turns, its environment's "
+                    "latency and its context growing turn by turn are not modelled, so the result would describe "
+                    "another job", f"remove {key} to simulate the single-turn job, or measure the episodic job with "
+                    "groupwise train")
+        for key, value in driven if value is not None
+    ]  # fmt: skip
+
+
 def check_job(cfg: RunConfig, train_gpus: int | None = None) -> list[ConfigIssue]:
     """Every issue of ``cfg.sim.job`` with the rest of the config (none when there is no job); the training memory
     is checked on ``train_gpus`` GPUs (``None``: the job's ``cluster.train_gpus``)."""

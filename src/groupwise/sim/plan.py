@@ -36,7 +36,14 @@ from typing import TYPE_CHECKING, Any, Literal
 from groupwise.config import ConfigError, ConfigIssue, config_from_dict
 from groupwise.config.job_schema import default_plan
 from groupwise.controller.settings import ControllerSettings
-from groupwise.sim.job_checks import check_cluster, check_job, check_layout, training_memory_issue, uses_reference
+from groupwise.sim.job_checks import (
+    check_cluster,
+    check_job,
+    check_layout,
+    episode_issues,
+    training_memory_issue,
+    uses_reference,
+)
 from groupwise.sim.plan_verdict import VERL_H20, error_band, star
 from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
 from groupwise.sim.summary import summarize
@@ -272,6 +279,7 @@ def plan_issues(cfg: RunConfig) -> list[ConfigIssue]:
     of the grid that does not validate (named with its setting)."""
     job = cfg.sim.job
     issues = check_job(cfg, train_gpus=None if job is None else all_gpus(job))  # the sync point trains on all
+    issues.extend(episode_issues(cfg))
     if job is None:
         return issues or plan_points_issues(cfg)
     sync_layout = (cfg.sim.plan or default_plan()).sync_train_layout

@@ -29,7 +29,7 @@ from groupwise.run.fates_file import FatesWriter
 from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir, write_text_atomic
 from groupwise.run.trackers import config_trackers
-from groupwise.sim.job_checks import check_job
+from groupwise.sim.job_checks import check_job, episode_issues
 from groupwise.sim.simulation import SimRun, simulate_async, simulate_sync
 from groupwise.sim.summary import summarize
 from groupwise.sim.workload import SimWorkload
@@ -105,6 +105,7 @@ def check_engine_keys(cfg: RunConfig) -> list[ConfigIssue]:
 def simulation_issues(cfg: RunConfig, workload: SimWorkload) -> list[ConfigIssue]:
     """Everything the simulation refuses in ``cfg``, each key once (the job checks name the toy failure keys too)."""
     issues = check_sync_workload(workload) if cfg.mode == "sync" else check_async_workload(cfg, workload)
+    issues.extend(episode_issues(cfg))
     issues.extend(check_engine_keys(cfg))
     # the simulated prompts feed the real loader: fewer than one round takes would put a prompt twice in a step
     issues.extend(prompt_count_issues(cfg, workload.num_prompts, f"raise sim.num_prompts (now {workload.num_prompts})"))
