@@ -75,6 +75,18 @@ class EpisodeSection(Section):
     harness_timeout_s: float = Field(300.0, gt=0, le=86_400)
     """Seconds one session's harness may run; past it the harness is stopped (a command with its process group)
     and its group fails with a fate naming it, never a reward of 0."""
+    retry_failed_episodes: int = Field(0, ge=0, le=100)
+    """Times a failed episode starts over from its opening with a fresh environment (a failed harness session with a
+    fresh session) before its group fails (0 ≤ N ≤ 100; 0 = the group fails at once). A failure is the
+    environment's (it raised, ran past ``step_timeout_s``, answered something that is not a ``StepResult``; a tool
+    that raised ``ToolInfrastructureError``) or the harness's (docs/harnesses.md), never a tool call the model got
+    wrong, which stays an answer the model reads. Same seeds: on unchanged weights a retry samples what the failed
+    attempt sampled (``episode/retries``, ``episode/retried_tokens``)."""
+    max_consecutive_failures: int = Field(100, ge=0)
+    """Failed episodes in a row (retried ones included, none finishing between them) after which the run stops,
+    naming the environment or harness and the last errors (≥ 0; 0 = never stop for this): an environment, sandbox
+    or harness that is down must not fail prompt after prompt. Async stops at once, whatever
+    ``async.rollout_failure``; the checkpoint and ``fates.jsonl`` keep what was done."""
     tool_format: Literal["auto", "hermes", "llama3_json", "mistral"] = "auto"
     """How the model writes tool calls, which the endpoint returns as OpenAI ``tool_calls``: ``auto`` = the family
     whose markers the chat template renders (``hermes``'s ``<tool_call>`` when none)."""

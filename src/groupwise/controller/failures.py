@@ -6,7 +6,9 @@
 * **data** — everything else (unknown errors are data so real bugs surface) — retried immediately up to
   ``max_data_attempts_per_prompt``.
 
-Classification follows ``__cause__`` chains to depth 8. A prompt that exhausts its data budget is skipped
+Classification follows ``__cause__`` chains to depth 8. A :class:`FatalRolloutError` (anywhere in the chain) is
+neither: it stops the run at once, whatever the budgets (an environment that failed episode after episode,
+``episode.max_consecutive_failures``). A prompt that exhausts its data budget is skipped
 while fewer than ``max_skipped_prompts`` were skipped in the run, else the run fails. A prompt that
 exhausts its infra budget is dropped while no more than ``max_consecutive_dropped_prompts`` were dropped in
 a row (any committed or filtered group resets the streak), else the run fails. Filtered groups never
@@ -33,6 +35,11 @@ class InfraError(Exception):
 _infra_types: list[type[BaseException]] = [InfraError, TimeoutError, ConnectionError]
 
 
+class FatalRolloutError(RuntimeError):
+    """A rollout failure after which the run stops, whatever the failure budgets: every further attempt would fail
+    the same way (the message says why)."""
+
+
 class RolloutDataFailure(RuntimeError):
     """A prompt failed with data errors beyond its budget and the run's skip budget is spent."""
 
@@ -51,14 +58,18 @@ def register_infra_error_type(error_type: type[BaseException]) -> None:
 
 def classify_failure(error: BaseException) -> FailureKind:
     """``infra`` if the error or any ``__cause__`` up to depth 8 is an infra type, else ``data``."""
+    return "infra" if _in_chain(error, tuple(_infra_types)) else "data"
+
+
+def _in_chain(error: BaseException, types: tuple[type[BaseException], ...]) -> bool:
     current: BaseException | None = error
     for _ in range(_CAUSE_DEPTH + 1):
         if current is None:
             break
-        if isinstance(current, tuple(_infra_types)):
-            return "infra"
+        if isinstance(current, types):
+            return True
         current = current.__cause__
-    return "data"
+    return False
 
 
 def backoff_seconds(attempt: int, base_s: float, max_s: float) -> float:
@@ -99,7 +110,10 @@ class FailureBudgets:
 
     def on_failure(self, attempts: PromptAttempts, error: BaseException, context: str) -> float | None:
         """Count a failed attempt. Return the seconds to wait before a retry, or None to give up on the
-        prompt (skipped within budget). Raise when a run-level budget is exceeded."""
+        prompt (skipped within budget). Raise when a run-level budget is exceeded, and re-raise a
+        :class:`FatalRolloutError`."""
+        if _in_chain(error, (FatalRolloutError,)):
+            raise error
         s = self.settings
         if classify_failure(error) == "infra":
             attempts.infra += 1

@@ -78,6 +78,8 @@ class Episode:
     truncated_observations: int = 0
     env_seconds: float = 0.0
     resume: EpisodeResume = ""
+    retries: int = 0  # times the sample started over with a fresh environment after a failure
+    retried_tokens: int = 0  # tokens its failed attempts had sampled
 
     @property
     def finished(self) -> bool:
@@ -160,6 +162,7 @@ class Episode:
             truncated_observations=self.truncated_observations, env_seconds=self.env_seconds,
             model_tokens=sum(self.trainable), env_tokens=len(self.trainable) - sum(self.trainable),
             assistant=tuple(self.assistant), observations=tuple(self.observations), resume=self.resume,
+            retries=self.retries, retried_tokens=self.retried_tokens,
         )  # fmt: skip
 
     def completion(self, text: str, lead: tuple[int, ...] = ()) -> Completion:

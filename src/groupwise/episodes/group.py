@@ -6,9 +6,14 @@ group's request seed, the sample index and the turn, so an episode samples the s
 driver it runs in.
 
 Failures of the environment (it raises, times out, answers with something that is not a list of messages, or a
-chat template that is not append-only) fail the episode's whole group with :class:`EpisodeError`, a reward
-failure: async mode retries the prompt and then skips it with its fate, sync mode stops naming the environment.
-Failures of a tool call are the model's to read (an error observation, :mod:`groupwise.episodes.tools`).
+chat template that is not append-only) fail the episode. With ``episode.retry_failed_episodes`` N > 0 the episode
+starts over from its opening with a fresh environment, up to N times (same seeds: on unchanged weights it samples
+what it sampled before, so a retry never swaps a sample that broke the environment for another); past them its whole
+group fails with :class:`EpisodeError`, a reward failure: async mode retries the prompt and then skips it with its
+fate, sync mode stops naming the environment. Every failed episode counts in the run's
+:class:`~groupwise.episodes.failure_streak.FailureStreak`, which stops the run after
+``episode.max_consecutive_failures`` in a row. Failures of a tool call are the model's to read (an error
+observation, :mod:`groupwise.episodes.tools`), unless the tool says they are its own machinery's.
 """
 
 from __future__ import annotations
@@ -16,12 +21,13 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from groupwise.data.scoring import MAX_ABS_REWARD, RewardError
 from groupwise.episodes.deadline import PendingCall
 from groupwise.episodes.environment import Environment, EnvironmentFactory, Message, StepResult, checked_messages
 from groupwise.episodes.episode import Answer, Episode, EpisodeLimits
+from groupwise.episodes.failure_streak import FailureStreak
 from groupwise.episodes.template import ChatRenderer
 from groupwise.seeding import derive_seed
 from groupwise.types import Completion, GenerationCost, GenerationRequest, Prompt, attach_cost
@@ -34,7 +40,8 @@ class EpisodeError(RewardError):
 
 @dataclass(frozen=True)
 class EpisodeSettings:
-    """What running episodes needs besides the generator: the ``episode`` section, resolved."""
+    """What running episodes needs besides the generator: the ``episode`` section, resolved (``retries``:
+    ``episode.retry_failed_episodes``; ``streak``: the run's count of failed episodes in a row)."""
 
     name: str
     factory: EnvironmentFactory
@@ -42,6 +49,8 @@ class EpisodeSettings:
     limits: EpisodeLimits
     step_timeout_s: float
     max_rows_per_call: int = 512
+    retries: int = 0
+    streak: FailureStreak = field(default_factory=lambda: FailureStreak(0, "environment"))
 
 
 @dataclass
@@ -58,7 +67,7 @@ class RunningGroup:
         """The G finished episodes, or the group's failure charged with the tokens its episodes sampled."""
         if self.error is None:
             return self.episodes
-        sampled = sum(sum(e.trainable) for e in self.episodes)
+        sampled = sum(sum(e.trainable) + e.retried_tokens for e in self.episodes)
         return attach_cost(self.error, GenerationCost(sampled))
 
 
@@ -81,42 +90,111 @@ def turn_request(group: RunningGroup, episode: Episode) -> GenerationRequest | N
 def open_group(settings: EpisodeSettings, prompt: Prompt, seed: int, group_size: int) -> RunningGroup:
     """The group's G environments made and reset. Each constructor and each ``reset`` runs on a daemon thread of
     its own with the step deadline, the G of them at once: a slow constructor delays its group by at most
-    ``step_timeout_s``, a hung one fails the group and is abandoned (nothing ever waits for it, at exit neither)."""
+    ``step_timeout_s``, a hung one fails its episode and is abandoned (nothing ever waits for it, at exit neither).
+    A failed opening is tried again with a fresh environment while the episode has retries left."""
     running = RunningGroup(prompt, seed, [], [])
     made = [PendingCall(settings.factory, f"groupwise-env-make-{i}") for i in range(group_size)]
-    envs: list[Environment] = []
-    for index, call in enumerate(made):
-        try:  # the user's environment constructor: a failure (or a hang) of this group, named
-            envs.append(call.result(settings.step_timeout_s))
-        except Exception as exc:
-            running.error = running.error or failure(settings, prompt, index, "could not be created", exc)
-    if running.error is not None:
-        return running
-    resets = [PendingCall(_reset(env, prompt, i), f"groupwise-env-reset-{i}") for i, env in enumerate(envs)]
+    envs = [_made(call, settings.step_timeout_s) for call in made]
+    resets = [
+        PendingCall(_reset(env, prompt, i), f"groupwise-env-reset-{i}") if not isinstance(env, Exception) else None
+        for i, env in enumerate(envs)
+    ]
     for index, (env, reset) in enumerate(zip(envs, resets, strict=True)):
         try:
-            running.episodes.append(_opened(settings, index, reset))
-            running.envs.append(env)
-        except Exception as exc:
-            running.error = running.error or failure(settings, prompt, index, "failed in reset()", exc)
+            opened = _first_opening(settings, index, env, reset)
+        except _OpeningFailed as failed:
+            error = failure(settings, prompt, index, failed.what, failed.cause)
+            again = _opened_after_failure(settings, running, index, error, retries=0, tokens=0)
+            if again is None:
+                return running
+            opened = again
+        running.envs.append(opened[0])
+        running.episodes.append(opened[1])
     return running
+
+
+class _OpeningFailed(Exception):
+    """An environment could not be made (``what``) or reset, because of ``cause``."""
+
+    def __init__(self, what: str, cause: Exception) -> None:
+        super().__init__(what)
+        self.what, self.cause = what, cause
+
+
+def _made(call: PendingCall[Environment], timeout_s: float) -> Environment | Exception:
+    try:  # the user's environment constructor: a failure (or a hang) of this episode, named
+        return call.result(timeout_s)
+    except Exception as exc:
+        return exc
+
+
+def _first_opening(
+    settings: EpisodeSettings, index: int, env: Environment | Exception, reset: PendingCall[object] | None
+) -> tuple[Environment, Episode]:
+    if isinstance(env, Exception):
+        raise _OpeningFailed("could not be created", env)
+    assert reset is not None, "an environment that was made is being reset"
+    try:
+        return env, _opened(settings, index, reset)
+    except Exception as exc:
+        raise _OpeningFailed("failed in reset()", exc) from exc
+
+
+def _fresh_opening(settings: EpisodeSettings, prompt: Prompt, index: int) -> tuple[Environment, Episode]:
+    """A new environment made and reset for sample ``index``, each call under the step deadline."""
+    try:
+        env = made_environment(settings)
+    except Exception as exc:
+        raise _OpeningFailed("could not be created", exc) from exc
+    return _first_opening(settings, index, env, PendingCall(_reset(env, prompt, index), f"groupwise-env-reset-{index}"))
+
+
+def _opened_after_failure(
+    settings: EpisodeSettings, group: RunningGroup, index: int, error: EpisodeError, retries: int, tokens: int
+) -> tuple[Environment, Episode] | None:
+    """Count ``error`` in the run's streak, then open sample ``index`` again with a fresh environment while it has
+    retries left (``retries`` used so far, ``tokens`` sampled by its failed attempts); every failed opening counts
+    too. None: no retry left, the group failed with the last error."""
+    while True:
+        settings.streak.failed(error)
+        if retries >= settings.retries:
+            group.error = group.error or error
+            return None
+        retries += 1
+        try:
+            env, episode = _fresh_opening(settings, group.prompt, index)
+        except _OpeningFailed as failed:
+            error = failure(settings, group.prompt, index, failed.what, failed.cause)
+            continue
+        episode.retries, episode.retried_tokens = retries, tokens
+        return env, episode
+
+
+def start_over(settings: EpisodeSettings, group: RunningGroup, episode: Episode, error: EpisodeError) -> Episode:
+    """``episode`` failed with ``error`` (:func:`finish_step`'s): the episode that goes on in its place, a fresh one
+    that starts from its opening with a fresh environment while it has retries left (its sampled tokens counted in
+    the fresh one's ``retried_tokens``); else ``episode`` itself, its group failed. Makes and resets environments
+    under the step deadline: the streamed driver calls it off its event loop."""
+    if group.error is not None:  # another episode failed the group meanwhile
+        settings.streak.failed(error)
+        return episode
+    position = group.episodes.index(episode)
+    tokens = episode.retried_tokens + sum(episode.trainable)
+    opened = _opened_after_failure(settings, group, episode.sample_index, error, episode.retries, tokens)
+    if opened is None:
+        return episode
+    group.envs[position], group.episodes[position] = opened
+    return opened[1]
 
 
 def reopen_episode(settings: EpisodeSettings, group: RunningGroup, position: int) -> Episode:
     """Replace the episode at ``position`` of ``group`` by a fresh one: a new environment, reset (an episode that
-    starts over); each call under the step deadline."""
+    starts over after a resume); a failure of either call fails the group."""
     index = group.episodes[position].sample_index
     try:
-        env = made_environment(settings)
-    except Exception as exc:
-        group.error = group.error or failure(settings, group.prompt, index, "could not be created", exc)
-        return group.episodes[position]
-    try:
-        episode = _opened(
-            settings, index, PendingCall(_reset(env, group.prompt, index), f"groupwise-env-reset-{index}")
-        )
-    except Exception as exc:
-        group.error = group.error or failure(settings, group.prompt, index, "failed in reset()", exc)
+        env, episode = _fresh_opening(settings, group.prompt, index)
+    except _OpeningFailed as failed:
+        group.error = group.error or failure(settings, group.prompt, index, failed.what, failed.cause)
         return group.episodes[position]
     group.episodes[position], group.envs[position] = episode, env
     return episode
@@ -165,8 +243,10 @@ def start_step(
     return TurnStep(group, episode, reply, PendingCall(work, name, on_done))
 
 
-def finish_step(settings: EpisodeSettings, step: TurnStep) -> None:
-    """Apply the environment's answer (waiting for it up to the step deadline); a failure fails the group."""
+def finish_step(settings: EpisodeSettings, step: TurnStep) -> EpisodeError | None:
+    """Apply the environment's answer (waiting for it up to the step deadline). Its failure is returned, named: the
+    caller hands it to :func:`start_over` (a fresh environment, or the group fails). An episode that finished ends
+    the run's streak of failures."""
     episode, group = step.episode, step.group
     try:
         answer = step.call.result(settings.step_timeout_s)
@@ -174,7 +254,10 @@ def finish_step(settings: EpisodeSettings, step: TurnStep) -> None:
         episode.apply(answer, step.reply)
     except Exception as exc:
         episode.env_seconds += step.call.seconds
-        group.error = group.error or failure(settings, group.prompt, episode.sample_index, "failed in step()", exc)
+        return failure(settings, group.prompt, episode.sample_index, "failed in step()", exc)
+    if episode.finished:
+        settings.streak.finished()
+    return None
 
 
 def failure(settings: EpisodeSettings, prompt: Prompt, index: int, what: str, exc: BaseException) -> EpisodeError:

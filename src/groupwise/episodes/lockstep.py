@@ -2,7 +2,8 @@
 
 Each round asks the generator for the next turn of every unfinished episode (one call per distinct number of
 tokens a turn may take), then runs every environment step at once, each on its own thread with a deadline
-(:mod:`groupwise.episodes.deadline`): a slow tool delays its round, not one step per episode. The pieces a round
+(:mod:`groupwise.episodes.deadline`): a slow tool delays its round, not one step per episode. An episode whose
+environment failed starts over with a fresh one before the next round, while it has retries. The pieces a round
 is made of, and what a failure does, are in :mod:`groupwise.episodes.group`; on a generation stream the episodes
 run without rounds (:mod:`groupwise.episodes.streamed`).
 """
@@ -19,6 +20,7 @@ from groupwise.episodes.group import (
     RunningGroup,
     finish_step,
     open_group,
+    start_over,
     start_step,
     turn_request,
 )
@@ -43,7 +45,9 @@ def run_episode_groups(
         replies = _sample_turns(generator, sampling, settings, active)
         steps = [start_step(settings, g, e, replies[id(e)]) for g, e in active if id(e) in replies]
         for step in steps:
-            finish_step(settings, step)
+            error = finish_step(settings, step)
+            if error is not None:  # a fresh environment while it has retries (made here: the next round waits)
+                start_over(settings, step.group, step.episode, error)
     return [group.outcome() for group in groups]
 
 

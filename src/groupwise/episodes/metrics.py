@@ -34,6 +34,8 @@ def episode_metrics(records: Sequence[EpisodeRecord]) -> dict[str, float]:
         metrics["episode/solved_turns_mean"] = math.fsum(r.turns for r in solved) / len(solved)
     for how in ("continued", "restarted"):  # episodes a resumed run took back mid-way
         metrics[f"episode/resumed_{how}"] = float(sum(r.resume == how for r in records))
+    metrics["episode/retries"] = float(sum(r.retries for r in records))  # failed attempts started over
+    metrics["episode/retried_tokens"] = float(sum(r.retried_tokens for r in records))
     for end in ("done", "max_turns", "token_budget"):
         metrics[f"episode/end_{end}_fraction"] = sum(r.end == end for r in records) / n
     return metrics | harness_metrics([r.harness for r in records if r.harness is not None])

@@ -97,9 +97,8 @@ def continue_episode(
             tuple(tokens[start:end]), tuple(saved["logprobs"][start:end]), saved["assistant"][index], finish,
             saved["versions"][end - 1], token_versions=tuple(saved["versions"][start:end]),
         )  # fmt: skip
-        finish_step(settings, start_step(settings, group, episode, sampled))
-        if group.error is not None:  # this replay's failure, not the group's: the episode starts over instead
-            error, group.error = group.error, None
+        error = finish_step(settings, start_step(settings, group, episode, sampled))
+        if error is not None:  # this replay's failure, not the episode's: it starts over instead
             raise ValueError(f"the environment failed when given turn {index + 1} again: {error}")
     kept = len(tokens)
     if episode.token_ids[:kept] != tokens or episode.trainable[:kept] != trainable:

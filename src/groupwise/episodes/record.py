@@ -22,6 +22,8 @@ class EpisodeRecord:
     ``assistant`` holds the text of each model turn and ``observations`` the messages the environment answered
     each with, so an episode can be replayed into a fresh environment (``groupwise audit --replay-episodes``).
     ``model_tokens`` were sampled and train; ``env_tokens`` (chat-template framing and observations) do not.
+    ``retries`` counts the times the sample started over with a fresh environment (session) after a failure
+    (``episode.retry_failed_episodes``), and ``retried_tokens`` what those failed attempts had sampled.
     A harness session's record also holds ``harness``: its sequences, requests and their limits, retokenized
     tokens, and its request log (each request as asked, where it was placed, the ids served), which
     ``groupwise audit --replay-sessions`` renders again.
@@ -40,6 +42,8 @@ class EpisodeRecord:
     assistant: tuple[str, ...] = ()
     observations: tuple[tuple[dict[str, str], ...], ...] = ()
     resume: EpisodeResume = ""
+    retries: int = 0
+    retried_tokens: int = 0
     harness: dict[str, Any] | None = None  # a harness session's counts and request log (docs/harnesses.md)
 
     def to_dict(self) -> dict[str, Any]:

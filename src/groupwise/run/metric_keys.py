@@ -40,6 +40,8 @@ METRIC_KEYS: tuple[str, ...] = (
     "episode/solved_turns_mean",
     "episode/resumed_continued",
     "episode/resumed_restarted",
+    "episode/retries",
+    "episode/retried_tokens",
     "episode/end_done_fraction",
     "episode/end_max_turns_fraction",
     "episode/end_token_budget_fraction",

@@ -35,6 +35,7 @@ from groupwise.episodes.group import (
     RunningGroup,
     finish_step,
     open_group,
+    start_over,
     start_step,
     turn_request,
 )
@@ -92,8 +93,9 @@ async def run_streamed_group(
     group = await on_daemon_thread(lambda: open_group(settings, prompt, seed, group_size), "groupwise-env-open")
     continued: dict[int, RowPrefix] = {}
     if saved is not None and group.error is None:
-        continued, why = await on_daemon_thread(lambda: take_back(settings, group, saved.data, saved.sampling),
-                                                "groupwise-env-take-back")
+        continued, why = await on_daemon_thread(
+            lambda: take_back(settings, group, saved.data, saved.sampling), "groupwise-env-take-back"
+        )
         if why is not None:
             saved.on_event(f"resume: the episodes of {prompt.uid!r} start over instead of continuing: {why}")
         turns.kept_tokens = sum(sum(e.trainable) for e in group.episodes if e.resume == "continued")
@@ -142,7 +144,15 @@ async def _run_episode(
         step = start_step(settings, group, episode, completion, signal_from_thread(loop, answered))
         left = step.call.started + settings.step_timeout_s - time.perf_counter()
         await asyncio.wait({answered}, timeout=max(0.0, left))
-        finish_step(settings, step)  # answered, or past its deadline: either way it does not block
+        error = finish_step(settings, step)  # answered, or past its deadline: either way it does not block
+        if error is not None:  # a fresh environment, made off the loop, while the episode has retries
+            episode = await on_daemon_thread(_restart(settings, group, episode, error), "groupwise-env-retry")
+
+
+def _restart(
+    settings: EpisodeSettings, group: RunningGroup, episode: Episode, error: EpisodeError
+) -> Callable[[], Episode]:
+    return lambda: start_over(settings, group, episode, error)
 
 
 async def _sample_turn(stream: RequestStream, request: GenerationRequest, turns: GroupTurns, sample: int) -> Completion:

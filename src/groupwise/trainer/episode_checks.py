@@ -17,6 +17,7 @@ from groupwise.episodes.environment import (
     environment_factory,
 )
 from groupwise.episodes.episode import EpisodeLimits
+from groupwise.episodes.failure_streak import FailureStreak
 from groupwise.episodes.group import EpisodeSettings
 from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE, ChatRenderer, append_only_problem
 from groupwise.episodes.tool_env import ToolEnvironment
@@ -106,4 +107,6 @@ def episode_settings(
     max_new = cfg.generation.max_new_tokens
     limits = EpisodeLimits(section.max_turns, section.token_budget(max_new), section.max_observation_tokens, max_new,
                            positions)  # fmt: skip
-    return EpisodeSettings(spec.name, spec.factory, renderer, limits, section.step_timeout_s)
+    streak = FailureStreak(section.max_consecutive_failures, f"environment {spec.name!r}")
+    return EpisodeSettings(spec.name, spec.factory, renderer, limits, section.step_timeout_s,
+                           retries=section.retry_failed_episodes, streak=streak)  # fmt: skip
