@@ -6,10 +6,13 @@ loop, evaluation, vLLM, Ray) the calling thread samples the sessions' requests u
 passed its deadline; on a generation stream (:meth:`HarnessRunner.run_group`) each request goes to the stream as it
 comes and the group's coroutine only waits.
 
-A session fails — and with it its group, as a reward failure of the prompt (:class:`HarnessError`: async retries
-and then skips it with its fate, sync stops naming the harness) — when its harness fails (raises, times out, exits
-non-zero, answers something else than a number or ``None``), never called the endpoint, or was served no tokens.
-A failed session is never scored 0.
+A session fails when its harness fails (raises, times out, exits non-zero, answers something else than a number
+or ``None``), never called the endpoint, or was served no tokens. With ``episode.retry_failed_episodes`` N > 0 it
+starts again at once with a fresh session (a new key, the same seed) up to N times; past them its group fails, as a
+reward failure of the prompt (:class:`HarnessError`: async retries and then skips it with its fate, sync stops
+naming the harness). A failed session is never scored 0. Every failed session counts in the run's
+:class:`~groupwise.episodes.failure_streak.FailureStreak` (a finished one ends it), which stops the run after
+``episode.max_consecutive_failures`` in a row.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from groupwise.data.scoring import RewardError
+from groupwise.episodes.failure_streak import FailureStreak
 from groupwise.generation.base import Generator
 from groupwise.harness.batched_turns import BatchedTurns
 from groupwise.harness.endpoint import Endpoint, EndpointSettings, TurnSampler
@@ -42,7 +46,8 @@ class HarnessError(RewardError):
 
 @dataclass(frozen=True)
 class HarnessSettings:
-    """What running harness sessions needs besides the generator: the ``episode`` section, resolved."""
+    """What running harness sessions needs besides the generator: the ``episode`` section, resolved (``retries``:
+    ``episode.retry_failed_episodes``; ``streak``: the run's count of failed sessions in a row)."""
 
     spec: HarnessSpec
     renderer: RequestRenderer
@@ -50,24 +55,40 @@ class HarnessSettings:
     timeout_s: float
     endpoint: EndpointSettings
     batch_window_s: float = 0.05
+    retries: int = 0
+    streak: FailureStreak = field(default_factory=lambda: FailureStreak(0, "harness"))
 
 
 @dataclass(frozen=True)
 class SessionResult:
     """A session whose harness finished: its recorded tree and counts, and its reward (None: score its last
-    reply with ``reward.function``)."""
+    reply with ``reward.function``); ``retries`` failed sessions of its sample came before it, served
+    ``retried_tokens``."""
 
     sample_index: int
     session: LiveSession
     reward: float | None
     seconds: float
+    retries: int = 0
+    retried_tokens: int = 0
 
 
 @dataclass
 class OpenGroup:
+    """A group's sessions while their harnesses run: the current session of each sample, its harness, its retries
+    so far, and the sessions of the attempts that failed and were started again (``retired``); ``settled``: the
+    samples whose session ended for good (finished, or failed with no retry left: ``errors``)."""
+
     prompt: Prompt
+    seed: int
+    sampler: TurnSampler
     sessions: list[LiveSession]
     runs: list[RunningHarness]
+    on_done: Callable[[], None] | None = None
+    retries: list[int] = field(default_factory=list)
+    retired: list[LiveSession] = field(default_factory=list)
+    settled: set[int] = field(default_factory=set)
+    errors: dict[int, HarnessError] = field(default_factory=dict)
 
 
 class HarnessRunner:
@@ -88,13 +109,13 @@ class HarnessRunner:
         group_size: int,
     ) -> list[list[SessionResult] | HarnessError]:
         """Every group's G finished sessions, or that group's failure; the calling thread samples their requests
-        on ``generator`` (a generator failure is raised once every harness was stopped)."""
+        on ``generator`` (a generator failure is raised once every harness was stopped), and between batches
+        settles the sessions that ended (a failed one starts again while it has retries)."""
         sampler = BatchedTurns(generator, sampling, self.settings.batch_window_s)
         sampler.pressure = lambda: self.endpoint.registry.in_flight(sampler)
         groups = [self.open_group(sampler, p, s, group_size) for p, s in zip(prompts, seeds, strict=True)]
-        runs = [run for group in groups for run in group.runs]
         try:
-            sampler.serve_until(lambda: all(r.done or time.monotonic() > r.deadline for r in runs))
+            sampler.serve_until(lambda: all([self.settle(group) for group in groups]))
         except BaseException:
             for group in groups:
                 self._stop(group, "the run's generator failed")
@@ -106,14 +127,20 @@ class HarnessRunner:
     async def run_group(
         self, sampler: TurnSampler, prompt: Prompt, seed: int, group_size: int
     ) -> list[SessionResult] | HarnessError:
-        """One group's sessions, their requests sampled by ``sampler`` (a stream's) as they come; cancelled, every
-        harness is stopped."""
+        """One group's sessions, their requests sampled by ``sampler`` (a stream's) as they come, settled as they
+        end; cancelled (or the run's streak of failures past its limit), every harness is stopped."""
         loop = asyncio.get_running_loop()
-        ended = [loop.create_future() for _ in range(group_size)]
-        group = self.open_group(sampler, prompt, seed, group_size, [_signal(loop, f) for f in ended])
+        ended = asyncio.Event()
+        group = self.open_group(sampler, prompt, seed, group_size, _signal(loop, ended))
         try:
-            await asyncio.wait(ended, timeout=self.settings.timeout_s + 1.0)
-        except asyncio.CancelledError:
+            while True:
+                ended.clear()
+                if self.settle(group):
+                    break
+                left = min(group.runs[i].deadline for i in range(group_size) if i not in group.settled)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ended.wait(), max(0.0, left - time.monotonic()) + 0.01)
+        except BaseException:
             self._stop(group, "its group was cancelled")
             raise
         return self.close_group(group)
@@ -124,56 +151,85 @@ class HarnessRunner:
         prompt: Prompt,
         seed: int,
         group_size: int,
-        on_done: Sequence[Callable[[], None]] | None = None,
+        on_done: Callable[[], None] | None = None,
     ) -> OpenGroup:
-        """Start the group's G harnesses, each with a session of its own registered with ``sampler``."""
+        """Start the group's G harnesses, each with a session of its own registered with ``sampler``;
+        ``on_done`` is called (on a harness's thread) whenever one of them ends."""
         self._start()
-        group = OpenGroup(prompt, [], [])
+        group = OpenGroup(prompt, seed, sampler, [], [], on_done, [0] * group_size)
         for index in range(group_size):
-            live = LiveSession(
-                f"gw-{secrets.token_urlsafe(24)}",
-                index,
-                derive_seed("harness-session", seed, index),
-                self.settings.renderer,
-                self.settings.limits,
-            )
-            self.endpoint.registry.add(live, sampler)
-            visible = HarnessSession(
-                self.endpoint.base_url, live.key, self.settings.endpoint.model_name, prompt, index, live.seed
-            )
+            live, run = self._session(group, index)
             group.sessions.append(live)
-            group.runs.append(
-                RunningHarness(
-                    self.settings.spec,
-                    visible,
-                    self.settings.timeout_s,
-                    on_done[index] if on_done is not None else None,
-                )
-            )
+            group.runs.append(run)
         return group
 
+    def _session(self, group: OpenGroup, index: int) -> tuple[LiveSession, RunningHarness]:
+        """A fresh session for sample ``index`` of ``group`` (a new key, the sample's seed), its harness started."""
+        live = LiveSession(
+            f"gw-{secrets.token_urlsafe(24)}",
+            index,
+            derive_seed("harness-session", group.seed, index),
+            self.settings.renderer,
+            self.settings.limits,
+        )
+        self.endpoint.registry.add(live, group.sampler)
+        visible = HarnessSession(
+            self.endpoint.base_url, live.key, self.settings.endpoint.model_name, group.prompt, index, live.seed
+        )
+        return live, RunningHarness(self.settings.spec, visible, self.settings.timeout_s, group.on_done)
+
+    def settle(self, group: OpenGroup) -> bool:
+        """Settle every session of ``group`` that ended or passed its deadline (stopped): a finished one ends the
+        run's streak of failures; a failed one counts in it and starts again with a fresh session while its sample
+        has retries, else it is the sample's failure. Whether every sample is settled."""
+        for index, (live, run) in enumerate(zip(group.sessions, group.runs, strict=True)):
+            if index in group.settled or not (run.done or time.monotonic() > run.deadline):
+                continue
+            why = _failure(live, run.outcome())
+            if why is None:
+                self.settings.streak.finished()
+                group.settled.add(index)
+                continue
+            error = HarnessError(
+                f"harness {self.settings.spec.name!r} failed (prompt {group.prompt.uid!r}, sample {index}): {why}",
+                group.prompt.uid,
+                index,
+            )
+            self.settings.streak.failed(error)
+            if group.retries[index] < self.settings.retries:
+                group.retries[index] += 1
+                self.endpoint.registry.remove(live.key)
+                group.retired.append(live)
+                group.sessions[index], group.runs[index] = self._session(group, index)
+                continue
+            group.errors[index] = error
+            group.settled.add(index)
+        return len(group.settled) == len(group.runs)
+
     def close_group(self, group: OpenGroup) -> list[SessionResult] | HarnessError:
-        """The group's sessions ended (a harness still running past its deadline is stopped): their results, or
-        the group's failure charged with the tokens its sessions were served."""
-        results: list[SessionResult] = []
-        failure: HarnessError | None = None
-        for live, run in zip(group.sessions, group.runs, strict=True):
-            outcome = run.outcome()
+        """The group's sessions ended (settled; a harness still running past its deadline is stopped first):
+        their results, or the group's failure (its first failed sample's) charged with the tokens every session
+        of the group, retired ones included, was served."""
+        self.settle(group)
+        for live in group.sessions:
             self.endpoint.registry.remove(live.key)
-            why = _failure(live, outcome)
-            if why is not None and failure is None:
-                failure = HarnessError(
-                    f"harness {self.settings.spec.name!r} failed (prompt {group.prompt.uid!r}, "
-                    f"sample {live.sample_index}): {why}",
-                    group.prompt.uid,
-                    live.sample_index,
-                )
-            elif why is None and not isinstance(outcome, SessionFailure):
-                results.append(SessionResult(live.sample_index, live, outcome, time.monotonic() - run.started))
-        if failure is not None:
-            served = sum(live.counts.served_tokens for live in group.sessions)
-            return attach_cost(failure, GenerationCost(served))
-        return results
+        if group.errors:
+            served = sum(live.counts.served_tokens for live in [*group.sessions, *group.retired])
+            return attach_cost(group.errors[min(group.errors)], GenerationCost(served))
+        retried = {index: 0 for index in range(len(group.sessions))}
+        for live in group.retired:
+            retried[live.sample_index] += live.counts.served_tokens
+        return [
+            SessionResult(
+                live.sample_index,
+                live,
+                _reward(run.outcome()),
+                time.monotonic() - run.started,
+                group.retries[live.sample_index],
+                retried[live.sample_index],
+            )
+            for live, run in zip(group.sessions, group.runs, strict=True)
+        ]
 
     def _stop(self, group: OpenGroup, why: str) -> None:
         for live, run in zip(group.sessions, group.runs, strict=True):
@@ -194,6 +250,11 @@ class HarnessRunner:
                 self._started = False
 
 
+def _reward(outcome: float | None | SessionFailure) -> float | None:
+    assert not isinstance(outcome, SessionFailure), "a settled session that did not fail"
+    return outcome
+
+
 def _failure(live: LiveSession, outcome: float | None | SessionFailure) -> str | None:
     if isinstance(outcome, SessionFailure):
         return str(outcome)
@@ -204,13 +265,11 @@ def _failure(live: LiveSession, outcome: float | None | SessionFailure) -> str |
     return None
 
 
-def _signal(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> Callable[[], None]:
-    def settle() -> None:
-        if not future.done():
-            future.set_result(None)
+def _signal(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> Callable[[], None]:
+    """``event`` set on ``loop`` from any thread."""
 
     def signal() -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-            loop.call_soon_threadsafe(settle)
+            loop.call_soon_threadsafe(event.set)
 
     return signal

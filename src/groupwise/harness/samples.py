@@ -70,6 +70,8 @@ def session_record(result: SessionResult, reward: float) -> EpisodeRecord:
         model_tokens=model_tokens,
         env_tokens=sum(len(row.trainable) for row in rows) - model_tokens,
         assistant=tuple(served),
+        retries=result.retries,
+        retried_tokens=result.retried_tokens,
         harness=harness,
     )
 

@@ -67,6 +67,7 @@ def harness_settings(
     to render requests with. A template that rewrites earlier turns is accepted: a request whose history it
     rewrote starts a new sequence (docs/harnesses.md)."""
     # the endpoint's pieces import torch (the generator interface): not needed by the checks above, which run first
+    from groupwise.episodes.failure_streak import FailureStreak
     from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE
     from groupwise.episodes.tool_formats import tool_format
     from groupwise.harness.endpoint import EndpointSettings
@@ -93,4 +94,14 @@ def harness_settings(
     max_new = cfg.generation.max_new_tokens
     limits = SessionLimits(ep.max_turns, ep.token_budget(max_new), max_new, ep.max_observation_tokens, positions)
     endpoint = EndpointSettings(ep.endpoint.host, ep.endpoint.port, ep.endpoint.max_body_bytes, ep.endpoint.model_name)
-    return HarnessSettings(spec, renderer, limits, ep.harness_timeout_s, endpoint, ep.endpoint.batch_window_s)
+    streak = FailureStreak(ep.max_consecutive_failures, f"harness {spec.name!r}")
+    return HarnessSettings(
+        spec,
+        renderer,
+        limits,
+        ep.harness_timeout_s,
+        endpoint,
+        ep.endpoint.batch_window_s,
+        retries=ep.retry_failed_episodes,
+        streak=streak,
+    )
