@@ -24,7 +24,7 @@ LAYERS = [  # bottom first; the same order as docs/design.md, "Layers point down
     {"chunks", "model", "data"},
     {"generation"},
     {"episodes"},
-    {"environments", "run", "harness"},
+    {"environments", "run", "harness", "sandbox"},
     {"controller"},
     {"trainer"},
     {"runtime", "sim"},

@@ -6,9 +6,10 @@
 * **data** — everything else (unknown errors are data so real bugs surface) — retried immediately up to
   ``max_data_attempts_per_prompt``.
 
-Classification follows ``__cause__`` chains to depth 8. A :class:`FatalRolloutError` (anywhere in the chain) is
-neither: it stops the run at once, whatever the budgets (an environment that failed episode after episode,
-``episode.max_consecutive_failures``). A prompt that exhausts its data budget is skipped
+Classification follows ``__cause__`` chains to depth 8. A tool's own infrastructure failure
+(:class:`~groupwise.episodes.tools.ToolInfrastructureError`) is infra. An environment or harness that failed episode
+after episode (:class:`~groupwise.episodes.failure_streak.ConsecutiveEpisodeFailures`, anywhere in the chain) is
+neither: it stops the run at once, whatever the budgets. A prompt that exhausts its data budget is skipped
 while fewer than ``max_skipped_prompts`` were skipped in the run, else the run fails. A prompt that
 exhausts its infra budget is dropped while no more than ``max_consecutive_dropped_prompts`` were dropped in
 a row (any committed or filtered group resets the streak), else the run fails. Filtered groups never
@@ -21,6 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from groupwise.episodes.failure_streak import ConsecutiveEpisodeFailures
+from groupwise.episodes.tools import ToolInfrastructureError
+
 if TYPE_CHECKING:
     from groupwise.config import RolloutFailureSection
 
@@ -32,12 +36,8 @@ class InfraError(Exception):
     """Base for failures of the machinery (an engine, a worker, a network hop), not of the data."""
 
 
-_infra_types: list[type[BaseException]] = [InfraError, TimeoutError, ConnectionError]
-
-
-class FatalRolloutError(RuntimeError):
-    """A rollout failure after which the run stops, whatever the failure budgets: every further attempt would fail
-    the same way (the message says why)."""
+_infra_types: list[type[BaseException]] = [InfraError, TimeoutError, ConnectionError, ToolInfrastructureError]
+_FATAL_TYPES: tuple[type[BaseException], ...] = (ConsecutiveEpisodeFailures,)  # every further attempt fails too
 
 
 class RolloutDataFailure(RuntimeError):
@@ -110,9 +110,9 @@ class FailureBudgets:
 
     def on_failure(self, attempts: PromptAttempts, error: BaseException, context: str) -> float | None:
         """Count a failed attempt. Return the seconds to wait before a retry, or None to give up on the
-        prompt (skipped within budget). Raise when a run-level budget is exceeded, and re-raise a
-        :class:`FatalRolloutError`."""
-        if _in_chain(error, (FatalRolloutError,)):
+        prompt (skipped within budget). Raise when a run-level budget is exceeded, and re-raise an error after
+        which the run stops whatever the budgets (an environment failing episode after episode)."""
+        if _in_chain(error, _FATAL_TYPES):
             raise error
         s = self.settings
         if classify_failure(error) == "infra":

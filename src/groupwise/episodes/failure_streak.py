@@ -5,8 +5,8 @@ retried or not, adds one; every episode that finishes sets the count back to 0. 
 harness that is down fails every episode, so the count only grows: the run stops with
 :class:`ConsecutiveEpisodeFailures`, naming the environment and the last errors, instead of failing prompt after
 prompt (an outage must not burn the dataset as failures). The async controller stops at once on it, whatever its
-failure budgets (a :class:`~groupwise.controller.failures.FatalRolloutError`); the sync loop stops as on any error of a
-generation round. The count is not checkpointed: a resumed run starts at 0.
+failure budgets (:mod:`groupwise.controller.failures`); the sync loop stops as on any error of a generation round.
+The count is not checkpointed: a resumed run starts at 0.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from groupwise.controller.failures import FatalRolloutError
-
 LAST_ERRORS = 3
 
 
-class ConsecutiveEpisodeFailures(FatalRolloutError):
+class ConsecutiveEpisodeFailures(RuntimeError):
     """``episode.max_consecutive_failures`` episodes in a row failed (the message names what failed, and how)."""
 
 

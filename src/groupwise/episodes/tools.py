@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from groupwise.controller.failures import InfraError
 from groupwise.episodes.tool_arguments import ArgumentMisfit, checked_arguments
 from groupwise.episodes.tool_formats import TOOL_FORMATS, ToolCall
 
@@ -35,8 +34,9 @@ class ToolError(Exception):
     ``episode/tool_errors``): the call failed for a reason that is the call's own."""
 
 
-class ToolInfrastructureError(InfraError):
-    """Raised by a tool whose own machinery failed: never an answer to the model; the episode fails."""
+class ToolInfrastructureError(Exception):
+    """Raised by a tool whose own machinery failed: never an answer to the model; the episode fails (the async
+    controller classifies it ``infra``: :mod:`groupwise.controller.failures`)."""
 
 
 @dataclass(frozen=True)
