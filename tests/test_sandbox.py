@@ -112,9 +112,9 @@ def assert_nothing_left() -> None:
 def test_the_answer_is_what_the_program_printed_and_a_failure_is_an_error_with_its_traceback(sandbox):
     assert answer(sandbox, "print(17 * 23)") == "391\n"
     assert answer(sandbox, "x = 1") == "(no output)"
-    assert answer(sandbox, "import sys\nprint('out')\nprint('warn', file=sys.stderr)") == "out\n\nstderr:\nwarn\n"
+    assert answer(sandbox, "import sys\nprint('out')\nprint('warn', file=sys.stderr)") == "out\nstderr:\nwarn\n"
     failed = answer(sandbox, "print('before')\n1 / 0")
-    assert failed.startswith("error: the program raised ZeroDivisionError: division by zero\nbefore\n\nstderr:\n")
+    assert failed.startswith("error: the program raised ZeroDivisionError: division by zero\nbefore\nstderr:\n")
     assert 'File "<main.py>", line 2, in <module>\n    1 / 0\n' in failed  # the source line, for the model to read
     assert failed.endswith("ZeroDivisionError: division by zero\n")
     assert answer(sandbox, "raise SystemExit(3)") == "error: the program exited with status 3"

@@ -95,10 +95,11 @@ def _output(run: SandboxRun, room: int) -> str:
         _wanted(run.stderr, run.stderr_bytes, run.read_bytes),
     ]
     first = min(wanted[0], max(budget // 2, budget - wanted[1]))
-    parts = [_cut(run.stdout, run.stdout_bytes, run.read_bytes, first, keep_end=False)]
-    if run.stderr:
-        parts.append(label + _cut(run.stderr, run.stderr_bytes, run.read_bytes, budget - first, keep_end=True))
-    return "\n".join(part for part in parts if part)
+    out = _cut(run.stdout, run.stdout_bytes, run.read_bytes, first, keep_end=False)
+    if not run.stderr:
+        return out
+    err = label + _cut(run.stderr, run.stderr_bytes, run.read_bytes, budget - first, keep_end=True)
+    return out + err if not out or out.endswith("\n") else f"{out}\n{err}"
 
 
 def _mark(total_bytes: int) -> str:
