@@ -5,8 +5,8 @@ Invariants pinned:
 - with ``episode.retry_failed_episodes`` N, an episode whose environment fails (in ``reset`` or ``step``) starts
   over from its opening with a fresh environment, on the same seeds (the retry sends the environment the same
   turn), and its group trains; its record counts the retry and the tokens the failed attempt sampled;
-- an episode that fails N + 1 times fails its group with the last error, naming the environment, the prompt and
-  the sample, charged with every attempt's tokens; a ``ConnectionError`` underneath classifies the failure
+- an episode that fails N + 1 times fails its group with the last error, naming the environment, the prompt, the
+  sample and the retries, charged with every attempt's tokens; a ``ConnectionError`` underneath classifies the failure
   ``infra``;
 - the same for harness sessions: a failed session starts again with a fresh session (a new key), its result
   counting the retry and the tokens its failed session was served; past the retries the group fails, charged with
@@ -141,7 +141,8 @@ def test_an_episode_failing_past_its_retries_fails_its_group_charged_with_every_
     )
     assert isinstance(outcome, EpisodeError)
     assert str(outcome) == (
-        "environment 'test-env' failed in step() (prompt 'p', sample 0): ConnectionError: the sandbox went away"
+        "environment 'test-env' failed in step() (prompt 'p', sample 0): ConnectionError: the sandbox went away "
+        "(after 2 retries with a fresh environment)"
     )
     assert Flaky.attempts[("p", 0)] == 3 and classify_failure(outcome) == "infra"
     assert cost_of(outcome).tokens >= 3 * 2 + 2  # three attempts at sample 0, and sample 1's turns
@@ -225,8 +226,9 @@ def test_a_failed_harness_session_starts_again_with_a_fresh_session():
     ]
     assert Flaky.attempts == {("game/0", 0): 2, ("game/0", 1): 2}
     failed = run_harness_group(down_harness, retries=2)
-    assert isinstance(failed, HarnessError) and "sample 0): it raised ConnectionError: the model server is gone" in str(
-        failed
+    assert isinstance(failed, HarnessError) and str(failed) == (
+        "harness 'test-harness' failed (prompt 'game/0', sample 0): it raised ConnectionError: the model server is "
+        "gone (after 2 retries with a fresh session)"
     )
     assert cost_of(failed).tokens == 2 * 3 * 3  # two samples, three sessions each, 3 tokens served to each
     with pytest.raises(ConsecutiveEpisodeFailures, match="the harness 'test-harness' looks down"):

@@ -154,11 +154,11 @@ def _opened_after_failure(
 ) -> tuple[Environment, Episode] | None:
     """Count ``error`` in the run's streak, then open sample ``index`` again with a fresh environment while it has
     retries left (``retries`` used so far, ``tokens`` sampled by its failed attempts); every failed opening counts
-    too. None: no retry left, the group failed with the last error."""
+    too. None: no retry left, the group failed with the last error (saying how many retries came before it)."""
     while True:
         settings.streak.failed(error)
         if retries >= settings.retries:
-            group.error = group.error or error
+            group.error = group.error or _after_retries(error, retries)
             return None
         retries += 1
         try:
@@ -258,6 +258,15 @@ def finish_step(settings: EpisodeSettings, step: TurnStep) -> EpisodeError | Non
     if episode.finished:
         settings.streak.finished()
     return None
+
+
+def _after_retries(error: EpisodeError, retries: int) -> EpisodeError:
+    if not retries:
+        return error
+    again = EpisodeError(f"{error} (after {retries} retries with a fresh environment)", error.prompt_uid,
+                         error.completion_index)  # fmt: skip
+    again.__cause__ = error.__cause__
+    return again
 
 
 def failure(settings: EpisodeSettings, prompt: Prompt, index: int, what: str, exc: BaseException) -> EpisodeError:

@@ -202,6 +202,10 @@ class HarnessRunner:
                 group.retired.append(live)
                 group.sessions[index], group.runs[index] = self._session(group, index)
                 continue
+            if group.retries[index]:
+                error = HarnessError(
+                    f"{error} (after {group.retries[index]} retries with a fresh session)", group.prompt.uid, index
+                )
             group.errors[index] = error
             group.settled.add(index)
         return len(group.settled) == len(group.runs)
