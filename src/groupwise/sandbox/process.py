@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -116,9 +117,14 @@ class Sandbox:
 
 def run_code(code: str, limits: SandboxLimits, python: str, isolation: Isolation, read_chars: int = 4000) -> SandboxRun:
     """``code`` run once in a fresh temporary folder, removed afterwards (see the module docstring)."""
-    folder = Path(tempfile.mkdtemp(prefix="groupwise-sandbox-"))
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="groupwise-sandbox-"))
+    except OSError as exc:  # a full or unwritable temporary directory: the sandbox's, not the program's
+        raise SandboxUnavailable(f"the sandbox could not make its folder: {exc}") from exc
     try:
         return _run_in(folder, code, limits, python, isolation, read_chars)
+    except OSError as exc:
+        raise SandboxUnavailable(f"the sandbox failed: {exc}") from exc
     finally:
         shutil.rmtree(folder, onerror=_writable_then_again)
 
@@ -190,8 +196,17 @@ def _started_and_ended(python: str, folder: Path, files: _Files, config: dict[st
 
 
 def _exited(pid: int, timeout_s: float) -> bool:
-    """Whether ``pid`` exited within ``timeout_s``, leaving it unreaped (a pidfd becomes readable when it exits)."""
-    pidfd = os.pidfd_open(pid)
+    """Whether ``pid`` exited within ``timeout_s``, leaving it unreaped (a pidfd becomes readable when it exits;
+    before Linux 5.3, polled)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        deadline = time.monotonic() + timeout_s
+        while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
     try:
         return bool(select.select([pidfd], [], [], timeout_s)[0])
     finally:
