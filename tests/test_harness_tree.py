@@ -14,19 +14,23 @@ Invariants pinned:
 - a template that rewrites earlier turns (drops earlier reasoning) gives one sequence per request, each trained on
   exactly the context its request was sampled from;
 - token-in requests extend the sequence their ids extend; an abandoned request leaves nothing behind;
+- new messages past ``max_new_tokens`` are cut to fit and marked (a 50,000-character answer keeps its start), and
+  the harness's next request, echoing the whole message, still continues the same sequence; a cap the template's
+  framing alone exceeds is refused;
 - a branched session trains one row per sequence, each with the sample's reward and advantage, its record on the
   first row only; the group's prompt is what every row shares before sampling; branches survive a checkpoint.
 """
 
 from __future__ import annotations
 
+import pytest
 from test_episodes import DROPS_EARLIER_REASONING, EOS, TOKENIZER, chars
 
 from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE
 from groupwise.episodes.tool_formats import TOOL_FORMATS
 from groupwise.harness.live import LiveSession, SessionLimits
 from groupwise.harness.render import RequestRenderer, served_key
-from groupwise.harness.tree import SessionTree
+from groupwise.harness.tree import NewContextTooLong, SessionTree
 from groupwise.harness.wire import ChatMessage
 from groupwise.types import Completion, Prompt
 
@@ -177,3 +181,21 @@ def test_a_branched_session_trains_a_row_per_sequence_with_its_samples_reward_an
     assert rows["completion_ids"][1] == tuple(chars("6") + [EOS]) and rows["env_spans"][1] == ()
     assert rows["episode"][0] is not None and rows["episode"][1] is None  # the record rides on the first row only
     assert group_from_dict(group_to_dict(group)).completions == completions
+
+
+def test_new_messages_past_the_cap_are_cut_and_the_full_echo_still_continues_the_sequence():
+    session = tree()
+    _, reply1 = serve(session, [user("run it")], chars("ok") + [EOS])
+    long_answer = ChatMessage("tool", "0123456789" * 5_000)  # 50,000 characters: cut before it is rendered
+    history = [user("run it"), reply1, long_answer]
+    with pytest.raises(NewContextTooLong):  # the template's framing alone takes more than 20 tokens
+        session.place(history, (), version=0, max_new_tokens=20)
+    placement = session.place(history, (), version=0, max_new_tokens=60)
+    assert placement.kind == "extend" and placement.truncated and placement.env_tokens <= 60 + 1  # + the closing
+    shown = TOKENIZER.decode(list(placement.context), skip_special_tokens=False)
+    assert shown.endswith("[truncated]\nassistant: ") and "0123456789" in shown  # "…" is <unk> to this tokenizer
+    session.record(placement, [served(chars("done") + [EOS])], [served_key("done", ())])
+    follow = session.place([*history, ChatMessage("assistant", "done"), user("thanks")], (), 0, max_new_tokens=60)
+    assert follow.kind == "extend" and follow.sequence == 0 and not follow.truncated  # the whole echo was recognised
+    (row,) = session.rows()
+    assert sampled(row) == chars("ok") + [EOS] + chars("done") + [EOS]

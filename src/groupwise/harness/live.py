@@ -7,9 +7,10 @@ tokens after the token that completes one; tool calls are read in the model fami
 
 Limits (docs/harnesses.md): ``max_requests`` requests per session and ``max_tokens`` tokens after its opening
 (model and environment together, over all its sequences): past either, a request is answered at once with no
-content and ``finish_reason: "length"``, the way an OpenAI model that ran out of room answers, and counted. A
-request whose new messages take more than ``max_new_tokens`` tokens, or whose context leaves no room in the
-model's positions, is refused with OpenAI's 400 ``context_length_exceeded``.
+content and ``finish_reason: "length"``, the way an OpenAI model that ran out of room answers, and counted. The
+new messages of a request that extends a sequence take at most ``max_new_tokens`` tokens: past it their contents
+are cut to fit and marked, as an environment's answer is, and counted. A request whose context leaves no room in
+the model's positions is refused with OpenAI's 400 ``context_length_exceeded``.
 """
 
 from __future__ import annotations
@@ -22,12 +23,10 @@ from typing import Any
 from groupwise.episodes.tool_formats import ToolFormat
 from groupwise.harness.render import RequestRenderer, served_key
 from groupwise.harness.responses import ServedCall, ServedChoice
-from groupwise.harness.tree import ContextTooLong, Placement, SessionTree
+from groupwise.harness.tree import NewContextTooLong, Placement, SessionTree
 from groupwise.harness.wire import ChatRequest, CompletionRequest, Sampling, WireError
 from groupwise.seeding import derive_seed
 from groupwise.types import Completion, GenerationRequest
-
-CHARS_PER_TOKEN_BOUND = 32  # no tokenizer packs more characters into one token: a safe bound before tokenizing
 
 
 @dataclass(frozen=True)
@@ -53,6 +52,7 @@ class SessionCounts:
     env_tokens: int = 0
     served_tokens: int = 0
     retokenized_tokens: int = 0
+    truncated_messages: int = 0
     tool_calls: int = 0
     unreadable_tool_calls: int = 0
 
@@ -90,17 +90,10 @@ class LiveSession:
         if number > self.limits.max_requests:
             return self._limited(number)
         tools = chat.tools if chat.tool_choice != "none" else ()
-        bound = self.limits.max_new_tokens * CHARS_PER_TOKEN_BOUND
         try:
-            placement = self.tree.place(chat.messages, tools, version, max_new_chars=bound)
-        except ContextTooLong as exc:
-            raise self._refused(f"{exc}; episode.max_observation_tokens is {self.limits.max_new_tokens}") from exc
-        if placement.kind == "extend" and placement.env_tokens > self.limits.max_new_tokens:
-            self.tree.abandon(placement)
-            raise self._refused(
-                f"the request's new messages take {placement.env_tokens} tokens; one request may "
-                f"add at most episode.max_observation_tokens={self.limits.max_new_tokens}"
-            )
+            placement = self.tree.place(chat.messages, tools, version, max_new_tokens=self.limits.max_new_tokens)
+        except NewContextTooLong as exc:
+            raise self._refused(f"{exc} (episode.max_observation_tokens: the template's framing alone)") from exc
         return self._sampled(number, placement, chat.sampling)
 
     def prepare_tokens(self, completion: CompletionRequest, version: int) -> Prepared:
@@ -132,6 +125,7 @@ class LiveSession:
         with self._lock:
             self.counts.env_tokens += placement.env_tokens
             self.counts.retokenized_tokens += placement.retokenized_tokens
+            self.counts.truncated_messages += placement.truncated
         seed = derive_seed("harness-request", self.seed, number, sampling.seed)
         return Prepared(
             number, placement, GenerationRequest(placement.context, sampling.n, seed, max_new_tokens=min(room))

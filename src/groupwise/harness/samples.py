@@ -66,6 +66,7 @@ def session_record(result: SessionResult, reward: float) -> EpisodeRecord:
         step_rewards=(reward,),
         tool_calls=counts["tool_calls"],
         tool_errors=counts["unreadable_tool_calls"],
+        truncated_observations=counts["truncated_messages"],
         env_seconds=result.seconds,
         model_tokens=model_tokens,
         env_tokens=sum(len(row.trainable) for row in rows) - model_tokens,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from groupwise.episodes.environment import Message
+from groupwise.episodes.episode import largest_fit
 from groupwise.episodes.template import TemplateNotAppendOnly
 from groupwise.harness.render import MessageKey, RequestRenderer, message_key, tools_key
 from groupwise.harness.wire import ChatMessage
@@ -36,8 +37,9 @@ from groupwise.types import Completion, FinishReason
 PlacementKind = Literal["root", "extend", "retry", "tokens"]
 
 
-class ContextTooLong(ValueError):
-    """A request whose new messages are far beyond what one request may add: refused before it is tokenized."""
+class NewContextTooLong(ValueError):
+    """A request's new messages do not fit the cap on new context even with their contents emptied (the chat
+    template's framing alone takes more)."""
 
 
 @dataclass
@@ -110,6 +112,7 @@ class Placement:
     retokenized_tokens: int
     created: bool  # the sequence was made for this request
     length_before: int
+    truncated: bool = False  # its new messages were cut to fit
 
 
 class SessionTree:
@@ -127,16 +130,17 @@ class SessionTree:
         messages: Sequence[ChatMessage],
         tools: Sequence[Mapping[str, Any]],
         version: int,
-        max_new_chars: int | None = None,
+        max_new_tokens: int | None = None,
     ) -> Placement:
         """Where a request is sampled (see the module docstring); the sequence is busy until :meth:`record` or
-        :meth:`abandon`. :class:`ContextTooLong` when the messages to be rendered hold more than ``max_new_chars``
-        characters (a bound far above what the token limits allow, so an oversized request is refused without
-        tokenizing it)."""
+        :meth:`abandon`. The new messages a request adds to a sequence take at most ``max_new_tokens`` tokens: their
+        contents are cut to fit and marked, as an environment's answer is (cut before anything is rendered, so a
+        megabyte costs no more than the cap); the request's own messages, as later requests echo them, still
+        recognise the sequence."""
         keys = tuple(message_key(m) for m in messages)
         with self._lock:
-            placed = self._retry(keys, tools) or self._extend(messages, keys, tools, version, max_new_chars)
-            placed = placed or self._root(messages, keys, tools, version, max_new_chars)
+            placed = self._retry(keys, tools) or self._extend(messages, keys, tools, version, max_new_tokens)
+            placed = placed or self._root(messages, keys, tools, version)
             self.sequences[placed.sequence].busy = True
             self._requests.append(_Request(placed.sequence, len(placed.context), keys, placed.history, placed.tools))
             return placed
@@ -231,7 +235,7 @@ class SessionTree:
         keys: tuple[MessageKey, ...],
         tools: Sequence[Mapping[str, Any]],
         version: int,
-        max_new_chars: int | None,
+        max_new_tokens: int | None,
     ) -> Placement | None:
         tools_id = tools_key(tools)
         matches = [
@@ -246,12 +250,15 @@ class SessionTree:
             return None
         reply = max(reversed(matches), key=lambda r: len(r.history_keys))  # the longest; the latest among equals
         new = messages[len(reply.history_keys) + 1 :]
-        _check_size(new, max_new_chars)
-        rendered = tuple(self.renderer.as_template_message(m) for m in new)
+        asked = tuple(self.renderer.as_template_message(m) for m in new)
         try:
-            env_ids = self.renderer.after_reply(reply.history, reply.message, reply.sampled, rendered, tools)
+            env_ids, rendered = self._fitted(reply, asked, tools, max_new_tokens)
         except TemplateNotAppendOnly:
             return None  # the template rewrites earlier turns: the request is rendered whole instead
+        if env_ids is None:
+            raise NewContextTooLong(
+                f"even emptied, the request's {len(new)} new message(s) take more than {max_new_tokens} tokens"
+            )
         sequence, created = self._at(reply.sequence, reply.end)
         before = len(self.sequences[sequence].token_ids)
         self.sequences[sequence].add_context(env_ids, self._version_at(sequence, version))
@@ -267,7 +274,22 @@ class SessionTree:
             self._retokenized(new),
             created,
             before,
+            rendered is not asked,
         )
+
+    def _fitted(
+        self, reply: _Reply, asked: tuple[Message, ...], tools: Sequence[Mapping[str, Any]], cap: int | None
+    ) -> tuple[list[int] | None, tuple[Message, ...]]:
+        """The context tokens of ``asked`` after ``reply`` and the messages they render, cut to take at most
+        ``cap`` tokens beside the reply's closing (``(None, ...)`` when even emptied contents do not fit)."""
+
+        def render(shown: tuple[Message, ...]) -> list[int]:
+            return self.renderer.after_reply(reply.history, reply.message, reply.sampled, shown, tools)
+
+        if cap is None:
+            return render(asked), asked
+        closing = len(render(()))
+        return largest_fit(asked, cap, lambda shown: ids if len(ids := render(shown)) - closing <= cap else None)
 
     def _root(
         self,
@@ -275,10 +297,7 @@ class SessionTree:
         keys: tuple[MessageKey, ...],
         tools: Sequence[Mapping[str, Any]],
         version: int,
-        max_new_chars: int | None,
     ) -> Placement:
-        if self._replies:  # the first request's messages are the prompt; later ones are measured
-            _check_size(messages, max_new_chars)
         served = {reply.key: reply.message for reply in self._replies}
         rendered = tuple(
             served.get(k) or self.renderer.as_template_message(m) for m, k in zip(messages, keys, strict=True)
@@ -328,11 +347,3 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
     """The length of the longest common prefix of two token sequences."""
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
-
-
-def _check_size(messages: Sequence[ChatMessage], max_chars: int | None) -> None:
-    size = sum(len(m.content) + sum(len(a) for _, a in m.tool_calls) for m in messages)
-    if max_chars is not None and size > max_chars:
-        raise ContextTooLong(
-            f"the request's new messages hold {size:,} characters, far more than one request may add in tokens"
-        )
