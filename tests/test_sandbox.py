@@ -24,6 +24,7 @@ Invariants pinned:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -183,7 +184,12 @@ def listener():
     """A port the test listens on, and the connections it accepted."""
     server = socket.create_server(("127.0.0.1", 0))
     accepted: list[socket.socket] = []
-    threading.Thread(target=lambda: accepted.append(server.accept()[0]), daemon=True).start()
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # closed at the end of the test, nothing having connected
+            accepted.append(server.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
     yield server.getsockname()[1], accepted
     server.close()
 
