@@ -116,7 +116,8 @@ def test_learner_flops_follow_the_formula(smoke) -> None:
 
 
 def _module_level_imports(path: Path) -> set[str]:
-    """Top-level names imported by statements outside functions (what importing the module runs)."""
+    """Top-level names imported by statements outside functions (what importing the module runs; an
+    ``if TYPE_CHECKING:`` block never does)."""
     names: set[str] = set()
 
     def visit(nodes) -> None:
@@ -125,6 +126,8 @@ def _module_level_imports(path: Path) -> set[str]:
                 names.update(alias.name.split(".")[0] for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names.add(node.module.split(".")[0])
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                visit(node.orelse)  # an annotation-only import never runs
             elif isinstance(node, (ast.If, ast.Try, ast.With)):
                 visit(ast.iter_child_nodes(node))
             elif isinstance(node, ast.ClassDef):
