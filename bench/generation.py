@@ -43,7 +43,7 @@ from groupwise.model import eos_token_ids, load_policy
 from groupwise.types import GenerationRequest, SamplingParams
 
 if TYPE_CHECKING:
-    from groupwise.generation.vllm_engine import VllmGenerator
+    from groupwise.generation.vllm.engine import VllmGenerator
 
 TINY_1M = {"vocab": "full", "num_layers": 4, "hidden_size": 128, "num_heads": 4, "intermediate_size": 512}
 # ROWSxNEW[/G]: ROWS sequences of NEW tokens; G > 1 makes them ROWS/G prompts with G samples each (a GRPO group).
@@ -165,8 +165,8 @@ def build_vllm(policy, device: torch.device, dtype: str, max_rows: int) -> VllmG
     """The vLLM backend's generator for ``policy`` (written as a model folder, read by the engine, removed)."""
     import tempfile
 
-    from groupwise.generation.vllm_engine import VllmGenerator
-    from groupwise.generation.vllm_setup import VllmSettings, write_model_folder
+    from groupwise.generation.vllm.engine import VllmGenerator
+    from groupwise.generation.vllm.setup import VllmSettings, write_model_folder
 
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as folder:
         write_model_folder(policy.model, policy.tokenizer, folder)

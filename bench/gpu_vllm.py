@@ -66,8 +66,8 @@ def vllm_rows(
 
 
 def _vllm_generator(model: torch.nn.Module, device: str, dtype: torch.dtype, max_rows: int) -> Any:
-    from groupwise.generation.vllm_engine import VllmGenerator
-    from groupwise.generation.vllm_setup import VllmSettings
+    from groupwise.generation.vllm.engine import VllmGenerator
+    from groupwise.generation.vllm.setup import VllmSettings
 
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as folder:
         model.save_pretrained(folder)

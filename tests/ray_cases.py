@@ -57,7 +57,7 @@ def tiny_config(root: Path, name: str, *, backend: str = "embedded", mode: str =
 
 def build(cfg, **kwargs):
     if cfg.runtime.backend == "ray":
-        from groupwise.runtime.ray_session import build_ray_session
+        from groupwise.runtime.ray.session import build_ray_session
 
         return build_ray_session(cfg, startup_timeout_s=120, **kwargs)
     return build_session(cfg, **kwargs)

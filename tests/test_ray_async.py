@@ -115,8 +115,8 @@ def streamed_config(root: Path, name: str, max_steps: int, **sections):
 
 
 def test_an_async_run_on_streamed_workers_keeps_the_contract(ray_cluster, tmp_path):
-    from groupwise.runtime.ray_session import ray_clients
-    from groupwise.runtime.ray_stream_client import RayStreamedRollouts
+    from groupwise.runtime.ray.session import ray_clients
+    from groupwise.runtime.ray.stream_client import RayStreamedRollouts
 
     session = build(streamed_config(tmp_path, "streamed", ASYNC_STEPS))
     try:

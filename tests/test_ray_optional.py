@@ -2,8 +2,8 @@
 
 Invariants pinned (run in a subprocess where a meta-path hook makes ``import ray`` fail as if Ray were not
 installed):
-- every groupwise module except ``groupwise.runtime.ray_*`` imports, and none of them imports ``ray``;
-  ``ray_errors`` (what the CLI catches) imports too;
+- every groupwise module outside the ``groupwise.runtime.ray`` subpackage imports, and none of them imports ``ray``;
+  so do the subpackage itself and its ``errors`` (what the CLI catches);
 - importing the Ray runtime raises ``RayNotInstalledError`` carrying the install command;
 - ``groupwise train CONFIG runtime.backend=ray`` exits 2 with the install command, without a traceback.
 """
@@ -32,9 +32,9 @@ class BlockRay(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, BlockRay())
 import groupwise
 
-RAY_RUNTIME = "groupwise.runtime.ray_"
+RAY_RUNTIME = "groupwise.runtime.ray."
 names = sorted(m.name for m in pkgutil.walk_packages(groupwise.__path__, "groupwise."))
-core = [n for n in names if not n.startswith(RAY_RUNTIME) or n == "groupwise.runtime.ray_errors"]
+core = [n for n in names if not n.startswith(RAY_RUNTIME) or n == "groupwise.runtime.ray.errors"]
 failed = {}
 for name in core:
     try:
@@ -43,7 +43,7 @@ for name in core:
         failed[name] = repr(err)
 result = {"imported": len(core) - len(failed), "failed": failed, "ray_loaded": "ray" in sys.modules}
 try:
-    importlib.import_module("groupwise.runtime.ray_session")
+    importlib.import_module("groupwise.runtime.ray.session")
     result["ray_runtime_error"] = None
 except Exception as err:
     result["ray_runtime_error"] = [type(err).__name__, str(err)]

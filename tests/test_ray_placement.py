@@ -17,9 +17,9 @@ import pytest
 pytest.importorskip("ray")
 
 from groupwise.config import ConfigError, config_from_dict  # noqa: E402
-from groupwise.runtime.ray_cluster import ActorResources, run_resources, unschedulable_reasons  # noqa: E402
-from groupwise.runtime.ray_pool import split_evenly  # noqa: E402
-from groupwise.runtime.ray_session import check_device_resources  # noqa: E402
+from groupwise.runtime.ray.cluster import ActorResources, run_resources, unschedulable_reasons  # noqa: E402
+from groupwise.runtime.ray.pool import split_evenly  # noqa: E402
+from groupwise.runtime.ray.session import check_device_resources  # noqa: E402
 
 
 def worker(index: int, cpus: float, gpus: float = 0.0) -> ActorResources:

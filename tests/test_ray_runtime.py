@@ -118,7 +118,7 @@ def test_lora_on_ray_trains_the_same_adapter_as_embedded_and_saves_both_finals(r
 
 
 def learner_dies_after_first_step(monkeypatch) -> None:
-    from groupwise.runtime.ray_session import RaySession
+    from groupwise.runtime.ray.session import RaySession
 
     real_end_step = RaySession.end_step
 
@@ -161,7 +161,7 @@ def test_learner_failure_ends_the_run_with_a_valid_checkpoint(
 
 
 def test_unplaceable_run_fails_at_once_naming_the_key(ray_cluster, tmp_path):
-    from groupwise.runtime.ray_errors import UnschedulableError
+    from groupwise.runtime.ray.errors import UnschedulableError
 
     cfg = tiny_config(tmp_path, "too-big", backend="ray", runtime={"ray": {"learner_cpus": 64}})
     with pytest.raises(UnschedulableError, match=r"learner asks for 64 CPU.*runtime\.ray\.learner_cpus"):
@@ -170,8 +170,8 @@ def test_unplaceable_run_fails_at_once_naming_the_key(ray_cluster, tmp_path):
 
 
 def test_actor_that_never_starts_times_out_by_name(ray_cluster):
-    from groupwise.runtime.ray_cluster import wait_until_started
-    from groupwise.runtime.ray_errors import UnschedulableError
+    from groupwise.runtime.ray.cluster import wait_until_started
+    from groupwise.runtime.ray.errors import UnschedulableError
 
     @ray.remote(num_cpus=3)  # more than the 2-CPU cluster has: Ray keeps it pending for ever
     class Stuck:

@@ -28,8 +28,8 @@ from groupwise.runtime.inflight import prefixes_from
 from groupwise.types import cost_of
 
 pytest.importorskip("ray")
-from groupwise.runtime.ray_actors import GenerationWorker  # noqa: E402
-from groupwise.runtime.ray_stream import GroupCancelled  # noqa: E402
+from groupwise.runtime.ray.actors import GenerationWorker  # noqa: E402
+from groupwise.runtime.ray.stream_worker import GroupCancelled  # noqa: E402
 from groupwise.trainer.builder import build_components, frozen_copy  # noqa: E402
 
 pytestmark = pytest.mark.numerics

@@ -14,7 +14,7 @@ import pytest
 import torch
 from vllm_tier import PROMPTS, TINY_MODEL
 
-from groupwise.generation.vllm_setup import VllmSettings, write_model_folder
+from groupwise.generation.vllm.setup import VllmSettings, write_model_folder
 from groupwise.model import eos_token_ids, load_policy
 
 

@@ -26,7 +26,7 @@ TOL = 1e-5
 
 
 def test_full_vocab_engine_records_unfiltered_logprobs_under_top_k(settings, policy, eos, weight_names, prompt_ids):
-    from groupwise.generation.vllm_engine import VllmGenerator
+    from groupwise.generation.vllm.engine import VllmGenerator
 
     rng = torch.random.get_rng_state()
     generator = VllmGenerator(replace(settings, logprobs="full_vocab"), policy.tokenizer, eos, weight_names)

@@ -40,7 +40,7 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def generator(settings, policy, eos, weight_names):
-    from groupwise.generation.vllm_engine import VllmGenerator
+    from groupwise.generation.vllm.engine import VllmGenerator
 
     generator = VllmGenerator(settings, policy.tokenizer, eos, weight_names)
     yield generator
@@ -75,7 +75,7 @@ def test_is_a_generator_with_the_answer_shape(generator, prompt_ids):
 
 
 def test_building_the_engine_leaves_the_process_as_it_was(settings, policy, eos, weight_names, generator):
-    from groupwise.generation.vllm_engine import VllmGenerator
+    from groupwise.generation.vllm.engine import VllmGenerator
 
     with pytest.raises(RuntimeError, match="already runs in this process"):
         VllmGenerator(settings, policy.tokenizer, eos, weight_names)  # (refused before anything is built)

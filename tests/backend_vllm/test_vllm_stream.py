@@ -44,7 +44,7 @@ MAX_NEW = 20
 
 @pytest.fixture(scope="module")
 def stream(settings, policy, eos, weight_names):
-    from groupwise.generation.vllm_stream import VllmStream
+    from groupwise.generation.vllm.stream import VllmStream
 
     sampling = SamplingParams(max_new_tokens=MAX_NEW, temperature=1.0)
     stream = VllmStream(settings, policy.tokenizer, eos, weight_names, sampling, partial="continue")

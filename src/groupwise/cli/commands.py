@@ -76,7 +76,7 @@ def run_train(args: argparse.Namespace) -> int:
     from groupwise.run.async_checkpoint import ResumeError
     from groupwise.run.disk_full import DiskFullError, is_disk_full
     from groupwise.run.rundir import RunDirError
-    from groupwise.runtime.ray_errors import RayNotInstalledError, RaySetupError
+    from groupwise.runtime.ray.errors import RayNotInstalledError, RaySetupError
 
     try:
         session = _build_train_session(cfg, args, inputs)

@@ -54,7 +54,7 @@ def _builtin(spec: GeneratorSpec) -> Generator:
 
 
 def _vllm(spec: GeneratorSpec) -> Generator:
-    from groupwise.generation.vllm_factory import build_vllm_generator  # vLLM is optional: imported when chosen
+    from groupwise.generation.vllm.factory import build_vllm_generator  # vLLM is optional: imported when chosen
 
     return build_vllm_generator(spec)
 

@@ -1,2 +1,2 @@
 """Running a session: the sync loop (``sync_run``) or the async controller (``async_run``), on clients that are
-in-process (``embedded``, the default) or Ray actors (``ray_*.py`` only, the only modules that import Ray)."""
+in-process (``embedded``, the default) or Ray actors (the ``ray`` subpackage, the only modules that import Ray)."""

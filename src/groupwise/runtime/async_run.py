@@ -182,7 +182,7 @@ def _runtime_clients(session: Session) -> AsyncClients:
     """The controller's rollout and trainer clients on the configured ``runtime.backend``."""
     cfg = session.cfg
     if cfg.runtime.backend == "ray":
-        from groupwise.runtime.ray_session import RaySession, ray_clients  # Ray is imported only when chosen
+        from groupwise.runtime.ray.session import RaySession, ray_clients  # Ray is imported only when chosen
 
         assert isinstance(session, RaySession), "runtime.backend: ray runs on the session build_ray_session makes"
         return ray_clients(session)

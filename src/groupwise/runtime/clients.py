@@ -3,7 +3,7 @@ of them (progress for the stall watchdog, the ``perf/*`` and ``rollout/*`` count
 
 Every runtime client implements these: the embedded ones (:mod:`groupwise.runtime.embedded`,
 :mod:`groupwise.runtime.streamed`), the sync loop's (:mod:`groupwise.runtime.sync_run`) and Ray's
-(:mod:`groupwise.runtime.ray_runtime`, :mod:`groupwise.runtime.ray_stream_client`).
+(:mod:`groupwise.runtime.ray.clients`, :mod:`groupwise.runtime.ray.stream_client`).
 """
 
 from __future__ import annotations

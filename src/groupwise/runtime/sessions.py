@@ -2,7 +2,7 @@
 
 The choice lives here, above the trainer layer that builds the in-process session, so that the builder never
 reaches up into the runtimes that extend it (:mod:`groupwise.runtime.ranked_session`,
-:mod:`groupwise.runtime.ray_session`). Ray is imported only when ``runtime.backend: ray`` is chosen.
+:mod:`groupwise.runtime.ray.session`). Ray is imported only when ``runtime.backend: ray`` is chosen.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def build_run_session(
     """The session for ``cfg``: Ray actors (``runtime.backend: ray``), ``learner.num_ranks`` spawned learner ranks,
     or everything in this process. Every check that can refuse the run runs before any model loads."""
     if cfg.runtime.backend == "ray":
-        from groupwise.runtime.ray_session import build_ray_session
+        from groupwise.runtime.ray.session import build_ray_session
 
         return build_ray_session(cfg, resume=resume, resume_from=resume_from, inputs=inputs)
     if cfg.learner.num_ranks > 1:

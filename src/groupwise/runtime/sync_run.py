@@ -28,7 +28,7 @@ from groupwise.trainer.sync_loop import SyncLoop, SyncStep, TrainerState, record
 from groupwise.types import Group
 
 if TYPE_CHECKING:
-    from groupwise.runtime.ray_runtime import RayTrainer
+    from groupwise.runtime.ray.clients import RayTrainer
     from groupwise.trainer.parts import GroupRollouts
 
 
@@ -92,7 +92,7 @@ def sync_clients(session: Session) -> tuple[RoundRollouts, EmbeddedTrainer | Ray
     rollouts = RoundRollouts(session.rollouts, session.publish_weights)
     trainer: EmbeddedTrainer | RayTrainer
     if session.cfg.runtime.backend == "ray":
-        from groupwise.runtime.ray_runtime import RayLearner, RayTrainer  # Ray is imported only when chosen
+        from groupwise.runtime.ray.clients import RayLearner, RayTrainer  # Ray is imported only when chosen
 
         assert isinstance(session.learner, RayLearner), "runtime.backend: ray runs on the Ray session's learner"
         trainer = RayTrainer(session.learner)

@@ -7,7 +7,7 @@ the embedded runtime: a group's ``start_version`` is the version of the worker's
 Blocking helpers for the sync loop and evaluation live here too: :class:`RemoteEngine` (the session's
 ``engine``) and :class:`RaySyncRollouts` (the session's ``rollouts``). A worker lost in sync mode is replaced
 and its share of the round generated again with the same seeds, so the round's groups are the same as if
-nothing had happened. The async client is :class:`groupwise.runtime.ray_runtime.RayRolloutClient`.
+nothing had happened. The async client is :class:`groupwise.runtime.ray.clients.RayRolloutClient`.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from groupwise.controller.failures import InfraError
-from groupwise.runtime.ray_actors import (
+from groupwise.runtime.ray.actors import (
     GenerationWorker,
     WeightRefs,
     generation_concurrency,
     kill_actor,
     start_actor,
 )
-from groupwise.runtime.ray_cluster import ActorHandle, generation_worker_resources, ray, wait_until_started
+from groupwise.runtime.ray.cluster import ActorHandle, generation_worker_resources, ray, wait_until_started
 from groupwise.trainer.rollout import RolloutWorker
 from groupwise.types import Completion, GenerationRequest, Group, LoaderItem, Prompt, SampleOutcome, SamplingParams
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from groupwise.generation.chunk import RowResult, completions_of
-from groupwise.generation.vllm_setup import LogprobSource
+from groupwise.generation.vllm.setup import LogprobSource
 from groupwise.model.logprobs import logprob_temperature
 from groupwise.seeding import derive_seed
 from groupwise.types import Completion, FinishReason, GenerationRequest, RowPrefix, SamplingParams

@@ -3,7 +3,7 @@
 * :class:`RayRolloutClient` (``RolloutClient``): rollout requests wait in a queue; each idle generation worker
   takes up to ``generation.micro_batch_groups`` of them as one actor call, and the controller's pumps await
   the call's object reference. A worker that dies mid-batch fails every group of the batch with
-  :class:`~groupwise.runtime.ray_pool.GenerationWorkerLost`, an infra error, so the controller retries each
+  :class:`~groupwise.runtime.ray.pool.GenerationWorkerLost`, an infra error, so the controller retries each
   group (on another worker, under the infra budget) while a replacement worker starts with the current weights.
   A reward failure fails only the prompt whose completion raised it: the worker returns it in that group's place.
   Each call's wall time, as the driver waits for it, is split among its groups pro rata by completion tokens
@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from groupwise.batch import RowBatch
 from groupwise.chunks import TrainChunk
 from groupwise.controller.interfaces import LoaderItem
-from groupwise.runtime.ray_actors import WeightRefs
-from groupwise.runtime.ray_cluster import ActorHandle, ray
-from groupwise.runtime.ray_errors import UnschedulableError
-from groupwise.runtime.ray_pool import GenerationPool, GenerationWorkerLost, WorkerSlot
+from groupwise.runtime.ray.actors import WeightRefs
+from groupwise.runtime.ray.cluster import ActorHandle, ray
+from groupwise.runtime.ray.errors import UnschedulableError
+from groupwise.runtime.ray.pool import GenerationPool, GenerationWorkerLost, WorkerSlot
 from groupwise.runtime.rollout_queue import PendingRollout, RolloutQueue, charge_call, fail_all, settle_outcomes
 from groupwise.types import GenerationCost, Group
 

@@ -1,12 +1,12 @@
 """Pauses of a serving vLLM engine: evaluation's, and the weight loads made inside one.
 
-The vLLM stream (:mod:`groupwise.generation.vllm_stream`) shares one ``AsyncLLM`` between rollouts, weight loads and
+The vLLM stream (:mod:`groupwise.generation.vllm.stream`) shares one ``AsyncLLM`` between rollouts, weight loads and
 evaluation. Whoever needs the engine still holds a pause: vLLM's ``keep`` mode freezes the running requests in the
 engine with their KV cache, ``wait`` lets them finish first. The first holder pauses the engine, the last one out
-resumes it, and the busy clock (:class:`~groupwise.generation.vllm_stream_rows.BusyClock`) stops meanwhile.
+resumes it, and the busy clock (:class:`~groupwise.generation.vllm.stream_rows.BusyClock`) stops meanwhile.
 
 * **A weight load** pauses (``keep``), pushes the state dict (CUDA IPC, or on CPU a folder the workers reload from:
-  :mod:`groupwise.generation.vllm_weights`) and sets the version vLLM stamps on every token sampled after it.
+  :mod:`groupwise.generation.vllm.weights`) and sets the version vLLM stamps on every token sampled after it.
 * **A weight post** (a runtime's load at a token boundary) pauses ``keep`` with partial rollouts — the rows go on
   under the new weights with the KV cache of the old — or drains (``wait``) without, so no row spans versions; it
   runs the poster's load on a worker thread and answers the poster exactly once (its end and a close may both try).
@@ -25,8 +25,8 @@ from typing import Any
 
 from torch import Tensor
 
-from groupwise.generation.vllm_stream_rows import BusyClock
-from groupwise.generation.vllm_weights import DiskReload, IpcTransfer
+from groupwise.generation.vllm.stream_rows import BusyClock
+from groupwise.generation.vllm.weights import DiskReload, IpcTransfer
 
 PostDone = Callable[[BaseException | None], None]
 

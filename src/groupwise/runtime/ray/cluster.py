@@ -1,8 +1,8 @@
 """Joining a Ray cluster and making sure the run's actors can be placed on it.
 
 The ``ray`` module is imported here first, so a missing install fails with the install command
-(:class:`RayNotInstalledError`) instead of a bare ``ModuleNotFoundError``; the other ``ray_*`` modules take
-``ray`` from this one.
+(:class:`RayNotInstalledError`) instead of a bare ``ModuleNotFoundError``; the other modules of
+:mod:`groupwise.runtime.ray` take ``ray`` from this one.
 
 Placement is checked before anything waits on it, because Ray never fails a request it cannot place: the
 actor just stays pending and the run hangs silently (on 2 CPUs, two ``num_cpus=1`` actors reserve every CPU
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from groupwise.controller.failures import register_infra_error_type
-from groupwise.runtime.ray_errors import INSTALL_COMMAND, RayNotInstalledError, RaySetupError, UnschedulableError
+from groupwise.runtime.ray.errors import INSTALL_COMMAND, RayNotInstalledError, RaySetupError, UnschedulableError
 
 if TYPE_CHECKING:
     from groupwise.config import RaySection

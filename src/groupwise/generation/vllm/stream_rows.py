@@ -1,8 +1,8 @@
 """The bookkeeping of the vLLM stream, host-side: its requests, what each row generated so far, and its cost.
 
-The stream (:mod:`groupwise.generation.vllm_stream`) appends every token vLLM hands back to its row here, with the
+The stream (:mod:`groupwise.generation.vllm.stream`) appends every token vLLM hands back to its row here, with the
 logprob it was sampled with and the weight version stamped at arrival; when the row finishes, vLLM's own
-per-token version spans replace the stamps (:func:`~groupwise.generation.vllm_rows.versions_from_spans`). Time is
+per-token version spans replace the stamps (:func:`~groupwise.generation.vllm.rows.versions_from_spans`). Time is
 charged as the built-in stream charges it: the engine's busy time between two events split evenly among the rows
 live in between (:class:`BusyClock`).
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from groupwise.generation.base import StreamDone, StreamDropped
-from groupwise.generation.vllm_rows import RowOutput, VllmRow, finish_reason_of
+from groupwise.generation.vllm.rows import RowOutput, VllmRow, finish_reason_of
 from groupwise.types import FinishReason, GenerationRequest, RowPrefix, SamplingParams
 
 if TYPE_CHECKING:

@@ -2,9 +2,9 @@
 
 :func:`build_ray_session` returns a :class:`RaySession`: the same :class:`~groupwise.trainer.session.Session` the sync
 loop and the async runtime drive, with Ray-backed parts that have the methods they call — ``learner``
-(:class:`~groupwise.runtime.ray_runtime.RayLearner`), ``rollouts``
-(:class:`~groupwise.runtime.ray_pool.RaySyncRollouts`), ``engine``
-(:class:`~groupwise.runtime.ray_pool.RemoteEngine`) and ``policy`` (a
+(:class:`~groupwise.runtime.ray.clients.RayLearner`), ``rollouts``
+(:class:`~groupwise.runtime.ray.pool.RaySyncRollouts`), ``engine``
+(:class:`~groupwise.runtime.ray.pool.RemoteEngine`) and ``policy`` (a
 :class:`~groupwise.trainer.remote_policy.RemotePolicy`, whose model state
 lives in the learner actor). Only ``publish_weights`` differs: the learner puts its weights in the object
 store itself and the workers load them, so the weights never pass through the driver. Checkpoints fetch the
@@ -30,14 +30,15 @@ from groupwise.run.metrics import MetricsWriter
 from groupwise.run.rundir import RunDir
 from groupwise.run.trackers import config_trackers
 from groupwise.runtime.clients import AsyncClients
-from groupwise.runtime.ray_actors import (
+from groupwise.runtime.ray.actors import (
     LearnerRankWorker,
     LearnerWorker,
     groups_per_streamed_worker,
     kill_actor,
     start_actor,
 )
-from groupwise.runtime.ray_cluster import (
+from groupwise.runtime.ray.clients import LearnerModel, RayLearner, RayRolloutClient, RayTrainer
+from groupwise.runtime.ray.cluster import (
     ActorHandle,
     RayCluster,
     check_schedulable,
@@ -46,8 +47,7 @@ from groupwise.runtime.ray_cluster import (
     run_resources,
     wait_until_started,
 )
-from groupwise.runtime.ray_pool import GenerationPool, RaySyncRollouts, RemoteEngine
-from groupwise.runtime.ray_runtime import LearnerModel, RayLearner, RayRolloutClient, RayTrainer
+from groupwise.runtime.ray.pool import GenerationPool, RaySyncRollouts, RemoteEngine
 from groupwise.trainer.builder import Components, build_components
 from groupwise.trainer.preflight import Inputs, check_train_start
 from groupwise.trainer.remote_policy import RemotePolicy
@@ -236,7 +236,7 @@ def ray_clients(session: RaySession) -> AsyncClients:
     group on streamed workers, otherwise batches of ``generation.micro_batch_groups``."""
     cfg, learner, local = session.cfg, session.learner, session.rollouts.local
     if session.streaming.available:
-        from groupwise.runtime.ray_stream_client import RayStreamedRollouts
+        from groupwise.runtime.ray.stream_client import RayStreamedRollouts
 
         streamed = RayStreamedRollouts(
             session.pool, groups_per_streamed_worker(cfg), learner.publish_weights, local, session.events.event

@@ -30,8 +30,8 @@ from groupwise.batch import RowBatch
 from groupwise.generation.factory import shutdown_generator
 from groupwise.model.lora import generator_state_dict, load_trained_state_dict, trained_state_dict
 from groupwise.runtime.learner_ranks import LearnerRankDied, RankCommands, build_rank_learner, free_port
-from groupwise.runtime.ray_cluster import ActorHandle, ActorResources, ray
-from groupwise.runtime.ray_stream import StreamedWorker
+from groupwise.runtime.ray.cluster import ActorHandle, ActorResources, ray
+from groupwise.runtime.ray.stream_worker import StreamedWorker
 from groupwise.trainer.builder import (
     build_components,
     build_learner,

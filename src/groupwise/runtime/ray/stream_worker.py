@@ -1,6 +1,6 @@
 """A Ray generation worker's side of continuous batching: blocking calls into a generation stream on its own thread.
 
-The worker actor is threaded (:func:`groupwise.runtime.ray_actors.generation_concurrency`), so each of its calls
+The worker actor is threaded (:func:`groupwise.runtime.ray.actors.generation_concurrency`), so each of its calls
 runs in a thread of its own and blocks only itself: :meth:`StreamedWorker.outcomes` submits its groups to the
 stream and waits for their completions (then scores them), :meth:`StreamedWorker.load_weights` waits until the
 stream loaded the new weights at a token boundary, :meth:`StreamedWorker.progress_by_group` reads what the running

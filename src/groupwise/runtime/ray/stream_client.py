@@ -1,9 +1,9 @@
 """The async controller's rollout client on Ray with continuous batching: one actor call per group, many at once.
 
 Each generation worker is a threaded actor whose calls feed one generation stream
-(:mod:`groupwise.runtime.ray_stream`), so the driver does not batch: :class:`RayStreamedRollouts` sends every
+(:mod:`groupwise.runtime.ray.stream_worker`), so the driver does not batch: :class:`RayStreamedRollouts` sends every
 waiting group as a call of its own to the worker holding the fewest groups, up to
-:func:`~groupwise.runtime.ray_actors.groups_per_streamed_worker` per worker (a full batch of slots and as many
+:func:`~groupwise.runtime.ray.actors.groups_per_streamed_worker` per worker (a full batch of slots and as many
 waiting in the worker's stream). Each call returns as soon as its group's G completions are done and scored, so
 a group is handed to the controller without waiting for its batch mates. ``load_weights`` reaches a worker while its
 calls run (another thread of the actor) and is applied at the stream's next token boundary
@@ -18,7 +18,7 @@ may hold plus the control calls, so a weight load is never queued behind generat
 A cancelled rollout (the controller aborted a stale attempt, or the run stops) cancels its group on the worker,
 whose rows then leave their slots. For checkpoints, :meth:`RayStreamedRollouts.fetch_progress` asks every worker
 what its running attempts generated so far; a resumed attempt is continued (``resume``) on whichever worker takes
-it. Worker loss and replacement are :class:`~groupwise.runtime.ray_runtime.RayRolloutClient`'s.
+it. Worker loss and replacement are :class:`~groupwise.runtime.ray.clients.RayRolloutClient`'s.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 from groupwise.controller.interfaces import LoaderItem
 from groupwise.runtime.inflight import continuation, prefix_tokens
-from groupwise.runtime.ray_actors import WeightRefs
-from groupwise.runtime.ray_pool import GenerationPool, WorkerSlot
-from groupwise.runtime.ray_runtime import Outcomes, RayRolloutClient
+from groupwise.runtime.ray.actors import WeightRefs
+from groupwise.runtime.ray.clients import Outcomes, RayRolloutClient
+from groupwise.runtime.ray.pool import GenerationPool, WorkerSlot
 from groupwise.runtime.rollout_queue import PendingRollout, charge_reported
 from groupwise.types import Group
 

@@ -1,11 +1,11 @@
 """The vLLM backend's synchronous generator: a :class:`~groupwise.generation.base.Generator` over ``vllm.LLM``.
 
-The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, :mod:`groupwise.generation.vllm_setup`)
-from a Hugging Face folder of the policy (:func:`~groupwise.generation.vllm_setup.write_model_folder`); new weights
-are reloaded into it in place (:func:`~groupwise.generation.vllm_weights.reload_in_process`) and every completion is
+The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, :mod:`groupwise.generation.vllm.setup`)
+from a Hugging Face folder of the policy (:func:`~groupwise.generation.vllm.setup.write_model_folder`); new weights
+are reloaded into it in place (:func:`~groupwise.generation.vllm.weights.reload_in_process`) and every completion is
 stamped with the version they were loaded under. What is sampled and recorded, and how it differs from the
-built-in engine, is in :mod:`groupwise.generation.vllm_rows`. For continuous batching and partial rollouts use the
-stream (:mod:`groupwise.generation.vllm_stream`), which runs ``AsyncLLM``.
+built-in engine, is in :mod:`groupwise.generation.vllm.rows`. For continuous batching and partial rollouts use the
+stream (:mod:`groupwise.generation.vllm.stream`), which runs ``AsyncLLM``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from groupwise.generation.request_limits import generate_by_limit, has_own_limits
 from groupwise.generation.sampling import check_sampling_params
-from groupwise.generation.vllm_rows import (
+from groupwise.generation.vllm.rows import (
     RowOutput,
     assemble,
     check_source,
@@ -29,8 +29,8 @@ from groupwise.generation.vllm_rows import (
     recorded_logprobs,
     sampling_params_for,
 )
-from groupwise.generation.vllm_setup import VllmSettings, engine_kwargs, import_vllm, process_state_kept
-from groupwise.generation.vllm_weights import check_names, reload_in_process
+from groupwise.generation.vllm.setup import VllmSettings, engine_kwargs, import_vllm, process_state_kept
+from groupwise.generation.vllm.weights import check_names, reload_in_process
 from groupwise.types import Completion, GenerationRequest, SamplingParams
 
 if TYPE_CHECKING:

@@ -2,9 +2,9 @@
 
 One vLLM engine per run, chosen by ``generation.continuous_batching``:
 
-* **off** — :class:`~groupwise.generation.vllm_engine.VllmGenerator` over an in-process ``vllm.LLM``: one batch
+* **off** — :class:`~groupwise.generation.vllm.engine.VllmGenerator` over an in-process ``vllm.LLM``: one batch
   per call (vLLM batches a call's rows itself), weights reloaded in place after every step.
-* **on** — :class:`~groupwise.generation.vllm_stream.VllmStream` over ``AsyncLLM``, from the start: it is the
+* **on** — :class:`~groupwise.generation.vllm.stream.VllmStream` over ``AsyncLLM``, from the start: it is the
   run's generator *and* the stream the async runtimes open on it (``open_stream`` returns the stream itself), so
   weight loads, evaluation and rollouts share one engine (vLLM allows one in-process engine per process). Partial
   rollouts pause it in vLLM's ``keep`` mode.
@@ -12,7 +12,7 @@ One vLLM engine per run, chosen by ``generation.continuous_batching``:
 The engine loads the policy the spec holds (adapters merged: the builder hands a plain model), written once as a
 Hugging Face folder that is removed as soon as the engine has read it. The sampling logprobs it records are the
 built-in engine's (tempered, unfiltered): vLLM's processed logprobs without top-k/top-p, else the full vocabulary's
-logits (:func:`~groupwise.generation.vllm_setup.logprob_source_for`).
+logits (:func:`~groupwise.generation.vllm.setup.logprob_source_for`).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from transformers import PreTrainedModel
 
 from groupwise.generation.base import Generator
 from groupwise.generation.factory import UnservedArchitecture
-from groupwise.generation.vllm_engine import VllmGenerator
-from groupwise.generation.vllm_setup import VllmSettings, logprob_source_for, write_model_folder
-from groupwise.generation.vllm_stream import VllmStream
+from groupwise.generation.vllm.engine import VllmGenerator
+from groupwise.generation.vllm.setup import VllmSettings, logprob_source_for, write_model_folder
+from groupwise.generation.vllm.stream import VllmStream
 from groupwise.model.loading import resolve_device
 from groupwise.types import SamplingParams
 

@@ -14,8 +14,8 @@ engine (the session does, when the run ends; also at interpreter exit).
 ``on_dropped``, ``done``) is called from that thread.
 
 * **Continuous batching** is vLLM's own: a submitted request's samples (one vLLM request each,
-  :mod:`groupwise.generation.vllm_rows`) join the running batch at once.
-* **Weights mid-stream** (:meth:`VllmStream.post_weights`, :mod:`groupwise.generation.vllm_pauses`): with
+  :mod:`groupwise.generation.vllm.rows`) join the running batch at once.
+* **Weights mid-stream** (:meth:`VllmStream.post_weights`, :mod:`groupwise.generation.vllm.pauses`): with
   ``partial="continue"`` the rows go on under the new weights with the KV cache computed under the old ones (the
   built-in stream's ``kv="keep"``; vLLM does not recompute it); with ``partial="off"`` no row spans versions.
 * **Per-token versions**: vLLM labels every output token with the weight version set when it was sampled
@@ -44,8 +44,8 @@ from torch import Tensor
 from groupwise.generation.base import RequestStream, StreamDone, StreamDropped, StreamSupport
 from groupwise.generation.request_limits import request_limit
 from groupwise.generation.sampling import check_sampling_params
-from groupwise.generation.vllm_pauses import EnginePauses
-from groupwise.generation.vllm_rows import (
+from groupwise.generation.vllm.pauses import EnginePauses
+from groupwise.generation.vllm.rows import (
     assemble,
     check_source,
     expand_rows,
@@ -55,9 +55,9 @@ from groupwise.generation.vllm_rows import (
     sampling_params_for,
     versions_from_spans,
 )  # fmt: skip
-from groupwise.generation.vllm_setup import VllmSettings, build_async_llm, import_vllm
-from groupwise.generation.vllm_stream_rows import BusyClock, RowState, StreamEntry
-from groupwise.generation.vllm_weights import IpcTransfer, check_names
+from groupwise.generation.vllm.setup import VllmSettings, build_async_llm, import_vllm
+from groupwise.generation.vllm.stream_rows import BusyClock, RowState, StreamEntry
+from groupwise.generation.vllm.weights import IpcTransfer, check_names
 from groupwise.types import Completion, GenerationRequest, RowPrefix, SamplingParams
 
 if TYPE_CHECKING:

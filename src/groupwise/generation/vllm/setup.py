@@ -48,7 +48,7 @@ class VllmSettings:
     """What a vLLM engine is built with.
 
     ``model_dir`` is a Hugging Face folder (weights, config, tokenizer: :func:`write_model_folder` writes one from a
-    policy). ``logprobs`` says where the recorded sampling logprobs come from (:mod:`groupwise.generation.vllm_rows`):
+    policy). ``logprobs`` says where the recorded sampling logprobs come from (:mod:`groupwise.generation.vllm.rows`):
     ``processed`` (vLLM's post-temperature logprob of the sampled token; exact without top-k/top-p) or
     ``full_vocab`` (the whole vocabulary's raw logits each step, tempered here; any top-k/top-p, slower for large
     vocabularies). ``max_model_len`` None: the model's ``max_position_embeddings``. ``kv_cache_gib`` sizes the KV
