@@ -32,7 +32,7 @@ from groupwise.controller.failures import classify_failure
 from groupwise.episodes.template import PLAIN_CHAT_TEMPLATE, ChatRenderer, template_takes_tools
 from groupwise.episodes.tool_env import ToolEnvironment
 from groupwise.episodes.tool_formats import TOOL_FORMATS, detect_tool_format
-from groupwise.episodes.tools import ToolError, ToolInfrastructureError, parse_tool_calls, tool_schema
+from groupwise.episodes.tools import ToolError, ToolInfrastructureError, tool_schema
 from groupwise.types import Prompt
 
 
@@ -171,7 +171,7 @@ def test_unreadable_calls_are_errors_the_model_reads_never_a_raise():
     deep = '<tool_call>{"name": "add", "arguments": ' + "[" * 100_000 + "]" * 100_000 + "}</tool_call>"
     huge = '<tool_call>{"name": "add", "arguments": {"a": ' + "9" * 5_000 + ', "b": 1}}</tool_call>'
     for text in (deep, huge):
-        (call,) = parse_tool_calls(text)
+        (call,) = TOOL_FORMATS["hermes"].parse(text).calls
         assert call.error is not None and call.name == ""
     (deep_mistral,) = TOOL_FORMATS["mistral"].parse("[TOOL_CALLS]" + "[" * 100_000 + "]" * 100_000).calls
     assert deep_mistral.error is not None

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from groupwise.episodes.tool_arguments import ArgumentMisfit, checked_arguments
-from groupwise.episodes.tool_formats import TOOL_FORMATS, ToolCall
+from groupwise.episodes.tool_formats import ToolCall
 
 ERROR_PREFIX = "error: "
 
@@ -94,11 +94,6 @@ def tool_instructions(schemas: Sequence[Mapping[str, Any]]) -> str:
 
 def _openai_fields(function: Mapping[str, Any]) -> dict[str, Any]:
     return {key: function[key] for key in ("name", "description", "parameters") if key in function}
-
-
-def parse_tool_calls(text: str) -> list[ToolCall]:
-    """Every ``<tool_call>…</tool_call>`` in ``text``, in order; an unreadable one is a call with ``error`` set."""
-    return TOOL_FORMATS["hermes"].parse(text).calls
 
 
 def run_tool_call(call: ToolCall, tools: Mapping[str, Callable[..., Any]], max_chars: int) -> ToolAnswer:
