@@ -16,7 +16,8 @@ Invariants pinned:
 - token-in requests extend the sequence their ids extend; an abandoned request leaves nothing behind;
 - new messages past ``max_new_tokens`` are cut to fit and marked (a 50,000-character answer keeps its start), and
   the harness's next request, echoing the whole message, still continues the same sequence; a cap the template's
-  framing alone exceeds is refused;
+  framing alone exceeds is refused; such a session replays to the same sequences under the same cap (and not
+  without it);
 - a branched session trains one row per sequence, each with the sample's reward and advantage, its record on the
   first row only; the group's prompt is what every row shares before sampling; branches survive a checkpoint.
 """
@@ -199,3 +200,25 @@ def test_new_messages_past_the_cap_are_cut_and_the_full_echo_still_continues_the
     assert follow.kind == "extend" and follow.sequence == 0 and not follow.truncated  # the whole echo was recognised
     (row,) = session.rows()
     assert sampled(row) == chars("ok") + [EOS] + chars("done") + [EOS]
+
+
+def test_a_session_whose_messages_were_cut_replays_to_the_same_sequences_under_the_same_cap():
+    from dataclasses import asdict
+
+    from groupwise.harness.replay import replay_log
+    from groupwise.harness.wire import read_chat_request
+
+    live = LiveSession("k", 0, 0, tree().renderer, SessionLimits(4, 4000, 8, 60))
+    messages = [{"role": "user", "content": "run it"}]
+    for answer in ("ok", "done"):
+        chat = read_chat_request({"messages": messages})
+        prepared = live.prepare_chat(chat, 0)
+        completion = served(chars(answer) + [EOS])
+        logged = {"messages": [asdict(m) for m in chat.messages], "tools": []}  # as the endpoint logs a request
+        [choice] = live.serve(prepared, [completion], chat.sampling, None, logged)
+        messages = [*messages, {"role": "assistant", "content": choice.text}, {"role": "tool", "content": "7" * 9000}]
+    assert live.counts.truncated_messages == 1
+    replayed, problem = replay_log(live.log, live.renderer, max_new_tokens=60)
+    assert problem is None and [r.token_ids for r in replayed] == [r.token_ids for r in live.tree.rows()]
+    _, uncut = replay_log(live.log, live.renderer)  # without the run's cap the long answer renders whole
+    assert uncut is not None and "request 2 was placed as extend in sequence 0" in uncut

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
     from transformers import PreTrainedTokenizerBase
@@ -71,7 +72,11 @@ def replay_run_sessions(run_dir: Path) -> SessionReplayReport:
     text = template if template is not None else str(tokenizer.chat_template)
     renderer = RequestRenderer(tokenizer, template, tool_format(cfg.episode.tool_format, text))
     steps = sorted(run.path.glob("train_data/step_*.jsonl"))
-    return replay_sessions(steps, renderer, lambda ids: str(tokenizer.decode(list(ids), skip_special_tokens=False)))
+
+    def decode(ids: Sequence[int]) -> str:
+        return str(tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    return replay_sessions(steps, renderer, decode, cfg.episode.max_observation_tokens)
 
 
 def run_tokenizer(cfg: RunConfig, final_dir: Path) -> PreTrainedTokenizerBase:

@@ -45,12 +45,14 @@ class SessionReplayReport:
         return head + "".join(f"  {line}\n" for line in self.mismatches[:20])
 
 
-def replay_log(log: Sequence[Mapping[str, Any]], renderer: RequestRenderer) -> tuple[list[TokenSequence], str | None]:
-    """The sequences a fresh tree records from ``log``, and the first placement that differs from the logged one
-    (None when all agree)."""
+def replay_log(
+    log: Sequence[Mapping[str, Any]], renderer: RequestRenderer, max_new_tokens: int | None = None
+) -> tuple[list[TokenSequence], str | None]:
+    """The sequences a fresh tree records from ``log`` (new context cut to ``max_new_tokens`` as the run cut it),
+    and the first placement that differs from the logged one (None when all agree)."""
     tree = SessionTree(renderer)
     for number, entry in enumerate(log, start=1):
-        placement = _place(tree, entry["request"], renderer)
+        placement = _place(tree, entry["request"], renderer, max_new_tokens)
         logged = (entry["kind"], entry["sequence"], entry["context_tokens"])
         if (placement.kind, placement.sequence, len(placement.context)) != logged:
             return tree.rows(), (
@@ -68,22 +70,29 @@ def replay_log(log: Sequence[Mapping[str, Any]], renderer: RequestRenderer) -> t
     return tree.rows(), None
 
 
-def _place(tree: SessionTree, request: Mapping[str, Any], renderer: RequestRenderer) -> Placement:
+def _place(
+    tree: SessionTree, request: Mapping[str, Any], renderer: RequestRenderer, max_new_tokens: int | None
+) -> Placement:
     if "messages" in request:
         messages = [
             ChatMessage(m["role"], m["content"], tuple(tuple(c) for c in m["tool_calls"]), m.get("name"))
             for m in request["messages"]
         ]
         tools = request["tools"] if request.get("tool_choice") != "none" else []
-        return tree.place(messages, tools, version=0)
+        return tree.place(messages, tools, version=0, max_new_tokens=max_new_tokens)
     prompt = tuple(request["prompt_ids"]) if "prompt_ids" in request else request["prompt"]
     return tree.place_tokens(completion_prompt_ids(prompt, renderer), version=0)
 
 
 def replay_sessions(
-    train_data: Sequence[Path], renderer: RequestRenderer, decode: Callable[[Sequence[int]], str]
+    train_data: Sequence[Path],
+    renderer: RequestRenderer,
+    decode: Callable[[Sequence[int]], str],
+    max_new_tokens: int | None = None,
 ) -> SessionReplayReport:
-    """Replay every harness session of the ``train_data`` step files and compare each with its trained rows."""
+    """Replay every harness session of the ``train_data`` step files and compare each with its trained rows;
+    ``max_new_tokens``: the run's cap on a request's new context (``episode.max_observation_tokens``), so a request
+    whose messages were cut is cut the same way again."""
     report = SessionReplayReport()
     for path in train_data:
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -98,7 +107,7 @@ def replay_sessions(
             where = f"{path.name} (prompt {trained[0]['prompt_uid']!r}, sample {sample})"
             record = EpisodeRecord.from_dict(episode)
             assert record.harness is not None, "checked above"
-            replayed, problem = replay_log(record.harness["log"], renderer)
+            replayed, problem = replay_log(record.harness["log"], renderer, max_new_tokens)
             report.sessions += 1
             problem = problem or _compare(replayed, trained, decode)
             if problem is not None:
