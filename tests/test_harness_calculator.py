@@ -9,7 +9,9 @@ Invariants pinned:
   tool's answer rendered by the template, and no retokenized token;
 - through the endpoint, the model's ``<tool_call>`` reply came back to the SDK as OpenAI ``tool_calls`` and the
   harness's ``tool`` message was rendered as context, never trained;
-- the session's reward (``None`` from the harness) is ``final_number`` on its last reply.
+- the session's reward (``None`` from the harness) is ``final_number`` on its last reply;
+- streamed, a tool call arrives as OpenAI ``tool_calls`` chunks with ``finish_reason: tool_calls``, its markup not
+  in the content.
 """
 
 from __future__ import annotations
@@ -127,3 +129,36 @@ def test_the_harness_examples_record_what_the_calculator_environment_would(token
         assert record.harness["retokenized_tokens"] == 0 and record.harness["tool_calls"] == 1
         assert record.harness["requests"] == 2 and record.turns == 2
     assert group.raw_rewards == [1.0, 1.0]  # final_number on "The product is 56088."
+
+
+def test_a_streamed_tool_call_arrives_as_openai_tool_call_chunks(tokenizer):
+    import openai
+
+    from groupwise.harness.endpoint import Endpoint
+    from groupwise.harness.live import LiveSession
+
+    class CallOnce:  # a fake turn sampler (test only): the multiply call, with its ids
+        sampling, version = SAMPLING, 0
+
+        async def sample(self, request: GenerationRequest) -> list[Completion]:
+            ids = CalculatorTurns(tokenizer).call
+            return [Completion(tuple(ids), (-0.1,) * len(ids), tokenizer.decode(ids[:-1]), "stop", 0)]
+
+    endpoint = Endpoint(EndpointSettings(), TOOL_FORMATS["hermes"])
+    endpoint.start()
+    try:
+        renderer = RequestRenderer(tokenizer, None, TOOL_FORMATS["hermes"])
+        endpoint.registry.add(LiveSession("key", 0, 0, renderer, SessionLimits(3, 400, 48, 32, 8192)), CallOnce())
+        client = openai.OpenAI(base_url=endpoint.base_url, api_key="key", max_retries=0)
+        schemas = import_plugin(f"{ROOT}/examples/calculator_harness.py:SCHEMAS", "tools")
+        chunks = list(
+            client.chat.completions.create(
+                model="any", messages=[{"role": "user", "content": "What is 123 * 456?"}], tools=schemas, stream=True
+            )
+        )
+    finally:
+        endpoint.close()
+    calls = [call for c in chunks if c.choices for call in (c.choices[0].delta.tool_calls or [])]
+    assert [(c.function.name, c.function.arguments) for c in calls] == [("multiply", '{"a": 123, "b": 456}')]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)  # the markup is not content

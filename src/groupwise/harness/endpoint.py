@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from groupwise.episodes.tool_formats import ToolFormat
 from groupwise.harness.live import LiveSession, Prepared
 from groupwise.harness.responses import (
+    Answer,
     chat_body,
     chat_chunks,
     completion_body,
@@ -226,7 +227,7 @@ class Endpoint:
         response_id = f"{'chatcmpl' if isinstance(asked, ChatRequest) else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         prompt_tokens = len(prepared.request.prompt_token_ids) if prepared.request is not None else 0
         extension = _extension(sampler.sampling, asked.sampling, choices)
-        args = (
+        answer = Answer(
             response_id,
             int(time.time()),
             self.settings.model_name,
@@ -237,11 +238,11 @@ class Endpoint:
         )
         if isinstance(asked, ChatRequest):
             if asked.sampling.stream:
-                return _stream(chat_chunks(*args, include_usage=asked.sampling.include_usage))
-            return _json(chat_body(*args))
+                return _stream(chat_chunks(answer, include_usage=asked.sampling.include_usage))
+            return _json(chat_body(answer))
         if asked.sampling.stream:
-            return _stream(completion_chunks(*args, include_usage=asked.sampling.include_usage))
-        return _json(completion_body(*args))
+            return _stream(completion_chunks(answer, include_usage=asked.sampling.include_usage))
+        return _json(completion_body(answer))
 
     async def _sample(self, session: LiveSession, sampler: TurnSampler, prepared: Prepared) -> list[Completion]:
         if prepared.request is None:

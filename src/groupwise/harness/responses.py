@@ -38,9 +38,30 @@ class ServedChoice:
     tokens: tuple[str, ...]
 
 
-def usage(prompt_tokens: int, choices: Sequence[ServedChoice]) -> dict[str, int]:
-    completion = sum(len(c.token_ids) for c in choices)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+@dataclass(frozen=True)
+class Answer:
+    """What every shape of one request's answer holds: its id, time and model name, the choices served, the prompt
+    length, whether logprobs were asked for, and the ``groupwise`` object."""
+
+    response_id: str
+    created: int
+    model: str
+    choices: Sequence[ServedChoice]
+    prompt_tokens: int
+    logprobs: bool
+    extension: dict[str, Any]
+
+    def head(self, kind: str) -> dict[str, Any]:
+        return {"id": self.response_id, "object": kind, "created": self.created, "model": self.model}
+
+    @property
+    def usage(self) -> dict[str, int]:
+        completion = sum(len(c.token_ids) for c in self.choices)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
 
 
 def _message(choice: ServedChoice) -> dict[str, Any]:
@@ -65,90 +86,38 @@ def _chat_logprobs(choice: ServedChoice, wanted: bool) -> dict[str, Any] | None:
     }
 
 
-def chat_body(
-    response_id: str,
-    created: int,
-    model: str,
-    choices: Sequence[ServedChoice],
-    prompt_tokens: int,
-    logprobs: bool,
-    extension: dict[str, Any],
-) -> dict[str, Any]:
+def chat_body(answer: Answer) -> dict[str, Any]:
     """A ``chat.completion`` object."""
-    return {
-        "id": response_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": i,
-                "message": _message(c),
-                "logprobs": _chat_logprobs(c, logprobs),
-                "finish_reason": c.finish_reason,
-            }
-            for i, c in enumerate(choices)
-        ],
-        "usage": usage(prompt_tokens, choices),
-        "groupwise": extension,
-    }
+    choices = [
+        {
+            "index": i,
+            "message": _message(c),
+            "logprobs": _chat_logprobs(c, answer.logprobs),
+            "finish_reason": c.finish_reason,
+        }
+        for i, c in enumerate(answer.choices)
+    ]
+    return {**answer.head("chat.completion"), "choices": choices, "usage": answer.usage, "groupwise": answer.extension}
 
 
-def chat_chunks(
-    response_id: str,
-    created: int,
-    model: str,
-    choices: Sequence[ServedChoice],
-    prompt_tokens: int,
-    logprobs: bool,
-    extension: dict[str, Any],
-    include_usage: bool,
-) -> list[dict[str, Any]]:
-    """The ``chat.completion.chunk`` objects of a streamed answer, in order."""
-    head = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model}
+def chat_chunks(answer: Answer, include_usage: bool) -> list[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects of a streamed answer, in order: per choice its role, its content, each
+    tool call, its finish reason (with the ``groupwise`` object); then the usage when asked for."""
+    head = answer.head("chat.completion.chunk")
+
+    def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+
     chunks: list[dict[str, Any]] = []
-    for index, choice in enumerate(choices):
-        chunks.append(
-            {
-                **head,
-                "choices": [
-                    {
-                        "index": index,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ],
-            }
-        )
+    for index, choice in enumerate(answer.choices):
+        chunks.append(chunk(index, {"role": "assistant", "content": ""}))
         if choice.text:
-            chunks.append(
-                {
-                    **head,
-                    "choices": [
-                        {
-                            "index": index,
-                            "delta": {"content": choice.text},
-                            "logprobs": _chat_logprobs(choice, logprobs),
-                            "finish_reason": None,
-                        }
-                    ],
-                }
-            )
+            chunks.append(chunk(index, {"content": choice.text}, _chat_logprobs(choice, answer.logprobs)))
         for position, call in enumerate(choice.calls):
-            delta = {"tool_calls": [{"index": position, **_call(call)}]}
-            chunks.append(
-                {**head, "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]}
-            )
-        chunks.append(
-            {
-                **head,
-                "choices": [{"index": index, "delta": {}, "logprobs": None, "finish_reason": choice.finish_reason}],
-                "groupwise": extension,
-            }
-        )
+            chunks.append(chunk(index, {"tool_calls": [{"index": position, **_call(call)}]}))
+        chunks.append({**chunk(index, {}, finish=choice.finish_reason), "groupwise": answer.extension})
     if include_usage:
-        chunks.append({**head, "choices": [], "usage": usage(prompt_tokens, choices)})
+        chunks.append({**head, "choices": [], "usage": answer.usage})
     return chunks
 
 
@@ -167,54 +136,29 @@ def _text_logprobs(choice: ServedChoice, wanted: bool) -> dict[str, Any] | None:
     }
 
 
-def completion_body(
-    response_id: str,
-    created: int,
-    model: str,
-    choices: Sequence[ServedChoice],
-    prompt_tokens: int,
-    logprobs: bool,
-    extension: dict[str, Any],
-) -> dict[str, Any]:
+def _text_choices(answer: Answer) -> list[dict[str, Any]]:
+    return [
+        {"index": i, "text": c.text, "logprobs": _text_logprobs(c, answer.logprobs), "finish_reason": c.finish_reason}
+        for i, c in enumerate(answer.choices)
+    ]
+
+
+def completion_body(answer: Answer) -> dict[str, Any]:
     """A ``text_completion`` object."""
     return {
-        "id": response_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {"index": i, "text": c.text, "logprobs": _text_logprobs(c, logprobs), "finish_reason": c.finish_reason}
-            for i, c in enumerate(choices)
-        ],
-        "usage": usage(prompt_tokens, choices),
-        "groupwise": extension,
+        **answer.head("text_completion"),
+        "choices": _text_choices(answer),
+        "usage": answer.usage,
+        "groupwise": answer.extension,
     }
 
 
-def completion_chunks(
-    response_id: str,
-    created: int,
-    model: str,
-    choices: Sequence[ServedChoice],
-    prompt_tokens: int,
-    logprobs: bool,
-    extension: dict[str, Any],
-    include_usage: bool,
-) -> list[dict[str, Any]]:
+def completion_chunks(answer: Answer, include_usage: bool) -> list[dict[str, Any]]:
     """A streamed text completion: one chunk per choice with its text and finish reason."""
-    head = {"id": response_id, "object": "text_completion", "created": created, "model": model}
-    chunks: list[dict[str, Any]] = [
-        {
-            **head,
-            "choices": [
-                {"index": i, "text": c.text, "logprobs": _text_logprobs(c, logprobs), "finish_reason": c.finish_reason}
-            ],
-            "groupwise": extension,
-        }
-        for i, c in enumerate(choices)
-    ]
+    head = answer.head("text_completion")
+    chunks = [{**head, "choices": [choice], "groupwise": answer.extension} for choice in _text_choices(answer)]
     if include_usage:
-        chunks.append({**head, "choices": [], "usage": usage(prompt_tokens, choices)})
+        chunks.append({**head, "choices": [], "usage": answer.usage})
     return chunks
 
 
