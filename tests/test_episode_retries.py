@@ -24,7 +24,6 @@ Invariants pinned:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 from collections import defaultdict
@@ -32,7 +31,7 @@ from collections import defaultdict
 import pytest
 from test_episode_runs import episode_config
 from test_episodes import EOS, RENDERER, ScriptedGenerator, chars, game
-from test_harness_runs import PROMPT, ask, harness_config, runner
+from test_harness_runs import ask, harness_config, run_group
 
 from groupwise.cli.main import main
 from groupwise.config import ConfigError, config_from_dict
@@ -206,15 +205,8 @@ def down_harness(session: HarnessSession) -> float:
 
 
 def run_harness_group(function, retries: int, limit: int = 0):
-    harness = runner(HarnessSpec("test-harness", function=function))
     streak = FailureStreak(limit, "harness 'test-harness'")
-    harness.settings = dataclasses.replace(harness.settings, retries=retries, streak=streak)
-    generator = ScriptedGenerator(lambda context, seed: chars("ok") + [EOS])
-    try:
-        [outcome] = harness.run_groups(generator, SamplingParams(max_new_tokens=8), [PROMPT], [1], 2)
-    finally:
-        harness.close()
-    return outcome
+    return run_group(HarnessSpec("test-harness", function=function), retries=retries, streak=streak)
 
 
 def test_a_failed_harness_session_starts_again_with_a_fresh_session():

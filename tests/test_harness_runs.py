@@ -19,10 +19,12 @@ Invariants pinned:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -104,8 +106,10 @@ def runner(spec: HarnessSpec, timeout_s: float = 10.0) -> HarnessRunner:
     )
 
 
-def run_group(spec: HarnessSpec, timeout_s: float = 10.0):
+def run_group(spec: HarnessSpec, timeout_s: float = 10.0, **settings: Any):
+    """One group of 2 sessions of ``spec`` on a fake generator; ``settings`` replace the harness settings' own."""
     harness = runner(spec, timeout_s)
+    harness.settings = dataclasses.replace(harness.settings, **settings)
     generator = ScriptedGenerator(lambda context, seed: chars("ok") + [EOS])
     try:
         [outcome] = harness.run_groups(generator, SamplingParams(max_new_tokens=8), [PROMPT], [1], 2)
